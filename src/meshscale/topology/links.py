@@ -1,0 +1,88 @@
+"""Link bandwidth from first principles: signalling rate x lanes x line-code efficiency.
+
+All results are bytes per second in one direction. Sources: PCI-SIG base specs, NVIDIA NVLink generations,
+InfiniBand Trade Association lane rates (see DOMAIN.md for the figures the tests check).
+"""
+from __future__ import annotations
+
+from meshscale.errors import MeshscaleError
+
+# PCIe generation -> (GT/s per lane, encoding efficiency)
+PCIE_GENERATIONS = {
+    1: (2.5, 8 / 10),
+    2: (5.0, 8 / 10),
+    3: (8.0, 128 / 130),
+    4: (16.0, 128 / 130),
+    5: (32.0, 128 / 130),
+    6: (64.0, 242 / 256),  # PAM4 + FLIT mode: 242 useful bytes per 256-byte FLIT
+}
+PCIE_WIDTHS = (1, 2, 4, 8, 16, 32)
+
+# NVLink generation -> bytes/s per link per direction (nominal)
+NVLINK_GENERATIONS = {1: 20e9, 2: 25e9, 3: 25e9, 4: 25e9, 5: 50e9}
+
+# InfiniBand rate -> (Gb/s signalling per lane, encoding efficiency)
+INFINIBAND_RATES = {
+    "sdr": (2.5, 8 / 10),
+    "ddr": (5.0, 8 / 10),
+    "qdr": (10.0, 8 / 10),
+    "fdr10": (10.3125, 64 / 66),
+    "fdr": (14.0625, 64 / 66),
+    "edr": (25.78125, 64 / 66),
+    # HDR/NDR: PAM4 lanes whose RS-FEC and 256b/257b transcoding sit on top of 64b/66b: 50 / 53.125 useful
+    "hdr": (53.125, 50 / 53.125),
+    "ndr": (106.25, 100 / 106.25),
+}
+INFINIBAND_WIDTHS = (1, 2, 4, 8, 12)
+
+# Ethernet: the nominal rate already is the data rate (the line code runs faster).
+ETHERNET_GBITS = (1, 10, 25, 40, 50, 100, 200, 400, 800)
+
+# QPI / UPI: per direction, from Intel's GT/s x 2 bytes per transfer (a 20-lane link carries 16 data bits).
+QPI_DEFAULT_GT_S = 9.6  # Xeon E5 v4: 9.6 GT/s -> 19.2 GB/s per direction... see qpi_bandwidth
+UPI_DEFAULT_GT_S = 10.4
+
+
+def pcie_bandwidth(generation: int, width: int) -> float:
+    """PCIe bytes/s per direction: GT/s x lanes x encoding / 8 (PCIe 3.0 x16 = 15.754e9)."""
+    if generation not in PCIE_GENERATIONS:
+        raise MeshscaleError(f"unknown PCIe generation {generation}: use one of {sorted(PCIE_GENERATIONS)}")
+    if width not in PCIE_WIDTHS:
+        raise MeshscaleError(f"unknown PCIe width x{width}: use one of {list(PCIE_WIDTHS)}")
+    gt_per_s, efficiency = PCIE_GENERATIONS[generation]
+    return gt_per_s * 1e9 * efficiency * width / 8
+
+
+def nvlink_bandwidth(generation: int, count: int = 1) -> float:
+    """NVLink bytes/s per direction for ``count`` bonded links of a generation (NVLink 1: 20e9 per link)."""
+    if generation not in NVLINK_GENERATIONS:
+        raise MeshscaleError(f"unknown NVLink generation {generation}: use one of {sorted(NVLINK_GENERATIONS)}")
+    if count < 1:
+        raise MeshscaleError(f"NVLink count must be at least 1, got {count}")
+    return NVLINK_GENERATIONS[generation] * count
+
+
+def infiniband_bandwidth(rate: str, width: int = 4) -> float:
+    """InfiniBand data bytes/s per direction: lane rate x encoding x width / 8 (EDR 4x = 100 Gb/s = 12.5e9)."""
+    key = rate.lower()
+    if key not in INFINIBAND_RATES:
+        raise MeshscaleError(f"unknown InfiniBand rate {rate!r}: use one of {', '.join(INFINIBAND_RATES)}")
+    if width not in INFINIBAND_WIDTHS:
+        raise MeshscaleError(f"unknown InfiniBand width {width}x: use one of {list(INFINIBAND_WIDTHS)}")
+    gbit_per_lane, efficiency = INFINIBAND_RATES[key]
+    return gbit_per_lane * 1e9 * efficiency * width / 8
+
+
+def ethernet_bandwidth(gbits: float) -> float:
+    """Ethernet bytes/s per direction for a nominal rate in Gb/s (10 GbE = 1.25e9)."""
+    if gbits <= 0:
+        raise MeshscaleError(f"Ethernet rate must be positive, got {gbits} Gb/s")
+    return gbits * 1e9 / 8
+
+
+def qpi_bandwidth(gt_per_s: float = QPI_DEFAULT_GT_S, links: int = 2) -> float:
+    """QPI/UPI bytes/s per direction: GT/s x 2 bytes x links. Xeon E5-2698 v4: 9.6 GT/s x 2 B x 2 links = 38.4e9
+    raw; DOMAIN.md quotes about 25.6e9 usable, which the catalog states explicitly."""
+    if gt_per_s <= 0 or links < 1:
+        raise MeshscaleError("QPI/UPI needs a positive GT/s and at least one link")
+    return gt_per_s * 1e9 * 2 * links

@@ -1,0 +1,59 @@
+"""Text views of a topology: the `nvidia-smi topo -m` matrix (plus bandwidth) and a one-line summary."""
+from __future__ import annotations
+
+from meshscale.topology.model import Topology
+from meshscale.topology.queries import RELATION_LEGEND, pair_bandwidth, relation
+from meshscale.units import gbps
+
+
+def _labels(topo: Topology) -> tuple[list[str], list[str]]:
+    """Row names as nvidia-smi prints them (GPU0.., NIC0..) and the node names behind them."""
+    devices = topo.devices()
+    prefix = "GPU" if topo.device_kind == "gpu" else "CPU"
+    names = [f"{prefix}{topo.nodes[d].index}" for d in devices]
+    nics = [n for n in topo.nodes_of("nic")]
+    return names + [f"NIC{i}" for i in range(len(nics))], devices + nics
+
+
+def relation_matrix(topo: Topology, bandwidth: bool = True) -> str:
+    """The matrix of `nvidia-smi topo -m` (same layout and legend), then per-pair bandwidth in GB/s."""
+    labels, nodes = _labels(topo)
+    width = max(6, *(len(l) + 2 for l in labels))
+    lines = [" " * width + "".join(f"{l:<{width}}" for l in labels) + "CPU Affinity    NUMA Affinity"]
+    for label, a in zip(labels, nodes):
+        cells = "".join(f"{relation(topo, a, b):<{width}}" for b in nodes)
+        attrs = topo.nodes[a].attrs
+        lines.append(f"{label:<{width}}{cells}{str(attrs.get('cpu_affinity', 'N/A')):<16}{attrs.get('numa', 'N/A')}")
+    lines += ["", "Legend:", ""]
+    lines += [f"  {key:<4} = {text}" for key, text in RELATION_LEGEND]
+    if topo.nodes_of("nic"):
+        lines += ["", "NIC Legend:", ""]
+        lines += [f"  NIC{i}: {n}" for i, n in enumerate(topo.nodes_of("nic"))]
+    if bandwidth:
+        devices = topo.devices()
+        dlabels = labels[: len(devices)]
+        lines += ["", "Bandwidth per direction, GB/s (best route; line rate, not measured):", ""]
+        lines.append(" " * width + "".join(f"{l:>{width}}" for l in dlabels))
+        for label, a in zip(dlabels, devices):
+            cells = "".join(f"{'-' if a == b else f'{gbps(pair_bandwidth(topo, a, b)):.1f}':>{width}}" for b in devices)
+            lines.append(f"{label:<{width}}{cells}")
+    return "\n".join(lines)
+
+
+def per_gpu_bandwidth(topo: Topology) -> tuple[float, float]:
+    """(NVLink, PCIe) bytes/s per direction leaving the first device: the figures `systems` lists."""
+    devices = topo.devices()
+    if not devices:
+        return 0.0, 0.0
+    first = devices[0]
+    nvlink = sum(l.bandwidth_bytes_per_s for l in topo.links_of(first, "nvlink"))
+    pcie = sum(l.bandwidth_bytes_per_s for l in topo.links_of(first, "pcie"))
+    return nvlink, pcie
+
+
+def summary(topo: Topology) -> str:
+    nvlink, pcie = per_gpu_bandwidth(topo)
+    n = len(topo.devices())
+    kind = "GPU" if topo.device_kind == "gpu" else "CPU worker"
+    return (f"{topo.title or topo.name}: {n} {kind}{'s' if n != 1 else ''} ({topo.gpu_model}), "
+            f"NVLink {gbps(nvlink):.0f} GB/s and PCIe {gbps(pcie):.1f} GB/s per device per direction")

@@ -1,0 +1,38 @@
+"""Parsing and formatting of sizes and rates. Decimal GB/s for bandwidth (as nccl-tests prints), binary K/M/G for sizes."""
+from __future__ import annotations
+
+import re
+
+from meshscale.errors import MeshscaleError
+
+_SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
+
+GB = 1e9  # bandwidths are decimal GB/s, as nvidia-smi and nccl-tests report them
+
+
+def parse_bytes(text: str | int) -> int:
+    """Parse a size such as ``8``, ``1K``, ``64M``, ``1G`` or ``1GiB`` (binary multiples) into bytes."""
+    if isinstance(text, int):
+        if text < 0:
+            raise MeshscaleError(f"size must not be negative: {text}")
+        return text
+    match = _SIZE_RE.match(str(text))
+    if not match:
+        raise MeshscaleError(f"cannot read size {text!r}: use a number with an optional K, M, G or T suffix (e.g. 64M)")
+    number, suffix = match.groups()
+    return int(float(number) * _SIZE_SUFFIX[suffix.upper()])
+
+
+def format_bytes(n: float) -> str:
+    """Short binary size: 1024 -> '1K', 3 << 20 -> '3M'; non-round values get one decimal."""
+    for suffix, factor in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
+        if n >= factor:
+            value = n / factor
+            return f"{value:.0f}{suffix}" if value == int(value) else f"{value:.1f}{suffix}"
+    return f"{int(n)}B"
+
+
+def gbps(bytes_per_s: float) -> float:
+    """Bytes per second to decimal GB/s."""
+    return bytes_per_s / GB
