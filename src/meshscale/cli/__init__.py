@@ -6,12 +6,12 @@ import sys
 
 import typer
 
-from meshscale.cli import topology as topology_commands
+from meshscale.cli import bench, collectives, predict, report, topology, train
 from meshscale.errors import MeshscaleError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction.")
-for module in (topology_commands,):
+for module in (topology, bench, collectives, train, predict, report):
     module.register(app)
 
 

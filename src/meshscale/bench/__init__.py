@@ -1,0 +1,1 @@
+"""meshscale bench layer."""

@@ -1,0 +1,8 @@
+"""CLI commands of the report layer (being written)."""
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Add this module's commands to the meshscale app."""

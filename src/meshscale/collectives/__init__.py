@@ -1,0 +1,1 @@
+"""meshscale collectives layer."""

@@ -1,0 +1,1 @@
+"""meshscale train layer."""
