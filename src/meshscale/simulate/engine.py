@@ -1,0 +1,207 @@
+"""Flow-level, event-driven simulation of transfers on a topology.
+
+Each transfer is a flow from one device to another along its route (`meshscale.topology.route`), spread over
+the route's paths in proportion to their bandwidth. Flows that are in flight at the same time share every
+directed link max-min fairly (progressive filling); a reduction also uses its receiver's reduce unit, a
+resource of its own. A flow becomes ready when the flows it depends on have finished, then waits its latency
+(route hops + per-message overhead) and moves its bytes. Between two events (a flow becomes ready or one
+finishes) rates are constant, so time jumps from event to event.
+
+Speed: flows of one route key (route, reduce or not) always get the same rate, so the rate computation works
+on the distinct keys of the active set, and its answer is memoized on that set (a pipelined schedule repeats
+the same few sets thousands of times).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+import numpy as np
+
+from meshscale.simulate.params import (DEFAULT_CPU_REDUCE_BYTES_PER_S, DEFAULT_GPU_REDUCE_BYTES_PER_S,
+                                       SimParams)
+from meshscale.topology import Topology, route
+
+
+@dataclass
+class FlowRun:
+    """What `run_flows` found: per-transfer start (data begins to move) and finish times, and per-resource use."""
+
+    start_s: np.ndarray
+    finish_s: np.ndarray
+    time_s: float
+    resource_names: list[str]  # "gpu0->gpu1 (NVLink1 x1)" per directed link, then "reduce@gpu0" per device
+    resource_kinds: list[str]
+    capacity_bytes_per_s: np.ndarray  # effective (after efficiency)
+    line_rate_bytes_per_s: np.ndarray
+    resource_bytes: np.ndarray  # bytes carried over the whole run
+
+
+class _Resources:
+    """Directed links and reduce units of a topology, with effective capacities and per-key weights."""
+
+    def __init__(self, topo: Topology, params: SimParams):
+        self.topo, self.params = topo, params
+        names, kinds, line = [], [], []
+        for link in topo.links:
+            for u, v in ((link.a, link.b), (link.b, link.a)):
+                names.append(f"{u}->{v} ({link.label})")
+                kinds.append(link.kind)
+                line.append(link.bandwidth_bytes_per_s)
+        self.reduce_index = {}
+        for dev in topo.devices():
+            self.reduce_index[dev] = len(names)
+            names.append(f"reduce@{dev}")
+            kinds.append("reduce")
+            line.append(_reduce_rate(topo, dev, params))
+        self.names, self.kinds = names, kinds
+        self.line = np.array(line, dtype=float)
+        eff = np.array([1.0 if k == "reduce" else params.efficiency_of(k) for k in kinds])
+        self.capacity = self.line * eff
+        self.keys: dict[tuple[str, str, bool], int] = {}
+        self.rows: list[np.ndarray] = []
+        self.latency: list[float] = []
+
+    def key(self, src: str, dst: str, reduce: bool) -> int:
+        """Index of the (src, dst, reduce) key, building its weight row (load per unit of flow rate)."""
+        k = (src, dst, reduce)
+        if k in self.keys:
+            return self.keys[k]
+        r = route(self.topo, src, dst)
+        row = np.zeros(len(self.names))
+        for path in r.paths:
+            share = path.bandwidth_bytes_per_s / r.bandwidth_bytes_per_s
+            # parallel links of one hop split the path's flow by their bandwidth
+            for u, v in zip(path.nodes, path.nodes[1:]):
+                hop = [(i, d) for i, d in path.directed_links if {self.topo.links[i].a, self.topo.links[i].b} == {u, v}]
+                total = sum(self.topo.links[i].bandwidth_bytes_per_s for i, _ in hop)
+                for i, d in hop:
+                    row[2 * i + d] += share * self.topo.links[i].bandwidth_bytes_per_s / total
+        if reduce:
+            row[self.reduce_index[dst]] += 1.0
+        slowest = min((self.topo.links[i] for p in r.paths for i, _ in p.directed_links),
+                      key=lambda link: link.bandwidth_bytes_per_s)
+        self.latency.append(r.latency_s + self.params.message_latency_of(slowest.kind))
+        self.keys[k] = len(self.rows)
+        self.rows.append(row)
+        return self.keys[k]
+
+
+def _reduce_rate(topo: Topology, dev: str, params: SimParams) -> float:
+    if params.reduce_bytes_per_s:
+        return params.reduce_bytes_per_s
+    node = topo.nodes[dev]
+    if node.kind == "gpu":
+        mem = node.attrs.get("memory_bandwidth_bytes_per_s")
+        return float(mem) / 3 if mem else DEFAULT_GPU_REDUCE_BYTES_PER_S
+    return DEFAULT_CPU_REDUCE_BYTES_PER_S
+
+
+def max_min_rates(weights: np.ndarray, counts: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Max-min fair rate per flow for ``counts[k]`` flows of each key ``k`` whose unit load on the resources
+    is ``weights[k]`` (progressive filling: raise all unfrozen rates together until a resource saturates)."""
+    load = weights * counts[:, None]
+    rate = np.zeros(len(counts))
+    free = np.ones(len(counts), dtype=bool)
+    left = capacity.astype(float).copy()
+    while free.any():
+        demand = load[free].sum(axis=0)
+        used = demand > 0
+        if not used.any():  # keys that use no resource (cannot happen with real routes): give them infinity
+            rate[free] = np.inf
+            break
+        step = np.min(left[used] / demand[used])
+        rate[free] += step
+        left -= step * demand
+        saturated = used & (left <= 1e-9 * capacity)
+        free &= ~(load[:, saturated] > 0).any(axis=1)
+    return rate
+
+
+def run_flows(topo: Topology, src: list[str], dst: list[str], nbytes: np.ndarray, reduce: np.ndarray,
+              deps: list[list[int]], params: SimParams | None = None) -> FlowRun:
+    """Simulate transfers ``i`` from device ``src[i]`` to ``dst[i]`` of ``nbytes[i]`` bytes (``reduce[i]``: the
+    receiver reduces them), each starting after all transfers in ``deps[i]`` have finished."""
+    params = params or SimParams()
+    res = _Resources(topo, params)
+    n = len(src)
+    nbytes = np.asarray(nbytes, dtype=float)
+    key = np.array([res.key(s, d, bool(r)) for s, d, r in zip(src, dst, reduce)], dtype=np.int64)
+    rows = np.array(res.rows) if res.rows else np.zeros((0, len(res.names)))
+    latency = np.array(res.latency)[key] if n else np.zeros(0)
+
+    waiting = np.array([len(d) for d in deps], dtype=np.int64)
+    successors: list[list[int]] = [[] for _ in range(n)]
+    for i, ds in enumerate(deps):
+        for d in ds:
+            successors[d].append(i)
+    start = np.full(n, np.nan)
+    finish = np.full(n, np.nan)
+    ready: list[tuple[float, int]] = [(float(latency[i]), i) for i in range(n) if waiting[i] == 0]
+    heapq.heapify(ready)
+
+    act_ids = np.zeros(0, dtype=np.int64)
+    act_left = np.zeros(0)
+    act_rate = np.zeros(0)
+    act_load = np.zeros(len(res.names))
+    used_bytes = np.zeros(len(res.names))
+    cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
+    now, done = 0.0, 0
+    while done < n:
+        t_ready = ready[0][0] if ready else np.inf
+        if len(act_ids):
+            t_finish = now + float(np.min(act_left / act_rate))
+        else:
+            t_finish = np.inf
+        t_next = min(t_ready, t_finish)
+        if t_next == np.inf:
+            raise RuntimeError("simulation stalled: a transfer depends on one that never finishes (a cycle)")
+        dt = t_next - now
+        if len(act_ids) and dt > 0:
+            act_left -= act_rate * dt
+            used_bytes += act_load * dt
+        now = t_next
+        finished: list[int] = []
+        if len(act_ids):
+            over = act_left <= np.maximum(1e-9 * nbytes[act_ids], act_rate * 1e-12 * max(now, 1e-9))
+            if over.any():
+                finished.extend(act_ids[over].tolist())
+                keep = ~over
+                act_ids, act_left, act_rate = act_ids[keep], act_left[keep], act_rate[keep]
+        arrivals = []
+        limit = now + 1e-12 * max(now, 1e-9)
+        while ready and ready[0][0] <= limit:
+            arrivals.append(heapq.heappop(ready)[1])
+        for i in arrivals:
+            start[i] = now
+            if nbytes[i] <= 0:
+                finished.append(i)
+        moving = [i for i in arrivals if nbytes[i] > 0]
+        for i in finished:
+            finish[i] = now
+            for s in successors[i]:
+                waiting[s] -= 1
+                if waiting[s] == 0:
+                    heapq.heappush(ready, (now + float(latency[s]), s))
+        done += len(finished)
+        if moving:
+            new = np.array(moving, dtype=np.int64)
+            act_ids = np.concatenate([act_ids, new])
+            act_left = np.concatenate([act_left, nbytes[new]])
+        if moving or finished:
+            act_rate, act_load = _rates(key[act_ids], rows, res.capacity, cache)
+    return FlowRun(start, finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
+
+
+def _rates(keys: np.ndarray, rows: np.ndarray, capacity: np.ndarray, cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per-flow rates of the active flows (keys) and the resulting load per resource, memoized on the key set."""
+    if not len(keys):
+        return np.zeros(0), np.zeros(len(capacity))
+    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    tag = uniq.tobytes() + counts.tobytes()
+    hit = cache.get(tag)
+    if hit is None:
+        rate = max_min_rates(rows[uniq], counts.astype(float), capacity)
+        hit = (rate, (rate * counts) @ rows[uniq])
+        cache[tag] = hit
+    return hit[0][inverse], hit[1]

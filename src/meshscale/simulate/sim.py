@@ -1,0 +1,106 @@
+"""Time a `Schedule` on a topology with the flow-level engine, and report it as nccl-tests would."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from meshscale.collectives.schedule import Schedule, dependencies
+from meshscale.errors import MeshscaleError
+from meshscale.simulate.engine import FlowRun, run_flows
+from meshscale.simulate.metrics import algbw, bus_factor
+from meshscale.simulate.params import SimParams
+from meshscale.topology import Topology
+
+
+@dataclass
+class LinkUse:
+    """How busy one resource (a directed link or a rank's reduce unit) was over the run."""
+
+    name: str
+    kind: str
+    bytes: float
+    capacity_bytes_per_s: float  # effective
+    utilization: float  # share of the run's time the resource would need at full effective rate
+    busy_s: float  # bytes / capacity: the time it must be busy at least
+
+
+@dataclass
+class SimResult:
+    """The predicted time of one collective and its figures; ``links`` sorted busiest first."""
+
+    collective: str
+    algorithm: str
+    ranks: list[int]
+    nbytes: int
+    time_s: float
+    algbw_bytes_per_s: float
+    busbw_bytes_per_s: float
+    links: list[LinkUse] = field(default_factory=list)
+    transfers: int = 0
+    channels: int = 1
+    params_source: str = "defaults"
+
+    @property
+    def bottleneck(self) -> LinkUse | None:
+        return self.links[0] if self.links else None
+
+    @property
+    def bound_s(self) -> float:
+        """Lower bound on the time of this schedule: its busiest resource working at full effective rate."""
+        return self.links[0].busy_s if self.links else 0.0
+
+
+def flow_inputs(schedule: Schedule, topo: Topology) -> tuple[list[str], list[str], np.ndarray, np.ndarray, list[list[int]]]:
+    """The engine's view of a schedule: device names, sizes, reduce flags and dependencies. Besides the data
+    dependencies (`dependencies`), each rank works through its steps in order on each channel, as an executor
+    does: its transfers of a step (sends and receives) wait for its transfers of its previous step on that
+    channel, and transfers on one connection (channel, src, dst) go one after another. That is what makes a
+    tree's root send to its children in turn and pipelines a ring chunk by chunk."""
+    names = [topo.device(r) for r in schedule.ranks]  # raises a one-line TopologyError for unknown devices
+    if len(set(names)) != len(names):
+        raise MeshscaleError(f"device list {schedule.ranks} repeats a device; give each GPU once")
+    deps = [set(d) for d in dependencies(schedule)]
+    previous: dict[tuple[int, int], list[int]] = {}  # (channel, rank) -> its transfers in its last step
+    last_on: dict[tuple[int, int, int], int] = {}
+    flat: list = []
+    for step in schedule.steps:
+        current: dict[tuple[int, int], list[int]] = {}
+        for t in step.transfers:
+            i = len(flat)
+            flat.append(t)
+            for rank in (t.src, t.dst):
+                deps[i].update(previous.get((t.channel, rank), ()))
+                current.setdefault((t.channel, rank), []).append(i)
+            conn = (t.channel, t.src, t.dst)
+            if conn in last_on:
+                deps[i].add(last_on[conn])
+            last_on[conn] = i
+        previous.update(current)
+    src = [names[t.src] for t in flat]
+    dst = [names[t.dst] for t in flat]
+    nbytes = np.array([t.nbytes for t in flat], dtype=float)
+    reduce = np.array([t.op == "reduce" for t in flat], dtype=bool)
+    return src, dst, nbytes, reduce, [sorted(d) for d in deps]
+
+
+def simulate(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> SimResult:
+    """Predict the time of ``schedule`` on ``topo``; algbw and busbw use the schedule's nccl-tests size."""
+    params = params or SimParams()
+    run = run_flows(topo, *flow_inputs(schedule, topo), params)
+    return _result(schedule, run, params)
+
+
+def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
+    time_s = run.time_s
+    links = []
+    for j in np.argsort(-run.resource_bytes / run.capacity_bytes_per_s):
+        if run.resource_bytes[j] <= 0:
+            break
+        busy = float(run.resource_bytes[j] / run.capacity_bytes_per_s[j])
+        links.append(LinkUse(run.resource_names[j], run.resource_kinds[j], float(run.resource_bytes[j]),
+                             float(run.capacity_bytes_per_s[j]), busy / time_s if time_s > 0 else 0.0, busy))
+    alg = algbw(schedule.nbytes, time_s)
+    return SimResult(schedule.collective, schedule.algorithm, list(schedule.ranks), schedule.nbytes, time_s, alg,
+                     alg * bus_factor(schedule.collective, schedule.n), links, len(run.finish_s),
+                     schedule.channels, params.source)
