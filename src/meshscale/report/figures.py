@@ -1,0 +1,214 @@
+"""Which figures a set of results yields: topology, P2P heatmaps, busbw curves per collective (measured,
+predicted, bound), scaling bars with speedup lines, each with its verdict. Pure assembly; drawing is in
+plots.py, judging in verdicts.py, the page in html.py."""
+from __future__ import annotations
+
+import re
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from meshscale.report import plots
+from meshscale.report.plots import Series
+from meshscale.report.verdicts import (Verdict, collective_verdict, hints, is_cpu_run, p2p_verdict, scaling_verdict,
+                                       topology_verdict)
+from meshscale.results import Result
+from meshscale.topology.model import Topology
+from meshscale.topology.queries import pair_bandwidth
+from meshscale.topology.render import relation_matrix, summary
+from meshscale.topology.schema import from_dict
+from meshscale.units import gbps
+
+SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
+
+
+@dataclass
+class Source:
+    """A result and the short name it goes by in legends (its file name, or meta.label)."""
+
+    label: str
+    result: Result
+
+
+@dataclass
+class Plot:
+    id: str
+    title: str
+    svg: str
+    verdict: Verdict
+    caption: str = ""
+    text: str = ""  # preformatted text shown beside the plot (the relation matrix)
+
+
+@dataclass
+class Section:
+    title: str
+    plots: list[Plot] = field(default_factory=list)
+    table: list[dict[str, Any]] = field(default_factory=list)
+
+
+def _slug(*parts: Any) -> str:
+    return "plot-" + re.sub(r"[^a-z0-9]+", "-", "-".join(map(str, parts)).lower()).strip("-")
+
+
+def topology_of(sources: list[Source]) -> Topology | None:
+    """The topology the results were measured on: a 'topology' result, else the first meta.topology."""
+    ordered = sorted(sources, key=lambda s: s.result.kind != "topology")
+    for s in ordered:
+        data = s.result.meta.get("topology")
+        if isinstance(data, dict) and "nodes" in data:
+            return from_dict(data, f"{s.label} (meta.topology)")
+    return None
+
+
+def topology_section(topo: Topology) -> Section:
+    plot = Plot(_slug("topology", topo.name), summary(topo), plots.topology_plot(topo, _slug("topology", topo.name)),
+                topology_verdict(topo), "per-pair relation as `nvidia-smi topo -m` prints it, and the line rate of "
+                "the best route", relation_matrix(topo))
+    return Section("Topology", [plot])
+
+
+def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
+    section = Section("Point-to-point")
+    for s in sources:
+        by_mode = defaultdict(list)
+        for row in s.result.rows:
+            by_mode[row.get("mode", "copy")].append(row)
+        cpu = is_cpu_run(s.result.meta, s.result.machine, topo)
+        for mode, rows in by_mode.items():
+            ranks = sorted({r["src"] for r in rows} | {r["dst"] for r in rows})
+            labels = [f"{'CPU' if cpu else 'GPU'}{r}" for r in ranks]
+            bandwidth = np.full((len(ranks), len(ranks)), np.nan)
+            latency = np.full_like(bandwidth, np.nan)
+            for r in rows:
+                i, j = ranks.index(r["src"]), ranks.index(r["dst"])
+                bandwidth[i, j] = gbps(r.get("bandwidth_bytes_per_s") or np.nan)
+                latency[i, j] = (r.get("latency_s") or np.nan) * 1e6
+            rate_of = {}
+            if topo is not None:
+                have = {topo.nodes[d].index for d in topo.devices()}
+                rate_of = {(a, b): pair_bandwidth(topo, a, b) for a in ranks for b in ranks
+                           if a != b and a in have and b in have}
+            verdict = p2p_verdict(rows, rate_of, hints(s.result.env, topo, cpu))
+            pid = _slug("p2p", s.label, mode, "bandwidth")
+            section.plots.append(Plot(pid, f"P2P bandwidth, {mode} ({s.label})",
+                                      plots.heatmap(bandwidth, labels, f"P2P {mode}: GB/s", "GB/s", pid), verdict))
+            if np.isfinite(latency).any():
+                pid = _slug("p2p", s.label, mode, "latency")
+                section.plots.append(Plot(pid, f"P2P latency, {mode} ({s.label})",
+                                          plots.heatmap(latency, labels, f"P2P {mode}: latency, us", "us", pid, "{:.0f}"),
+                                          Verdict("info", "small-message latency per pair; outliers point at a longer route")))
+    return section
+
+
+def _curve(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    rows = sorted((r for r in rows if r.get(key) is not None), key=lambda r: r["size_bytes"])
+    return [r["size_bytes"] for r in rows], [r[key] for r in rows]
+
+
+def collective_section(measured: list[Source], predicted: list[Source], topo: Topology | None) -> Section:
+    section = Section("Collectives: bus bandwidth against message size")
+    names = sorted({r["collective"] for s in measured + predicted for r in s.result.rows})
+    for name in names:
+        series, verdict = [], None
+        for s in measured:
+            rows = [r for r in s.result.rows if r["collective"] == name and not r.get("inplace")]
+            rows = rows or [r for r in s.result.rows if r["collective"] == name]
+            if not rows:
+                continue
+            dtypes = sorted({str(r.get("dtype")) for r in rows})
+            for dtype in dtypes:
+                part = [r for r in rows if str(r.get("dtype")) == dtype]
+                suffix = f" {dtype}" if len(dtypes) > 1 else ""
+                series.append(Series(f"measured {s.label}{suffix}", *_curve(part, "busbw_bytes_per_s")))
+            if verdict is None:
+                x, y = _curve(rows, "bound_busbw_bytes_per_s")
+                if x:
+                    series.append(Series(f"link bound ({s.label})", x, y, "bound"))
+                cpu = is_cpu_run(s.result.meta, s.result.machine, topo)
+                verdict = collective_verdict(rows, hints(s.result.env, topo, cpu), cpu)
+        for s in predicted:
+            rows = [r for r in s.result.rows if r["collective"] == name]
+            for algo in sorted({str(r.get("algorithm", "")) for r in rows}):
+                part = [r for r in rows if str(r.get("algorithm", "")) == algo]
+                tag = f", {algo}" if algo else ""
+                series.append(Series(f"predicted {s.label}{tag}", *_curve(part, "busbw_bytes_per_s"), "predicted"))
+        verdict = verdict or Verdict("info", "prediction only: no measurement of this collective to compare with")
+        pid = _slug("busbw", name)
+        section.plots.append(Plot(pid, name, plots.busbw_plot(f"{name}: busbw", series, pid), verdict))
+    return section
+
+
+def _group(source: Source) -> str:
+    meta = source.result.meta
+    return str(meta.get("group") or meta.get("system") or "this machine")
+
+
+def _split(source: Source, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    out = defaultdict(list)
+    for r in rows:
+        extra = " ".join(str(r[k]) for k in SERIES_KEYS if r.get(k) is not None)
+        out[f"{source.label} {extra}".strip()].append(r)
+    return out
+
+
+def scaling_section(sources: list[Source]) -> Section:
+    section = Section("Scaling: throughput and speedup")
+    groups = defaultdict(list)
+    for s in sources:
+        groups[_group(s)].append(s)
+    for group, members in groups.items():
+        modes = sorted({r["mode"] for s in members for r in s.result.rows})
+        for mode in modes:
+            bars, speedups, verdict, extra = [], [], None, []
+            for s in members:
+                style = "predicted" if s.result.predicted or s.result.kind == "predict" else "measured"
+                rows = [r for r in s.result.rows if r["mode"] == mode]
+                for label, part in _split(s, rows).items():
+                    part = sorted(part, key=lambda r: r["world_size"])
+                    x = [r["world_size"] for r in part]
+                    bars.append(Series(f"{style} {label}", x, [r["throughput_samples_per_s"] for r in part], style))
+                    if all(r.get("speedup") is not None for r in part):
+                        speedups.append(Series(f"{style} {label}", x, [r["speedup"] for r in part], style))
+                if style == "measured" and rows and verdict is None:
+                    verdict = scaling_verdict(rows, hints(s.result.env))
+                    parts = {k[:-2]: [r.get(k) or 0.0 for r in sorted(rows, key=lambda r: r["world_size"])]
+                             for k in ("compute_s", "comm_s", "data_s") if any(r.get(k) for r in rows)}
+                    if parts:
+                        pid = _slug("breakdown", group, mode)
+                        worlds = sorted(r["world_size"] for r in rows)
+                        extra.append(Plot(pid, f"{group}: {mode} scaling, step time", plots.breakdown_plot(
+                            f"{mode} scaling: step time breakdown ({s.label})", worlds, parts, pid),
+                            Verdict("info", "compute, communication and data loading per step")))
+            if verdict is None:
+                last = [r for s in members for r in s.result.rows if r["mode"] == mode and r.get("efficiency") is not None]
+                verdict = scaling_verdict(last, []) if last else Verdict("info", "prediction only")
+                verdict = Verdict("info", f"predicted: {verdict.text.split(' — ')[0]}")
+            pid = _slug("scaling", group, mode)
+            title = f"{group}: {mode} scaling"
+            section.plots.append(Plot(pid, title, plots.scaling_plot(title, bars, speedups, pid), verdict))
+            section.plots.extend(extra)
+    return section
+
+
+def sections(sources: list[Source]) -> list[Section]:
+    """Every section the results support, in reading order; kinds with no figure are listed as tables."""
+    by_kind = defaultdict(list)
+    for s in sources:
+        by_kind[s.result.kind].append(s)
+    out = []
+    topo = topology_of(sources)
+    if topo is not None:
+        out.append(topology_section(topo))
+    if by_kind["bench-p2p"]:
+        out.append(p2p_section(by_kind["bench-p2p"], topo))
+    if by_kind["bench-collective"] or by_kind["sim"]:
+        out.append(collective_section(by_kind["bench-collective"], by_kind["sim"], topo))
+    if by_kind["scale"] or by_kind["predict"]:
+        out.append(scaling_section(by_kind["scale"] + by_kind["predict"]))
+    for kind in ("doctor",):
+        for s in by_kind[kind]:
+            out.append(Section(f"{kind}: {s.label}", table=s.result.rows))
+    return out

@@ -1,0 +1,105 @@
+"""The report page in a real browser (Debian's headless chromium): it loads with no console errors, every plot
+is present and laid out with a size, and a screenshot lands in artifacts/. CI installs chromium; without it
+these tests fail (they must not silently pass)."""
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from meshscale.report.html import load_sources, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "fixtures" / "report"
+ARTIFACTS = ROOT / "artifacts"
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--enable-logging=stderr", "--v=0"]
+
+# Injected into a copy of the page: collects script errors and measures every plot once the body is parsed,
+# then writes both into the DOM, where --dump-dom can read them.
+PROBE = """<script>window.__errors = [];
+window.addEventListener('error', e => window.__errors.push(String(e.message || e.type)), true);</script>"""
+PROBE_END = """<script>(function () {
+  const plots = Array.from(document.querySelectorAll('svg.plot, img.plot')).map(el => {
+    const r = el.getBoundingClientRect();
+    return {id: el.id, width: r.width, height: r.height};
+  });
+  const pre = document.createElement('pre');
+  pre.id = 'meshscale-probe';
+  pre.textContent = JSON.stringify({errors: window.__errors, plots: plots});
+  document.body.appendChild(pre);
+})();</script>"""
+
+
+def chromium() -> str:
+    path = shutil.which("chromium") or shutil.which("chromium-browser")
+    if not path:
+        pytest.fail("chromium is not installed: run `apt-get install -y chromium` (CI installs it); "
+                    "the report's browser test cannot run without it")
+    return path
+
+
+def run_browser(args: list[str], profile: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([chromium(), *FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
+                          text=True, timeout=90)
+
+
+def check_page(index: Path, tmp_path: Path, screenshot_name: str) -> dict:
+    """Open ``index`` in chromium; assert no console errors, no remote assets, every plot drawn with a size;
+    save a screenshot under artifacts/. Returns the probe's findings."""
+    html = index.read_text()
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", html), "the page references a remote asset"
+    expected_ids = re.findall(r'<(?:svg|img) id="([^"]+)" class="plot"', html)
+    assert expected_ids, "the page has no plot"
+    assert len(set(expected_ids)) == len(expected_ids), "plot ids repeat"
+
+    ARTIFACTS.mkdir(exist_ok=True)
+    shot = ARTIFACTS / screenshot_name
+    shot.unlink(missing_ok=True)
+    done = run_browser([f"--screenshot={shot}", "--window-size=1400,4000", index.as_uri()], tmp_path / "profile1")
+    console = [line for line in done.stderr.splitlines() if "CONSOLE" in line]
+    assert not console, f"console messages while loading the page: {console}"
+    assert shot.exists() and shot.stat().st_size > 10_000, f"no screenshot written: {done.stderr[-2000:]}"
+
+    probe_page = index.with_name("probe.html")
+    probe_page.write_text(html.replace("<head>", "<head>" + PROBE, 1).replace("</body>", PROBE_END + "</body>", 1))
+    try:
+        dumped = run_browser(["--dump-dom", probe_page.as_uri()], tmp_path / "profile2")
+    finally:
+        probe_page.unlink()
+    match = re.search(r'<pre id="meshscale-probe">(.*?)</pre>', dumped.stdout, re.S)
+    assert match, f"the probe did not run: {dumped.stderr[-2000:]}"
+    found = json.loads(match.group(1).replace("&quot;", '"').replace("&amp;", "&"))
+    assert found["errors"] == [], f"script errors on the page: {found['errors']}"
+    drawn = {p["id"]: p for p in found["plots"]}
+    assert sorted(drawn) == sorted(expected_ids)
+    empty = [i for i, p in drawn.items() if p["width"] < 50 or p["height"] < 50]
+    assert not empty, f"plots laid out with no size: {empty}"
+    return found
+
+
+def test_fixture_report_renders_in_chromium(tmp_path):
+    sources = load_sources([FIXTURES])
+    index = write_report(sources, tmp_path / "report")
+    found = check_page(index, tmp_path, "report-fixtures.png")
+    ids = {p["id"] for p in found["plots"]}
+    # one figure per kind of figure the fixtures hold
+    assert any(i.startswith("plot-topology") for i in ids)
+    assert sum(i.startswith("plot-p2p") for i in ids) == 4  # two modes x (bandwidth, latency)
+    collectives = {r["collective"] for s in sources if s.result.kind == "bench-collective" for r in s.result.rows}
+    assert {f"plot-busbw-{c.replace('_', '-')}" for c in collectives} <= ids
+    assert {"plot-scaling-this-machine-weak", "plot-scaling-this-machine-strong"} <= ids
+
+
+def test_broken_page_is_caught(tmp_path):
+    """The check itself can fail: a page whose script throws is reported."""
+    index = tmp_path / "index.html"
+    index.write_text('<!DOCTYPE html><html><head></head><body><svg id="plot-x" class="plot" width="100" height="100">'
+                     '</svg><script>undefinedFunction();</script></body></html>')
+    with pytest.raises(AssertionError, match="console|script errors"):
+        check_page(index, tmp_path, "report-broken.png")
