@@ -1,0 +1,253 @@
+"""Clusters: N copies of a node system joined by a two- or three-level fat tree of InfiniBand or Ethernet.
+
+`plan_cluster` sizes the tree and computes its figures by formula (switches per level, per-node peak,
+bisection, worst-case latency); `build_cluster` turns the plan into a `Topology` (node names prefixed
+``n<k>/``, device indices global: node * gpus + local) for the routing queries on small clusters.
+
+Assumptions, after seed 000 section 3.3 and table 1:
+- a level-1 (leaf) switch takes as many systems as fit with as many up-links as down-links (non-blocking;
+  fewer up-links with ``oversubscription`` > 1): 36-port EDR switches -> 4 DGX-1 x 4 ports = 16 down + 16 up;
+- every level uses the same number of ports per switch as a leaf (the seed: "each level of the fat tree has
+  the same number of links"), so a level-2 switch links 32 leaves: 32 leaves x 4 = 128 systems, 16 level-2
+  switches; beyond that a third level (pods of half as many leaves, the other half of the ports going up);
+- InfiniBand latency 1.01 us system to system plus 0.09 us per EDR switch hop; Ethernet figures chosen so
+  that the 3-hop worst case is the seed's 5 us.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from meshscale.errors import TopologyError
+from meshscale.topology import links as calc
+from meshscale.topology.catalog import load_system
+from meshscale.topology.model import Link, Node, Topology
+
+
+@dataclass(frozen=True)
+class NetLink:
+    """One kind of network port: its data rate, nominal rate, the usual switch radix and latencies."""
+
+    name: str
+    kind: str                     # "infiniband" or "ethernet"
+    bandwidth_bytes_per_s: float  # data rate per direction
+    nominal_gbits: float          # marketing rate per direction (EDR 100, 10 GbE 10)
+    radix: int                    # ports of a typical switch
+    switch_latency_s: float       # per switch hop
+    system_latency_s: float       # NIC to NIC, both NIC links together, without the switches
+    whitepaper_encoding: float    # seed 000 counts IB bisection as nominal x 64/66 (table 1, note a)
+
+
+NET_LINKS = {
+    "edr": NetLink("edr", "infiniband", calc.infiniband_bandwidth("edr"), 100, 36, 0.09e-6, 1.01e-6, 64 / 66),
+    "hdr": NetLink("hdr", "infiniband", calc.infiniband_bandwidth("hdr"), 200, 40, 0.13e-6, 1.01e-6, 64 / 66),
+    "ndr": NetLink("ndr", "infiniband", calc.infiniband_bandwidth("ndr"), 400, 64, 0.13e-6, 1.01e-6, 64 / 66),
+    "10gbe": NetLink("10gbe", "ethernet", calc.ethernet_bandwidth(10), 10, 48, 0.5e-6, 3.5e-6, 1.0),
+    "25gbe": NetLink("25gbe", "ethernet", calc.ethernet_bandwidth(25), 25, 48, 0.5e-6, 3.5e-6, 1.0),
+    "100gbe": NetLink("100gbe", "ethernet", calc.ethernet_bandwidth(100), 100, 32, 0.4e-6, 3.0e-6, 1.0),
+    "400gbe": NetLink("400gbe", "ethernet", calc.ethernet_bandwidth(400), 400, 64, 0.4e-6, 3.0e-6, 1.0),
+}
+
+
+def net_link(name: str) -> NetLink:
+    """The port kind called ``name`` (edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe)."""
+    try:
+        return NET_LINKS[name.lower()]
+    except KeyError:
+        raise TopologyError(f"unknown network link {name!r}; use one of {', '.join(NET_LINKS)}") from None
+
+
+@dataclass
+class ClusterSpec:
+    """What to build. ``None`` fields are derived: levels (2 or 3 as needed), nodes_per_leaf, radix."""
+
+    node: str = "dgx1-p100"
+    nodes: int = 124
+    nics: int = 4
+    link: str = "edr"
+    levels: int | None = None
+    nodes_per_leaf: int | None = None
+    radix: int | None = None
+    oversubscription: float = 1.0
+    gpudirect: bool = True
+
+
+@dataclass
+class ClusterPlan:
+    """A sized cluster and its figures (bandwidths per direction unless the name says otherwise)."""
+
+    spec: ClusterSpec
+    node_topology: Topology
+    net: NetLink
+    levels: int
+    nodes_per_leaf: int
+    radix: int
+    ports_used: int               # ports of each switch in use (down + up)
+    down_ports_per_leaf: int
+    up_ports_per_leaf: int
+    switches: list[int]           # per level, level 1 first
+    max_nodes: int                # largest cluster this many levels can hold
+    node_bandwidth_bytes_per_s: float       # one node into the network, per direction
+    node_peak_bits_per_s: float             # nominal, both directions (seed 000: 800 Gb/s)
+    bisection_bytes_per_s: float            # per direction, at the ports' data rate (halves of whole leaves)
+    bisection_seed000_bytes_per_s: float    # both directions, seed 000's formula (6,012 GB/s)
+    switch_hops: int                        # worst case
+    latency_s: float                        # worst case, node to node
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.node_topology.devices())
+
+    @property
+    def world_size(self) -> int:
+        return self.spec.nodes * self.gpus_per_node
+
+
+def _nodes_per_leaf(nics: int, radix: int, oversubscription: float) -> int:
+    """The most nodes whose ports plus their up-links fit on one switch."""
+    n = 0
+    while (n + 1) * nics + math.ceil((n + 1) * nics / oversubscription) <= radix:
+        n += 1
+    return n
+
+
+def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
+    """Size the fat tree for ``spec`` and compute its figures; a one-line error if it cannot be built."""
+    net = net_link(spec.link)
+    if spec.nodes < 1:
+        raise TopologyError(f"a cluster needs at least one node, got {spec.nodes}; pass --nodes 1 or more")
+    if spec.nics < 1:
+        raise TopologyError(f"a cluster node needs at least one NIC, got {spec.nics}; pass --nics 1 or more")
+    if spec.oversubscription < 1:
+        raise TopologyError(f"oversubscription {spec.oversubscription} is below 1; use 1 (non-blocking) or more")
+    node_topo = load_system(spec.node)
+    radix = spec.radix or net.radix
+    per_leaf = spec.nodes_per_leaf or _nodes_per_leaf(spec.nics, radix, spec.oversubscription)
+    down = per_leaf * spec.nics
+    up = math.ceil(down / spec.oversubscription)
+    if per_leaf < 1 or down + up > radix:
+        raise TopologyError(f"{spec.nics} {net.name} ports per node and their up-links do not fit a {radix}-port "
+                            f"switch; use fewer --nics, a larger --radix or fewer --nodes-per-leaf")
+    ports = down + up
+    leaves = math.ceil(spec.nodes / per_leaf)
+    max2 = per_leaf * ports  # a level-2 switch has one link to each of `ports` leaves
+    pod_leaves = ports // 2
+    max3 = per_leaf * pod_leaves * ports
+    levels = spec.levels or (1 if leaves == 1 else 2 if spec.nodes <= max2 else 3)
+    if levels not in (1, 2, 3):
+        raise TopologyError(f"--levels {levels} is not supported; use 2 or 3")
+    if levels == 1 and leaves > 1:
+        raise TopologyError(f"{spec.nodes} nodes need {leaves} leaf switches, more than one level holds; use --levels 2")
+    if levels == 2 and spec.nodes > max2:
+        raise TopologyError(f"{spec.nodes} nodes exceed the {max2} a two-level tree of {radix}-port switches holds "
+                            f"({per_leaf} per leaf, {ports} leaves); use --levels 3 or fewer nodes")
+    if spec.nodes > max3:
+        raise TopologyError(f"{spec.nodes} nodes exceed the {max3} a three-level tree of {radix}-port switches holds; "
+                            "use a larger --radix or fewer nodes")
+    if levels == 1:
+        switches, max_nodes, hops = [1], per_leaf, 1
+    elif levels == 2:
+        switches, max_nodes, hops = [leaves, up], max2, 3
+    else:
+        pods = math.ceil(leaves / pod_leaves)
+        switches, max_nodes, hops = [leaves, pods * up, math.ceil(pods * up * pod_leaves / ports)], max3, 5
+    node_bw = spec.nics * net.bandwidth_bytes_per_s
+    half = spec.nodes // 2
+    bisection = half * node_bw / (spec.oversubscription if levels > 1 else 1.0)
+    seed000 = spec.nodes * spec.nics * 2 * net.nominal_gbits * 1e9 * net.whitepaper_encoding / 8 * 0.5
+    seed000 /= spec.oversubscription if levels > 1 else 1.0
+    notes = []
+    if not spec.gpudirect:
+        notes.append("GPUDirect RDMA off: GPU traffic is staged through host memory (NICs hang off the CPUs)")
+    return ClusterPlan(spec, node_topo, net, levels, per_leaf, radix, ports, down, up, switches, max_nodes,
+                       node_bw, 2 * spec.nics * net.nominal_gbits * 1e9, bisection, seed000,
+                       hops if spec.nodes > 1 else 0,
+                       (net.system_latency_s + hops * net.switch_latency_s) if spec.nodes > 1 else 0.0, notes)
+
+
+def _attach_points(node: Topology, plan: ClusterPlan) -> list[tuple[str, str | None]]:
+    """(NIC name or None to add one, attach point) for each NIC of a node, reusing the system's own NICs of
+    the right kind (their PCIe attachment stays), then adding NICs round robin on PCIe switches or CPUs."""
+    own = [n for n in node.nodes_of("nic") if node.nodes[n].attrs.get("port_kind") == plan.net.kind]
+    hosts = node.nodes_of("pcie_switch") or node.nodes_of("cpu") or node.nodes_of("host")
+    if not hosts:
+        raise TopologyError(f"{node.name} has no PCIe switch or CPU to attach a NIC to; describe its host in the file")
+    points = [(nic, None) for nic in own[: plan.spec.nics]]
+    points += [(None, hosts[i % len(hosts)]) for i in range(plan.spec.nics - len(points))]
+    return points
+
+
+def _host_of(node: Topology, name: str) -> str:
+    """The CPU behind a NIC or PCIe switch (for staging through host memory)."""
+    cpus = set(node.nodes_of("cpu") + node.nodes_of("host"))
+    if name in cpus:
+        return name
+    seen, frontier = {name}, [name]
+    while frontier:  # breadth-first over PCIe links to the nearest CPU
+        nxt = []
+        for x in frontier:
+            for l in node.links_of(x, "pcie"):
+                y = l.other(x)
+                if y in cpus:
+                    return y
+                if y not in seen and node.nodes[y].kind == "pcie_switch":
+                    seen.add(y)
+                    nxt.append(y)
+        frontier = nxt
+    raise TopologyError(f"{node.name}: {name} reaches no CPU over PCIe; GPUDirect off needs a host path")
+
+
+def build_cluster(plan: ClusterPlan) -> Topology:
+    """The cluster as one `Topology`: every node copied with prefix ``n<k>/``, NICs linked to leaf switches,
+    leaves to level-2 switches (one link to each), level-2 to level-3 by pod. Switches carry latency_s."""
+    node, net, spec = plan.node_topology, plan.net, plan.spec
+    gpus = len(node.devices())
+    nodes: dict[str, Node] = {}
+    links: list[Link] = []
+    nic_latency = net.system_latency_s / 2  # the 1.01 us split over the two NIC links of a path
+    points = _attach_points(node, plan)
+    for k in range(spec.nodes):
+        p = f"n{k}/"
+        for n in node.nodes.values():
+            attrs = dict(n.attrs, node=k)
+            if n.kind in ("gpu", "worker"):
+                attrs["index"] = k * gpus + n.index
+            nodes[p + n.name] = Node(p + n.name, n.kind, attrs)
+        links += [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in node.links]
+        leaf = f"l1/{k // plan.nodes_per_leaf}"
+        for j, (nic, at) in enumerate(points):
+            if nic is None:  # a NIC the system file does not have: add it on a x16 slot
+                nic = f"net{j}"
+                nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
+                links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
+            nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect)
+            if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory
+                for i, l in enumerate(links):
+                    if p + nic in (l.a, l.b) and l.kind == "pcie":
+                        links[i] = Link(**{**vars(l), "a": p + nic, "b": p + _host_of(node, l.other(p + nic)[len(p):])})
+            links.append(Link(p + nic, leaf, net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
+    sw = {"latency_s": net.switch_latency_s, "radix": plan.radix, "rate": net.name}
+    for level, count in enumerate(plan.switches, start=1):
+        for s in range(count):
+            nodes[f"l{level}/{s}"] = Node(f"l{level}/{s}", "net_switch", dict(sw, level=level))
+    bw = net.bandwidth_bytes_per_s
+    if plan.levels >= 2:
+        pod_leaves = plan.ports_used // 2 if plan.levels == 3 else plan.switches[0]
+        for leaf in range(plan.switches[0]):
+            pod = leaf // pod_leaves
+            for s in range(plan.up_ports_per_leaf):
+                spine = pod * plan.up_ports_per_leaf + s if plan.levels == 3 else s
+                links.append(Link(f"l1/{leaf}", f"l2/{spine}", net.kind, bw, 0.0, rate=net.name))
+    if plan.levels == 3:
+        up = plan.ports_used - plan.ports_used // 2
+        bundles: dict[tuple[str, str], int] = {}
+        for spine in range(plan.switches[1]):
+            for j in range(up):  # spread each level-2 switch's up-links over the level-3 switches
+                key = (f"l2/{spine}", f"l3/{(spine * up + j) % plan.switches[2]}")
+                bundles[key] = bundles.get(key, 0) + 1
+        links += [Link(a, b, net.kind, bw * n, 0.0, count=n, rate=net.name) for (a, b), n in bundles.items()]
+    title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.levels}-level fat tree"
+    attrs = {"cluster": {"node": spec.node, "nodes": spec.nodes, "nics": spec.nics, "link": net.name,
+                         "levels": plan.levels, "gpudirect": spec.gpudirect}}
+    return Topology(f"{node.name}x{spec.nodes}-{net.name}", nodes, links, title, attrs)
