@@ -81,7 +81,7 @@ class _Resources:
             row[self.reduce_index[dst]] += 1.0
         slowest = min((self.topo.links[i] for p in r.paths for i, _ in p.directed_links),
                       key=lambda link: link.bandwidth_bytes_per_s)
-        self.latency.append(r.latency_s + self.params.message_latency_of(slowest.kind))
+        self.latency.append(r.latency_s * self.params.hop_latency_scale + self.params.message_latency_of(slowest.kind))
         self.keys[k] = len(self.rows)
         self.rows.append(row)
         return self.keys[k]

@@ -34,6 +34,7 @@ class SimParams:
     efficiency: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_EFFICIENCY))
     message_latency_s: dict[str, float] = field(default_factory=lambda: dict(DEFAULT_MESSAGE_LATENCY_S))
     reduce_bytes_per_s: float | None = None
+    hop_latency_scale: float = 1.0  # multiplies the topology's per-hop latencies (calibration fits it)
     source: str = "defaults"  # where the figures come from (shown by `plan`)
 
     def efficiency_of(self, kind: str) -> float:

@@ -1,0 +1,101 @@
+"""Fit the simulator's link efficiency and per-message latency to a machine's `bench p2p` measurements.
+
+A `bench p2p` result (kind "bench-p2p") has rows with ``src``, ``dst`` (device indices), ``mode``,
+``bandwidth_bytes_per_s`` and ``latency_s``. Each pair's route tells which link kinds it crosses:
+- efficiency of a kind = median over the pairs whose route uses only that kind of measured / route bandwidth
+  (capped at 1); kinds seen only on mixed routes (PCIe through QPI) get what their bottleneck link implies
+  once the pure kinds are known;
+- latency: measured = message latency of the route's slowest link kind + scale x the route's hop latency,
+  fitted by least squares (scale >= 0).
+Unidirectional rows are used when present; bidirectional ones (mode starting with "bi") count half their
+bandwidth per direction. Kinds the file does not cover keep their defaults.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import median
+
+import numpy as np
+
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result
+from meshscale.simulate.params import SimParams
+from meshscale.topology import Topology, route
+
+
+def calibrate(topo: Topology, p2p: Result, base: SimParams | None = None) -> SimParams:
+    """SimParams whose efficiency and message latency match the measured point-to-point figures."""
+    if p2p.kind != "bench-p2p":
+        raise MeshscaleError(f"calibration needs a bench-p2p result, got kind {p2p.kind!r}; run `meshscale bench p2p --json FILE`")
+    base = base or SimParams()
+    pairs = _best_per_pair(topo, p2p.rows)
+    if not pairs:
+        raise MeshscaleError("the bench-p2p result has no usable rows (src, dst, bandwidth_bytes_per_s); measure again")
+    efficiency = dict(base.efficiency)
+    latency = dict(base.message_latency_s)
+    pure, mixed, lat = defaultdict(list), [], defaultdict(list)
+    for (src, dst), (bandwidth, latency_s) in pairs.items():
+        r = route(topo, src, dst)
+        links = [topo.links[i] for p in r.paths for i, _ in p.directed_links]
+        kinds = {l.kind for l in links}
+        if bandwidth:
+            if len(kinds) == 1:
+                pure[kinds.pop()].append(bandwidth / r.bandwidth_bytes_per_s)
+            else:
+                mixed.append((links, bandwidth))
+        if latency_s is not None:
+            slowest = min(links, key=lambda l: l.bandwidth_bytes_per_s).kind
+            lat[slowest].append((r.latency_s, latency_s))
+    fitted = {kind: min(1.0, median(ratios)) for kind, ratios in pure.items()}
+    # a mixed route's rate is set by its slowest link after efficiency; unfitted kinds take the ratio it implies
+    guesses = defaultdict(list)
+    for links, bandwidth in mixed:
+        unknown = [l for l in links if l.kind not in fitted]
+        known = min((l.bandwidth_bytes_per_s * fitted[l.kind] for l in links if l.kind in fitted), default=float("inf"))
+        if unknown and bandwidth < known * 0.98:
+            slow = min(unknown, key=lambda l: l.bandwidth_bytes_per_s)
+            guesses[slow.kind].append(bandwidth / slow.bandwidth_bytes_per_s)
+    fitted.update({kind: min(1.0, median(r)) for kind, r in guesses.items()})
+    efficiency.update(fitted)
+    scale = _fit_latency(lat, latency)
+    source = f"calibrated from bench p2p ({len(pairs)} pairs: " + ", ".join(f"{k} {v:.2f}" for k, v in sorted(fitted.items())) + ")"
+    return SimParams(efficiency, latency, base.reduce_bytes_per_s, scale if lat else base.hop_latency_scale, source)
+
+
+def _fit_latency(samples: dict[str, list[tuple[float, float]]], latency: dict[str, float]) -> float:
+    """Least squares of measured = a[kind] + scale * hop_latency; fills ``latency`` with a, returns scale."""
+    kinds = sorted(samples)
+    if not kinds:
+        return 1.0
+    rows = [(kinds.index(k), hop, got) for k in kinds for hop, got in samples[k]]
+    design = np.zeros((len(rows), len(kinds) + 1))
+    for j, (k, hop, _) in enumerate(rows):
+        design[j, k], design[j, -1] = 1.0, hop
+    measured = np.array([got for _, _, got in rows])
+    coef = np.linalg.lstsq(design, measured, rcond=None)[0]
+    if coef[-1] < 0:  # latency that falls with hops is noise: fit the intercepts alone
+        coef = np.linalg.lstsq(design[:, :-1], measured, rcond=None)[0].tolist() + [0.0]
+    latency.update({k: max(0.0, float(coef[i])) for i, k in enumerate(kinds)})
+    return float(coef[-1])
+
+
+def _best_per_pair(topo: Topology, rows: list[dict]) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+    """(src, dst) device names -> (best per-direction bandwidth, lowest latency), preferring one-way rows."""
+    one_way = [r for r in rows if not str(r.get("mode", "")).lower().startswith("bi")]
+    use = one_way or rows
+    best: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+    for row in use:
+        try:
+            src, dst = topo.device(int(row["src"])), topo.device(int(row["dst"]))
+        except (KeyError, TypeError, ValueError):
+            continue
+        if src == dst:
+            continue
+        bandwidth = row.get("bandwidth_bytes_per_s")
+        if bandwidth is not None and str(row.get("mode", "")).lower().startswith("bi"):
+            bandwidth = bandwidth / 2
+        latency_s = row.get("latency_s")
+        old_bw, old_lat = best.get((src, dst), (None, None))
+        best[(src, dst)] = (max(filter(None, (old_bw, bandwidth)), default=None),
+                            min((x for x in (old_lat, latency_s) if x is not None), default=None))
+    return best
