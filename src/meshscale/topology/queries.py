@@ -179,6 +179,8 @@ def relation(topo: Topology, a: int | str, b: int | str) -> str:
         return "SYS"
     if len(cpus) == 1:
         return cpus[0].attrs.get("pcie_relation", "PHB")
+    if any(n.attrs.get("host_bridge") for n in relays):  # a root port shared below the CPU (discovered machines)
+        return "PHB"
     return "PIX" if len([n for n in relays if n.kind == "pcie_switch"]) <= 1 else "PXB"
 
 
@@ -195,39 +197,53 @@ def subset(topo: Topology, indices: list[int]) -> Topology:
     return Topology(f"{topo.name}[{','.join(map(str, indices))}]", nodes, links, topo.title, attrs)
 
 
-def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exhaustive: int = 16) -> float:
+def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exhaustive: int = 16,
+                        link_kinds: set[str] | None = None) -> float:
     """Bytes/s per direction across the worst cut that splits ``names`` (default: the devices) into two
     halves: the minimum over balanced splits of the max-flow from one half to the other. Exhaustive up to
-    ``max_exhaustive`` nodes; beyond that, networkx's Kernighan-Lin bisection gives an upper bound."""
+    ``max_exhaustive`` nodes; beyond that, networkx's Kernighan-Lin bisection gives an upper bound.
+    ``link_kinds`` limits the links counted (e.g. ``{"nvlink"}`` for a fabric's own bisection)."""
     names = list(names or topo.devices())
     if len(names) < 2:
         raise TopologyError("bisection bandwidth needs at least two nodes")
+    links = [l for l in topo.links if link_kinds is None or l.kind in link_kinds]
     index = {n: i for i, n in enumerate(topo.nodes)}
     size = len(index) + 2
     source, sink = size - 2, size - 1
     base: dict[tuple[int, int], int] = {}
-    for link in topo.links:
+    for link in links:
         cap = int(round(link.bandwidth_bytes_per_s / _FLOW_UNIT))
         for u, v in ((link.a, link.b), (link.b, link.a)):
             key = (index[u], index[v])
             base[key] = base.get(key, 0) + cap
     infinite = sum(base.values()) + 1
+    # one sparse matrix for every cut: only the source/sink arcs change, so find their slots in .data once
+    for n in names:
+        base[(source, index[n])] = base[(index[n], sink)] = 0
+    rows, cols = zip(*base.keys())
+    matrix = csr_matrix((np.array(list(base.values()), dtype=np.int32), (rows, cols)), shape=(size, size))
+    matrix.sort_indices()
+
+    def slot(row: int, col: int) -> int:
+        start, end = matrix.indptr[row], matrix.indptr[row + 1]
+        return start + int(np.searchsorted(matrix.indices[start:end], col))
+
+    from_source = {n: slot(source, index[n]) for n in names}
+    to_sink = {n: slot(index[n], sink) for n in names}
+    data = matrix.data.copy()
 
     def cut(half: tuple[str, ...]) -> float:
-        caps = dict(base)
+        matrix.data[:] = data
         for n in names:
-            caps[(source, index[n])] = infinite if n in half else 0
-            caps[(index[n], sink)] = 0 if n in half else infinite
-        rows, cols = zip(*caps.keys())
-        m = csr_matrix((np.array(list(caps.values()), dtype=np.int32), (rows, cols)), shape=(size, size))
-        return maximum_flow(m, source, sink).flow_value * _FLOW_UNIT
+            matrix.data[from_source[n] if n in half else to_sink[n]] = infinite
+        return maximum_flow(matrix, source, sink).flow_value * _FLOW_UNIT
 
     half_size = len(names) // 2
     if len(names) <= max_exhaustive:
         first, rest = names[0], names[1:]  # fixing one node halves the work (the two halves are symmetric)
         return min(cut((first, *combo)) for combo in itertools.combinations(rest, half_size - 1))
     g = nx.Graph()
-    for link in topo.links:
+    for link in links:
         w = link.bandwidth_bytes_per_s + (g[link.a][link.b]["weight"] if g.has_edge(link.a, link.b) else 0)
         g.add_edge(link.a, link.b, weight=w)
     best = float("inf")
