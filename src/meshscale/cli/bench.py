@@ -1,8 +1,79 @@
-"""CLI commands of the bench layer (being written)."""
+"""`meshscale bench collective` and `meshscale bench p2p`: measure the machine like nccl-tests and nvbandwidth.
+
+Multi-node: run the same command under torchrun on every node, e.g.
+  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -m meshscale.cli bench collective all_reduce -b 1M -e 1G
+(Slurm: `srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
+--rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -1):29500 -m meshscale.cli bench ...`).
+Only rank 0 prints and writes files.
+"""
 from __future__ import annotations
 
+import os
+import sys
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+from rich.console import Console
+
+from meshscale.errors import MeshscaleError
+
+PLACE_CHOICES = {"both": ("out", "in"), "out": ("out",), "in": ("in",)}
+
+bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.")
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+@bench_app.command("collective")
+def collective(
+    collectives: Optional[List[str]] = typer.Argument(None, help="all_reduce (default), all_gather, reduce_scatter, broadcast, reduce, all_to_all, gather, scatter, send_recv, or all"),
+    min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)"),
+    max_bytes: str = typer.Option("1M", "--max-bytes", "-e", help="largest size"),
+    factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
+    dtype: str = typer.Option("float32", "--dtype", "-d", help="float32, float16, bfloat16 or int32"),
+    op: str = typer.Option("sum", "--op", "-o", help="sum, prod, min, max or avg (reducing collectives)"),
+    root: int = typer.Option(0, "--root", "-r", help="root rank of broadcast, reduce, gather, scatter"),
+    place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
+    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w"),
+    iters: int = typer.Option(20, "--iters", "-n"),
+    average: int = typer.Option(3, "--average", "-a", help="time reported: 0 rank 0, 1 mean, 2 min, 3 max over ranks (nccl-tests codes; its default is 1)"),
+    check: bool = typer.Option(True, "--check/--no-check", help="verify every size's result"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the timed iterations in a CUDA graph (GPUs only)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU ranks over NCCL (default: all GPUs)"),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
+    impl: str = typer.Option("native", "--impl", help="native (torch.distributed) or meshscale (a meshscale schedule)"),
+    algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
+) -> None:
+    """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
+    from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives, sweep_sizes
+    from meshscale.bench.render import collective_tables
+    from meshscale.bench.world import resolve_world
+
+    if place not in PLACE_CHOICES:
+        raise MeshscaleError(f"--place {place!r}: use both, out or in")
+    world = resolve_world(gpus, cpus)
+    if world.notice and _is_rank0():
+        typer.echo(world.notice, err=True)
+    spec = CollectiveSpec(parse_collectives(collectives or []), sweep_sizes(min_bytes, max_bytes, factor), dtype, op,
+                          root, PLACE_CHOICES[place], warmup_iters, iters, average, check, cuda_graph, impl, algo)
+    result = bench_collectives(spec, world, timeout_s)
+    if _is_rank0():
+        console = Console(width=200)
+        for table in collective_tables(result):
+            console.print(table)
+        if json_path:
+            typer.echo(f"wrote {result.save(json_path)}")
+    if any_wrong(result):
+        typer.echo("meshscale: some results were wrong (see #wrong)", err=True)
+        sys.exit(1)
 
 
 def register(app: typer.Typer) -> None:
-    """Add this module's commands to the meshscale app."""
+    """Add the `bench` sub-app to the meshscale app."""
+    app.add_typer(bench_app, name="bench")

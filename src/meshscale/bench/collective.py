@@ -1,0 +1,161 @@
+"""`meshscale bench collective`: nccl-tests style size sweeps of torch.distributed (or meshscale) collectives,
+with a correctness check of every size and the topology's bound beside every busbw.
+
+One launch runs the whole sweep: every rank walks the same (collective, size, place) list, names each step
+with ``ctx.phase`` (so a failure says which operation), times it (`harness.time_op`), checks it, and the
+per-rank times and wrong counts are gathered so that every rank returns the same rows.
+"""
+from __future__ import annotations
+
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+
+from meshscale.bench.cases import DTYPES, OPS, PLACES, chunk_count, count_wrong, make_case
+from meshscale.bench.formulas import COLLECTIVES, REDUCING, ROOTED, SPLIT, bandwidths, check_collective
+from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
+from meshscale.bench.impl import IMPLS, meshscale_op, native_op
+from meshscale.bench.world import World, world_topology
+from meshscale.errors import MeshscaleError
+from meshscale.execute import RankContext, launch
+from meshscale.results import Result, measured
+from meshscale.units import format_bytes, parse_bytes
+
+
+@dataclass
+class CollectiveSpec:
+    """What to measure; sizes in bytes as nccl-tests counts them (see `meshscale.bench.formulas`)."""
+
+    collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
+    sizes_bytes: list[int] = field(default_factory=lambda: [1 << 10])
+    dtype: str = "float32"
+    op: str = "sum"
+    root: int = 0
+    places: tuple[str, ...] = ("out", "in")
+    warmup_iters: int = 5
+    iters: int = 20
+    average: int = 3
+    check: bool = True
+    cuda_graph: bool = False
+    impl: str = "native"
+    algo: str | None = None
+
+
+def sweep_sizes(min_bytes: str | int, max_bytes: str | int, factor: int = 2) -> list[int]:
+    """min, min*factor, ... up to max (inclusive), as nccl-tests -b/-e/-f."""
+    lo, hi = parse_bytes(min_bytes), parse_bytes(max_bytes)
+    if lo < 1:
+        raise MeshscaleError(f"--min-bytes {min_bytes}: must be at least 1 byte")
+    if hi < lo:
+        raise MeshscaleError(f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}; swap them")
+    if factor < 2:
+        raise MeshscaleError(f"--factor {factor}: must be 2 or more")
+    sizes = [lo]
+    while sizes[-1] * factor <= hi:
+        sizes.append(sizes[-1] * factor)
+    return sizes
+
+
+def parse_collectives(names: list[str]) -> list[str]:
+    """Canonical collective names; 'all' means every one."""
+    if not names or any(n.lower() == "all" for n in names):
+        return list(COLLECTIVES)
+    return [check_collective(n) for n in names]
+
+
+def validate(spec: CollectiveSpec, world: World) -> None:
+    """Reject anything that cannot run, with one line that says how to fix it."""
+    if spec.dtype not in DTYPES:
+        raise MeshscaleError(f"unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}")
+    if spec.op not in OPS:
+        raise MeshscaleError(f"unknown reduction op {spec.op!r}; use one of {', '.join(OPS)}")
+    if spec.impl not in IMPLS:
+        raise MeshscaleError(f"unknown --impl {spec.impl!r}; use native or meshscale")
+    check_average(spec.average)
+    if spec.iters < 1 or spec.warmup_iters < 0:
+        raise MeshscaleError("--iters must be >= 1 and --warmup-iters >= 0")
+    if spec.op == "avg" and world.backend == "gloo" and spec.dtype == "int32":
+        raise MeshscaleError("Gloo cannot average int32 (avg); use --op sum, a float dtype, or GPUs (NCCL)")
+    if spec.cuda_graph and world.backend != "nccl":
+        raise MeshscaleError("--cuda-graph needs GPUs (NCCL); drop it for CPU workers")
+    if not 0 <= spec.root < world.size:
+        raise MeshscaleError(f"--root {spec.root} is not a rank; use 0..{world.size - 1}")
+    elem = DTYPES[spec.dtype].itemsize
+    for c in spec.collectives:
+        if c == "send_recv" and world.size < 2:
+            raise MeshscaleError("send_recv needs at least 2 ranks; use --cpus 2 or --gpus 2")
+        if not set(spec.places) & set(PLACES[c]):
+            raise MeshscaleError(f"{c} runs only {'in-place' if PLACES[c] == ('in',) else 'out-of-place'} in "
+                                 f"torch.distributed; use --place both or --place {PLACES[c][0]}")
+        unit = elem * (world.size if c in SPLIT else 1)
+        for size in spec.sizes_bytes:
+            if size % unit:
+                what = f"{world.size} ranks x {elem}-byte {spec.dtype}" if c in SPLIT else f"{elem}-byte {spec.dtype}"
+                raise MeshscaleError(f"size {size} B does not split into {what} elements for {c}; "
+                                     f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
+
+
+def rank_sweep(ctx: RankContext, spec: CollectiveSpec) -> list[dict[str, Any]]:
+    """The whole sweep on one rank; returns the rows (identical on every rank)."""
+    warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
+    n, rows = ctx.world_size, []
+    elem = DTYPES[spec.dtype].itemsize
+    for collective in spec.collectives:
+        for size in spec.sizes_bytes:
+            for place in (p for p in ("out", "in") if p in spec.places and p in PLACES[collective]):
+                ctx.phase(f"{collective} {format_bytes(size)} {'in-place' if place == 'in' else 'out-of-place'}")
+                case = make_case(collective, size, spec.dtype, spec.op, spec.root, place == "in", ctx.rank, n, ctx.device)
+                if spec.impl == "native":
+                    run_op = native_op(collective, spec.op, spec.root, ctx.rank, n)
+                else:
+                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, ctx.rank, spec.op, spec.root)
+                case.reset()
+                t = time_op(lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, spec.warmup_iters,
+                            spec.iters, spec.cuda_graph)
+                wrong = -1
+                if spec.check:  # a fresh run on fresh inputs: the timed loop overwrote in-place buffers
+                    case.reset()
+                    run_op(case.inp, case.out)
+                    wrong = count_wrong(case, spec.op, n)
+                per_rank = all_ranks([t, wrong], ctx.device)
+                time_s = reduce_times([r[0] for r in per_rank], spec.average)
+                algbw, busbw = bandwidths(collective, size, time_s, n)
+                rows.append({
+                    "collective": collective, "size_bytes": size, "count": chunk_count(collective, size, n, elem),
+                    "dtype": spec.dtype, "redop": spec.op if collective in REDUCING else "none",
+                    "root": spec.root if collective in ROOTED else -1, "inplace": place == "in", "time_s": time_s,
+                    "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
+                    "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
+                    "rank_times_s": [r[0] for r in per_rank],
+                })
+                del case
+    return rows
+
+
+def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0) -> Result:
+    """Run the sweep on ``world`` and return a "bench-collective" Result (rows, bound per row, topology)."""
+    validate(spec, world)
+    rows = launch(rank_sweep, world.size, (spec,), backend=world.backend, timeout_s=timeout_s)[0]
+    topology = world_topology(world)
+    bounds = _bounds(topology, spec, world.size)
+    for row in rows:
+        row["bound_busbw_bytes_per_s"] = bounds.get(row["collective"])
+    from meshscale.topology import to_dict
+    return measured("bench-collective", rows, spec=asdict(spec), world_size=world.size, backend=world.backend,
+                    average=spec.average, topology=to_dict(topology) if topology else None)
+
+
+def _bounds(topology, spec: CollectiveSpec, world_size: int) -> dict[str, float]:
+    """The busbw bound of each collective, where the topology is known and there are 2 ranks or more."""
+    from meshscale.collectives.bounds import busbw_bound
+    if topology is None or world_size < 2:
+        return {}
+    ranks = [topology.nodes[d].index for d in topology.devices()]
+    return {c: busbw_bound(topology, c, ranks, spec.root) for c in spec.collectives}
+
+
+def any_wrong(result: Result) -> bool:
+    """True when any row found a wrong element (the command then exits 1)."""
+    return any(row.get("wrong") for row in result.rows)

@@ -1,0 +1,94 @@
+"""Timing of one operation on one rank, and the reduction of per-rank times the nccl-tests way.
+
+GPU: CUDA events on the current stream around ``iters`` back-to-back ops (optionally replayed from one CUDA
+graph). CPU: a barrier, then the wall clock around ``iters`` blocking ops. Each rank gets its own time per
+op; `reduce_times` turns them into the one reported figure.
+
+nccl-tests' ``-a/--average`` (src/common.cu): 0 = rank 0's time, 1 = the mean over ranks (its default),
+2 = the minimum, 3 = the maximum. meshscale uses the same codes but defaults to 3, the slowest rank: an
+operation is over only when its last rank is done. Pass ``--average 1`` to compare with published numbers.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import torch
+import torch.distributed as dist
+
+from meshscale.errors import MeshscaleError
+
+AVERAGE_MODES = {0: "rank 0", 1: "mean over ranks", 2: "fastest rank", 3: "slowest rank"}
+
+
+def check_average(average: int) -> int:
+    """Validate an --average code."""
+    if average not in AVERAGE_MODES:
+        raise MeshscaleError(f"--average {average} is not a mode; use 0 (rank 0), 1 (mean), 2 (min) or 3 (max, default)")
+    return average
+
+
+def reduce_times(times_s: list[float], average: int) -> float:
+    """One time from the per-rank times (index = rank), by nccl-tests' --average code."""
+    if average == 0:
+        return times_s[0]
+    if average == 1:
+        return sum(times_s) / len(times_s)
+    if average == 2:
+        return min(times_s)
+    if average == 3:
+        return max(times_s)
+    raise MeshscaleError(f"unknown --average code {average}; use 0, 1, 2 or 3")
+
+
+def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,
+            iters: int, cuda_graph: bool = False) -> float:
+    """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones."""
+    if device.type == "cuda":
+        return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph)
+    for _ in range(warmup_iters):
+        run()
+    barrier()  # start together, so the slowest rank's time includes no waiting for late starters
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()  # Gloo collectives block until done
+    return (time.perf_counter() - start) / iters
+
+
+def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
+               cuda_graph: bool) -> float:
+    if cuda_graph:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm up outside the graph (NCCL sets up its buffers on first use)
+            for _ in range(max(1, warmup_iters)):
+                run()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(iters):
+                run()
+        graph.replay()  # one untimed replay
+        step, repeats = graph.replay, 1
+    else:
+        for _ in range(warmup_iters):
+            run()
+        step, repeats = run, iters
+    torch.cuda.synchronize()
+    barrier()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(repeats):
+        step()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / 1e3 / iters
+
+
+def all_ranks(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's ``values`` (same length on all), on every rank: row r = rank r's."""
+    mine = torch.tensor(values, dtype=torch.float64, device=device)
+    every = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64, device=device)
+    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # new name in torch 2.13
+    gather(every, mine)
+    return every.view(dist.get_world_size(), len(values)).tolist()

@@ -1,0 +1,75 @@
+"""Rich tables for bench results: nccl-tests' columns plus the topology bound, and the p2p matrices."""
+from __future__ import annotations
+
+from itertools import groupby
+
+from rich.table import Table
+
+from meshscale.bench.cases import DTYPE_LABELS
+from meshscale.results import Result
+from meshscale.units import gbps
+
+
+def collective_tables(result: Result) -> list[Table]:
+    """One table per collective: out-of-place and in-place columns side by side, then bound and %bound."""
+    tables = []
+    rows = result.rows
+    for collective, group in groupby(rows, key=lambda r: r["collective"]):
+        group = list(group)
+        world = result.meta.get("world_size", "?")
+        table = Table(title=f"{collective}: {world} ranks over {result.meta.get('backend', '?')}, "
+                            f"time = {_AVERAGE[result.meta.get('average', 3)]}")
+        for col in ("size(B)", "count", "type", "redop", "root"):
+            table.add_column(col, justify="right")
+        places = [p for p in (False, True) if any(r["inplace"] == p for r in group)]  # torch lacks some variants
+        for inplace in places:
+            for col in ("time(us)", "algbw GB/s", "busbw GB/s", "#wrong"):
+                table.add_column(f"{'in-place' if inplace else 'out-of-place'}\n{col}", justify="right")
+        table.add_column("bound\nGB/s", justify="right")
+        table.add_column("%bound", justify="right")
+        for size, same in groupby(group, key=lambda r: r["size_bytes"]):
+            same = list(same)
+            by_place = {r["inplace"]: r for r in same}
+            first = same[0]
+            cells = [str(size), str(first["count"]), DTYPE_LABELS.get(first["dtype"], first["dtype"]), first["redop"],
+                     str(first["root"])]
+            for inplace in places:
+                r = by_place.get(inplace)
+                cells += ([f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}",
+                           f"{gbps(r['busbw_bytes_per_s']):.2f}", "N/A" if r["wrong"] is None else str(r["wrong"])]
+                          if r else ["-"] * 4)
+            bound = first.get("bound_busbw_bytes_per_s")
+            best = max(r["busbw_bytes_per_s"] for r in same)
+            cells += [f"{gbps(bound):.1f}" if bound else "-", f"{100 * best / bound:.0f}%" if bound else "-"]
+            table.add_row(*cells, style="red" if any(r["wrong"] for r in same) else None)
+        tables.append(table)
+    return tables
+
+
+_AVERAGE = {0: "rank 0's", 1: "mean over ranks", 2: "fastest rank", 3: "slowest rank"}
+
+
+def p2p_tables(result: Result) -> list[Table]:
+    """One matrix per mode (GB/s, or us for latency): rows = source, columns = destination."""
+    tables = []
+    names = result.meta.get("devices", [])
+    for mode in result.meta.get("modes", []):
+        cells = {(r["src"], r["dst"]): r for r in result.rows if r["mode"] == mode}
+        if not cells:
+            continue
+        latency = mode == "latency"
+        srcs = [n for n in ["host", *names] if any(k[0] == n for k in cells)]
+        dsts = [n for n in [*names, "host"] if any(k[1] == n for k in cells)]
+        table = Table(title=f"{mode} {'latency, us (median)' if latency else 'bandwidth, GB/s'}")
+        table.add_column("src \\ dst")
+        for d in dsts:
+            table.add_column(d, justify="right")
+        for s in srcs:
+            row = [s]
+            for d in dsts:
+                r = cells.get((s, d))
+                row.append("-" if r is None else f"{r['latency_s'] * 1e6:.1f}" if latency
+                           else f"{gbps(r['bandwidth_bytes_per_s']):.1f}")
+            table.add_row(*row)
+        tables.append(table)
+    return tables
