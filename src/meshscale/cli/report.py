@@ -1,8 +1,82 @@
-"""CLI commands of the report layer (being written)."""
+"""`meshscale report`, `compare`, `doctor` and `tour`."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import List, Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshscale.units import format_bytes, gbps
+
+STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
+
+
+def report(results: List[Path] = typer.Argument(..., help="result JSON files, or directories of them"),
+           output: Path = typer.Option(Path("report"), "--output", "-o", help="directory for index.html"),
+           title: str = typer.Option("meshscale report", help="page title")) -> None:
+    """Write a static HTML report (plots inline, no server) from result files."""
+    from meshscale.report.html import load_sources, write_report
+    page = write_report(load_sources(results), output, title)
+    typer.echo(f"wrote {page}")
+
+
+def _figure_text(figure: str, value: float) -> str:
+    if figure.endswith("_bytes_per_s"):
+        return f"{gbps(value):.2f} GB/s"
+    if figure.endswith("_s"):
+        return f"{value * 1e6:.1f} us"
+    return f"{value:.3g}"
+
+
+def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"),
+            b: Path = typer.Argument(..., help="the new run of the same command"),
+            threshold: float = typer.Option(5.0, "--threshold", "-t", help="percent drop that counts as a regression"),
+            show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops")) -> None:
+    """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold."""
+    from meshscale.report.compare import compare as run_compare
+    from meshscale.results import load_result
+    result = run_compare(load_result(a), load_result(b), threshold)
+    table = Table(title=f"{b.name} against {a.name} ({result.kind}, threshold {threshold:g}%)")
+    for col in ("row", "figure", "A", "B", "B/A", ""):
+        table.add_column(col, justify="right" if col in ("A", "B", "B/A") else "left")
+    for c in result.changes:
+        if show_all or c.dropped:
+            key = " ".join(format_bytes(v) if k == "size_bytes" else str(v) for k, v in c.key.items())
+            table.add_row(key, c.figure, _figure_text(c.figure, c.a), _figure_text(c.figure, c.b), f"{c.ratio:.3f}",
+                          "[bold red]DROP[/]" if c.dropped else "ok")
+    console = Console(width=140)
+    if table.row_count:
+        console.print(table)
+    for what, rows in (("only in A", result.only_a), ("only in B", result.only_b), ("wrong results in B", result.wrong)):
+        if rows:
+            console.print(f"{len(rows)} row(s) {what}: " + "; ".join(" ".join(map(str, r.values())) for r in rows[:5]))
+    console.print(f"{len(result.dropped)} of {len(result.changes)} figures dropped by more than {threshold:g}%"
+                  + ("" if result.failed else ": no regression"))
+    if result.failed:
+        raise typer.Exit(1)
+
+
+def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="also save the checks as a result JSON")) -> None:
+    """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network and versions."""
+    from meshscale.report.doctor import run_doctor
+    checks = run_doctor()
+    console = Console(width=160, highlight=False)
+    for c in checks:
+        console.print(f"[{STATUS_STYLE[c.status]}]{c.status.upper():<5}[/] {c.name}: {c.message}")
+        if c.fix and c.status != "pass":
+            console.print(f"      fix: {c.fix}")
+    if output:
+        from meshscale.results import measured
+        measured("doctor", [vars(c) for c in checks]).save(output)
+        console.print(f"wrote {output}")
+    if any(c.status == "fail" for c in checks):
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
+    app.command()(report)
+    app.command()(compare)
+    app.command()(doctor)

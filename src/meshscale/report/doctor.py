@@ -1,0 +1,314 @@
+"""`meshscale doctor`: the checks seed 003's troubleshooting section and common failures point at, each a
+pass/warn/fail/info line with its fix. Every check takes a `DoctorEnv` (paths, environment, NVML module,
+limits), so tests fake a machine with no driver, a link down or a small /dev/shm; works with no GPU."""
+from __future__ import annotations
+
+import os
+import resource
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from meshscale.report.verdicts import expected_nvlinks
+from meshscale.units import format_bytes
+
+SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
+P2P_STATUS = {1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
+              4: "disabled by registry key", 5: "not supported", 6: "unknown"}
+
+# NCCL knobs: (what it does, whether setting it to a true value slows things down)
+NCCL_KNOBS = {
+    "NCCL_DEBUG": ("log level (WARN, INFO, TRACE); INFO prints the rings/trees and transports chosen", False),
+    "NCCL_DEBUG_SUBSYS": ("which subsystems NCCL_DEBUG logs (INIT, NET, GRAPH...)", False),
+    "NCCL_P2P_DISABLE": ("turns off GPU peer-to-peer over NVLink/PCIe: traffic goes through host memory", True),
+    "NCCL_P2P_LEVEL": ("how far apart two GPUs may be for P2P (LOC, NVL, PIX, PXB, PHB, SYS)", False),
+    "NCCL_SHM_DISABLE": ("turns off the shared-memory transport between processes of one node", True),
+    "NCCL_IB_DISABLE": ("turns off InfiniBand/RoCE: NCCL falls back to TCP sockets across nodes", True),
+    "NCCL_IB_HCA": ("which InfiniBand adapters (and ports) NCCL may use", False),
+    "NCCL_NET_GDR_LEVEL": ("how close a NIC must be to a GPU for GPUDirect RDMA", False),
+    "NCCL_SOCKET_IFNAME": ("which network interfaces NCCL uses for sockets and bootstrap", False),
+    "NCCL_NVLS_ENABLE": ("NVLink SHARP (NVSwitch multicast); meshscale sets 0, multicast is off on these machines", False),
+    "NCCL_ALGO": ("forces the algorithm (Ring, Tree, NVLS...) instead of NCCL's choice", True),
+    "NCCL_PROTO": ("forces the protocol (LL, LL128, Simple) instead of NCCL's choice", True),
+    "NCCL_MIN_NCHANNELS": ("lower bound on channels (parallel rings)", False),
+    "NCCL_MAX_NCHANNELS": ("upper bound on channels (parallel rings); low values cap bandwidth", False),
+    "NCCL_BUFFSIZE": ("size of the buffers between ranks", False),
+    "NCCL_CUMEM_ENABLE": ("cuMem-based buffer allocation", False),
+    "NCCL_TOPO_FILE": ("an XML topology file that overrides NCCL's discovery", False),
+}
+
+
+@dataclass
+class Check:
+    """One line of doctor's output."""
+
+    status: str  # pass, warn, fail or info
+    name: str
+    message: str
+    fix: str = ""
+
+
+def _memlock_bytes() -> int:
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    return -1 if soft == resource.RLIM_INFINITY else soft
+
+
+def _versions() -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
+                           "cuda_devices": torch.cuda.device_count() if torch.version.cuda else 0,
+                           "gloo": dist.is_available() and dist.is_gloo_available()}
+    try:
+        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None
+    except Exception:
+        pass
+    return out
+
+
+@dataclass
+class DoctorEnv:
+    """What the checks look at. `real()` fills it from this machine; tests build it by hand."""
+
+    environ: dict[str, str] = field(default_factory=dict)
+    nvml: Any = None  # an initialised pynvml-like module, or None when there is no driver
+    nvml_error: str = ""  # why nvml is None
+    shm_path: Path = Path("/dev/shm")
+    net_dir: Path = Path("/sys/class/net")
+    ib_dir: Path = Path("/sys/class/infiniband")
+    statvfs: Callable[[str], Any] = os.statvfs
+    memlock_bytes: Callable[[], int] = _memlock_bytes  # -1 when unlimited
+    versions: Callable[[], dict[str, Any]] = _versions
+
+    @classmethod
+    def real(cls) -> "DoctorEnv":
+        nvml, error = None, ""
+        try:
+            import pynvml
+            pynvml.nvmlInit()
+            nvml = pynvml
+        except Exception as exc:  # library missing, no driver, driver/library mismatch
+            error = f"{type(exc).__name__}: {exc}".strip(": ")
+        return cls(environ=dict(os.environ), nvml=nvml, nvml_error=error)
+
+
+def _text(value: Any) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _gpus(env: DoctorEnv) -> list[tuple[int, Any, str]]:
+    """(index, handle, name) of every GPU NVML sees."""
+    nvml = env.nvml
+    out = []
+    for i in range(nvml.nvmlDeviceGetCount()):
+        handle = nvml.nvmlDeviceGetHandleByIndex(i)
+        out.append((i, handle, _text(nvml.nvmlDeviceGetName(handle))))
+    return out
+
+
+def check_driver(env: DoctorEnv) -> list[Check]:
+    if env.nvml is None:
+        return [Check("warn", "driver", f"no NVIDIA driver or NVML ({env.nvml_error or 'not found'}): meshscale will use "
+                      "CPU workers over Gloo and the simulator",
+                      "install the NVIDIA driver (nvidia-smi must work); in Docker run with --gpus all")]
+    driver = _text(env.nvml.nvmlSystemGetDriverVersion())
+    return [Check("pass", "driver", f"NVIDIA driver {driver}, NVML present")]
+
+
+def check_gpu_count(env: DoctorEnv) -> list[Check]:
+    if env.nvml is None:
+        return [Check("info", "gpus", "no GPU visible (see driver)")]
+    gpus = _gpus(env)
+    if not gpus:
+        return [Check("warn", "gpus", "the driver is loaded but sees no GPU", "check `nvidia-smi`; in a container pass --gpus all")]
+    names = sorted({name for _, _, name in gpus})
+    out = [Check("pass", "gpus", f"{len(gpus)} GPU(s): {', '.join(names)}")]
+    versions = env.versions()
+    if not versions.get("cuda"):
+        out.append(Check("fail", "torch-cuda", f"torch {versions.get('torch')} is a CPU build on a machine with GPUs: "
+                         "everything would run on the CPU", "install a CUDA build of PyTorch (or use the NGC container)"))
+    elif versions.get("cuda_devices", len(gpus)) < len(gpus):
+        out.append(Check("info", "cuda-visible", f"CUDA sees {versions['cuda_devices']} of {len(gpus)} GPUs "
+                         f"(CUDA_VISIBLE_DEVICES={env.environ.get('CUDA_VISIBLE_DEVICES', 'unset')})"))
+    return out
+
+
+def check_nvlink(env: DoctorEnv) -> list[Check]:
+    if env.nvml is None:
+        return []
+    nvml, out = env.nvml, []
+    for i, handle, name in _gpus(env):
+        up = 0
+        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+            try:
+                up += nvml.nvmlDeviceGetNvLinkState(handle, link) == 1  # NVML_FEATURE_ENABLED
+            except Exception:  # links beyond what this GPU has raise "not supported"
+                continue
+        want = expected_nvlinks(name)
+        if want is None:
+            out.append(Check("info", f"nvlink GPU{i}", f"{up} NVLink(s) up ({name}: no fixed count for this model)"))
+        elif up < want:
+            out.append(Check("fail", f"nvlink GPU{i}", f"{up} of {want} NVLinks up on {name}: {want - up} down",
+                             "check `nvidia-smi nvlink -s`; a down link halves a ring's bandwidth (reseat the GPU/bridge, "
+                             "update the driver/fabric manager, or RMA)"))
+        else:
+            out.append(Check("pass", f"nvlink GPU{i}", f"{up} of {want} NVLinks up"))
+    return out
+
+
+def check_p2p(env: DoctorEnv) -> list[Check]:
+    if env.nvml is None:
+        return []
+    gpus = _gpus(env)
+    if len(gpus) < 2:
+        return []
+    bad = []
+    for i, a, _ in gpus:
+        for j, b, _ in gpus:
+            if i < j:
+                status = env.nvml.nvmlDeviceGetP2PStatus(a, b, 0)  # NVML_P2P_CAPS_INDEX_READ
+                if status != 0:
+                    bad.append(f"GPU{i}-GPU{j} ({P2P_STATUS.get(status, status)})")
+    if bad:
+        return [Check("warn", "p2p", f"peer-to-peer unavailable for {len(bad)} pair(s): {', '.join(bad[:8])}"
+                      + (" ..." if len(bad) > 8 else ""),
+                      "copies between these GPUs go through host memory; enable ACS/IOMMU passthrough in the BIOS "
+                      "or VM, or keep the job on GPUs that are P2P-capable")]
+    return [Check("pass", "p2p", f"peer-to-peer available between all {len(gpus) * (len(gpus) - 1) // 2} GPU pairs")]
+
+
+def check_pcie(env: DoctorEnv) -> list[Check]:
+    if env.nvml is None:
+        return []
+    nvml, out = env.nvml, []
+    for i, handle, _ in _gpus(env):
+        gen, max_gen = nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle), nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)
+        width, max_width = nvml.nvmlDeviceGetCurrPcieLinkWidth(handle), nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)
+        if width < max_width:
+            out.append(Check("warn", f"pcie GPU{i}", f"PCIe link runs x{width} of x{max_width}",
+                             "reseat the card or move it to a full-width slot; check the riser and BIOS lane bifurcation"))
+        elif gen < max_gen:
+            # GPUs lower the PCIe generation when idle to save power: only a loaded GPU says something.
+            out.append(Check("info", f"pcie GPU{i}", f"PCIe gen {gen} of {max_gen} (x{width}); normal when idle",
+                             "recheck while a benchmark runs; if it stays low, check the slot and BIOS PCIe speed"))
+        else:
+            out.append(Check("pass", f"pcie GPU{i}", f"PCIe gen {gen} x{width}"))
+    return out
+
+
+def check_shm(env: DoctorEnv) -> list[Check]:
+    try:
+        st = env.statvfs(str(env.shm_path))
+    except OSError:
+        return [Check("fail", "shm", f"{env.shm_path} is missing", "mount a tmpfs there; in Docker pass --shm-size=1g or --ipc=host")]
+    size = st.f_blocks * st.f_frsize
+    gib = size / (1 << 30)
+    if size < SHM_MIN_BYTES:
+        return [Check("warn", "shm", f"{env.shm_path} is only {size / (1 << 20):.0f} MiB (Docker's default is 64 MiB)",
+                      "run the container with --shm-size=1g (or --ipc=host); NCCL and DataLoader workers need it")]
+    return [Check("pass", "shm", f"{env.shm_path} is {gib:.1f} GiB")]
+
+
+def _ib_devices(env: DoctorEnv) -> list[str]:
+    try:
+        return sorted(p.name for p in env.ib_dir.iterdir())
+    except OSError:
+        return []
+
+
+def check_memlock(env: DoctorEnv) -> list[Check]:
+    limit = env.memlock_bytes()
+    if limit < 0:
+        return [Check("pass", "memlock", "locked-memory limit is unlimited")]
+    fix = "raise it: in Docker --ulimit memlock=-1, on a host `* - memlock unlimited` in /etc/security/limits.conf"
+    if _ib_devices(env):
+        return [Check("warn", "memlock", f"locked-memory limit is {format_bytes(limit)}: RDMA over InfiniBand needs to pin "
+                      "buffers and NCCL may fail or fall back to sockets", fix)]
+    return [Check("info", "memlock", f"locked-memory limit is {format_bytes(limit)} (matters only for InfiniBand/RDMA)", fix)]
+
+
+def _matches_ifname(spec: str, names: list[str]) -> list[str]:
+    """Interfaces NCCL_SOCKET_IFNAME selects: prefixes, '=' for exact names, '^' to exclude."""
+    exclude = spec.startswith("^")
+    parts = [p for p in spec.lstrip("^").split(",") if p]
+    def hit(name: str) -> bool:
+        return any(name == p[1:] if p.startswith("=") else name.startswith(p) for p in parts)
+    return [n for n in names if hit(n) != exclude]
+
+
+def check_nccl_env(env: DoctorEnv) -> list[Check]:
+    out = []
+    for var, value in sorted(env.environ.items()):
+        if not var.startswith("NCCL_"):
+            continue
+        what, slows = NCCL_KNOBS.get(var, ("not a knob meshscale knows; see the NCCL documentation", False))
+        status = "warn" if slows and value not in ("0", "") else "info"
+        if var == "NCCL_IB_DISABLE" and not _ib_devices(env):
+            status = "info"  # no InfiniBand here, so nothing is lost
+        fix = f"unset {var} unless you are debugging" if status == "warn" else ""
+        if var == "NCCL_SOCKET_IFNAME":
+            names = _interfaces(env)
+            if not _matches_ifname(value, names):
+                status, fix = "fail", f"no interface matches; choose from {', '.join(names) or 'none found'}"
+        out.append(Check(status, var, f"={value}: {what}", fix))
+    return out or [Check("pass", "nccl-env", "no NCCL_* variables set: NCCL's defaults apply")]
+
+
+def _interfaces(env: DoctorEnv) -> list[str]:
+    try:
+        return sorted(p.name for p in env.net_dir.iterdir())
+    except OSError:
+        return []
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return "?"
+
+
+def check_network(env: DoctorEnv) -> list[Check]:
+    names = [n for n in _interfaces(env) if n != "lo"]
+    described = []
+    for n in names:
+        speed = _read(env.net_dir / n / "speed")
+        speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
+        described.append(f"{n} ({_read(env.net_dir / n / 'operstate')}{speed})")
+    out = [Check("info", "network", f"interfaces: {', '.join(described) or 'none besides lo'}")]
+    ib = _ib_devices(env)
+    if not ib:
+        out.append(Check("info", "infiniband", "no InfiniBand device: across nodes NCCL would use TCP sockets",
+                         "for multi-node training use InfiniBand/RoCE (check with `ibstat` and `ib_write_bw`)"))
+    for dev in ib:
+        for port in sorted((env.ib_dir / dev / "ports").glob("*")):
+            state, rate = _read(port / "state"), _read(port / "rate")
+            ok = "ACTIVE" in state
+            out.append(Check("pass" if ok else "warn", f"ib {dev}/{port.name}", f"{state}, {rate}",
+                             "" if ok else "check the cable and the subnet manager (`ibstat`, `sminfo`)"))
+    return out
+
+
+def check_versions(env: DoctorEnv) -> list[Check]:
+    v = env.versions()
+    text = f"torch {v.get('torch')}, CUDA {v.get('cuda') or 'none (CPU build)'}, NCCL {v.get('nccl') or 'none'}"
+    if not v.get("gloo"):
+        return [Check("fail", "versions", text + ", no Gloo", "install a PyTorch build with torch.distributed")]
+    return [Check("pass", "versions", text + ", Gloo available")]
+
+
+CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, check_shm, check_memlock,
+          check_nccl_env, check_network, check_versions)
+
+
+def run_doctor(env: DoctorEnv | None = None) -> list[Check]:
+    """Every check's lines. A check that itself breaks becomes a warn line, never a traceback."""
+    env = env or DoctorEnv.real()
+    out = []
+    for check in CHECKS:
+        try:
+            out += check(env)
+        except Exception as exc:
+            out.append(Check("warn", check.__name__.removeprefix("check_"), f"could not run ({type(exc).__name__}: {exc})"))
+    return out

@@ -1,0 +1,55 @@
+"""The report page from fixture results: every figure, its verdict, no remote asset; the CLI writes it."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from meshscale.cli import app
+from meshscale.errors import MeshscaleError
+from meshscale.report.html import load_sources, render
+from meshscale.results import load_result
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "report"
+
+
+@pytest.fixture(scope="module")
+def page():
+    return render(load_sources([FIXTURES]))
+
+
+def test_every_figure_has_a_plot_and_a_verdict(page):
+    figures = re.findall(r'<figure id="fig-([^"]+)">(.*?)</figure>', page, re.S)
+    assert len(figures) >= 10
+    for fig_id, body in figures:
+        assert f'<svg id="{fig_id}" class="plot"' in body
+        assert re.search(r'class="verdict (good|warn|bad|info)">[^<]+', body)
+
+
+def test_figures_follow_the_data(page):
+    collective = load_result(FIXTURES / "collective.json")
+    for name in {r["collective"] for r in collective.rows}:
+        assert f'id="plot-busbw-{name.replace("_", "-")}"' in page
+    assert "measured collective" in page and "predicted sim" in page and "link bound" in page
+    assert page.count('id="plot-p2p-') == 4
+    assert "plot-scaling-this-machine-strong" in page and "plot-breakdown-this-machine-weak" in page
+    assert "8 GPUs (Tesla P100-SXM2-16GB)" in page
+    assert not re.search(r"""(src|href)=["']?https?:""", page)
+
+
+def test_a_subset_of_results_gives_a_subset_of_figures():
+    page = render(load_sources([FIXTURES / "scale.json"]))
+    assert "plot-scaling" in page and "plot-busbw" not in page and "plot-p2p" not in page
+
+
+def test_cli_report_and_errors(tmp_path):
+    runner = CliRunner()
+    out = runner.invoke(app, ["report", str(FIXTURES / "collective.json"), str(FIXTURES / "sim.json"), "-o", str(tmp_path / "r")])
+    assert out.exit_code == 0, out.output
+    assert "plot-busbw-all-reduce" in (tmp_path / "r" / "index.html").read_text()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(MeshscaleError, match="no meshscale result"):
+        load_sources([empty])
