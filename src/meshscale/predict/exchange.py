@@ -1,0 +1,182 @@
+"""Time of the gradient exchange: all-reduce (flat ring or hierarchical) or parameter server, on one system or a
+cluster of them.
+
+Inside a node the collectives simulator times the all-reduce (once per bucket size, cached). Across nodes the
+cost is alpha-beta with the bottleneck bandwidth, so 124 nodes x 8 GPUs take no longer than one node:
+- ring: one flat ring of all p GPUs, one channel per NIC: 2(p-1) alpha + 2(p-1)/p n / min(B_node_ring, B_net);
+- hierarchical: reduce-scatter inside the node, all-reduce of the shards across nodes (all NICs at once:
+  2(N-1) alpha + 2(N-1)/N n / B_net), all-gather inside the node (the two intra steps cost one all-reduce);
+- ps: every GPU pushes its gradients to one server and pulls the result back, through the server's links
+  (host PCIe on one node, the server node's NICs across nodes).
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from meshscale.errors import MeshscaleError
+from meshscale.simulate.params import SimParams
+from meshscale.topology import Topology, bottleneck_bandwidth, route
+from meshscale.topology.cluster import ClusterPlan, ClusterSpec, plan_cluster
+
+ALGORITHMS = ("ring", "hierarchical", "ps")
+
+
+@dataclass
+class Fabric:
+    """Where a data-parallel job runs: ``gpus_per_node`` GPUs of each of ``nodes`` copies of ``node``."""
+
+    node: Topology
+    gpus_per_node: int
+    nodes: int = 1
+    net_bandwidth_bytes_per_s: float = 0.0  # per node per direction, effective (all NICs)
+    net_latency_s: float = 0.0              # one message node to node: wire + switches + software
+    name: str = ""
+
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+def system_fabric(topo: Topology, gpus: int) -> Fabric:
+    """The first ``gpus`` GPUs of one system; an error beyond the system's size."""
+    have = len(topo.devices())
+    if not 1 <= gpus <= have:
+        raise MeshscaleError(f"{topo.name} has {have} GPUs, cannot use {gpus}; pick --gpus between 1 and {have} "
+                             "or describe a cluster with --nodes")
+    return Fabric(topo, gpus, 1, name=topo.name)
+
+
+def cluster_fabric(spec: ClusterSpec, nodes: int, params: SimParams | None = None) -> tuple[Fabric, ClusterPlan]:
+    """``nodes`` full nodes of the cluster ``spec`` (the tree re-sized for that many nodes)."""
+    params = params or SimParams()
+    plan = plan_cluster(replace(spec, nodes=nodes))
+    kind = plan.net.kind
+    bandwidth = plan.node_bandwidth_bytes_per_s * params.efficiency_of(kind)
+    latency = plan.latency_s + params.message_latency_of(kind)
+    if not spec.gpudirect:  # staged through host memory: the data crosses the host's PCIe twice
+        bandwidth = min(bandwidth, host_bandwidth(plan.node_topology) / 2)
+        latency += 2 * params.message_latency_of("pcie")
+    fabric = Fabric(plan.node_topology, plan.gpus_per_node, nodes, bandwidth, latency,
+                    f"{nodes} x {plan.node_topology.name} ({spec.nics}x {plan.net.name})")
+    return fabric, plan
+
+
+def host_bandwidth(topo: Topology) -> float:
+    """Bytes/s per direction between the GPUs and the CPUs' memory: the PCIe links into the CPUs (not NICs)."""
+    cpus = set(topo.nodes_of("cpu") + topo.nodes_of("host"))
+    total = sum(l.bandwidth_bytes_per_s for l in topo.links if l.kind == "pcie" and (l.a in cpus) != (l.b in cpus)
+                and topo.nodes[l.b if l.a in cpus else l.a].kind in ("pcie_switch", "gpu"))
+    if total <= 0:
+        raise MeshscaleError(f"{topo.name} has no PCIe path between GPUs and CPUs; a parameter server needs one")
+    return total
+
+
+def _edge_bandwidth(topo: Topology, u: int, v: int, params: SimParams) -> float:
+    """Effective bytes/s from device u to v: per path of the route, its rate capped by every link's line rate
+    x that link kind's efficiency (a PCIe path across QPI runs at QPI's achieved rate); paths add up."""
+    r = route(topo, topo.device(u), topo.device(v))
+    return sum(min([path.bandwidth_bytes_per_s] + [topo.links[i].bandwidth_bytes_per_s * params.efficiency_of(topo.links[i].kind)
+                                                   for i, _ in path.directed_links]) for path in r.paths)
+
+
+def ring_alpha_beta_s(topo: Topology, ranks: list[int], nbytes: float, params: SimParams) -> float:
+    """Ring all-reduce by alpha-beta on the widest ring order (all orders up to 8 devices, else greedy), with
+    one ring per NVLink when the ring is all NVLink; used when the collectives simulator is not available."""
+    p = len(ranks)
+    if p < 2:
+        return 0.0
+    edge = {(u, v): _edge_bandwidth(topo, u, v, params) for u in ranks for v in ranks if u != v}
+    first, rest = ranks[0], ranks[1:]
+    if p <= 8:
+        orders = [[first, *perm] for perm in itertools.permutations(rest)]
+    else:
+        order = [first]
+        while len(order) < p:
+            order.append(max((r for r in ranks if r not in order), key=lambda r: edge[(order[-1], r)]))
+        orders = [order]
+    best, bandwidth = orders[0], 0.0
+    for order in orders:
+        b = min(edge[(u, v)] for u, v in zip(order, order[1:] + order[:1]))
+        if b > bandwidth:
+            best, bandwidth = order, b
+    if all(any(l.kind == "nvlink" for l in topo.links_between(topo.device(u), topo.device(v)))
+           for u, v in zip(best, best[1:] + best[:1])):
+        # an all-NVLink ring: NCCL runs one ring per link (DGX-1 P100: 4 rings, "over 60 GB/s"), bounded by
+        # the NVLinks each GPU has to the other ranks
+        names = {topo.device(r) for r in ranks}
+        bandwidth = max(bandwidth, min(sum(l.bandwidth_bytes_per_s * params.efficiency_of("nvlink")
+                                           for l in topo.links_of(n, "nvlink") if l.other(n) in names) for n in names))
+    alpha = max(route(topo, topo.device(u), topo.device(v)).latency_s for u, v in zip(best, best[1:] + best[:1]))
+    alpha += params.message_latency_of("default")
+    return 2 * (p - 1) * alpha + 2 * (p - 1) / p * nbytes / bandwidth
+
+
+class Exchange:
+    """Collective times on one fabric for one algorithm. ``comm_scale`` multiplies every time (a calibration
+    of the achieved communication speed, 1.0 = as simulated). Intra-node times are cached per size."""
+
+    def __init__(self, fabric: Fabric, algorithm: str = "ring", comm_scale: float = 1.0,
+                 params: SimParams | None = None, intra: str = "simulator"):
+        if algorithm not in ALGORITHMS:
+            raise MeshscaleError(f"unknown exchange algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        if intra not in ("simulator", "alpha-beta"):
+            raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
+        self.fabric, self.algorithm, self.comm_scale, self.intra = fabric, algorithm, comm_scale, intra
+        self.params = params or SimParams()
+        self._cache: dict[float, float] = {}
+        self.source = ""
+
+    def intra_allreduce_s(self, nbytes: float) -> float:
+        """All-reduce of ``nbytes`` among the GPUs of one node (simulated, cached)."""
+        g = self.fabric.gpus_per_node
+        if g < 2:
+            return 0.0
+        if nbytes not in self._cache:
+            ranks = [self.fabric.node.nodes[d].index for d in self.fabric.node.devices()[:g]]
+            try:
+                if self.intra == "alpha-beta":
+                    raise ImportError
+                from meshscale.simulate import predict_collective
+            except ImportError:  # the simulator's planner not present: alpha-beta on the topology instead
+                self.source = "alpha-beta ring on the topology"
+                self._cache[nbytes] = ring_alpha_beta_s(self.fabric.node, ranks, nbytes, self.params)
+            else:
+                algorithm = "ring" if self.algorithm == "ring" else "auto"
+                self.source = "collectives simulator"
+                self._cache[nbytes] = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes),
+                                                         algorithm=algorithm, params=self.params).time_s
+        return self._cache[nbytes]
+
+    def _node_ring_bandwidth(self, nbytes: float) -> float:
+        """Bus bandwidth of the node's ring (what each ring link carries per second)."""
+        g = self.fabric.gpus_per_node
+        if g < 2:
+            return float("inf")
+        return 2 * (g - 1) / g * nbytes / self.intra_allreduce_s(nbytes)
+
+    def ps_s(self, nbytes: float) -> float:
+        """Push to one parameter server and pull back: every GPU's ``nbytes`` through the server's links."""
+        f = self.fabric
+        per_node = f.gpus_per_node * nbytes / (host_bandwidth(f.node) * self.params.efficiency_of("pcie"))
+        if f.nodes == 1:
+            return 2 * (per_node + self.params.message_latency_of("pcie"))
+        server = f.world_size * nbytes / f.net_bandwidth_bytes_per_s
+        return 2 * (max(per_node, server) + f.net_latency_s)
+
+    def allreduce_s(self, nbytes: float) -> float:
+        """Seconds to exchange ``nbytes`` of gradients once across the whole fabric."""
+        f = self.fabric
+        if f.world_size < 2 or nbytes <= 0:
+            return 0.0
+        if self.algorithm == "ps":
+            return self.comm_scale * self.ps_s(nbytes)
+        if f.nodes == 1:
+            return self.comm_scale * self.intra_allreduce_s(nbytes)
+        n = f.nodes
+        if self.algorithm == "hierarchical":
+            inter = 2 * (n - 1) * f.net_latency_s + 2 * (n - 1) / n * nbytes / f.net_bandwidth_bytes_per_s
+            return self.comm_scale * (self.intra_allreduce_s(nbytes) + inter)
+        p = f.world_size
+        bandwidth = min(self._node_ring_bandwidth(nbytes), f.net_bandwidth_bytes_per_s)
+        return self.comm_scale * (2 * (p - 1) * f.net_latency_s + 2 * (p - 1) / p * nbytes / bandwidth)

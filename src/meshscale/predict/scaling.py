@@ -1,0 +1,90 @@
+"""Predict a whole scaling curve (several GPU or node counts) for one model on one system or cluster."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshscale.errors import MeshscaleError
+from meshscale.predict.exchange import Exchange, Fabric, cluster_fabric, system_fabric
+from meshscale.predict.profile import ComputeProfile, flops_profile
+from meshscale.predict.step import per_rank_batch, predict_step, scaling_rows
+from meshscale.results import Result
+from meshscale.simulate.params import SimParams
+from meshscale.topology import Topology
+from meshscale.topology.cluster import ClusterSpec
+
+BYTES_PER_GRADIENT = 4  # FP32 gradients, as DDP all-reduces them by default
+
+
+@dataclass
+class Job:
+    """What to predict: a model (gradient size), its compute profile, how it is scaled and exchanged."""
+
+    model: str
+    params: int
+    profile: ComputeProfile
+    batch: int
+    weak: bool = True
+    algorithm: str = "ring"
+    mode: str = "ddp"
+    comm_scale: float = 1.0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gradient_bytes(self) -> int:
+        return self.params * BYTES_PER_GRADIENT
+
+
+def gpu_flops(topo: Topology) -> float | None:
+    """FP32 FLOP/s of the system's first GPU, if the catalog says."""
+    devices = topo.devices()
+    value = topo.nodes[devices[0]].attrs.get("fp32_flops") if devices else None
+    return float(value) if value else None
+
+
+def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample: float | None,
+                efficiency: float = 0.4) -> ComputeProfile:
+    """The compute profile on ``topo``'s GPU: a measured one (rescaled by the FP32 rate when it was taken on a
+    GPU of another rate), else one from the model's FLOPs. A one-line error when neither is possible."""
+    target = gpu_flops(topo)
+    if profile is None:
+        if not flops_per_sample:
+            raise MeshscaleError("the model has no profile and no FLOPs per sample; pass --profile profile.json")
+        return flops_profile(flops_per_sample, target or 0.0, efficiency, gpu_model=topo.gpu_model)
+    if profile.gpu_flops and target and abs(profile.gpu_flops / target - 1) > 1e-3:
+        return profile.scaled(profile.gpu_flops / target,
+                              f"compute x {profile.gpu_flops / target:.3f}: profile GPU {profile.gpu_flops / 1e12:.1f} "
+                              f"vs {topo.gpu_model} {target / 1e12:.1f} TFLOP/s FP32")
+    return profile
+
+
+def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = None) -> list[dict]:
+    """Rows for each fabric (one per GPU or node count), speedup against one GPU of the first fabric's node."""
+    points = []
+    for fabric in fabrics:
+        exchange = Exchange(fabric, job.algorithm, job.comm_scale, params)
+        points.append(predict_step(job.profile, exchange, job.gradient_bytes,
+                                   per_rank_batch(fabric.world_size, job.batch, job.weak), job.mode))
+    one = Exchange(Fabric(fabrics[0].node, 1), job.algorithm, job.comm_scale, params)
+    base = predict_step(job.profile, one, job.gradient_bytes, job.batch, job.mode)
+    return scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
+                        algorithm=job.algorithm, exchange_mode=job.mode)
+
+
+def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:
+    """Predicted scaling on 1 system for each GPU count in ``gpus``."""
+    return [dict(r, system=topo.name) for r in predict_fabrics(job, [system_fabric(topo, g) for g in gpus], params)]
+
+
+def predict_cluster(job: Job, spec: ClusterSpec, nodes: list[int], params: SimParams | None = None) -> list[dict]:
+    """Predicted scaling on ``nodes`` full nodes of a cluster (each count re-sizes the tree)."""
+    fabrics = [cluster_fabric(spec, n, params)[0] for n in nodes]
+    return [dict(r, system=spec.node, link=spec.link, nics=spec.nics) for r in predict_fabrics(job, fabrics, params)]
+
+
+def prediction_result(rows: list[dict], job: Job, **meta) -> Result:
+    """A Result of kind "predict" (predicted=True) carrying the job's assumptions."""
+    notes = job.notes + job.profile.notes
+    return Result("predict", rows, True, {"model": job.model, "batch": job.batch, "weak": job.weak,
+                                          "algorithm": job.algorithm, "exchange_mode": job.mode,
+                                          "comm_scale": job.comm_scale, "profile": job.profile.source,
+                                          "notes": notes, **meta})
