@@ -9,6 +9,7 @@ does not send that chunk in the step) and are applied after the whole step has a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.distributed as dist
@@ -128,3 +129,30 @@ def run_schedule(schedule: Schedule, inp: torch.Tensor, out: torch.Tensor, group
     """Run ``schedule`` on this process (its rank in ``group`` is its schedule rank): one call, no reuse."""
     rank = dist.get_rank(group)
     run_plan(plan_rank(schedule, rank, inp.element_size()), inp, out, group)
+
+
+def schedule_op(collective: str, ranks: list[int], nbytes: int, algo: str = "ring", topology=None, *, root: int = 0,
+                params=None, **options) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """One collective of meshscale's ``algo`` schedule as a callable ``op(tensor_in, tensor_out)`` for this
+    process (its rank in the default group is its schedule rank), e.g. for `bench collective --impl meshscale`.
+    ``algo`` "auto" asks the simulator for the fastest schedule on ``topology``. Tensors are 1-D and
+    contiguous with the sizes of the collective (see `collectives.schedule`); the plan and buffers are built
+    on the first call and reused."""
+    if algo == "auto":
+        from meshscale.simulate.auto import choose  # sibling layer, imported only when asked
+        schedule = choose(topology, collective, ranks, nbytes, params=params, root=root).schedule
+    else:
+        from meshscale.collectives.algorithms import build
+        schedule = build(algo, collective, ranks, nbytes, topology, root=root, **options)
+    state: dict = {}
+
+    def op(tensor_in: torch.Tensor, tensor_out: torch.Tensor) -> None:
+        key = (tensor_in.dtype, tensor_in.device)
+        if key not in state:
+            plan = plan_rank(schedule, dist.get_rank(), tensor_in.element_size())
+            state[key] = (plan, make_buffers(plan, tensor_in.dtype, tensor_in.device))
+        plan, buffers = state[key]
+        run_plan(plan, tensor_in, tensor_out, buffers=buffers)
+
+    op.schedule = schedule  # for callers that report the algorithm, channels or predicted time
+    return op
