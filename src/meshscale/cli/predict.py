@@ -1,8 +1,158 @@
-"""CLI commands of the predict layer (being written)."""
+"""`meshscale cluster` (size a fat-tree cluster of a system) and `meshscale predict` (training scaling)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result, load_result
+from meshscale.topology import load_system
+from meshscale.topology.cluster import ClusterSpec, plan_cluster
+
+COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps"), "links": ("edr", "10gbe"),
+                   "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise MeshscaleError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise MeshscaleError(f"{what} needs positive integers, got {text!r}")
+    return values
+
+
+def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
+            nodes: int = typer.Option(124, "--nodes", help="number of nodes"),
+            nics: int = typer.Option(4, "--nics", help="network ports per node"),
+            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe"),
+            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels"),
+            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf"),
+            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)"),
+            oversubscription: float = typer.Option(1.0, "--oversubscription"),
+            gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA"),
+            plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG"),
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)")) -> None:
+    """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency."""
+    plan = plan_cluster(ClusterSpec(node, nodes, nics, link, levels, nodes_per_leaf, radix, oversubscription, gpudirect))
+    figures = {
+        "nodes": nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
+        "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
+        "node_peak_bits_per_s": plan.node_peak_bits_per_s, "node_bandwidth_bytes_per_s": plan.node_bandwidth_bytes_per_s,
+        "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_seed000_bytes_per_s": plan.bisection_seed000_bytes_per_s,
+        "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
+    }
+    typer.echo(f"{nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {nics}x {plan.net.name.upper()} per node, "
+               f"GPUDirect RDMA {'on' if gpudirect else 'off'}")
+    typer.echo(f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {plan.radix}-port "
+               f"switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)")
+    for k, count in enumerate(plan.switches, start=1):
+        typer.echo(f"  level-{k} switches: {count}")
+    typer.echo(f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)")
+    typer.echo(f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
+               f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction")
+    typer.echo(f"  bisection:       {plan.bisection_seed000_bytes_per_s / 1e9:,.0f} GB/s as seed 000 counts it "
+               f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate")
+    typer.echo(f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)")
+    for note in plan.notes:
+        typer.echo(f"  note: {note}")
+    if plot:
+        from meshscale.predict.plots import tree_plot
+        typer.echo(f"wrote {tree_plot(plan, plot)}")
+    if json_out:
+        Result("cluster", [figures], True, {"node": node, "link": link, "nics": nics, "gpudirect": gpudirect}).save(json_out)
+        typer.echo(f"wrote {json_out}")
+
+
+def _print(rows: list[dict], title: str, compare: bool) -> None:
+    table = Table(title=f"{title} - PREDICTED")
+    cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency", "comm share"]
+    for c in cols:
+        table.add_column(c, justify="left" if c == "variant" else "right")
+    for r in rows:
+        cells = [str(r["world_size"]), str(r["nodes"]), str(r["batch_per_rank"]), f"{r['throughput_samples_per_s']:,.1f}",
+                 f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['comm_share']:.0%}"]
+        table.add_row(*([r.get("variant", "")] if compare else []) + cells)
+    Console(width=140).print(table)
+
+
+def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
+            system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
+            gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system"),
+            nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)"),
+            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ..."),
+            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)"),
+            gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
+            weak: bool = typer.Option(True, "--weak/--strong", help="fixed batch per GPU, or fixed global batch"),
+            batch: int = typer.Option(64, "--batch", help="per-GPU (weak) or global (strong) batch"),
+            algorithm: str = typer.Option("ring", "--algorithm", help="ring, hierarchical or ps"),
+            mode: str = typer.Option("ddp", "--mode", help="ddp (overlap with backward) or sync"),
+            profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json)"),
+            efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
+            comm_scale: float = typer.Option(1.0, "--comm-scale", help="multiply exchange times (a calibration)"),
+            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | links | nvlink-pcie | SYS1,SYS2,..."),
+            from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
+            plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
+    """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
+    from meshscale.predict.compare import compare_scale
+    from meshscale.predict.profile import profile_from_result
+    from meshscale.predict.scaling import Job, predict_cluster, predict_system, prediction_result, profile_for
+    from meshscale.train.models import get_model
+
+    measured = load_result(from_result) if from_result else None
+    model = model or (measured.meta.get("model") if measured else None)
+    if not model:
+        raise MeshscaleError("name a model with --model (e.g. resnet50)")
+    spec = get_model(model)
+    measured_profile = profile_from_result(load_result(profile)) if profile else None
+    variants = [system]
+    kind = "system"
+    if compare:
+        preset = COMPARE_PRESETS.get(compare)
+        variants = list(preset or compare.split(","))
+        kind = "algorithm" if compare == "algorithms" else "link" if compare == "links" else "system"
+    rows = []
+    for v in variants:
+        sys_name = v if kind == "system" else system
+        topo = load_system(sys_name)
+        job = Job(model, spec.params, profile_for(topo, measured_profile, spec.flops_per_sample, efficiency), batch, weak,
+                  v if kind == "algorithm" else algorithm, mode, comm_scale)
+        if measured:
+            rows += [dict(r, variant=v) for r in compare_scale(measured, job, topo)]
+            continue
+        if nodes:
+            net = v if kind == "link" else link
+            count = nics or (2 if "gbe" in net else 4)
+            cspec = ClusterSpec(sys_name, 1, count, net, gpudirect=gpudirect)
+            rows += [dict(r, variant=v) for r in predict_cluster(job, cspec, _ints(nodes, "--nodes"))]
+        else:
+            rows += [dict(r, variant=v) for r in predict_system(job, topo, _ints(gpus, "--gpus"))]
+    title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"
+    if measured:
+        table = Table(title=f"{model}: measured vs PREDICTED")
+        for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):
+            table.add_column(c, justify="right")
+        for r in rows:
+            table.add_row(str(r["world_size"]), str(r["mode"]), str(r["batch_per_rank"]), f"{r['measured_samples_per_s']:,.1f}",
+                          f"{r['predicted_samples_per_s']:,.1f}", f"{r['error']:+.1%}")
+        Console(width=140).print(table)
+    else:
+        _print(rows, title, bool(compare))
+        if plot:
+            from meshscale.predict.plots import scaling_plot
+            typer.echo(f"wrote {scaling_plot(rows, plot, title)}")
+    if json_out:
+        prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link).save(json_out)
+        typer.echo(f"wrote {json_out}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
+    app.command()(cluster)
+    app.command()(predict)
