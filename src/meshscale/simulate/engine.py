@@ -118,17 +118,20 @@ def max_min_rates(weights: np.ndarray, counts: np.ndarray, capacity: np.ndarray)
     return rate
 
 
-def run_flows(topo: Topology, src: list[str], dst: list[str], nbytes: np.ndarray, reduce: np.ndarray,
+def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbytes: np.ndarray, reduce: np.ndarray,
               deps: list[list[int]], params: SimParams | None = None) -> FlowRun:
     """Simulate transfers ``i`` from device ``src[i]`` to ``dst[i]`` of ``nbytes[i]`` bytes (``reduce[i]``: the
-    receiver reduces them), each starting after all transfers in ``deps[i]`` have finished."""
+    receiver reduces them), each starting after all transfers in ``deps[i]`` have finished. A ``src[i]`` of
+    None makes ``i`` a join: it moves nothing and finishes the moment its dependencies have (it keeps the
+    number of dependency edges small when many transfers wait for many others)."""
     params = params or SimParams()
     res = _Resources(topo, params)
     n = len(src)
     nbytes = np.asarray(nbytes, dtype=float)
-    key = np.array([res.key(s, d, bool(r)) for s, d, r in zip(src, dst, reduce)], dtype=np.int64)
+    key = np.array([-1 if s is None else res.key(s, d, bool(r)) for s, d, r in zip(src, dst, reduce)], dtype=np.int64)
     rows = np.array(res.rows) if res.rows else np.zeros((0, len(res.names)))
-    latency = np.array(res.latency)[key] if n else np.zeros(0)
+    latency = np.where(key >= 0, np.array(res.latency + [0.0])[key], 0.0) if n else np.zeros(0)
+    nbytes = np.where(key >= 0, nbytes, 0.0)
 
     waiting = np.array([len(d) for d in deps], dtype=np.int64)
     successors: list[list[int]] = [[] for _ in range(n)]
@@ -144,15 +147,13 @@ def run_flows(topo: Topology, src: list[str], dst: list[str], nbytes: np.ndarray
     act_left = np.zeros(0)
     act_rate = np.zeros(0)
     act_load = np.zeros(len(res.names))
+    counts = np.zeros(len(rows), dtype=np.int64)  # active flows per key
     used_bytes = np.zeros(len(res.names))
     cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
     now, done = 0.0, 0
     while done < n:
         t_ready = ready[0][0] if ready else np.inf
-        if len(act_ids):
-            t_finish = now + float(np.min(act_left / act_rate))
-        else:
-            t_finish = np.inf
+        t_finish = now + float(np.min(act_left / act_rate)) if len(act_ids) else np.inf
         t_next = min(t_ready, t_finish)
         if t_next == np.inf:
             raise RuntimeError("simulation stalled: a transfer depends on one that never finishes (a cycle)")
@@ -161,47 +162,59 @@ def run_flows(topo: Topology, src: list[str], dst: list[str], nbytes: np.ndarray
             act_left -= act_rate * dt
             used_bytes += act_load * dt
         now = t_next
+        limit = now + 1e-12 * max(now, 1e-9)
+        starting: list[int] = []
+        while ready and ready[0][0] <= limit:
+            starting.append(heapq.heappop(ready)[1])
         finished: list[int] = []
+        changed = False
         if len(act_ids):
             over = act_left <= np.maximum(1e-9 * nbytes[act_ids], act_rate * 1e-12 * max(now, 1e-9))
             if over.any():
-                finished.extend(act_ids[over].tolist())
+                gone = act_ids[over]
+                finished.extend(gone.tolist())
+                np.subtract.at(counts, key[gone], 1)
                 keep = ~over
-                act_ids, act_left, act_rate = act_ids[keep], act_left[keep], act_rate[keep]
-        arrivals = []
-        limit = now + 1e-12 * max(now, 1e-9)
-        while ready and ready[0][0] <= limit:
-            arrivals.append(heapq.heappop(ready)[1])
-        for i in arrivals:
-            start[i] = now
-            if nbytes[i] <= 0:
-                finished.append(i)
-        moving = [i for i in arrivals if nbytes[i] > 0]
-        for i in finished:
-            finish[i] = now
-            for s in successors[i]:
-                waiting[s] -= 1
-                if waiting[s] == 0:
-                    heapq.heappush(ready, (now + float(latency[s]), s))
-        done += len(finished)
+                act_ids, act_left = act_ids[keep], act_left[keep]
+                changed = True
+        moving: list[int] = []
+        while starting or finished:  # joins and empty transfers finish at once and may release others
+            for i in starting:
+                start[i] = now
+                (moving if nbytes[i] > 0 else finished).append(i)
+            starting = []
+            for i in finished:
+                finish[i] = now
+                done += 1
+                for s in successors[i]:
+                    waiting[s] -= 1
+                    if waiting[s] == 0:
+                        if latency[s] <= 0:
+                            starting.append(s)
+                        else:
+                            heapq.heappush(ready, (now + float(latency[s]), s))
+            finished = []
         if moving:
             new = np.array(moving, dtype=np.int64)
             act_ids = np.concatenate([act_ids, new])
             act_left = np.concatenate([act_left, nbytes[new]])
-        if moving or finished:
-            act_rate, act_load = _rates(key[act_ids], rows, res.capacity, cache)
+            np.add.at(counts, key[new], 1)
+            changed = True
+        if changed:
+            rate_of_key, act_load = _rates(counts, rows, res.capacity, cache)
+            act_rate = rate_of_key[key[act_ids]]
     return FlowRun(start, finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
 
 
-def _rates(keys: np.ndarray, rows: np.ndarray, capacity: np.ndarray, cache: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per-flow rates of the active flows (keys) and the resulting load per resource, memoized on the key set."""
-    if not len(keys):
-        return np.zeros(0), np.zeros(len(capacity))
-    uniq, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
-    tag = uniq.tobytes() + counts.tobytes()
+def _rates(counts: np.ndarray, rows: np.ndarray, capacity: np.ndarray, cache: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key rates for ``counts`` active flows of each key, and the load per resource; memoized."""
+    tag = counts.tobytes()
     hit = cache.get(tag)
     if hit is None:
-        rate = max_min_rates(rows[uniq], counts.astype(float), capacity)
-        hit = (rate, (rate * counts) @ rows[uniq])
+        live = np.flatnonzero(counts)
+        rate = np.zeros(len(counts))
+        if len(live):
+            rate[live] = max_min_rates(rows[live], counts[live].astype(float), capacity)
+        hit = (rate, (rate * counts) @ rows)
         cache[tag] = hit
-    return hit[0][inverse], hit[1]
+    return hit

@@ -51,37 +51,51 @@ class SimResult:
         return self.links[0].busy_s if self.links else 0.0
 
 
-def flow_inputs(schedule: Schedule, topo: Topology) -> tuple[list[str], list[str], np.ndarray, np.ndarray, list[list[int]]]:
+def flow_inputs(schedule: Schedule, topo: Topology) -> tuple[list, list, np.ndarray, np.ndarray, list[list[int]]]:
     """The engine's view of a schedule: device names, sizes, reduce flags and dependencies. Besides the data
     dependencies (`dependencies`), each rank works through its steps in order on each channel, as an executor
-    does: its transfers of a step (sends and receives) wait for its transfers of its previous step on that
+    does: its transfers of a step (sends and receives) wait for all its transfers of its previous step on that
     channel, and transfers on one connection (channel, src, dst) go one after another. That is what makes a
-    tree's root send to its children in turn and pipelines a ring chunk by chunk."""
+    tree's root send to its children in turn and pipelines a ring chunk by chunk. The first entries are the
+    schedule's transfers in order; joins (src None) follow, one per (channel, rank, step) with several."""
     names = [topo.device(r) for r in schedule.ranks]  # raises a one-line TopologyError for unknown devices
     if len(set(names)) != len(names):
         raise MeshscaleError(f"device list {schedule.ranks} repeats a device; give each GPU once")
-    deps = [set(d) for d in dependencies(schedule)]
-    previous: dict[tuple[int, int], list[int]] = {}  # (channel, rank) -> its transfers in its last step
+    data_deps = dependencies(schedule)
+    flat = [t for step in schedule.steps for t in step.transfers]
+    deps: list[list[int]] = []
+    src: list = [names[t.src] for t in flat]
+    dst: list = [names[t.dst] for t in flat]
+    gate: dict[tuple[int, int], int] = {}  # (channel, rank) -> what its next step waits for
     last_on: dict[tuple[int, int, int], int] = {}
-    flat: list = []
+    joins: list[list[int]] = []
+    i = 0
     for step in schedule.steps:
-        current: dict[tuple[int, int], list[int]] = {}
+        mine: dict[tuple[int, int], list[int]] = {}
         for t in step.transfers:
-            i = len(flat)
-            flat.append(t)
+            need = set(data_deps[i])
             for rank in (t.src, t.dst):
-                deps[i].update(previous.get((t.channel, rank), ()))
-                current.setdefault((t.channel, rank), []).append(i)
+                if (t.channel, rank) in gate:
+                    need.add(gate[(t.channel, rank)])
+                mine.setdefault((t.channel, rank), []).append(i)
             conn = (t.channel, t.src, t.dst)
             if conn in last_on:
-                deps[i].add(last_on[conn])
+                need.add(last_on[conn])
             last_on[conn] = i
-        previous.update(current)
-    src = [names[t.src] for t in flat]
-    dst = [names[t.dst] for t in flat]
-    nbytes = np.array([t.nbytes for t in flat], dtype=float)
-    reduce = np.array([t.op == "reduce" for t in flat], dtype=bool)
-    return src, dst, nbytes, reduce, [sorted(d) for d in deps]
+            deps.append(sorted(need))
+            i += 1
+        for who, members in mine.items():
+            if len(members) == 1:
+                gate[who] = members[0]
+            else:
+                gate[who] = len(flat) + len(joins)
+                joins.append(members)
+    deps.extend(joins)
+    src += [None] * len(joins)
+    dst += [None] * len(joins)
+    nbytes = np.array([t.nbytes for t in flat] + [0] * len(joins), dtype=float)
+    reduce = np.array([t.op == "reduce" for t in flat] + [False] * len(joins), dtype=bool)
+    return src, dst, nbytes, reduce, deps
 
 
 def simulate(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> SimResult:
@@ -102,5 +116,5 @@ def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
                              float(run.capacity_bytes_per_s[j]), busy / time_s if time_s > 0 else 0.0, busy))
     alg = algbw(schedule.nbytes, time_s)
     return SimResult(schedule.collective, schedule.algorithm, list(schedule.ranks), schedule.nbytes, time_s, alg,
-                     alg * bus_factor(schedule.collective, schedule.n), links, len(run.finish_s),
+                     alg * bus_factor(schedule.collective, schedule.n), links, sum(len(s.transfers) for s in schedule.steps),
                      schedule.channels, params.source)
