@@ -37,6 +37,22 @@ ALGORITHMS: dict[str, Algorithm] = {a.name: a for a in (
 )}
 
 
+def _packed_ring(*args, **options) -> Schedule:
+    from meshscale.collectives.synthesis import packed_ring  # synthesis builds on this package
+    return packed_ring(*args, **options)
+
+
+def _tree_packing(*args, **options) -> Schedule:
+    from meshscale.collectives.synthesis import tree_packing
+    return tree_packing(*args, **options)
+
+
+ALGORITHMS["packed_ring"] = Algorithm("packed_ring", _packed_ring, ring.SUPPORTS,
+                                      "ring over synthesized link-disjoint rings, both directions")
+ALGORITHMS["tree_packing"] = Algorithm("tree_packing", _tree_packing, ("broadcast", "reduce", "all_reduce"),
+                                       "LP-packed spanning trees weighted by rate (Blink)")
+
+
 def build(algorithm: str, collective: str, ranks: list[int], nbytes: int, topology: Topology | None = None,
           **options) -> Schedule:
     """The schedule of ``algorithm`` for ``collective`` over ``ranks`` (device indices of ``topology``; any
