@@ -1,0 +1,264 @@
+"""Gradient exchange modes of data-parallel training, behind one small interface.
+
+- `ddp`: torch DistributedDataParallel.
+- `allreduce`: Horovod-style distributed optimizer: gradients fused into buckets, each bucket all-reduced
+  asynchronously as soon as its last gradient is accumulated during backward (overlap), optional bf16/fp16
+  compression on the wire.
+- `ps`: a parameter server sharded over the ranks: each rank owns a contiguous slice of the flattened
+  parameters and its optimizer state; workers push gradients to the owners (reduce-scatter), owners update
+  their slices, workers pull the parameters back (all-gather). With ``max_staleness`` k > 0 a pull stays in
+  flight for up to k steps while the worker trains on parameters at most k steps old (bounded staleness);
+  k = 0 is synchronous.
+
+Per step the loop calls: ``zero_grad``, forward/backward on ``model``, ``finish`` (wait for the gradient
+exchange), ``update`` (optimizer), ``pull`` (PS only). ``last_ready`` is the clock mark taken when the last
+gradient became ready, so exposed communication = time from it to the end of ``finish``.
+"""
+from __future__ import annotations
+
+from collections import deque
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+from meshscale.errors import MeshscaleError
+from meshscale.train.timing import Clock
+
+MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
+WIRE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+# torch 2.13 renamed the tensor collectives (the old names warn); 2.11 on the GPU machines has only the old ones.
+_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+
+
+class Exchange:
+    """Common part: the wrapped model, its optimizer, and no-op hooks."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, clock: Clock):
+        self.model, self.optimizer, self.clock = model, optimizer, clock
+        self.last_ready: Any = None
+
+    def zero_grad(self) -> None:
+        self.optimizer.zero_grad(set_to_none=True)
+
+    def finish(self) -> None:
+        """Wait until the gradients are exchanged."""
+
+    def update(self, scaler: Any = None) -> None:
+        """Apply the optimizer (through the fp16 grad scaler if there is one)."""
+        if scaler is not None:
+            scaler.step(self.optimizer)
+            scaler.update()
+        else:
+            self.optimizer.step()
+
+    def pull(self) -> None:
+        """Fetch updated parameters (parameter server modes)."""
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.optimizer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.optimizer.load_state_dict(state["optimizer"])
+
+    @property
+    def module(self) -> nn.Module:
+        """The bare model (unwrapped), e.g. for evaluation and checkpoints."""
+        return self.model
+
+
+class DDPExchange(Exchange):
+    """torch DDP. With timing on, a thin comm hook (the default all-reduce) marks when the last bucket is
+    ready; DDP waits for the all-reduces inside backward, so exposed comm = end of backward - that mark."""
+
+    def __init__(self, model, optimizer, clock, device, bucket_cap_mb=25.0, bucket_view=False, static_graph=False,
+                 timing=True):
+        from torch.nn.parallel import DistributedDataParallel as DDP
+
+        ids = [device.index] if device.type == "cuda" else None
+        ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view,
+                  static_graph=static_graph)
+        super().__init__(ddp, optimizer, clock)
+        self._bare, self._bucket_view = model, bucket_view
+        if timing:
+            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+            def hook(state, bucket):
+                if bucket.is_last():
+                    self.last_ready = clock.mark()
+                return allreduce_hook(state, bucket)
+            ddp.register_comm_hook(None, hook)
+
+    def zero_grad(self) -> None:
+        # with gradient_as_bucket_view the grads are views into DDP's buckets: zero them, do not drop them
+        self.optimizer.zero_grad(set_to_none=not self._bucket_view)
+
+    @property
+    def module(self) -> nn.Module:
+        return self._bare
+
+
+class _Bucket:
+    def __init__(self, params: list[nn.Parameter], wire_dtype: torch.dtype | None):
+        self.params = params
+        self.offsets, n = [], 0
+        for p in params:
+            self.offsets.append(n)
+            n += p.numel()
+        p0 = params[0]
+        self.flat = torch.zeros(n, dtype=p0.dtype, device=p0.device)
+        self.wire = self.flat if wire_dtype is None else torch.zeros(n, dtype=wire_dtype, device=p0.device)
+        self.ready = 0
+        self.work: Any = None
+
+
+class AllreduceExchange(Exchange):
+    """Fused, overlapped all-reduce of gradients (Horovod's distributed optimizer).
+
+    Buckets hold parameters in reverse registration order (about the order backward produces gradients) up
+    to ``fusion_bytes`` each. Buckets are launched strictly in index order, as DDP does, so every rank issues
+    the same sequence of collectives even when gradients arrive in a different order. ``allreduce`` is the
+    collective: the native ``dist.all_reduce`` or a meshscale schedule executor with the same signature."""
+
+    def __init__(self, model, optimizer, clock, world: int, fusion_bytes: int = 64 << 20, compression: str = "none",
+                 allreduce: Callable | None = None):
+        super().__init__(model, optimizer, clock)
+        self.world = world
+        self.allreduce = allreduce or dist.all_reduce
+        wire = WIRE_DTYPES[compression]
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.buckets: list[_Bucket] = []
+        group, size = [], 0
+        for p in reversed(params):
+            group.append(p)
+            size += p.numel() * p.element_size()
+            if size >= fusion_bytes:
+                self.buckets.append(_Bucket(group, wire))
+                group, size = [], 0
+        if group:
+            self.buckets.append(_Bucket(group, wire))
+        self._where = {p: (b, i) for b in self.buckets for i, p in enumerate(b.params)}
+        for p in params:
+            p.register_post_accumulate_grad_hook(self._on_grad)
+        self._next = 0
+
+    def _on_grad(self, p: torch.Tensor) -> None:
+        bucket, i = self._where[p]
+        off = bucket.offsets[i]
+        bucket.wire[off:off + p.numel()].copy_(p.grad.view(-1))
+        bucket.ready += 1
+        self._launch_ready()
+
+    def _launch_ready(self, force: bool = False) -> None:
+        while self._next < len(self.buckets) and (force or self.buckets[self._next].ready == len(self.buckets[self._next].params)):
+            b = self.buckets[self._next]
+            if b.ready < len(b.params):  # parameters that got no gradient this step contribute zeros
+                for q, off in zip(b.params, b.offsets):
+                    if q.grad is None:
+                        b.wire[off:off + q.numel()].zero_()
+            b.wire.div_(self.world)  # average before the sum: keeps fp16 in range, exact for powers of two
+            b.work = self.allreduce(b.wire, async_op=True)
+            self._next += 1
+            if self._next == len(self.buckets):
+                self.last_ready = self.clock.mark()
+
+    def finish(self) -> None:
+        self._launch_ready(force=True)
+        for b in self.buckets:
+            if b.work is not None:
+                b.work.wait()
+            if b.wire is not b.flat:
+                b.flat.copy_(b.wire)
+            for p, off in zip(b.params, b.offsets):
+                p.grad = b.flat[off:off + p.numel()].view_as(p)  # the reduced gradient, no copy back
+            b.ready, b.work = 0, None
+        self._next = 0
+
+
+class PSExchange(Exchange):
+    """Sharded parameter server (see the module docstring). ``optimizer_factory(params)`` builds the owner's
+    optimizer over its shard; the model's own parameters are only ever written by pulls."""
+
+    def __init__(self, model, optimizer_factory, clock, rank: int, world: int, max_staleness: int = 0):
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.total = sum(p.numel() for p in self.params)
+        self.shard = -(-self.total // world)
+        self.rank, self.world, self.max_staleness = rank, world, max_staleness
+        p0 = self.params[0]
+        flat = torch.zeros(self.shard * world, dtype=p0.dtype, device=p0.device)
+        flat[:self.total] = nn.utils.parameters_to_vector(self.params).detach()
+        self.owned = nn.Parameter(flat[rank * self.shard:(rank + 1) * self.shard].clone())
+        self.flat_grad = torch.zeros_like(flat)
+        self.pending: deque = deque()  # (work or None, gathered parameters), oldest first
+        super().__init__(model, optimizer_factory([self.owned]), clock)
+
+    def zero_grad(self) -> None:
+        for p in self.params:  # the optimizer only knows the owned slice
+            p.grad = None
+        self.owned.grad = None
+
+    def finish(self) -> None:
+        # push: each owner receives the sum of its slice of everyone's (pre-averaged) gradients
+        off = 0
+        for p in self.params:
+            g = self.flat_grad[off:off + p.numel()]
+            g.copy_(p.grad.view(-1)) if p.grad is not None else g.zero_()
+            off += p.numel()
+        self.flat_grad.div_(self.world)
+        grad = torch.empty_like(self.owned)
+        _reduce_scatter(grad, self.flat_grad)
+        self.owned.grad = grad
+
+    def update(self, scaler: Any = None) -> None:
+        self.optimizer.step()
+
+    def pull(self) -> None:
+        gathered = torch.empty_like(self.flat_grad)
+        # gather from a copy: the next update may change the owned slice while this pull is in flight
+        work = _all_gather(gathered, self.owned.detach().clone(), async_op=True)
+        self.pending.append((work, gathered))
+        while len(self.pending) > self.max_staleness:
+            self._install(*self.pending.popleft())
+
+    def _install(self, work: Any, gathered: torch.Tensor) -> None:
+        if work is not None:
+            work.wait()
+        nn.utils.vector_to_parameters(gathered[:self.total], self.params)
+
+    def state_dict(self) -> dict:
+        pending = []
+        for work, gathered in self.pending:
+            if work is not None:
+                work.wait()
+            pending.append(gathered)
+        self.pending = deque((None, g) for g in pending)
+        return {"optimizer": self.optimizer.state_dict(), "owned": self.owned.detach().clone(), "pending": pending}
+
+    def load_state_dict(self, state: dict) -> None:
+        with torch.no_grad():
+            self.owned.copy_(state["owned"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.pending = deque((None, g.to(self.owned.device)) for g in state["pending"])
+
+
+def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, clock: Clock, rank: int, world: int,
+                  device: torch.device, *, bucket_cap_mb: float = 25.0, bucket_view: bool = False,
+                  static_graph: bool = False, fusion_bytes: int = 64 << 20, compression: str = "none",
+                  allreduce: Callable | None = None, max_staleness: int = 0, timing: bool = True) -> Exchange:
+    """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``)."""
+    if mode not in MODES:
+        raise MeshscaleError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
+    if compression not in WIRE_DTYPES:
+        raise MeshscaleError(f"unknown compression {compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
+    if max_staleness < 0:
+        raise MeshscaleError(f"--max-staleness must be >= 0, got {max_staleness}")
+    if mode == "ddp":
+        return DDPExchange(model, optimizer_factory(model.parameters()), clock, device, bucket_cap_mb, bucket_view,
+                           static_graph, timing)
+    if mode == "allreduce":
+        return AllreduceExchange(model, optimizer_factory(model.parameters()), clock, world, fusion_bytes,
+                                 compression, allreduce)
+    return PSExchange(model, optimizer_factory, clock, rank, world, max_staleness if mode == "ps-async" else 0)

@@ -1,0 +1,223 @@
+"""The per-rank training loop: build the model and its gradient exchange, run the steps, time each one
+(data / compute / exposed communication), log, checkpoint, and resume."""
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from functools import partial
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+import torch.nn.functional as F
+
+from meshscale.errors import MeshscaleError
+from meshscale.train import checkpoint
+from meshscale.train.config import TrainConfig
+from meshscale.train.data import Batches, Dataset, open_data
+from meshscale.train.exchange import make_exchange
+from meshscale.train.metrics import StepLog
+from meshscale.train.models import ModelSpec, get_model, image_spec
+from meshscale.train.timing import Clock
+
+
+def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
+    """The model (adapted to the data's image shape and classes) and the training data."""
+    spec = get_model(cfg.model)
+    shape = spec.input_shape
+    if cfg.image_size and spec.input_kind == "image":
+        shape = (shape[0], cfg.image_size, cfg.image_size)
+    data = open_data(cfg.data, spec.input_kind, shape, spec.num_classes)
+    if spec.input_kind == "image" and (data.sample_shape != spec.input_shape or data.num_classes != spec.num_classes):
+        spec = image_spec(spec, *data.sample_shape, data.num_classes)
+    return spec, data
+
+
+def optimizer_factory(cfg: TrainConfig, spec: ModelSpec):
+    """A function params -> optimizer (the PS owners build theirs over their shard)."""
+    name = cfg.optimizer or ("sgd" if spec.input_kind == "image" else "adamw")
+    if name == "sgd":
+        return lambda params: torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    if name == "adamw":
+        return lambda params: torch.optim.AdamW(params, lr=0.0, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+    raise MeshscaleError(f"unknown optimizer {name!r}; choose sgd or adamw")
+
+
+def learning_rate(cfg: TrainConfig, spec: ModelSpec, step: int) -> float:
+    """Linear scaling with the global batch and a linear warm-up (Goyal et al. 2017)."""
+    name = cfg.optimizer or ("sgd" if spec.input_kind == "image" else "adamw")
+    base = cfg.base_lr if cfg.base_lr is not None else (0.1 if name == "sgd" else 3e-4)
+    lr = base * cfg.global_batch / cfg.ref_batch
+    if cfg.lr_warmup_steps:
+        lr *= min(1.0, (step + 1) / cfg.lr_warmup_steps)
+    return lr
+
+
+def loss_fn(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if kind == "tokens":
+        return F.cross_entropy(out.flatten(0, 1).float(), y.flatten())
+    return F.cross_entropy(out.float(), y)
+
+
+def schedule_allreduce(cfg: TrainConfig):
+    """The collective of the allreduce mode: None (native) or meshscale's schedule executor."""
+    if cfg.collective == "native":
+        return None
+    if cfg.collective == "schedule":
+        import meshscale.execute as execute
+        fn = getattr(execute, "schedule_allreduce", None)
+        if fn is None:
+            raise MeshscaleError("--collective schedule needs meshscale.execute.schedule_allreduce, which this "
+                                 "version does not have yet; use --collective native")
+        return fn
+    raise MeshscaleError(f"unknown collective {cfg.collective!r}; choose native or schedule")
+
+
+def _deterministic(device: torch.device) -> None:
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = True, False
+
+
+def evaluate(model: nn.Module, data: Dataset, kind: str, device: torch.device, batch: int = 256) -> dict[str, float]:
+    """Accuracy (images) and mean loss over ``data``."""
+    model.eval()
+    correct, loss_sum, n = 0, 0.0, 0
+    with torch.no_grad():
+        for start in range(0, data.n, batch):
+            idx = torch.arange(start, min(start + batch, data.n)).numpy()
+            x, y = (t.to(device) for t in data.fetch(idx))
+            out = model(x)
+            loss_sum += loss_fn(kind, out, y).item() * len(idx)
+            if kind == "image":
+                correct += (out.argmax(1) == y).sum().item()
+            n += len(idx)
+    model.train()
+    result = {"eval_loss": loss_sum / n}
+    if kind == "image":
+        result["eval_accuracy"] = correct / n
+    return result
+
+
+def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
+    """One rank of a training run (started by `meshscale.execute.launch`). Rank 0 returns the per-step rows."""
+    device, rank, world = ctx.device, ctx.rank, ctx.world_size
+    ctx.phase("building the model")
+    if cfg.deterministic:
+        _deterministic(device)
+    elif device.type == "cuda":
+        torch.backends.cudnn.benchmark = True
+    spec, data = resolve(cfg)
+    torch.manual_seed(cfg.seed)  # identical initial weights on every rank
+    model = spec.build().to(device)
+    if cfg.channels_last and spec.input_kind == "image":
+        model = model.to(memory_format=torch.channels_last)
+    clock = Clock(device)
+    exchange = make_exchange(cfg.mode, model, optimizer_factory(cfg, spec), clock, rank, world, device,
+                             bucket_cap_mb=cfg.bucket_cap_mb, bucket_view=cfg.bucket_view, static_graph=cfg.static_graph,
+                             fusion_bytes=int(cfg.fusion_mb * (1 << 20)), compression=cfg.compression,
+                             allreduce=schedule_allreduce(cfg), max_staleness=cfg.max_staleness, timing=cfg.timing)
+    run_model = torch.compile(exchange.model, mode=None if cfg.compile == "default" else cfg.compile) if cfg.compile else exchange.model
+    scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
+    autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+                if cfg.precision in ("bf16", "fp16") else contextlib.nullcontext)
+    batches = Batches(data, cfg.batch_per_rank, rank, world, cfg.seed, device)
+
+    start = 0
+    from meshscale.execute import in_torchrun
+    if cfg.checkpoint_dir and (cfg.resume or (in_torchrun() and checkpoint.latest_step(cfg.checkpoint_dir) is not None)):
+        ctx.phase("loading the checkpoint")
+        state = checkpoint.load(cfg.checkpoint_dir, rank, world)
+        exchange.module.load_state_dict(state["model"])
+        exchange.load_state_dict(state["exchange"])
+        if scaler is not None and state.get("scaler"):
+            scaler.load_state_dict(state["scaler"])
+        start = state["step"]
+
+    log = StepLog(cfg.log, cfg.tensorboard, cfg.progress, cfg.steps, start,
+                  f"{cfg.model} {cfg.mode} x{world}") if rank == 0 else None
+    rows: list[dict[str, Any]] = []
+    losses: list[torch.Tensor] = []
+    max_param_diff = 0.0
+    timed_from = min(start + cfg.timing_warmup, cfg.steps - 1)
+    window_start = None
+    try:
+        for step in range(start, cfg.steps):
+            ctx.phase(f"training step {step} ({cfg.mode})")
+            if cfg.fault_step == step and rank == world - 1:
+                os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
+            if step == timed_from:
+                clock.sync()
+                window_start = time.perf_counter()
+            lr = learning_rate(cfg, spec, step)
+            for group in exchange.optimizer.param_groups:
+                group["lr"] = lr
+            wall0 = time.perf_counter()
+            t0 = clock.mark()
+            x, y = batches.get(step)
+            if cfg.channels_last and spec.input_kind == "image":
+                x = x.contiguous(memory_format=torch.channels_last)
+            t_data = clock.mark()
+            exchange.zero_grad()
+            exchange.last_ready = None
+            with autocast():
+                loss = loss_fn(spec.input_kind, run_model(x), y)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+            t_bwd = clock.mark()
+            exchange.finish()
+            t_fin = clock.mark()
+            exchange.update(scaler)
+            t_upd = clock.mark()
+            exchange.pull()
+            t_pull = clock.mark()
+            row: dict[str, Any] = {"step": step, "lr": lr}
+            if cfg.timing:
+                clock.sync()
+                step_s = time.perf_counter() - wall0
+                ready = exchange.last_ready if exchange.last_ready is not None else t_bwd
+                comm = clock.seconds(ready, t_fin) + clock.seconds(t_upd, t_pull)
+                row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=cfg.global_batch / step_s,
+                           data_s=clock.seconds(t0, t_data),
+                           compute_s=clock.seconds(t_data, ready) + clock.seconds(t_fin, t_upd), comm_s=comm)
+            else:
+                losses.append(loss.detach())
+            if cfg.verify_sync:
+                flat = nn.utils.parameters_to_vector(exchange.module.parameters()).detach()
+                ref = flat.clone()
+                dist.broadcast(ref, 0)
+                max_param_diff = max(max_param_diff, (flat - ref).abs().max().item())
+            if rank == 0 and cfg.timing:
+                log.write(row)
+            rows.append(row)
+            done = step + 1
+            if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
+                ctx.phase(f"saving the checkpoint of step {done}")
+                state = {"model": exchange.module.state_dict() if rank == 0 else None, "exchange": exchange.state_dict(),
+                         "scaler": scaler.state_dict() if scaler is not None else None}
+                checkpoint.save(cfg.checkpoint_dir, done, rank, world, state, ctx.barrier)
+        clock.sync()
+        window_s = time.perf_counter() - window_start if window_start is not None else 0.0
+        if losses:  # untimed mode: read the losses only now, to keep the device busy during the run
+            for row, value in zip(rows, torch.stack(losses).tolist()):
+                row["loss"] = value
+                if rank == 0:
+                    log.write(row)
+    finally:
+        if log is not None:
+            log.close()
+    timed = cfg.steps - timed_from if window_start is not None else 0
+    summary: dict[str, Any] = {"rank": rank, "steps": len(rows), "first_step": start, "max_param_diff": max_param_diff,
+                               "timed_steps": timed,
+                               "samples_per_s": cfg.global_batch * timed / window_s if window_s > 0 else None,
+                               "params": spec.params, "flops_per_sample": spec.flops_per_sample}
+    if rank == 0 and cfg.eval_data:
+        ctx.phase("evaluating")
+        summary.update(evaluate(exchange.module, open_data(cfg.eval_data, spec.input_kind, spec.input_shape, spec.num_classes),
+                                spec.input_kind, device))
+    out = {"summary": summary, "rows": rows if rank == 0 else []}
+    if cfg.return_params and rank == 0:
+        out["params"] = nn.utils.parameters_to_vector(exchange.module.parameters()).detach().cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
+    del exchange, run_model, model  # free the DDP reducer before the group goes (teardown deadlock)
+    return out

@@ -1,0 +1,51 @@
+"""Where per-step metrics go (rank 0): a JSONL file (flushed every line, so a crash loses nothing written),
+TensorBoard when it is installed, and a rich progress bar on the terminal."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+
+class StepLog:
+    """``write(row)`` once per step; ``close()`` at the end. Every sink is optional."""
+
+    def __init__(self, jsonl: str | None, tensorboard: str | None, progress: bool, total_steps: int, first_step: int,
+                 title: str):
+        self._file = open(Path(jsonl), "a") if jsonl else None
+        self._tb = None
+        if tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+                self._tb = SummaryWriter(tensorboard)
+            except ImportError:
+                pass  # optional: TensorBoard is not a dependency
+        self._bar = None
+        if progress:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+            self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+            self._task = self._bar.add_task(title, total=total_steps, completed=first_step, info="")
+            self._bar.start()
+
+    def write(self, row: dict[str, Any]) -> None:
+        if self._file:
+            self._file.write(json.dumps(row) + "\n")
+            self._file.flush()
+        if self._tb:
+            for key, value in row.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(key, value, row["step"])
+        if self._bar:
+            info = f"loss {row['loss']:.4f}"
+            if row.get("samples_per_s"):
+                info += f"  {row['samples_per_s']:,.0f} samples/s  comm {row['comm_s'] * 1e3:.1f} ms"
+            self._bar.update(self._task, completed=row["step"] + 1, info=info)
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+        if self._tb:
+            self._tb.close()
+        if self._bar:
+            self._bar.stop()

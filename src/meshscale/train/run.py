@@ -1,0 +1,87 @@
+"""Start a training run on N ranks (fresh processes, or this process under torchrun) and turn what rank 0
+measured into a Result of kind "train"; also the one-device profile over batch sizes that the predictor reads."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, replace
+from typing import Any
+
+import torch
+
+from meshscale.errors import MeshscaleError
+from meshscale.execute import launch
+from meshscale.results import Result, measured
+from meshscale.train.config import TrainConfig
+from meshscale.train.exchange import MODES, WIRE_DTYPES
+from meshscale.train.loop import resolve, train_worker
+
+PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def check_devices(device: str, world: int) -> None:
+    """A clear error when the machine lacks the GPUs asked for (before anything starts)."""
+    if device == "cuda":
+        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if world > have:
+            raise MeshscaleError(f"asked for {world} GPUs but this machine has {have}; use --gpus {have} or --cpus N"
+                                 if have else f"asked for {world} GPUs but this machine has none; use --cpus N (Gloo)")
+    elif device != "cpu":
+        raise MeshscaleError(f"unknown device {device!r}; use cpu or cuda")
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
+    if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
+        raise MeshscaleError("world size, batch and steps must be at least 1")
+    if cfg.mode not in MODES:
+        raise MeshscaleError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
+    if cfg.precision not in PRECISIONS:
+        raise MeshscaleError(f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
+    if cfg.compression not in WIRE_DTYPES:
+        raise MeshscaleError(f"unknown compression {cfg.compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
+    if cfg.precision == "fp16" and cfg.mode.startswith("ps"):
+        raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
+    if cfg.resume and not cfg.checkpoint_dir:
+        raise MeshscaleError("--resume needs --checkpoint-dir")
+    check_devices(cfg.device, cfg.world)
+    resolve(cfg)  # unknown model, missing data folder, bad token file
+
+
+def run(cfg: TrainConfig) -> list[dict[str, Any]]:
+    """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows)."""
+    validate(cfg)
+    backend = "nccl" if cfg.device == "cuda" else "gloo"
+    return launch(train_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
+
+
+def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Rank 0's summary plus medians of the timed steps and the worst parameter mismatch over ranks."""
+    s = dict(outputs[0]["summary"])
+    s["max_param_diff"] = max(o["summary"]["max_param_diff"] for o in outputs)
+    timed = [r for r in outputs[0]["rows"][-s["timed_steps"]:] if "step_time_s" in r] if s["timed_steps"] else []
+    for key in ("step_time_s", "compute_s", "comm_s", "data_s"):
+        s[key] = statistics.median(r[key] for r in timed) if timed else None
+    if s.get("samples_per_s") is None and s["step_time_s"]:
+        s["samples_per_s"] = cfg.global_batch / s["step_time_s"]
+    s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] else None
+    s.update(world_size=cfg.world, mode=cfg.mode, batch_per_rank=cfg.batch_per_rank, global_batch=cfg.global_batch)
+    return s
+
+
+def train(cfg: TrainConfig) -> Result:
+    """A training run as a Result of kind "train": per-step rows, meta.summary, meta.config."""
+    outputs = run(cfg)
+    return measured("train", outputs[0]["rows"], config=asdict(cfg), summary=summarize(cfg, outputs))
+
+
+def profile(cfg: TrainConfig, batches: list[int]) -> Result:
+    """Time per step on ONE device for each per-device batch size (fresh process each): rows with
+    batch_per_rank and step_time_s, meta.profile = True (the predictor's input)."""
+    rows = []
+    for b in batches:
+        one = replace(cfg, world=1, batch_per_rank=b, checkpoint_dir=None, resume=False, log=None, progress=False)
+        s = summarize(one, run(one))
+        rows.append({"batch_per_rank": b, "step_time_s": s["step_time_s"], "compute_s": s["compute_s"],
+                     "data_s": s["data_s"], "samples_per_s": s["samples_per_s"]})
+    return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.precision,
+                    config=asdict(cfg))
