@@ -158,15 +158,13 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
             _collect(results, outputs, errors, 0.1)
             if any(p.exitcode is not None for r, p in enumerate(procs) if r not in outputs):
                 _collect(results, outputs, errors, 0.5)  # a result may have raced with the exit
-                dead = [r for r, p in enumerate(procs) if r not in outputs and r not in errors and p.exitcode is not None]
-                for r in dead:
-                    code = procs[r].exitcode
-                    errors[r] = f"died ({f'signal {-code}' if code < 0 else f'exit code {code}'})"
+                _mark_dead(procs, outputs, errors)
             if deadline_s is not None and time.monotonic() - start > deadline_s and not errors:
                 late = [r for r in range(world_size) if r not in outputs]
                 failure = f"ranks {late} did not finish within {deadline_s:.0f} s (rank {late[0]} was in {_phase(store, late[0])})"
         if errors:
             _collect(results, outputs, errors, 0.5)  # let the other ranks report, to find the first cause
+            _mark_dead(procs, outputs, errors)  # a peer's error may have arrived before a silent death was seen
             # The root cause: a rank that died without a word, else the first to raise something other than
             # the connection errors its peers then see.
             silent = [r for r, e in errors.items() if e.startswith("died")]
@@ -184,6 +182,14 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
     if failure:
         raise WorkerError(failure)
     return [outputs[r] for r in range(world_size)]
+
+
+def _mark_dead(procs: list, outputs: dict, errors: dict) -> None:
+    """Record the ranks that exited without a word."""
+    for r, p in enumerate(procs):
+        if r not in outputs and r not in errors and p.exitcode is not None:
+            code = p.exitcode
+            errors[r] = f"died ({f'signal {-code}' if code < 0 else f'exit code {code}'})"
 
 
 def _collect(results: Any, outputs: dict, errors: dict, wait_s: float) -> None:
