@@ -54,4 +54,6 @@ def world_topology(world: World) -> Topology | None:
     devices = found.devices()
     if world.size > len(devices) or (world.backend == "nccl") != (found.device_kind == "gpu"):
         return None
+    if world.size == len(devices):
+        return found
     return subset(found, [found.nodes[d].index for d in devices[: world.size]])

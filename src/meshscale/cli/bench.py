@@ -2,9 +2,9 @@
 
 Multi-node: run the same command under torchrun on every node, e.g.
   torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-      -m meshscale.cli bench collective all_reduce -b 1M -e 1G
+      $(which meshscale) bench collective all_reduce -b 1M -e 1G
 (Slurm: `srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
---rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -1):29500 -m meshscale.cli bench ...`).
+--rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -1):29500 $(which meshscale) bench ...`).
 Only rank 0 prints and writes files.
 """
 from __future__ import annotations

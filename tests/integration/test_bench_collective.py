@@ -1,0 +1,98 @@
+"""bench collective over Gloo: every collective correct on 2 and 4 ranks, nccl-tests busbw factors, the JSON
+file, a rank killed mid-sweep, and bad input (one line, exit 2). One launch runs a whole mini-sweep."""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from meshscale.bench.collective import CollectiveSpec, rank_sweep
+from meshscale.bench.formulas import COLLECTIVES, REDUCING, busbw_factor
+from meshscale.execute import WorkerError, launch
+from meshscale.results import load_result
+
+SIZES = [64, 4096]  # bytes; divisible by 4 ranks x 4 bytes
+
+
+def _sweeps(ctx, specs):
+    return [rank_sweep(ctx, spec) for spec in specs]
+
+
+def _specs():
+    specs = [CollectiveSpec(list(COLLECTIVES), SIZES, dtype, "sum", 1, ("out", "in"), 1, 2)
+             for dtype in ("float32", "float16", "bfloat16", "int32")]
+    specs += [CollectiveSpec(list(REDUCING), SIZES[:1], "bfloat16", op, 0, ("out", "in"), 0, 1)
+              for op in ("prod", "min", "max", "avg")]
+    return specs
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_every_collective_is_correct_and_uses_the_nccl_tests_factor(world):
+    specs = _specs()
+    results = launch(_sweeps, world, (specs,), timeout_s=60)
+    assert all(r == results[0] for r in results[1:])  # every rank returns the same rows (times are gathered)
+    rows = [row for sweep in results[0] for row in sweep]
+    seen = {(r["collective"], r["dtype"], r["redop"]) for r in rows}
+    assert {c for c, _, _ in seen} == set(COLLECTIVES)
+    assert len(rows) == sum(len(s.sizes_bytes) for s in specs for _ in s.collectives) + \
+        sum(len(s.sizes_bytes) for s in specs for c in s.collectives if c in ("all_gather", "reduce_scatter"))
+    for row in rows:
+        assert row["wrong"] == 0, row
+        assert len(row["rank_times_s"]) == world and row["time_s"] == max(row["rank_times_s"])
+        assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
+        factor = busbw_factor(row["collective"], world)
+        assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"] * factor)
+
+
+class _DiesAt:
+    """A RankContext stand-in whose rank 1 dies when it starts the named operation."""
+
+    def __init__(self, ctx, target):
+        self._ctx, self._target = ctx, target
+
+    def __getattr__(self, name):
+        return getattr(self._ctx, name)
+
+    def phase(self, text):
+        self._ctx.phase(text)
+        if self._ctx.rank == 1 and text.startswith(self._target):
+            os._exit(9)
+
+
+def _dies_mid_sweep(ctx, spec):
+    return rank_sweep(_DiesAt(ctx, "all_gather 4K"), spec)
+
+
+def test_rank_killed_mid_sweep_is_named_and_nobody_hangs():
+    spec = CollectiveSpec(["all_reduce", "all_gather"], [1024, 4096, 16384], iters=2, warmup_iters=1)
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 died \(exit code 9\) during all_gather 4K out-of-place"):
+        launch(_dies_mid_sweep, 3, (spec,), timeout_s=15)
+    assert time.monotonic() - start < 15
+
+
+def _cli(*args, timeout=120):
+    exe = os.path.join(os.path.dirname(sys.executable), "meshscale")
+    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "COLUMNS": "200"})
+
+
+def test_cli_json_result_schema(tmp_path):
+    out = tmp_path / "ar.json"
+    proc = _cli("bench", "collective", "all_reduce", "all_to_all", "--cpus", "2", "-b", "1K", "-e", "2K",
+                "-n", "2", "-w", "1", "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "all_reduce" in proc.stdout and "busbw" in proc.stdout
+    result = load_result(out)
+    assert result.kind == "bench-collective" and not result.predicted
+    keys = {"collective", "size_bytes", "count", "dtype", "redop", "root", "inplace", "time_s", "algbw_bytes_per_s",
+            "busbw_bytes_per_s", "wrong", "bound_busbw_bytes_per_s"}
+    assert len(result.rows) == 4 and all(keys <= set(r) for r in result.rows)
+    assert {r["size_bytes"] for r in result.rows} == {1024, 2048}
+    assert result.meta["world_size"] == 2 and result.meta["backend"] == "gloo"
+    assert result.meta["topology"]["name"] == "cpu-host"
+    assert all(r["bound_busbw_bytes_per_s"] > 0 for r in result.rows)
+    assert result.software["torch"] and "hostname" in result.machine
+    json.loads(out.read_text())  # plain JSON, no NaN tricks
