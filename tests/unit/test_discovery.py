@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from meshscale.errors import MeshscaleError
 from meshscale.topology import dumps, from_dict, pair_bandwidth, relation, route
 from meshscale.topology.discover import discover
 from meshscale.topology.nvml_discovery import LEVEL_RELATION, NoGPU, nvml_topology
@@ -297,3 +298,10 @@ def test_discover_on_this_machine_never_raises():
     assert found.topology.devices()
     if found.topology.device_kind == "worker":
         assert found.notice.startswith("no NVIDIA GPU")
+
+
+def test_an_unexpected_nvml_answer_is_one_line_not_a_traceback():
+    fake = nvswitch_machine()
+    fake.nvmlDeviceGetHandleByIndex = lambda i: (_ for _ in ()).throw(NVMLError("Insufficient Permissions"))
+    with pytest.raises(MeshscaleError, match="NVML discovery failed .*Insufficient Permissions.*--system"):
+        discover(nvml=fake)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from meshscale.errors import MeshscaleError
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.topology.nvml_discovery import NoGPU, nvml_topology
 
@@ -52,3 +53,8 @@ def discover(workers: int | None = None, nvml=None) -> Discovery:
         topo = cpu_topology(workers)
         notice = f"no NVIDIA GPU found ({reason}): using {len(topo.devices())} CPU workers over Gloo and the simulator"
         return Discovery(topo, notice)
+    except MeshscaleError:
+        raise
+    except Exception as exc:  # an NVML answer discovery did not expect: one line, never a traceback
+        raise MeshscaleError(f"NVML discovery failed ({type(exc).__name__}: {exc}); "
+                             "name a system instead with --system NAME|FILE") from None
