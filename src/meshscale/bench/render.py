@@ -60,7 +60,7 @@ def p2p_tables(result: Result) -> list[Table]:
         latency = mode == "latency"
         srcs = [n for n in ["host", *names] if any(k[0] == n for k in cells)]
         dsts = [n for n in [*names, "host"] if any(k[1] == n for k in cells)]
-        table = Table(title=f"{mode} {'latency, us (median)' if latency else 'bandwidth, GB/s'}")
+        table = Table(title="latency, us (median of small copies)" if latency else f"{mode} bandwidth, GB/s")
         table.add_column("src \\ dst")
         for d in dsts:
             table.add_column(d, justify="right")

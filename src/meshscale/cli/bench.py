@@ -74,6 +74,42 @@ def collective(
         sys.exit(1)
 
 
+@bench_app.command("p2p")
+def p2p(
+    size: Optional[str] = typer.Option(None, "--size", "-s", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)"),
+    iters: int = typer.Option(10, "--iters", "-n"),
+    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w"),
+    latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs to measure (default: all)"),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)"),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers"),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here"),
+) -> None:
+    """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
+    from meshscale.bench.heatmap import plot_p2p
+    from meshscale.bench.p2p import P2PSpec, bench_p2p
+    from meshscale.bench.render import p2p_tables
+    from meshscale.bench.world import resolve_world
+    from meshscale.units import parse_bytes
+
+    world = resolve_world(gpus, cpus)
+    if world.notice and _is_rank0():
+        typer.echo(world.notice, err=True)
+    default = "256M" if world.backend == "nccl" else "16M"
+    spec = P2PSpec(parse_bytes(size or default), iters, warmup_iters, latency_iters=latency_iters)
+    result = bench_p2p(spec, world, timeout_s)
+    if not _is_rank0():
+        return
+    console = Console(width=200)
+    for table in p2p_tables(result):
+        console.print(table)
+    if json_path:
+        typer.echo(f"wrote {result.save(json_path)}")
+    if plot:
+        typer.echo(f"wrote {plot_p2p(result, plot)}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the `bench` sub-app to the meshscale app."""
     app.add_typer(bench_app, name="bench")
