@@ -305,3 +305,18 @@ def test_an_unexpected_nvml_answer_is_one_line_not_a_traceback():
     fake.nvmlDeviceGetHandleByIndex = lambda i: (_ for _ in ()).throw(NVMLError("Insufficient Permissions"))
     with pytest.raises(MeshscaleError, match="NVML discovery failed .*Insufficient Permissions.*--system"):
         discover(nvml=fake)
+
+
+def test_known_models_get_catalog_facts_and_nvml_wins():
+    topo = nvml_topology(nvswitch_machine(), sm_counts={"00000000-1111-2222-3333-444444444444": 130})
+    gpu = topo.nodes["gpu0"].attrs
+    assert gpu["memory_bandwidth_bytes_per_s"] == pytest.approx(3.35e12) and gpu["bf16_flops"] > 0
+    assert gpu["sm_count"] == 130 and gpu["facts_from"] == "catalog hgx-h100"
+    unknown = FakeNVML("Mystery GPU", PCIE_PATHS[:2])
+    assert "fp32_flops" not in nvml_topology(unknown, sm_counts={}).nodes["gpu0"].attrs
+
+
+def test_cpu_topology_round_trips_through_json():
+    from meshscale.topology.discover import cpu_topology
+    topo = cpu_topology(3)
+    assert from_dict(json.loads(dumps(topo))) == topo

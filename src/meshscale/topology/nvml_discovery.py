@@ -91,6 +91,7 @@ def _build(call: _Calls, sm_counts: dict[str, int]) -> Topology:
         raise NoGPU("NVML sees no GPU")
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     gpus = [_gpu_attrs(call, h, i, sm_counts) for i, h in enumerate(handles)]
+    _add_catalog_facts(gpus)
     nodes = {f"gpu{i}": Node(f"gpu{i}", "gpu", attrs) for i, attrs in enumerate(gpus)}
     levels = _levels(call, handles, gpus)
     links: list[Link] = []
@@ -140,6 +141,27 @@ def _gpu_attrs(call: _Calls, handle, index: int, sm_counts: dict[str, int]) -> d
         attrs["mig_mode"] = "enabled" if enabled else "disabled"
         attrs["mig_instances"] = _mig_instances(call, handle) if enabled else []
     return {k: v for k, v in attrs.items() if v is not None}
+
+
+# Facts NVML does not give (peak FLOP/s, memory bandwidth, SM count) for GPU models the catalog knows.
+CATALOG_FACTS = ("sm_count", "memory_bandwidth_bytes_per_s", "fp64_flops", "fp32_flops", "tf32_flops", "fp16_flops",
+                 "bf16_flops", "fp8_flops", "tensor_cores")
+
+
+def _add_catalog_facts(gpus: list[dict]) -> None:
+    """Fill in catalog facts for GPUs whose NVML name equals a catalog GPU model (what NVML said wins)."""
+    from meshscale.topology.catalog import load_catalog
+
+    known = {}
+    for topo in load_catalog():
+        for g in topo.gpus():
+            attrs = topo.nodes[g].attrs
+            known.setdefault(attrs.get("model"), (topo.name, attrs))
+    for gpu in gpus:
+        if gpu["model"] in known:
+            system, facts = known[gpu["model"]]
+            gpu.update({k: facts[k] for k in CATALOG_FACTS if k in facts and k not in gpu})
+            gpu["facts_from"] = f"catalog {system}"
 
 
 def _mig_instances(call: _Calls, handle) -> list[dict]:
