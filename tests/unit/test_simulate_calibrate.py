@@ -16,7 +16,12 @@ def p2p_rows(topo, same_switch_bps, cross_qpi_bps, latency_s):
         for b in range(8):
             if a != b:
                 bw = cross_qpi_bps if relation(topo, a, b) == "SYS" else same_switch_bps
-                rows.append({"src": a, "dst": b, "mode": "unidirectional", "bandwidth_bytes_per_s": bw,
+                # as `bench p2p` writes them: node names, bandwidth and latency in rows of their own
+                rows.append({"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "unidirectional", "bandwidth_bytes_per_s": bw,
+                             "latency_s": None})
+                rows.append({"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "staged", "bandwidth_bytes_per_s": bw / 3,
+                             "latency_s": None})
+                rows.append({"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "latency", "bandwidth_bytes_per_s": None,
                              "latency_s": latency_s})
     return rows
 
@@ -42,8 +47,8 @@ def test_calibrated_pairs_match_the_measurement():
 
 def test_bidirectional_rows_count_half_and_wrong_kinds_are_refused():
     topo = load_system("pcie-8gpu-2socket")
-    rows = [dict(r, mode="bidirectional", bandwidth_bytes_per_s=2 * r["bandwidth_bytes_per_s"])
-            for r in p2p_rows(topo, 10.59e9, 9.15e9, 12e-6)]
+    rows = [dict(r, mode="bidirectional", bandwidth_bytes_per_s=2 * r["bandwidth_bytes_per_s"], src=int(r["src"][3:]))
+            for r in p2p_rows(topo, 10.59e9, 9.15e9, 12e-6) if r["mode"] == "unidirectional"]
     params = calibrate(topo, Result("bench-p2p", rows))
     assert params.efficiency["pcie"] == pytest.approx(10.59e9 / topo.links[0].bandwidth_bytes_per_s, rel=0.02)
     with pytest.raises(MeshscaleError, match="bench-p2p"):

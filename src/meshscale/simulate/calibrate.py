@@ -7,8 +7,9 @@ A `bench p2p` result (kind "bench-p2p") has rows with ``src``, ``dst`` (device i
   once the pure kinds are known;
 - latency: measured = message latency of the route's slowest link kind + scale x the route's hop latency,
   fitted by least squares (scale >= 0).
-Unidirectional rows are used when present; bidirectional ones (mode starting with "bi") count half their
-bandwidth per direction. Kinds the file does not cover keep their defaults.
+Rows may name devices by index or by node name ("gpu0", as `bench p2p` writes them). Unidirectional rows are
+used when present; bidirectional ones count half their bandwidth per direction; "staged" rows (through host
+memory) are ignored. Kinds the file does not cover keep their defaults.
 """
 from __future__ import annotations
 
@@ -79,23 +80,35 @@ def _fit_latency(samples: dict[str, list[tuple[float, float]]], latency: dict[st
     return float(coef[-1])
 
 
-def _best_per_pair(topo: Topology, rows: list[dict]) -> dict[tuple[str, str], tuple[float | None, float | None]]:
-    """(src, dst) device names -> (best per-direction bandwidth, lowest latency), preferring one-way rows."""
-    one_way = [r for r in rows if not str(r.get("mode", "")).lower().startswith("bi")]
-    use = one_way or rows
-    best: dict[tuple[str, str], tuple[float | None, float | None]] = {}
-    for row in use:
+def _device(topo: Topology, name) -> str | None:
+    """A row's src/dst as a device name: an index (int or digits) or a node name; None for 'host' and the like."""
+    if isinstance(name, int) or (isinstance(name, str) and name.isdigit()):
         try:
-            src, dst = topo.device(int(row["src"])), topo.device(int(row["dst"]))
-        except (KeyError, TypeError, ValueError):
+            return topo.device(int(name))
+        except MeshscaleError:
+            return None
+    return name if name in topo.nodes and name in topo.devices() else None
+
+
+def _best_per_pair(topo: Topology, rows: list[dict]) -> dict[tuple[str, str], tuple[float | None, float | None]]:
+    """(src, dst) device names -> (best per-direction bandwidth, lowest latency). Bandwidth from one-way rows
+    ("unidirectional"), else from "bidirectional" ones halved; "staged" rows (through host memory) are not
+    what a collective uses and are ignored. Latency from any row that has one."""
+    kinds = {str(r.get("mode", "")).lower() for r in rows if r.get("bandwidth_bytes_per_s")}
+    one_way = any(not k.startswith(("bi", "staged")) for k in kinds)
+    best: dict[tuple[str, str], tuple[float | None, float | None]] = {}
+    for row in rows:
+        src, dst = _device(topo, row.get("src")), _device(topo, row.get("dst"))
+        if src is None or dst is None or src == dst:
             continue
-        if src == dst:
-            continue
+        mode = str(row.get("mode", "")).lower()
         bandwidth = row.get("bandwidth_bytes_per_s")
-        if bandwidth is not None and str(row.get("mode", "")).lower().startswith("bi"):
+        if mode.startswith("staged") or (mode.startswith("bi") and one_way):
+            bandwidth = None
+        elif bandwidth is not None and mode.startswith("bi"):
             bandwidth = bandwidth / 2
         latency_s = row.get("latency_s")
         old_bw, old_lat = best.get((src, dst), (None, None))
-        best[(src, dst)] = (max(filter(None, (old_bw, bandwidth)), default=None),
+        best[(src, dst)] = (max((x for x in (old_bw, bandwidth) if x), default=None),
                             min((x for x in (old_lat, latency_s) if x is not None), default=None))
-    return best
+    return {pair: v for pair, v in best.items() if v != (None, None)}

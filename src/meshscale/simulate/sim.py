@@ -7,7 +7,7 @@ import numpy as np
 
 from meshscale.collectives.schedule import Schedule, dependencies
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.engine import FlowRun, run_flows
+from meshscale.simulate.engine import FlowRun, resources, run_flows
 from meshscale.simulate.metrics import algbw, bus_factor
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
@@ -40,6 +40,7 @@ class SimResult:
     transfers: int = 0
     channels: int = 1
     params_source: str = "defaults"
+    detail: str = ""  # how the candidate was built (algorithm, channels, pipeline depth)
 
     @property
     def bottleneck(self) -> LinkUse | None:
@@ -98,11 +99,30 @@ def flow_inputs(schedule: Schedule, topo: Topology) -> tuple[list, list, np.ndar
     return src, dst, nbytes, reduce, deps
 
 
-def simulate(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> SimResult:
-    """Predict the time of ``schedule`` on ``topo``; algbw and busbw use the schedule's nccl-tests size."""
+def simulate(schedule: Schedule, topo: Topology, params: SimParams | None = None,
+             give_up_s: float = float("inf")) -> SimResult:
+    """Predict the time of ``schedule`` on ``topo``; algbw and busbw use the schedule's nccl-tests size.
+    Past ``give_up_s`` the simulation stops and the result has an infinite time."""
     params = params or SimParams()
-    run = run_flows(topo, *flow_inputs(schedule, topo), params)
+    run = run_flows(topo, *flow_inputs(schedule, topo), params, give_up_s)
     return _result(schedule, run, params)
+
+
+def lower_bound_s(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> float:
+    """A quick lower bound on the simulated time: the busiest resource moving all its bytes at full effective
+    rate (no latency, no waiting). `auto` uses it to skip candidates that cannot win."""
+    res = resources(topo, params or SimParams())
+    names = [topo.device(r) for r in schedule.ranks]
+    per_key: dict[int, float] = {}
+    for step in schedule.steps:
+        for t in step.transfers:
+            k = res.key(names[t.src], names[t.dst], t.op == "reduce")
+            per_key[k] = per_key.get(k, 0.0) + t.nbytes
+    if not per_key:
+        return 0.0
+    keys = list(per_key)
+    load = np.array([per_key[k] for k in keys]) @ np.array(res.rows)[keys]
+    return float(np.max(load / res.capacity))
 
 
 def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
@@ -114,7 +134,7 @@ def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
         busy = float(run.resource_bytes[j] / run.capacity_bytes_per_s[j])
         links.append(LinkUse(run.resource_names[j], run.resource_kinds[j], float(run.resource_bytes[j]),
                              float(run.capacity_bytes_per_s[j]), busy / time_s if time_s > 0 else 0.0, busy))
-    alg = algbw(schedule.nbytes, time_s)
+    alg = algbw(schedule.nbytes, time_s) if time_s < float("inf") else 0.0
     return SimResult(schedule.collective, schedule.algorithm, list(schedule.ranks), schedule.nbytes, time_s, alg,
                      alg * bus_factor(schedule.collective, schedule.n), links, sum(len(s.transfers) for s in schedule.steps),
                      schedule.channels, params.source)

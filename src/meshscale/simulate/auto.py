@@ -1,0 +1,88 @@
+"""The `auto` algorithm: simulate every algorithm that applies (with a few pipeline depths) and take the
+fastest, like NCCL's tuner. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling)
+win for small messages; bandwidth-optimal ones (rings over disjoint links, packed trees) for large ones."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from meshscale.collectives.algorithms import ALGORITHMS, build
+from meshscale.collectives.schedule import COLLECTIVES, Schedule
+from meshscale.errors import MeshscaleError
+from meshscale.simulate.params import SimParams
+from meshscale.simulate.sim import SimResult, lower_bound_s, simulate
+from meshscale.topology import Topology
+
+PIECES = (1, 4, 16)  # pipeline depths tried (pieces per block and channel)
+MIN_PIECE_BYTES = 256 << 10  # deeper pipelines only while each piece stays this big: below, latency dominates
+MAX_TRANSFERS = 20_000  # deeper pipelines whose schedules would take long to simulate are not tried
+
+
+@dataclass
+class Choice:
+    """The chosen schedule, its prediction, and the predictions of the candidates simulated (fastest first;
+    candidates whose lower bound could not beat the best so far are not simulated)."""
+
+    schedule: Schedule
+    result: SimResult
+    candidates: list[SimResult] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)  # algorithm -> why it does not apply
+
+
+def _pieces_for(nbytes: int, n: int) -> list[int]:
+    return [p for p in PIECES if p == 1 or nbytes / (n * p) >= MIN_PIECE_BYTES]
+
+
+def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, params: SimParams | None = None,
+           root: int = 0, algorithms: list[str] | None = None) -> Choice:
+    """Simulate the candidates for ``collective`` of ``nbytes`` over ``ranks`` (device indices) and return the
+    fastest. ``algorithms`` limits the candidates (default: every registered one that does the collective)."""
+    if collective not in COLLECTIVES:
+        raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+    params = params or SimParams()
+    names = algorithms or [a for a, algo in ALGORITHMS.items() if collective in algo.collectives]
+    built: list[tuple[float, str, int, Schedule]] = []
+    skipped: dict[str, str] = {}
+    for pieces in _pieces_for(nbytes, len(ranks)):
+        for name in names:
+            if name in skipped:
+                continue
+            try:
+                schedule = build(name, collective, ranks, nbytes, topology, root=root, pieces=pieces)
+            except MeshscaleError as exc:
+                skipped[name] = str(exc)
+                continue
+            if sum(len(s.transfers) for s in schedule.steps) <= MAX_TRANSFERS or pieces == 1:
+                built.append((lower_bound_s(schedule, topology, params), name, pieces, schedule))
+    # most promising first; a candidate whose bound cannot beat the best is skipped, one that falls behind
+    # it while simulating is stopped there
+    built.sort(key=lambda b: b[0])
+    results: list[tuple[SimResult, Schedule]] = []
+    best = float("inf")
+    for bound, name, pieces, schedule in built:
+        if bound >= best:
+            break
+        result = simulate(schedule, topology, params, give_up_s=best)
+        if result.time_s == float("inf"):
+            continue
+        result.detail = f"{name}, {schedule.channels} channel(s), {pieces} piece(s)"
+        results.append((result, schedule))
+        best = min(best, result.time_s)
+    if not results:
+        first = next(iter(skipped.values()), "no algorithm does it")
+        raise MeshscaleError(f"no algorithm applies to {collective} over {list(ranks)} with {nbytes} bytes: {first}")
+    results.sort(key=lambda rs: rs[0].time_s)
+    return Choice(results[0][1], results[0][0], [r for r, _ in results], skipped)
+
+
+def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
+                       params: SimParams | None = None, root: int = 0, **options) -> SimResult:
+    """Predicted time and bandwidth of one collective (``algorithm`` "auto": the fastest candidate). Sizes that
+    do not split into whole 4-byte elements per rank are rounded up, as frameworks pad gradient buckets."""
+    step = 4 * len(ranks)
+    nbytes = max(step, -(-int(nbytes) // step) * step)
+    if algorithm == "auto":
+        return choose(topology, collective, ranks, nbytes, params, root).result
+    schedule = build(algorithm, collective, ranks, nbytes, topology, root=root, **options)
+    result = simulate(schedule, topology, params)
+    result.detail = f"{algorithm}, {schedule.channels} channel(s)"
+    return result
