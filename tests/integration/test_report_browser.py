@@ -103,3 +103,23 @@ def test_broken_page_is_caught(tmp_path):
                      '</svg><script>undefinedFunction();</script></body></html>')
     with pytest.raises(AssertionError, match="console|script errors"):
         check_page(index, tmp_path, "report-broken.png")
+
+
+def test_tour_report_renders_in_chromium(tmp_path):
+    """The README's first command: a (fast) tour on this machine leaves a page that passes the browser check."""
+    from meshscale.report.tour import TourSettings, run_tour
+    from meshscale.results import load_result
+
+    outcome = run_tour(tmp_path / "tour", TourSettings(fast=True))
+    statuses = {s.name: s.status for s in outcome.stages}
+    assert statuses["discover"] == "done" and "failed" not in statuses.values(), outcome.stages
+    assert load_result(tmp_path / "tour" / "tour.json").kind == "tour"
+    for s in outcome.stages:
+        if s.status == "done" and s.name not in ("discover", "predict"):
+            assert (tmp_path / "tour" / f"{s.name}.json").exists()
+    found = check_page(outcome.index, tmp_path, "report.png")
+    assert any(p["id"].startswith("plot-topology") for p in found["plots"])
+    page = outcome.index.read_text()
+    import torch
+    if not torch.cuda.is_available():
+        assert "No GPU on this machine" in page  # said plainly at the top

@@ -75,8 +75,25 @@ def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="a
         raise typer.Exit(1)
 
 
+def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", "-o", help="report directory"),
+         full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and longer scale runs"),
+         fast: bool = typer.Option(False, "--fast", help="the smallest sizes and steps (a smoke test)"),
+         cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)"),
+         timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage")) -> None:
+    """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
+    from meshscale.report.tour import TourSettings, run_tour
+    outcome = run_tour(output, TourSettings(full, fast, cpus, timeout_s))
+    for stage in outcome.stages:
+        style = {"done": "green", "missing": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
+        Console(highlight=False).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")
+    typer.echo(f"wrote {outcome.index} (open it in a browser; the JSON of every stage is beside it)")
+    if outcome.interrupted:
+        raise typer.Exit(130)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
     app.command()(report)
     app.command()(compare)
     app.command()(doctor)
+    app.command()(tour)

@@ -128,7 +128,7 @@ def busbw_plot(title: str, series: list[Series], plot_id: str) -> str:
     ax.set_xlabel("message size")
     ax.set_ylabel("bus bandwidth, GB/s")
     ax.set_title(title)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=2)
     return to_svg(fig, plot_id)
 
 
@@ -158,7 +158,7 @@ def scaling_plot(title: str, bars: list[Series], speedups: list[Series], plot_id
     ax.set_title(title)
     lines, names = ax.get_legend_handles_labels()
     lines2, names2 = speed.get_legend_handles_labels()
-    ax.legend(lines + lines2, names + names2, fontsize=7, loc="upper left")
+    ax.legend(lines + lines2, names + names2, fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
     return to_svg(fig, plot_id)
 
 

@@ -116,10 +116,15 @@ def p2p_verdict(rows: list[dict[str, Any]], rate_of: dict[tuple[int, int], float
         worst = min(rows, key=share)
         if share(worst) != float("inf"):
             v = share_verdict(worst["bandwidth_bytes_per_s"], rate_of[(worst["src"], worst["dst"])],
-                              f"line rate on the slowest pair ({worst['src']}->{worst['dst']})", look_at)
+                              f"line rate on the slowest pair ({_name(worst['src'])}->{_name(worst['dst'])})", look_at)
             return v
+    # no line rate known: the slowest pair against the fastest
     low, high = (min(r["bandwidth_bytes_per_s"] for r in rows), max(r["bandwidth_bytes_per_s"] for r in rows))
     return share_verdict(low, high, "fastest pair's bandwidth on the slowest pair", look_at)
+
+
+def _name(device: Any) -> str:
+    return f"GPU{device}" if isinstance(device, int) else str(device)
 
 
 def scaling_verdict(rows: list[dict[str, Any]], look_at: list[str]) -> Verdict:

@@ -1,0 +1,320 @@
+"""`meshscale tour`: characterise this machine end to end and write a report directory.
+
+Stages run in order (discover, bench p2p, bench collective, scale, simulate, predict), each saving its JSON
+into the directory as soon as it finishes; the report is written at the end from whatever exists, so Ctrl-C or
+a failing stage still leaves a page. A stage whose library piece is not in this build says so and is skipped.
+"""
+from __future__ import annotations
+
+import importlib
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result, measured
+
+COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+
+
+@dataclass
+class TourSettings:
+    """How long a tour runs: default (minutes), ``full`` (nccl-tests-length sweeps) or ``fast`` (tests)."""
+
+    full: bool = False
+    fast: bool = False
+    cpus: int | None = None  # CPU worker ranks when there is no GPU
+    timeout_s: float = 120.0
+
+
+@dataclass
+class TourState:
+    """What the stages share: settings, the ranks chosen, the results so far (by file stem) and notes."""
+
+    settings: TourSettings
+    out_dir: Path
+    world: Any = None
+    topology: Any = None
+    results: dict[str, Result] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def gpu(self) -> bool:
+        return self.world is not None and self.world.backend == "nccl"
+
+
+class Missing(Exception):
+    """A library piece this stage needs is not in this build."""
+
+
+@dataclass
+class Stage:
+    name: str
+    title: str
+    estimate_s: Callable[[TourState], float]
+    run: Callable[[TourState], dict[str, Result]]
+
+
+@dataclass
+class StageOutcome:
+    name: str
+    status: str  # done, missing, failed, interrupted, not run
+    seconds: float
+    note: str = ""
+
+
+@dataclass
+class TourOutcome:
+    index: Path
+    stages: list[StageOutcome]
+    interrupted: bool = False
+
+
+def need(module: str, name: str) -> Any:
+    """``module.name`` if this build has it, else `Missing` naming it."""
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        raise Missing(f"{module}.{name}") from None
+
+
+# ---- stages ------------------------------------------------------------------------------------------------
+def discover_stage(state: TourState) -> dict[str, Result]:
+    resolve_world = need("meshscale.bench.world", "resolve_world")
+    from meshscale.topology import subset, to_dict
+    from meshscale.topology.discover import discover
+    state.world = resolve_world(None, state.settings.cpus or (None if _has_gpu() else 2))
+    found = discover(state.world.size if state.world.backend == "gloo" else None)
+    topo = found.topology
+    if len(topo.devices()) > state.world.size:
+        topo = subset(topo, [topo.nodes[d].index for d in topo.devices()[: state.world.size]])
+    state.topology = topo
+    if found.notice:
+        state.notes.insert(0, found.notice)
+    return {"topology": measured("topology", [], topology=to_dict(topo), notice=found.notice)}
+
+
+def _has_gpu() -> bool:
+    import torch
+    return torch.cuda.is_available() and torch.cuda.device_count() > 0
+
+
+def p2p_stage(state: TourState) -> dict[str, Result]:
+    if state.world.size < 2:
+        raise Missing("a second rank (P2P needs two devices)")
+    bench_p2p = need("meshscale.bench.p2p", "bench_p2p")
+    spec_type = need("meshscale.bench.p2p", "P2PSpec")
+    s = state.settings
+    size = "64M" if s.full else ("256K" if s.fast else ("16M" if not state.gpu else "256M"))
+    return {"p2p": bench_p2p(spec_type(size_bytes=_bytes(size), iters=3 if s.fast else 10), state.world, s.timeout_s)}
+
+
+def _bytes(text: str) -> int:
+    from meshscale.units import parse_bytes
+    return parse_bytes(text)
+
+
+def collective_stage(state: TourState) -> dict[str, Result]:
+    spec_type = need("meshscale.bench.collective", "CollectiveSpec")
+    bench_collectives = need("meshscale.bench.collective", "bench_collectives")
+    from meshscale.bench.collective import sweep_sizes
+    s, n = state.settings, state.world.size
+    collectives = COLLECTIVES[:2] if s.fast else COLLECTIVES
+    if s.fast:
+        sizes, iters = sweep_sizes("4K", "256K", 64), 3
+    elif s.full:
+        sizes, iters = (sweep_sizes("8K", "4G", 2), 20) if state.gpu else (sweep_sizes("1K", "64M", 2), 10)
+    else:
+        sizes, iters = (sweep_sizes("64K", "1G", 4), 20) if state.gpu else (sweep_sizes("4K", "4M", 4), 5)
+    unit = 4 * n * 8  # every size must split into n float32 chunks
+    sizes = sorted({max(unit, size // unit * unit) for size in sizes})
+    spec = spec_type(collectives=list(collectives), sizes_bytes=sizes, places=("out", "in"), warmup_iters=2 if s.fast else 5,
+                     iters=iters)
+    return {"collective": bench_collectives(spec, state.world, s.timeout_s)}
+
+
+def scale_stage(state: TourState) -> dict[str, Result]:
+    run_scale = need("meshscale.train.scale", "run_scale")
+    spec_type = need("meshscale.train.scale", "ScaleSpec")
+    s = state.settings
+    model = "resnet50" if state.gpu else "small-cnn"
+    steps = 3 if s.fast else (30 if s.full else 8)
+    spec = spec_type(model=model, world_sizes=_world_sizes(state.world.size), modes=["weak", "strong"],
+                     batch_per_rank=64 if state.gpu else 32, steps=steps, backend=state.world.backend)
+    return {"scale": run_scale(spec, timeout_s=s.timeout_s)}
+
+
+def _world_sizes(n: int) -> list[int]:
+    sizes = [1]
+    while sizes[-1] * 2 <= n:
+        sizes.append(sizes[-1] * 2)
+    return sizes + ([n] if sizes[-1] != n else [])
+
+
+def sim_stage(state: TourState) -> dict[str, Result]:
+    """The simulator's prediction of every collective and size the sweep measured (calibrated from bench p2p
+    when it ran), with its fastest algorithm, as a "sim" result."""
+    predict_collective = need("meshscale.simulate", "predict_collective")
+    params = None
+    if "p2p" in state.results:
+        from meshscale.simulate.calibrate import calibrate
+        try:
+            params = calibrate(state.topology, state.results["p2p"])
+        except MeshscaleError as exc:
+            state.notes.append(f"simulator calibration from bench p2p failed ({exc}); default link efficiencies used")
+    else:
+        state.notes.append("simulator predictions use default link efficiencies (no bench p2p to calibrate from)")
+    measured_rows = state.results["collective"].rows if "collective" in state.results else []
+    sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
+    ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
+    if len(ranks) < 2:
+        raise Missing("a second rank (collectives need two devices)")
+    rows = []
+    for collective in sorted({r["collective"] for r in measured_rows}) or COLLECTIVES:
+        for size in sizes:
+            r = predict_collective(state.topology, collective, ranks, size, params=params)
+            rows.append({"collective": collective, "size_bytes": size, "time_s": r.time_s,
+                         "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
+                         "algorithm": r.algorithm})
+    meta = {"system": state.topology.name, "label": "simulator", "ranks": ranks,
+            "params": params.source if params else "defaults"}
+    return {"sim": Result("sim", rows, True, meta)}
+
+
+def whitepaper_results() -> dict[str, Result]:
+    """Seed 000 figures 5 and 6 (ResNet-50 on 8 P100: DGX-1 NVLink vs a PCIe server, as NVIDIA measured
+    them, 1-GPU bar about 200 img/s) and meshscale's prediction of the same bars, as two scaling results."""
+    reproduce = need("meshscale.predict.whitepaper", "reproduce")
+    names = ("DGX-1 NVLink", "PCIe server")
+    one_gpu = 200.0  # DOMAIN.md: both figures imply about 200 img/s on one P100
+    published, predicted = [], []
+    for mode in ("weak", "strong"):
+        figure = reproduce(mode)
+        for rows, values in ((published, figure.measured), (predicted, figure.predicted)):
+            for name, value in zip(names, values):
+                rows.append({"world_size": 1, "mode": mode, "system": name, "throughput_samples_per_s": one_gpu,
+                             "speedup": 1.0, "efficiency": 1.0})
+                rows.append({"world_size": 8, "mode": mode, "system": name, "throughput_samples_per_s": value,
+                             "speedup": value / one_gpu, "efficiency": value / one_gpu / 8})
+    group = "DGX-1 whitepaper reference: ResNet-50 on 8 P100"
+    return {"whitepaper": Result("scale", published, False, {"group": group, "label": "whitepaper",
+                                                             "source": "seed 000 figures 5 and 6"}),
+            "whitepaper-predicted": Result("predict", predicted, True, {"group": group, "label": "meshscale",
+                                                                       "source": "meshscale.predict.whitepaper"})}
+
+
+def predict_stage(state: TourState) -> dict[str, Result]:
+    """The DGX-1 whitepaper comparison, and this machine's scaling predicted from its scale run where both
+    pieces exist."""
+    out = whitepaper_results()
+    if "scale" in state.results:
+        try:
+            predict_from = need("meshscale.predict.scaling", "predict_from_scale")
+            out["predict"] = predict_from(state.results["scale"], state.topology)
+        except Missing as exc:
+            state.notes.append(f"this machine's scaling prediction is skipped: {exc} is not in this build")
+    return out
+
+
+STAGES = (
+    Stage("discover", "discover the topology", lambda s: 2, discover_stage),
+    Stage("p2p", "bench p2p", lambda s: 20 if s.settings.full else 10, p2p_stage),
+    Stage("collective", "bench collective sweep", lambda s: (300 if s.gpu else 120) if s.settings.full else (60 if s.gpu else 20),
+          collective_stage),
+    Stage("scale", "scale run (weak and strong)", lambda s: 180 if s.settings.full else (90 if s.gpu else 60), scale_stage),
+    Stage("sim", "simulator predictions", lambda s: 5, sim_stage),
+    Stage("predict", "scaling predictions and the DGX-1 reference", lambda s: 5, predict_stage),
+)
+
+
+# ---- running ----------------------------------------------------------------------------------------------
+def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: tuple[Stage, ...] = STAGES,
+             console: Console | None = None) -> TourOutcome:
+    """Run every stage, save each result as ``out_dir/<name>.json``, then write ``out_dir/index.html``.
+    Ctrl-C stops the stage that runs and keeps what finished."""
+    from meshscale.report.html import write_report
+    from meshscale.report.figures import Source
+
+    settings = settings or TourSettings()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    state = TourState(settings, out)
+    console = console or Console(stderr=True)
+    outcomes: list[StageOutcome] = []
+    interrupted = False
+    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TimeElapsedColumn(),
+                  TextColumn("{task.fields[eta]}"), console=console, transient=False) as progress:
+        overall = progress.add_task("tour", total=len(stages), eta="")
+        spent = estimated = 0.0
+        for i, stage in enumerate(stages):
+            if interrupted:
+                outcomes.append(StageOutcome(stage.name, "not run", 0.0, "interrupted before it started"))
+                continue
+            estimate = stage.estimate_s(state)
+            # time left: the estimates still to come, scaled by how the finished stages compared with theirs
+            left = sum(s.estimate_s(state) for s in stages[i:]) * (spent / estimated if estimated else 1.0)
+            progress.update(overall, eta=f"about {left:.0f} s left")
+            task = progress.add_task(f"  {stage.title}", total=estimate, eta="")
+            outcome = _run_stage(stage, state, progress, task, estimate)
+            progress.update(task, completed=estimate)
+            outcomes.append(outcome)
+            spent += outcome.seconds
+            estimated += estimate
+            progress.advance(overall)
+            interrupted = outcome.status == "interrupted"
+        progress.update(overall, eta="")
+    notes = list(state.notes)
+    for o in outcomes:
+        if o.status != "done":
+            notes.append(f"{o.name}: {o.status} — {o.note}")
+    rows = [vars(o) for o in outcomes]
+    tour = measured("tour", rows, settings=vars(settings), notes=notes)
+    tour.save(out / "tour.json")
+    sources = [Source(name, result) for name, result in state.results.items()]
+    heading = ("meshscale tour: " + (f"{state.world.size} GPUs" if state.gpu else
+               f"no GPU — {state.world.size} CPU workers over Gloo" if state.world else "this machine"))
+    index = write_report(sources, out, heading, notes) if sources else _empty_report(out, heading, notes)
+    return TourOutcome(index, outcomes, interrupted)
+
+
+def _run_stage(stage: Stage, state: TourState, progress: Progress, task: Any, estimate: float) -> StageOutcome:
+    start = time.monotonic()
+    stop = threading.Event()
+
+    def tick() -> None:  # the stage blocks; creep the bar toward its estimate meanwhile
+        while not stop.wait(0.25):
+            progress.update(task, completed=min(0.95 * estimate, time.monotonic() - start))
+
+    ticker = threading.Thread(target=tick, daemon=True)
+    ticker.start()
+    try:
+        results = stage.run(state)
+        for name, result in results.items():
+            result.save(state.out_dir / f"{name}.json")
+            state.results[name] = result
+        status, note = "done", ""
+    except Missing as exc:
+        status, note = "missing", f"{exc} is not in this build yet; skipped"
+    except KeyboardInterrupt:
+        status, note = "interrupted", "Ctrl-C; the report shows the stages that finished"
+    except MeshscaleError as exc:
+        interrupted = "interrupted" in str(exc)
+        status, note = ("interrupted", "Ctrl-C; the report shows the stages that finished") if interrupted else ("failed", str(exc))
+    except Exception as exc:  # a bug in one stage must not cost the others their report
+        status, note = "failed", f"{type(exc).__name__}: {exc}"
+    finally:
+        stop.set()
+        ticker.join()
+    return StageOutcome(stage.name, status, time.monotonic() - start, note)
+
+
+def _empty_report(out: Path, heading: str, notes: list[str]) -> Path:
+    from meshscale.report.html import render
+    page = out / "index.html"
+    page.write_text(render([], heading, notes))
+    return page
