@@ -1,0 +1,35 @@
+"""Bad input to `meshscale train` / `meshscale scale`: one line on stderr, exit code 2, nothing started."""
+import sys
+
+import pytest
+import torch
+
+from meshscale.cli import main
+
+
+def _run(argv, monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["meshscale", *argv])
+    with pytest.raises(SystemExit) as exit_info:
+        main()
+    err = capsys.readouterr().err.strip()
+    return exit_info.value.code, err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "--model", "nope"], "unknown model 'nope'"),
+    (["train", "--data", "/no/such/folder"], "data folder /no/such/folder does not exist"),
+    (["train", "--mode", "gossip"], "unknown mode 'gossip'"),
+    (["scale", "--cpus", "1,3", "--strong", "--global-batch", "16"], "not divisible by 3"),
+    (["scale", "--cpus", "1,2", "--weak"], "--weak needs --batch"),
+    (["train", "--precision", "fp16", "--mode", "ps-sync"], "use --precision bf16"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
+    code, err = _run(argv, monkeypatch, capsys)
+    assert code == 2
+    assert err.startswith("meshscale: error: ") and message in err and "\n" not in err
+
+
+@pytest.mark.skipif(torch.cuda.device_count() >= 8, reason="this machine has 8 GPUs")
+def test_more_gpus_than_the_machine_has(monkeypatch, capsys):
+    code, err = _run(["scale", "--gpus", "1,8", "--weak", "--batch", "4"], monkeypatch, capsys)
+    assert code == 2 and "asked for 8 GPUs" in err and "\n" not in err
