@@ -1,8 +1,102 @@
-"""CLI commands of the collectives layer (being written)."""
+"""`meshscale plan` (choose and explain the schedule of one collective) and `meshscale sim` (a predicted sweep
+with `bench collective`'s columns)."""
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Optional
+
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from meshscale.errors import MeshscaleError
+from meshscale.units import format_bytes, gbps, parse_bytes
+
+
+def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Optional[Path]):
+    """Topology, ranks (device indices) and simulator parameters from the common options."""
+    from meshscale.collectives.algorithms.base import check_ranks
+    from meshscale.collectives.schedule import COLLECTIVES
+    from meshscale.cli.topology import resolve_system
+    from meshscale.results import load_result
+    from meshscale.simulate import SimParams, calibrate
+
+    if collective not in COLLECTIVES:
+        raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+    topology, notice = resolve_system(system)
+    if notice:
+        typer.echo(notice, err=True)
+    if gpus:
+        try:
+            ranks = [int(x) for x in gpus.split(",") if x.strip()]
+        except ValueError:
+            raise MeshscaleError(f"cannot read --gpus {gpus!r}; give device indices like 0,1,2,3") from None
+    else:
+        ranks = [topology.nodes[d].index for d in topology.devices()]
+    ranks = check_ranks(ranks, topology)
+    if len(ranks) < 2:
+        raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --gpus")
+    params = calibrate(topology, load_result(p2p)) if p2p else SimParams()
+    return topology, ranks, params
+
+
+def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
+         system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
+         gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
+         nbytes: str = typer.Option("256M", "--bytes", "-b", help="size as nccl-tests counts it (8, 1K, 256M...)"),
+         algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted) or an algorithm name"),
+         root: int = typer.Option(0, "--root", "-r", help="root rank (position in --gpus) of rooted collectives"),
+         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
+         svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)"),
+         schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here"),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)")) -> None:
+    """Choose the algorithm for one collective and explain it: channels, predicted time and busbw, bottleneck, bound."""
+    from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
+
+    topology, ranks, params = _setup(collective, system, gpus, p2p)
+    p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params)
+    typer.echo(format_plan(p))
+    if schedule_json:
+        from meshscale.collectives.schedule import dumps
+        schedule_json.write_text(dumps(p.schedule) + "\n")
+        typer.echo(f"wrote {schedule_json}")
+    if json_path:
+        typer.echo(f"wrote {plan_result(p).save(json_path)}")
+    if svg:
+        from meshscale.simulate.draw_plan import draw_plan
+        typer.echo(f"wrote {draw_plan(p, svg)}")
+
+
+def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
+        system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
+        gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="device indices, e.g. 0,1,2,3 (default: all)"),
+        min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size"),
+        max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size"),
+        factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
+        algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted per size) or an algorithm name"),
+        root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives"),
+        p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)")) -> None:
+    """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen."""
+    from meshscale.simulate.plan import sim_sweep, sweep_sizes
+
+    topology, ranks, params = _setup(collective, system, gpus, p2p)
+    result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
+                       algo, root, params)
+    table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({params.source})")
+    for col in ("size(B)", "count", "type", "redop", "root", "time(us)", "algbw GB/s", "busbw GB/s", "bound GB/s", "algorithm"):
+        table.add_column(col, justify="left" if col == "algorithm" else "right")
+    for r in result.rows:
+        bound = r["bound_busbw_bytes_per_s"]
+        table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
+                      f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
+                      f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
+    Console(width=160).print(table)
+    if json_path:
+        typer.echo(f"wrote {result.save(json_path)}")
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
+    app.command()(plan)
+    app.command()(sim)

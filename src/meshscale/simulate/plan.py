@@ -1,0 +1,121 @@
+"""What `meshscale plan` and `meshscale sim` compute: the chosen schedule of one collective with its
+prediction, bottleneck and bound; and a predicted size sweep in the same rows as `bench collective`."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshscale.collectives.algorithms import build
+from meshscale.collectives.bounds import busbw_bound
+from meshscale.collectives.schedule import ROOTED, SEGMENTED, Schedule
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result
+from meshscale.simulate.auto import Choice, choose
+from meshscale.simulate.params import SimParams
+from meshscale.simulate.sim import SimResult, simulate
+from meshscale.topology import Topology
+from meshscale.units import format_bytes, gbps
+
+
+@dataclass
+class Plan:
+    """One collective planned on a topology: the schedule, its prediction, the alternatives and the bound."""
+
+    topology: Topology
+    schedule: Schedule
+    result: SimResult
+    candidates: list[SimResult]
+    bound_busbw_bytes_per_s: float | None
+
+
+def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
+         root: int = 0, params: SimParams | None = None) -> Plan:
+    """Choose (``algorithm`` "auto") or build the schedule and predict it; raises one-line errors on bad input."""
+    params = params or SimParams()
+    if algorithm == "auto":
+        choice = choose(topology, collective, ranks, nbytes, params, root)
+    else:
+        schedule = build(algorithm, collective, ranks, nbytes, topology, root=root)
+        result = simulate(schedule, topology, params)
+        result.detail = f"{algorithm}, {schedule.channels} channel(s)"
+        choice = Choice(schedule, result, [result])
+    try:
+        bound = busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None
+    except MeshscaleError:
+        bound = None
+    return Plan(topology, choice.schedule, choice.result, choice.candidates, bound)
+
+
+def format_plan(p: Plan, max_candidates: int = 8) -> str:
+    """The plan as text: header, algorithm and its channels, prediction, bottleneck, bound, alternatives."""
+    s, r = p.schedule, p.result
+    root = f", root rank {s.root}" if s.root is not None else ""
+    lines = [f"{s.collective} of {format_bytes(s.nbytes)} over {p.topology.name} devices {s.ranks}{root}",
+             f"parameters: {r.params_source}",
+             f"algorithm:  {r.detail or s.algorithm}; {len(s.steps)} steps, {r.transfers} transfers"]
+    for key, value in s.meta.items():
+        if key != "elem_bytes":
+            lines.append(f"  {key}: {value}")
+    lines.append(f"predicted:  time {r.time_s * 1e6:.1f} us, algbw {gbps(r.algbw_bytes_per_s):.2f} GB/s, "
+                 f"busbw {gbps(r.busbw_bytes_per_s):.2f} GB/s")
+    if r.bottleneck:
+        b = r.bottleneck
+        lines.append(f"bottleneck: {b.name}: {format_bytes(b.bytes)} at {gbps(b.capacity_bytes_per_s):.1f} GB/s "
+                     f"effective, busy {100 * b.utilization:.0f}% of the time")
+    if p.bound_busbw_bytes_per_s:
+        share = r.busbw_bytes_per_s / p.bound_busbw_bytes_per_s
+        lines.append(f"bound:      busbw <= {gbps(p.bound_busbw_bytes_per_s):.2f} GB/s at line rate (injection and cuts of "
+                     f"the topology); this plan reaches {100 * share:.0f}%")
+    if len(p.candidates) > 1:
+        lines.append("candidates (simulated, fastest first):")
+        for c in p.candidates[:max_candidates]:
+            lines.append(f"  {c.detail:<45} {c.time_s * 1e6:12.1f} us  busbw {gbps(c.busbw_bytes_per_s):8.2f} GB/s")
+    return "\n".join(lines)
+
+
+def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
+    """Sizes from min to max, each ``factor`` times the last (nccl-tests' -b -e -f)."""
+    if min_bytes <= 0 or max_bytes < min_bytes or factor < 2:
+        raise MeshscaleError(f"sizes {min_bytes}..{max_bytes} with factor {factor} make no sweep; "
+                             "use 0 < --min-bytes <= --max-bytes and --factor >= 2")
+    sizes, size = [], min_bytes
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= factor
+    return sizes
+
+
+def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list[int], algorithm: str = "auto",
+              root: int = 0, params: SimParams | None = None) -> Result:
+    """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True).
+    Sizes that do not split over the ranks are rounded down to a multiple of 4 bytes per rank (and said so)."""
+    params = params or SimParams()
+    rows = []
+    step = 4 * len(ranks) if collective in SEGMENTED else 4
+    for size in sizes:
+        nbytes = max(step, size // step * step)
+        p = plan(topology, collective, ranks, nbytes, algorithm, root, params)
+        r = p.result
+        rows.append({"collective": collective, "size_bytes": nbytes, "count": nbytes // 4 // (len(ranks) if collective in SEGMENTED else 1),
+                     "dtype": "float32", "redop": "sum" if collective in ("all_reduce", "reduce_scatter", "reduce") else "none",
+                     "root": root if collective in ROOTED else -1, "time_s": r.time_s,
+                     "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
+                     "algorithm": r.detail or r.algorithm, "bound_busbw_bytes_per_s": p.bound_busbw_bytes_per_s,
+                     "bottleneck": r.bottleneck.name if r.bottleneck else None})
+    meta = {"system": topology.name, "ranks": list(ranks), "world_size": len(ranks), "algorithm": algorithm,
+            "params": params.source}
+    return Result("sim", rows, predicted=True, meta=meta)
+
+
+def plan_result(p: Plan) -> Result:
+    """The plan as a Result (kind "plan", predicted): one row, plus the schedule's channels in meta."""
+    r = p.result
+    row = {"collective": r.collective, "size_bytes": r.nbytes, "time_s": r.time_s, "algbw_bytes_per_s": r.algbw_bytes_per_s,
+           "busbw_bytes_per_s": r.busbw_bytes_per_s, "algorithm": r.detail or r.algorithm,
+           "bound_busbw_bytes_per_s": p.bound_busbw_bytes_per_s,
+           "bottleneck": r.bottleneck.name if r.bottleneck else None,
+           "bottleneck_utilization": r.bottleneck.utilization if r.bottleneck else None}
+    meta = {"system": p.topology.name, "ranks": r.ranks, "params": r.params_source,
+            "schedule_meta": {k: v for k, v in p.schedule.meta.items() if k != "elem_bytes"},
+            "candidates": [{"algorithm": c.detail, "time_s": c.time_s, "busbw_bytes_per_s": c.busbw_bytes_per_s}
+                           for c in p.candidates]}
+    return Result("plan", [row], predicted=True, meta=meta)
