@@ -1,0 +1,129 @@
+"""Performance model: profile interpolation, buckets and overlap, exchange algorithms, scaling rows, CLI errors."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from meshscale.errors import MeshscaleError
+from meshscale.predict.calibrate import fit_comm_scale
+from meshscale.predict.exchange import Exchange, cluster_fabric, system_fabric
+from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
+from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
+from meshscale.predict.step import buckets, exposed_exchange_s, per_rank_batch
+from meshscale.results import Result
+from meshscale.topology import load_system
+from meshscale.topology.cluster import ClusterSpec
+
+PROFILE = linear_profile(0.004, 0.02, gpu_flops=10.6e12)
+
+
+def test_profile_interpolates_and_keeps_fixed_cost():
+    p = ComputeProfile([8, 64], [0.05, 0.3])
+    assert p.step_time(36) == pytest.approx(0.175)
+    assert p.step_time(4) == pytest.approx(0.05 - 4 * 0.25 / 56)  # the line, not proportional time
+    assert 4 / p.step_time(4) < 64 / p.step_time(64)  # small batches are less efficient
+
+
+def test_profile_from_train_result():
+    rows = [{"batch_per_rank": 8, "step_time_s": 0.05}, {"batch_per_rank": 8, "step_time_s": 0.07},
+            {"batch_per_rank": 32, "step_time_s": 0.2}]
+    p = profile_from_result(Result("train", rows, meta={"profile": True, "model": "resnet50"}))
+    assert p.batches == [8, 32] and p.step_time(8) == pytest.approx(0.06)
+    with pytest.raises(MeshscaleError, match="profile"):
+        profile_from_result(Result("scale", rows))
+
+
+def test_buckets_cover_gradients():
+    sizes = buckets(100 << 20)
+    assert sizes[0] == 1 << 20 and sum(sizes) == 100 << 20 and max(sizes) == 25 << 20
+
+
+def test_overlap_hides_all_but_the_tail():
+    sizes = [1.0] * 4
+    times = [0.01] * 4
+    hidden = exposed_exchange_s(times, backward_s=0.2, compute_s=0.3, mode="ddp", bucket_bytes=sizes)
+    assert hidden == pytest.approx(0.01)  # only the last bucket sticks out
+    assert exposed_exchange_s(times, 0.2, 0.3, "sync", sizes) == pytest.approx(0.04)
+    slow = exposed_exchange_s([0.1] * 4, 0.2, 0.3, "ddp", sizes)
+    assert 0.1 < slow < 0.4
+
+
+def test_nvlink_faster_than_pcie_and_ps_slowest():
+    nbytes = 100e6
+    nv = Exchange(system_fabric(load_system("dgx1-p100"), 8), intra="alpha-beta").allreduce_s(nbytes)
+    pcie = Exchange(system_fabric(load_system("pcie-8gpu-2socket"), 8), intra="alpha-beta").allreduce_s(nbytes)
+    ps = Exchange(system_fabric(load_system("dgx1-p100"), 8), "ps").allreduce_s(nbytes)
+    assert nv < pcie and nv < ps
+
+
+def test_cluster_exchange_hierarchical_beats_flat_ring_and_ib_beats_ethernet():
+    ib, _ = cluster_fabric(ClusterSpec("dgx1-p100", 1, 4, "edr"), 64)
+    eth, _ = cluster_fabric(ClusterSpec("dgx1-p100", 1, 2, "10gbe"), 64)
+    t = {(name, alg): Exchange(f, alg, intra="alpha-beta").allreduce_s(25e6)
+         for name, f in (("ib", ib), ("eth", eth)) for alg in ("ring", "hierarchical")}
+    assert t[("ib", "hierarchical")] < t[("ib", "ring")]
+    assert t[("ib", "ring")] < t[("eth", "ring")]
+
+
+def test_scaling_rows_weak_and_strong():
+    topo = load_system("dgx1-p100")
+    job = Job("resnet50", 25_557_032, PROFILE, 64, weak=True)
+    rows = predict_system(job, topo, [1, 2, 4, 8])
+    assert [r["world_size"] for r in rows] == [1, 2, 4, 8]
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+    assert all(a["throughput_samples_per_s"] < b["throughput_samples_per_s"] for a, b in zip(rows, rows[1:]))
+    strong = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, weak=False), topo, [1, 8])
+    assert strong[1]["batch_per_rank"] == 8 and strong[1]["efficiency"] < rows[-1]["efficiency"]
+
+
+def test_profile_rescaled_to_another_gpu():
+    pcie = load_system("pcie-8gpu-2socket")  # P100 PCIe: 9.3 vs 10.6 TFLOP/s
+    assert profile_for(pcie, PROFILE, None).step_time(64) == pytest.approx(PROFILE.step_time(64) * 10.6 / 9.3)
+
+
+def test_cluster_prediction_ethernet_scales_worse():
+    job = Job("resnet50", 25_557_032, PROFILE, 32)
+    ib = predict_cluster(job, ClusterSpec("dgx1-p100", 1, 4, "edr"), [1, 16])
+    eth = predict_cluster(job, ClusterSpec("dgx1-p100", 1, 2, "10gbe"), [1, 16])
+    assert eth[-1]["efficiency"] < ib[-1]["efficiency"]
+
+
+def test_fit_comm_scale_recovers_a_known_scale():
+    truth = [100 / (1 + 2.5 * c) for c in (0.1, 0.3)]
+    scale = fit_comm_scale(lambda s: [100 / (1 + s * c) for c in (0.1, 0.3)], truth)
+    assert scale == pytest.approx(2.5, rel=1e-3)
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: per_rank_batch(3, 64, weak=False),
+    lambda: system_fabric(load_system("dgx1-p100"), 9),
+    lambda: profile_for(load_system("dgx1-p100"), None, None),
+    lambda: Exchange(system_fabric(load_system("dgx1-p100"), 2), "butterfly"),
+])
+def test_bad_input_is_one_line(bad):
+    with pytest.raises(MeshscaleError) as info:
+        bad()
+    assert "\n" not in str(info.value)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-c", "from meshscale.cli import main; main()", *args],
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_cli_predict_json_and_errors(tmp_path):
+    out = tmp_path / "p.json"
+    done = _cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out))
+    assert done.returncode == 0 and "PREDICTED" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["kind"] == "predict" and data["predicted"] is True and len(data["rows"]) == 2
+    bad = _cli("predict", "--model", "resnet50", "--gpus", "16")
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "error" in bad.stderr
+    scale = Result("scale", [{"world_size": 2, "mode": "weak", "batch_per_rank": 64,
+                              "throughput_samples_per_s": 300.0}], meta={"model": "resnet50"})
+    scale.save(tmp_path / "s.json")
+    done = _cli("predict", "--from", str(tmp_path / "s.json"), "--system", "dgx1-p100")
+    assert done.returncode == 0 and "%" in done.stdout
+    bad = _cli("cluster", "--nodes", "129", "--levels", "2")
+    assert bad.returncode == 2 and "--levels 3" in bad.stderr
