@@ -25,6 +25,10 @@ def _specs():
              for dtype in ("float32", "float16", "bfloat16", "int32")]
     specs += [CollectiveSpec(list(REDUCING), SIZES[:1], "bfloat16", op, 0, ("out", "in"), 0, 1)
               for op in ("prod", "min", "max", "avg")]
+    meshscale = [c for c in COLLECTIVES if c != "send_recv"]  # executed as meshscale schedules
+    specs.append(CollectiveSpec(meshscale, SIZES[:1], "float32", "sum", 1, ("out", "in"), 0, 1, impl="meshscale"))
+    specs.append(CollectiveSpec(["all_reduce"], SIZES[:1], "int32", "sum", 0, ("in",), 0, 1, impl="meshscale",
+                                algo="halving_doubling"))
     return specs
 
 

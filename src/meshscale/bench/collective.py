@@ -21,6 +21,7 @@ from meshscale.bench.world import World, world_topology
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, launch
 from meshscale.results import Result, measured
+from meshscale.topology import Topology, to_dict
 from meshscale.units import format_bytes, parse_bytes
 
 
@@ -97,8 +98,9 @@ def validate(spec: CollectiveSpec, world: World) -> None:
                                      f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
 
 
-def rank_sweep(ctx: RankContext, spec: CollectiveSpec) -> list[dict[str, Any]]:
-    """The whole sweep on one rank; returns the rows (identical on every rank)."""
+def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None = None) -> list[dict[str, Any]]:
+    """The whole sweep on one rank; returns the rows (identical on every rank). ``topology`` (of the ranks'
+    devices, rank i on device i) feeds topology-aware meshscale algorithms."""
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     n, rows = ctx.world_size, []
     elem = DTYPES[spec.dtype].itemsize
@@ -110,7 +112,8 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec) -> list[dict[str, Any]]:
                 if spec.impl == "native":
                     run_op = native_op(collective, spec.op, spec.root, ctx.rank, n)
                 else:
-                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, ctx.rank, spec.op, spec.root)
+                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, ctx.rank, spec.op,
+                                          spec.root, topology)
                 case.reset()
                 t = time_op(lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, spec.warmup_iters,
                             spec.iters, spec.cuda_graph)
@@ -137,12 +140,11 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec) -> list[dict[str, Any]]:
 def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0) -> Result:
     """Run the sweep on ``world`` and return a "bench-collective" Result (rows, bound per row, topology)."""
     validate(spec, world)
-    rows = launch(rank_sweep, world.size, (spec,), backend=world.backend, timeout_s=timeout_s)[0]
     topology = world_topology(world)
+    rows = launch(rank_sweep, world.size, (spec, topology), backend=world.backend, timeout_s=timeout_s)[0]
     bounds = _bounds(topology, spec, world.size)
     for row in rows:
         row["bound_busbw_bytes_per_s"] = bounds.get(row["collective"])
-    from meshscale.topology import to_dict
     return measured("bench-collective", rows, spec=asdict(spec), world_size=world.size, backend=world.backend,
                     average=spec.average, topology=to_dict(topology) if topology else None)
 

@@ -48,10 +48,11 @@ def native_op(collective: str, op: str, root: int, rank: int, world: int) -> Op:
 
 
 def meshscale_op(collective: str, ranks: list[int], nbytes: int, algo: str | None, elem_bytes: int, rank: int,
-                 op: str = "sum", root: int = 0) -> Op:
+                 op: str = "sum", root: int = 0, topology=None) -> Op:
     """The hook for ``--impl meshscale``: build the schedule of algorithm ``algo`` for ``collective`` of
     ``nbytes`` (nccl-tests' size) over device indices ``ranks``, and return a callable that runs this rank's
-    part of it once. The schedule is built and planned here, once per size, outside the timed loop."""
+    part of it once. The schedule is built and planned here, once per size, outside the timed loop.
+    ``topology`` (of the devices ``ranks``, or None) serves the topology-aware algorithms."""
     if op != "sum":
         raise MeshscaleError(f"--impl meshscale reduces with sum only (got --op {op}); use --op sum or --impl native")
     if collective == "send_recv":
@@ -63,7 +64,7 @@ def meshscale_op(collective: str, ranks: list[int], nbytes: int, algo: str | Non
                              "does not have yet; use --impl native") from None
     from meshscale.execute.schedule_runner import make_buffers, plan_rank, run_plan
 
-    schedule = build_schedule(collective, ranks, nbytes, algo=algo, root=root, elem_bytes=elem_bytes)
+    schedule = build_schedule(collective, ranks, nbytes, algo, topology, root=root, elem_bytes=elem_bytes)
     plan = plan_rank(schedule, rank, elem_bytes)
     buffers: dict[str, tuple] = {}
 

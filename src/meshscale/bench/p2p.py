@@ -137,8 +137,8 @@ def _sync_all() -> None:
 def _time_staged(src: torch.Tensor, host: torch.Tensor, dst: torch.Tensor, spec: P2PSpec) -> float:
     """Seconds per copy GPU -> pinned host -> GPU, one after the other (wall clock: two devices are involved)."""
     def once() -> None:
-        host.copy_(src)  # blocking: done when the host has it
-        dst.copy_(host, non_blocking=True)
+        host.copy_(src)  # blocking both ways: one copy after the other through the one host buffer
+        dst.copy_(host)
     for _ in range(spec.warmup_iters):
         once()
     torch.cuda.synchronize(dst.device)
