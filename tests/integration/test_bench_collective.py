@@ -2,15 +2,18 @@
 file, a rank killed mid-sweep, and bad input (one line, exit 2). One launch runs a whole mini-sweep."""
 import json
 import os
-import subprocess
 import sys
 import time
 
 import pytest
+import torch
 
-from meshscale.bench.collective import CollectiveSpec, rank_sweep
+from meshscale import cli
+
+from meshscale.bench.collective import CollectiveSpec, bench_collectives, rank_sweep
 from meshscale.bench.formulas import COLLECTIVES, REDUCING, busbw_factor
 from meshscale.execute import WorkerError, launch
+from meshscale.bench.world import World
 from meshscale.results import load_result
 
 SIZES = [64, 4096]  # bytes; divisible by 4 ranks x 4 bytes
@@ -77,18 +80,16 @@ def test_rank_killed_mid_sweep_is_named_and_nobody_hangs():
     assert time.monotonic() - start < 15
 
 
-def _cli(*args, timeout=120):
-    exe = os.path.join(os.path.dirname(sys.executable), "meshscale")
-    return subprocess.run([exe, *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, "COLUMNS": "200"})
-
-
-def test_cli_json_result_schema(tmp_path):
+def test_cli_json_result_schema(tmp_path, monkeypatch, capsys):
     out = tmp_path / "ar.json"
-    proc = _cli("bench", "collective", "all_reduce", "all_to_all", "--cpus", "2", "-b", "1K", "-e", "2K",
-                "-n", "2", "-w", "1", "--json", str(out))
-    assert proc.returncode == 0, proc.stderr
-    assert "all_reduce" in proc.stdout and "busbw" in proc.stdout
+    monkeypatch.setattr(sys, "argv", ["meshscale", "bench", "collective", "all_reduce", "all_to_all", "--cpus", "2",
+                                      "-b", "1K", "-e", "2K", "-n", "2", "-w", "1", "--json", str(out)])
+    try:
+        cli.main()
+    except SystemExit as exit_info:
+        assert exit_info.code in (0, None)
+    printed = capsys.readouterr().out
+    assert "all_reduce" in printed and "busbw" in printed and "wrote" in printed
     result = load_result(out)
     assert result.kind == "bench-collective" and not result.predicted
     keys = {"collective", "size_bytes", "count", "dtype", "redop", "root", "inplace", "time_s", "algbw_bytes_per_s",
@@ -100,3 +101,17 @@ def test_cli_json_result_schema(tmp_path):
     assert all(r["bound_busbw_bytes_per_s"] > 0 for r in result.rows)
     assert result.software["torch"] and "hostname" in result.machine
     json.loads(out.read_text())  # plain JSON, no NaN tricks
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_gpu_sweep_is_correct(cuda_graph):
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
+    spec = CollectiveSpec(collectives, [n * 1024, n * (1 << 20)], "bfloat16", "avg" if not cuda_graph else "sum", 0,
+                          ("out", "in"), 2, 5, cuda_graph=cuda_graph)
+    result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
+    assert all(r["wrong"] == 0 for r in result.rows)
+    assert all(r["bound_busbw_bytes_per_s"] for r in result.rows)
