@@ -31,10 +31,12 @@ def plot_p2p(result: Result, path: str | Path) -> Path:
         ax.set_xlabel("destination")
         ax.set_ylabel("source")
         ax.set_title(f"{mode} ({'us' if latency else 'GB/s'})")
+        low, high = np.nanmin(grid), np.nanmax(grid)
         for (y, x), value in np.ndenumerate(grid):
             if not np.isnan(value):
+                bright = (value - low) / (high - low or 1) > 0.5  # viridis is light at the top end
                 ax.text(x, y, f"{value:.1f}" if value < 100 else f"{value:.0f}", ha="center", va="center",
-                        color="white", fontsize=8)
+                        color="black" if bright != latency else "white", fontsize=8)
         fig.colorbar(image, ax=ax, shrink=0.8)
     fig.suptitle(f"meshscale bench p2p: {result.machine.get('hostname', '')} ({result.meta.get('backend', '')})")
     fig.tight_layout()

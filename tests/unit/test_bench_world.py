@@ -1,0 +1,56 @@
+"""bench: choosing ranks and backend, mapping CUDA devices to topology indices, timing on CPU."""
+import time
+
+import pytest
+import torch
+
+from meshscale.bench.harness import time_op
+from meshscale.bench.world import resolve_world, visible_indices, world_topology
+from meshscale.errors import MeshscaleError
+
+
+def _no_torchrun(monkeypatch):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+        monkeypatch.delenv(key, raising=False)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_resolve_world_on_a_cpu_machine(monkeypatch):
+    _no_torchrun(monkeypatch)
+    default = resolve_world(None, None)
+    assert default.backend == "gloo" and default.size == 2 and "no GPU" in default.notice
+    assert resolve_world(None, 3).size == 3 and resolve_world(None, 3).notice == ""
+    with pytest.raises(MeshscaleError, match="--gpus 8: this machine has 0 GPUs; use --cpus"):
+        resolve_world(8, None)
+    with pytest.raises(MeshscaleError, match="not both"):
+        resolve_world(1, 1)
+    with pytest.raises(MeshscaleError, match="at least 1"):
+        resolve_world(None, 0)
+
+
+def test_under_torchrun_the_launcher_decides(monkeypatch):
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "16")
+    monkeypatch.setenv("MASTER_ADDR", "node0")
+    world = resolve_world(None, 2)
+    assert world.size == 16 and world.backend == "gloo"
+
+
+def test_cpu_world_topology_has_one_worker_per_rank(monkeypatch):
+    _no_torchrun(monkeypatch)
+    topo = world_topology(resolve_world(None, 3))
+    assert topo is not None and len(topo.devices()) == 3 and topo.device_kind == "worker"
+
+
+def test_visible_devices_map_to_topology_indices():
+    assert visible_indices("2,3", [0, 1, 2, 3]) == [2, 3]
+    assert visible_indices(None, [0, 1]) == [0, 1]
+    assert visible_indices("GPU-8f2c,GPU-77aa", [0, 1]) == [0, 1]  # UUIDs: not mapped
+    assert visible_indices("7", [0, 1]) == [0, 1]  # not a device of this topology
+
+
+def test_cpu_time_op_is_per_iteration_and_after_warmup():
+    calls, barriers = [], []
+    per_op = time_op(lambda: (calls.append(1), time.sleep(0.01)), torch.device("cpu"), lambda: barriers.append(1), 2, 3)
+    assert len(calls) == 5 and barriers == [1]
+    assert 0.01 <= per_op < 0.5
