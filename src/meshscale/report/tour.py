@@ -7,6 +7,7 @@ a failing stage still leaves a page. A stage whose library piece is not in this 
 from __future__ import annotations
 
 import importlib
+import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ class TourState:
     world: Any = None
     topology: Any = None
     results: dict[str, Result] = field(default_factory=dict)
+    sim_params: Any = None  # simulator parameters calibrated from bench p2p (sim stage)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -139,14 +141,25 @@ def collective_stage(state: TourState) -> dict[str, Result]:
 
 
 def scale_stage(state: TourState) -> dict[str, Result]:
-    run_scale = need("meshscale.train.scale", "run_scale")
-    spec_type = need("meshscale.train.scale", "ScaleSpec")
+    """Weak and strong scaling of a model sized to the hardware (small CNN on CPU workers, ResNet-50 on
+    GPUs) over 1, 2, 4 ... ranks, as one "scale" result with mode weak / strong."""
+    scale = need("meshscale.train.scale", "scale")
+    config = need("meshscale.train.config", "TrainConfig")
     s = state.settings
-    model = "resnet50" if state.gpu else "small-cnn"
-    steps = 3 if s.fast else (30 if s.full else 8)
-    spec = spec_type(model=model, world_sizes=_world_sizes(state.world.size), modes=["weak", "strong"],
-                     batch_per_rank=64 if state.gpu else 32, steps=steps, backend=state.world.backend)
-    return {"scale": run_scale(spec, timeout_s=s.timeout_s)}
+    steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
+    batch = 64 if state.gpu else 16
+    cfg = config(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
+                 steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s)
+    worlds = _world_sizes(state.world.size)
+    step = math.lcm(*worlds)
+    global_batch = -(-batch * max(worlds) // step) * step  # every world size must divide it
+    rows = []
+    for weak, size in ((True, batch), (False, global_batch)):
+        part = scale(cfg, worlds, weak, size)
+        # the sweep's rows name the exchange (ddp) in "mode"; the report keys scaling rows by weak/strong
+        rows += [dict(r, mode="weak" if weak else "strong", exchange_mode=r.get("mode")) for r in part.rows]
+    return {"scale": measured("scale", rows, model=cfg.model, device=cfg.device, batch_per_rank=batch,
+                              global_batch=global_batch, steps=steps, backend=state.world.backend)}
 
 
 def _world_sizes(n: int) -> list[int]:
@@ -181,6 +194,7 @@ def sim_stage(state: TourState) -> dict[str, Result]:
             rows.append({"collective": collective, "size_bytes": size, "time_s": r.time_s,
                          "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
                          "algorithm": r.algorithm})
+    state.sim_params = params
     meta = {"system": state.topology.name, "label": "simulator", "ranks": ranks,
             "params": params.source if params else "defaults"}
     return {"sim": Result("sim", rows, True, meta)}
@@ -208,16 +222,41 @@ def whitepaper_results() -> dict[str, Result]:
                                                                        "source": "meshscale.predict.whitepaper"})}
 
 
+def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
+    """meshscale's prediction of this machine's scale run, point by point: the compute profile is the run's own
+    1-rank steps, the exchange is simulated on ``topo`` (with ``params`` calibrated from bench p2p)."""
+    compare_scale = need("meshscale.predict.compare", "compare_scale")
+    job_type = need("meshscale.predict.scaling", "Job")
+    profile_type = need("meshscale.predict.profile", "ComputeProfile")
+    get_model = need("meshscale.train.models", "get_model")
+    ones = {r["batch_per_rank"]: r["step_time_s"] for r in scale.rows if r["world_size"] == 1 and r.get("step_time_s")}
+    if not ones:
+        raise MeshscaleError("the scale run has no 1-rank step to take the compute profile from")
+    model = scale.meta.get("model", "small-cnn")
+    profile = profile_type(list(ones), list(ones.values()), source="the tour's 1-rank steps")
+    job = job_type(model, get_model(model).params, profile, max(ones), True)
+    rows = compare_scale(scale, job, topo, params)
+    out = []
+    for mode in sorted({r["mode"] for r in rows}):
+        part = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["world_size"])
+        base = part[0]
+        for r in part:
+            speedup = r["predicted_samples_per_s"] / base["predicted_samples_per_s"] * base["world_size"]
+            out.append({"world_size": r["world_size"], "mode": mode, "batch_per_rank": r["batch_per_rank"],
+                        "global_batch": r["global_batch"], "throughput_samples_per_s": r["predicted_samples_per_s"],
+                        "speedup": speedup, "efficiency": speedup / r["world_size"], "error": r["error"]})
+    return Result("predict", out, True, {"model": model, "system": topo.name, "label": "meshscale",
+                                         "group": "this machine", "params": getattr(params, "source", "defaults")})
+
+
 def predict_stage(state: TourState) -> dict[str, Result]:
-    """The DGX-1 whitepaper comparison, and this machine's scaling predicted from its scale run where both
-    pieces exist."""
+    """The DGX-1 whitepaper comparison, and this machine's scale run predicted beside itself."""
     out = whitepaper_results()
     if "scale" in state.results:
         try:
-            predict_from = need("meshscale.predict.scaling", "predict_from_scale")
-            out["predict"] = predict_from(state.results["scale"], state.topology)
-        except Missing as exc:
-            state.notes.append(f"this machine's scaling prediction is skipped: {exc} is not in this build")
+            out["predict"] = machine_prediction(state.results["scale"], state.topology, state.sim_params)
+        except (Missing, MeshscaleError) as exc:
+            state.notes.append(f"this machine's scaling prediction is skipped: {exc}")
     return out
 
 

@@ -142,6 +142,10 @@ def scaling_verdict(rows: list[dict[str, Any]], look_at: list[str]) -> Verdict:
     if comm is not None and comm > 0.3:
         where.insert(0, f"communication takes {comm:.0%} of a step: the interconnect (see the busbw figures) "
                         "or too small a batch per rank")
+    first = min(rows, key=lambda r: r["world_size"])
+    if last.get("mode") == "weak" and first.get("compute_s") and (last.get("compute_s") or 0) > 1.3 * first["compute_s"]:
+        where.insert(0, f"compute per step grew from {first['compute_s'] * 1e3:.0f} to {last['compute_s'] * 1e3:.0f} ms "
+                        "at the same batch per rank: the ranks compete for CPU cores or memory bandwidth, or GPUs throttle")
     if data and last.get("step_time_s") and data / last["step_time_s"] > 0.2:
         where.insert(0, "input loading takes over 20% of a step: more loader workers")
     if last.get("mode") == "strong":
