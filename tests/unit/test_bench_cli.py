@@ -21,6 +21,7 @@ def _run(monkeypatch, capsys, *args):
     (["--dtype", "float8", "--cpus", "2"], "unknown dtype"),
     (["--gpus", "8"], "--gpus 8: this machine has 0 GPUs"),
     (["alltoal", "--cpus", "2"], "unknown collective"),
+    (["--op", "avg", "--cpus", "2"], "--op avg needs NCCL"),
     (["-b", "12Q", "--cpus", "2"], "cannot read size"),
 ])
 def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):

@@ -89,7 +89,7 @@ def _spec(**kw):
     (_spec(collectives=["all_reduce"], sizes_bytes=[6]), World(2, "gloo"), "multiples of 4 B"),
     (_spec(dtype="float64"), World(2, "gloo"), "unknown dtype"),
     (_spec(op="xor"), World(2, "gloo"), "unknown reduction op"),
-    (_spec(op="avg", dtype="int32"), World(2, "gloo"), "Gloo cannot average int32"),
+    (_spec(collectives=["all_reduce"], op="avg"), World(2, "gloo"), "--op avg needs NCCL"),
     (_spec(cuda_graph=True), World(2, "gloo"), "needs GPUs"),
     (_spec(collectives=["broadcast"], root=5), World(2, "gloo"), "not a rank"),
     (_spec(collectives=["send_recv"]), World(1, "gloo"), "at least 2 ranks"),

@@ -95,7 +95,10 @@ def _broadcast(c, dtype, op, root, inplace, rank, world, device) -> Case:
     buf = _empty(c, dtype, device)
 
     def reset():
-        buf.copy_(values(root, c, world, dtype, "sum", device)) if rank == root else buf.zero_()
+        if rank == root:
+            buf.copy_(values(root, c, world, dtype, "sum", device))
+        else:
+            buf.zero_()
     return Case(buf, buf, reset, buf, lambda: values(root, c, world, dtype, "sum", device))
 
 

@@ -77,8 +77,9 @@ def validate(spec: CollectiveSpec, world: World) -> None:
     check_average(spec.average)
     if spec.iters < 1 or spec.warmup_iters < 0:
         raise MeshscaleError("--iters must be >= 1 and --warmup-iters >= 0")
-    if spec.op == "avg" and world.backend == "gloo" and spec.dtype == "int32":
-        raise MeshscaleError("Gloo cannot average int32 (avg); use --op sum, a float dtype, or GPUs (NCCL)")
+    if spec.op == "avg" and world.backend == "gloo" and any(c in REDUCING for c in spec.collectives):
+        # Gloo rejects ReduceOp.AVG up to torch 2.7 at least, and int32 even in 2.13: refuse it everywhere
+        raise MeshscaleError("--op avg needs NCCL (GPUs); Gloo does not average: use --op sum with --cpus")
     if spec.cuda_graph and world.backend != "nccl":
         raise MeshscaleError("--cuda-graph needs GPUs (NCCL); drop it for CPU workers")
     if not 0 <= spec.root < world.size:
