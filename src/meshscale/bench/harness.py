@@ -64,6 +64,7 @@ def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iter
             for _ in range(max(1, warmup_iters)):
                 run()
         torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()  # no NCCL work of the warm-up may still be in flight when capture starts
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             for _ in range(iters):
