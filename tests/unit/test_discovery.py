@@ -320,3 +320,25 @@ def test_cpu_topology_round_trips_through_json():
     from meshscale.topology.discover import cpu_topology
     topo = cpu_topology(3)
     assert from_dict(json.loads(dumps(topo))) == topo
+
+
+@pytest.mark.gpu
+def test_real_machine_matches_nvidia_smi():
+    """On a GPU machine: every GPU-GPU cell of our matrix equals `nvidia-smi topo -m`, and NVLink counts agree."""
+    import re
+    import shutil
+    import subprocess
+
+    if not shutil.which("nvidia-smi"):
+        pytest.skip("nvidia-smi not found")
+    topo = discover().topology
+    assert topo.device_kind == "gpu"
+    smi = subprocess.run(["nvidia-smi", "topo", "-m"], capture_output=True, text=True, timeout=60).stdout
+    rows = [l.split() for l in smi.splitlines() if re.match(r"\s*GPU\d+\s", l)]
+    assert len(rows) == len(topo.gpus())
+    for row in rows:
+        i = int(row[0][3:])
+        assert [relation(topo, i, j) for j in range(len(rows))] == row[1:1 + len(rows)], row
+    for g in topo.gpus():
+        if topo.nodes[g].attrs.get("nvlinks"):
+            assert topo.nvlink_count(g) == topo.nodes[g].attrs["nvlinks"]
