@@ -53,3 +53,17 @@ def test_cli_report_and_errors(tmp_path):
     empty.mkdir()
     with pytest.raises(MeshscaleError, match="no meshscale result"):
         load_sources([empty])
+
+
+def test_separate_train_runs_become_one_scaling_figure():
+    from meshscale.report.figures import Source, train_runs_as_scale
+    from meshscale.results import Result
+    runs = [Source(f"train-{n}", Result("train", [], meta={"summary": {
+        "world_size": n, "batch_per_rank": 64, "global_batch": 64 * n, "samples_per_s": 200.0 * n * (1 - 0.05 * (n > 1)),
+        "step_time_s": 0.3, "compute_s": 0.25, "comm_s": 0.05, "data_s": 0.0, "comm_share": 0.15}})) for n in (16, 8)]
+    merged = train_runs_as_scale(runs)
+    assert [r["world_size"] for r in merged.result.rows] == [8, 16]
+    assert all(r["mode"] == "weak" for r in merged.result.rows)
+    assert merged.result.rows[1]["speedup"] == pytest.approx(16.0)  # same efficiency at 8 and 16
+    page = render(runs)
+    assert "plot-scaling-training-runs-weak" in page

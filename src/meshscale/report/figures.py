@@ -216,6 +216,30 @@ def scaling_section(sources: list[Source]) -> Section:
     return section
 
 
+def train_runs_as_scale(sources: list[Source]) -> Source | None:
+    """Separate `meshscale train` runs (e.g. one per node count from the Slurm script) as one scaling result:
+    a point per run from its summary, speedup against the smallest run. Weak when every run has the same
+    batch per rank, else strong."""
+    summaries = [s.result.meta["summary"] for s in sources if isinstance(s.result.meta.get("summary"), dict)]
+    summaries = sorted((x for x in summaries if x.get("samples_per_s") and x.get("world_size")),
+                       key=lambda x: x["world_size"])
+    if not summaries:
+        return None
+    mode = "weak" if len({x.get("batch_per_rank") for x in summaries}) == 1 else "strong"
+    base = summaries[0]
+    rows = []
+    for x in summaries:
+        speedup = x["samples_per_s"] / base["samples_per_s"] * base["world_size"]
+        rows.append({"world_size": x["world_size"], "mode": mode, "batch_per_rank": x.get("batch_per_rank"),
+                     "global_batch": x.get("global_batch"), "throughput_samples_per_s": x["samples_per_s"],
+                     "speedup": speedup, "efficiency": speedup / x["world_size"], "step_time_s": x.get("step_time_s"),
+                     "compute_s": x.get("compute_s"), "comm_s": x.get("comm_s"), "data_s": x.get("data_s"),
+                     "comm_share": x.get("comm_share")})
+    first = next(s.result for s in sources if isinstance(s.result.meta.get("summary"), dict))
+    return Source("train runs", Result("scale", rows, False, {"group": "training runs"}, first.machine, first.software,
+                                       first.env))
+
+
 def sections(sources: list[Source]) -> list[Section]:
     """Every section the results support, in reading order; kinds with no figure are listed as tables."""
     by_kind = defaultdict(list)
@@ -229,8 +253,9 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(p2p_section(by_kind["bench-p2p"], topo))
     if by_kind["bench-collective"] or by_kind["sim"]:
         out.append(collective_section(by_kind["bench-collective"], by_kind["sim"], topo))
-    if by_kind["scale"] or by_kind["predict"]:
-        out.append(scaling_section(by_kind["scale"] + by_kind["predict"]))
+    runs = train_runs_as_scale(by_kind["train"])
+    if by_kind["scale"] or by_kind["predict"] or runs:
+        out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
     for kind in ("doctor",):
         for s in by_kind[kind]:
             out.append(Section(f"{kind}: {s.label}", table=s.result.rows))
