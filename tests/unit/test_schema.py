@@ -95,3 +95,16 @@ def test_cli_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path):
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and "bad.yaml" in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
+
+
+def test_topo_json_written_by_the_cli_loads_again(tmp_path):
+    from typer.testing import CliRunner
+
+    from meshscale.cli import app
+
+    out = tmp_path / "h200.json"
+    result = CliRunner().invoke(app, ["topo", "--system", "hgx-h200", "--format", "json", "--output", str(out)])
+    assert result.exit_code == 0 and out.exists()
+    assert load(out) == load_system("hgx-h200")
+    result = CliRunner().invoke(app, ["topo", "--system", "hgx-h200", "--format", "json", "--output", str(tmp_path / "no" / "x.json")])
+    assert result.exit_code != 0 and "cannot write" in str(result.exception)

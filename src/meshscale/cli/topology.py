@@ -45,7 +45,10 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
         typer.echo(f"wrote {path}")
         return
     if output:
-        output.write_text(text + "\n")
+        try:
+            output.write_text(text + "\n")
+        except OSError as exc:
+            raise MeshscaleError(f"cannot write {output} ({exc.strerror}); choose a writable path") from None
         typer.echo(f"wrote {output}")
     else:
         typer.echo(text)
