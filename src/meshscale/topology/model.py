@@ -135,11 +135,16 @@ class Topology:
 
     def device(self, index: int) -> str:
         """The name of the device (GPU or worker) with index ``index`` (the nvidia-smi number for GPUs)."""
-        for name in self.devices():
-            if self.nodes[name].index == index:
-                return name
+        name = self._device_by_index.get(index)
+        if name is not None:
+            return name
         have = [self.nodes[d].index for d in self.devices()]
         raise TopologyError(f"{self.name} has no {self.device_kind} {index}; its {self.device_kind}s are {have}")
+
+    @cached_property
+    def _device_by_index(self) -> dict[int, str]:
+        # device() sits in the inner loops of ring search and simulation: a dict, not a sort per call
+        return {self.nodes[name].index: name for name in self.devices()}
 
     def nodes_of(self, kind: str) -> list[str]:
         return [n.name for n in self.nodes.values() if n.kind == kind]
