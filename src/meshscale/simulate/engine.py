@@ -126,8 +126,12 @@ def max_min_rates(weights: np.ndarray, counts: np.ndarray, capacity: np.ndarray)
 
 
 def resources(topo: Topology, params: SimParams) -> "_Resources":
-    """The directed links and reduce units of ``topo`` with their effective capacities (for bounds)."""
-    return _Resources(topo, params)
+    """The directed links and reduce units of ``topo`` with their effective capacities and the weight rows of
+    the keys seen so far; memoized beside the topology's routes (same lifetime, same read-only topology)."""
+    memo = ("meshscale.simulate.resources", repr(params))
+    if memo not in topo.route_cache:
+        topo.route_cache[memo] = _Resources(topo, params)
+    return topo.route_cache[memo]
 
 
 def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbytes: np.ndarray, reduce: np.ndarray,
@@ -138,7 +142,7 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     number of dependency edges small when many transfers wait for many others). A run that passes
     ``give_up_s`` of simulated time stops there and reports an infinite time (a candidate that cannot win)."""
     params = params or SimParams()
-    res = _Resources(topo, params)
+    res = resources(topo, params)
     n = len(src)
     nbytes = np.asarray(nbytes, dtype=float)
     key = np.array([-1 if s is None else res.key(s, d, bool(r)) for s, d, r in zip(src, dst, reduce)], dtype=np.int64)

@@ -113,15 +113,15 @@ def lower_bound_s(schedule: Schedule, topo: Topology, params: SimParams | None =
     rate (no latency, no waiting). `auto` uses it to skip candidates that cannot win."""
     res = resources(topo, params or SimParams())
     names = [topo.device(r) for r in schedule.ranks]
-    per_key: dict[int, float] = {}
+    per_pair: dict[tuple[int, int, bool], float] = {}
     for step in schedule.steps:
         for t in step.transfers:
-            k = res.key(names[t.src], names[t.dst], t.op == "reduce")
-            per_key[k] = per_key.get(k, 0.0) + t.nbytes
-    if not per_key:
+            pair = (t.src, t.dst, t.op == "reduce")
+            per_pair[pair] = per_pair.get(pair, 0.0) + t.nbytes
+    if not per_pair:
         return 0.0
-    keys = list(per_key)
-    load = np.array([per_key[k] for k in keys]) @ np.array(res.rows)[keys]
+    keys = [res.key(names[a], names[b], red) for a, b, red in per_pair]
+    load = np.array(list(per_pair.values())) @ np.array(res.rows)[keys]
     return float(np.max(load / res.capacity))
 
 
