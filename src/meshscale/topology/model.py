@@ -158,7 +158,7 @@ class Topology:
 
     @cached_property
     def route_cache(self) -> dict:
-        """Memo of routes between node pairs, filled by `queries.route` (not part of the data)."""
+        """Memo of query results (routes, bisections), filled by `queries` (not part of the data)."""
         return {}
 
     def nvlink_count(self, gpu: str) -> int:

@@ -206,6 +206,13 @@ def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exha
     names = list(names or topo.devices())
     if len(names) < 2:
         raise TopologyError("bisection bandwidth needs at least two nodes")
+    key = ("bisection", tuple(names), max_exhaustive, frozenset(link_kinds) if link_kinds is not None else None)
+    if key not in topo.route_cache:  # thousands of max-flows for 16 GPUs: worth remembering
+        topo.route_cache[key] = _bisection(topo, names, max_exhaustive, link_kinds)
+    return topo.route_cache[key]
+
+
+def _bisection(topo: Topology, names: list[str], max_exhaustive: int, link_kinds: set[str] | None) -> float:
     links = [l for l in topo.links if link_kinds is None or l.kind in link_kinds]
     index = {n: i for i, n in enumerate(topo.nodes)}
     size = len(index) + 2
