@@ -9,6 +9,7 @@ and the fix. The same schema serves the shipped catalog, user files and the JSON
       nvlink: {generation: 2}
     nodes:
       - {name: gpu0, kind: gpu, index: 0, numa: 0}
+      - {name: nvswitch0, kind: nvswitch, pos: [2, 3]}   # any other key is an attr; pos places it in diagrams
     links:
       - {a: gpu0, b: gpu1, kind: nvlink, count: 2}
       - {a: cpu0, b: cpu1, kind: qpi, bandwidth_gb_per_s: 25.6}
