@@ -2,7 +2,8 @@
 
 What NVML tells, and how it becomes the model:
 - GPUs: name, memory, PCI bus id, UUID, PCIe generation/width (current and max), CPU affinity, NUMA node,
-  MIG mode and instances; the SM count comes from torch when a CUDA build is there (NVML has no call for it).
+  MIG mode and instances. NVML has no SM count, peak FLOP/s or memory bandwidth: those come from the catalog
+  when it knows the GPU model, the SM count otherwise from torch (when a CUDA build is there).
 - NVLink: each active link's remote end. Links to another GPU are bonded into one link with ``count``; links to
   an NVSwitch go to one ``nvswitch`` node per distinct remote PCI bus id.
 - PCIe: NVML gives no tree, only the common-ancestor level of each GPU pair. Grouping GPUs by level rebuilds
@@ -65,7 +66,8 @@ class _Calls:
 
 def nvml_topology(nvml=None, sm_counts: dict[str, int] | None = None) -> Topology:
     """This machine's GPUs as a `Topology`. ``nvml`` is the pynvml module (or a fake for tests);
-    ``sm_counts`` maps GPU UUID -> SM count (default: asked from torch). Raises `NoGPU` when there is none."""
+    ``sm_counts`` maps GPU UUID -> SM count (default: the catalog for known models, else torch, which starts
+    CUDA in this process and so is asked only when needed). Raises `NoGPU` when there is none."""
     if nvml is None:
         try:
             import pynvml as nvml
@@ -76,7 +78,7 @@ def nvml_topology(nvml=None, sm_counts: dict[str, int] | None = None) -> Topolog
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, or an OSError from ctypes
         raise NoGPU(f"NVML unavailable: {str(exc) or type(exc).__name__}") from None
     try:
-        return _build(_Calls(nvml), _torch_sm_counts() if sm_counts is None else sm_counts)
+        return _build(_Calls(nvml), sm_counts)
     finally:
         try:
             nvml.nvmlShutdown()
@@ -84,14 +86,17 @@ def nvml_topology(nvml=None, sm_counts: dict[str, int] | None = None) -> Topolog
             pass
 
 
-def _build(call: _Calls, sm_counts: dict[str, int]) -> Topology:
+def _build(call: _Calls, sm_counts: dict[str, int] | None) -> Topology:
     nvml = call.nvml
     count = call("nvmlDeviceGetCount") or 0
     if count == 0:
         raise NoGPU("NVML sees no GPU")
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
-    gpus = [_gpu_attrs(call, h, i, sm_counts) for i, h in enumerate(handles)]
+    gpus = [_gpu_attrs(call, h, i) for i, h in enumerate(handles)]
+    _add_sm_counts(gpus, sm_counts or {})
     _add_catalog_facts(gpus)
+    if sm_counts is None and any("sm_count" not in g for g in gpus):
+        _add_sm_counts(gpus, _torch_sm_counts())
     nodes = {f"gpu{i}": Node(f"gpu{i}", "gpu", attrs) for i, attrs in enumerate(gpus)}
     levels = _levels(call, handles, gpus)
     links: list[Link] = []
@@ -114,8 +119,8 @@ def _build(call: _Calls, sm_counts: dict[str, int]) -> Topology:
 
 
 # ---- GPUs --------------------------------------------------------------------------------------------
-def _gpu_attrs(call: _Calls, handle, index: int, sm_counts: dict[str, int]) -> dict:
-    """Everything NVML (and torch) tell about one GPU, as plain JSON-able values."""
+def _gpu_attrs(call: _Calls, handle, index: int) -> dict:
+    """Everything NVML tells about one GPU, as plain JSON-able values."""
     nvml = call.nvml
     model = _text(call("nvmlDeviceGetName", handle)) or "NVIDIA GPU"
     uuid = _text(call("nvmlDeviceGetUUID", handle))
@@ -123,9 +128,6 @@ def _gpu_attrs(call: _Calls, handle, index: int, sm_counts: dict[str, int]) -> d
     memory = call("nvmlDeviceGetMemoryInfo", handle)
     attrs = {"index": index, "model": model, "uuid": uuid, "pci_bus_id": _bus(pci.busId) if pci else None,
              "memory_bytes": int(memory.total) if memory else None}
-    sm = sm_counts.get(_uuid_key(uuid)) if uuid else None
-    if sm:
-        attrs["sm_count"] = sm
     for key, fname in (("pcie_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
                        ("pcie_width", "nvmlDeviceGetCurrPcieLinkWidth"),
                        ("pcie_max_generation", "nvmlDeviceGetMaxPcieLinkGeneration"),
@@ -162,6 +164,13 @@ def _add_catalog_facts(gpus: list[dict]) -> None:
             system, facts = known[gpu["model"]]
             gpu.update({k: facts[k] for k in CATALOG_FACTS if k in facts and k not in gpu})
             gpu["facts_from"] = f"catalog {system}"
+
+
+def _add_sm_counts(gpus: list[dict], counts: dict[str, int]) -> None:
+    for gpu in gpus:
+        sm = counts.get(_uuid_key(gpu["uuid"])) if gpu.get("uuid") else None
+        if sm and "sm_count" not in gpu:
+            gpu["sm_count"] = sm
 
 
 def _mig_instances(call: _Calls, handle) -> list[dict]:
