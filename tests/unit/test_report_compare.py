@@ -91,12 +91,22 @@ def test_cli_exit_codes(tmp_path):
         assert out.exit_code != 0 and isinstance(out.exception, MeshscaleError)
 
 
-def test_console_script_turns_errors_into_exit_code_2(tmp_path):
+def test_console_script_exit_codes(tmp_path):
+    """Through the real entry point: 1 for a drop, 0 for none, 2 (one line, no traceback) for bad input."""
     import subprocess
     import sys
-    bad = tmp_path / "bad.json"
+    a = FIXTURES / "collective.json"
+    data = json.loads(a.read_text())
+    data["rows"][0]["busbw_bytes_per_s"] *= 0.5
+    worse, bad = tmp_path / "worse.json", tmp_path / "bad.json"
+    worse.write_text(json.dumps(data))
     bad.write_text("[]")
-    done = subprocess.run([sys.executable, "-c", "from meshscale.cli import main; main()", "compare",
-                           str(FIXTURES / "collective.json"), str(bad)], capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2
-    assert done.stderr.startswith("meshscale: error:") and "Traceback" not in done.stderr
+    script = "import sys; from meshscale.cli import main; sys.argv[0] = 'meshscale'; main()"
+    codes = {}
+    for name, b in (("drop", worse), ("same", a), ("bad", bad)):
+        done = subprocess.run([sys.executable, "-c", script, "compare", str(a), str(b)], capture_output=True,
+                              text=True, timeout=60)
+        codes[name] = done.returncode
+        if name == "bad":
+            assert done.stderr.startswith("meshscale: error:") and "Traceback" not in done.stderr
+    assert codes == {"drop": 1, "same": 0, "bad": 2}

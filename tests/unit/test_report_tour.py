@@ -61,3 +61,21 @@ def test_need_names_the_missing_piece():
         assert str(exc) == "meshscale.units.no_such_function"
     else:
         raise AssertionError("need() accepted a missing function")
+
+
+def test_ctrl_c_seen_by_the_ranks_first_still_stops_the_tour(tmp_path):
+    """Ctrl-C reaches the rank processes too; their failure may surface as an ordinary error."""
+    import os
+    import signal
+
+    def ranks_died(state):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+        except KeyboardInterrupt:
+            pass
+        raise MeshscaleError("rank 0 failed with KeyboardInterrupt during all_reduce 1M")
+
+    stages = (_stage("collective", _load("collective")), _stage("p2p", ranks_died), _stage("scale", _load("scale")))
+    outcome = run_tour(tmp_path, TourSettings(fast=True), stages)
+    assert [s.status for s in outcome.stages] == ["done", "interrupted", "not run"]
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored

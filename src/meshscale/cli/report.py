@@ -1,6 +1,7 @@
 """`meshscale report`, `compare`, `doctor` and `tour`."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
@@ -55,7 +56,7 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
     console.print(f"{len(result.dropped)} of {len(result.changes)} figures dropped by more than {threshold:g}%"
                   + ("" if result.failed else ": no regression"))
     if result.failed:
-        raise typer.Exit(1)
+        sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
 def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="also save the checks as a result JSON")) -> None:
@@ -72,7 +73,7 @@ def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="a
         measured("doctor", [vars(c) for c in checks]).save(output)
         console.print(f"wrote {output}")
     if any(c.status == "fail" for c in checks):
-        raise typer.Exit(1)
+        sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
 def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", "-o", help="report directory"),
@@ -88,7 +89,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", "-o", h
         Console(highlight=False).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")
     typer.echo(f"wrote {outcome.index} (open it in a browser; the JSON of every stage is beside it)")
     if outcome.interrupted:
-        raise typer.Exit(130)
+        sys.exit(130)
 
 
 def register(app: typer.Typer) -> None:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import importlib
 import math
+import signal
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -286,7 +288,8 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
     console = console or Console(stderr=True)
     outcomes: list[StageOutcome] = []
     interrupted = False
-    with Progress(TextColumn("{task.description:<44}"), BarColumn(), TimeElapsedColumn(),
+    sigint = _SigintFlag()
+    with sigint, Progress(TextColumn("{task.description:<44}"), BarColumn(), TimeElapsedColumn(),
                   TextColumn("{task.fields[eta]}"), console=console, transient=False) as progress:
         overall = progress.add_task("tour", total=len(stages), eta="")
         spent = estimated = 0.0
@@ -300,6 +303,9 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
             progress.update(overall, eta=f"about {left:.0f} s left")
             task = progress.add_task(f"  {stage.title}", total=estimate, eta="")
             outcome = _run_stage(stage, state, progress, task, estimate)
+            if sigint.seen and outcome.status != "interrupted":
+                # Ctrl-C also reaches the ranks, whose failure can arrive first and look like an ordinary one
+                outcome = StageOutcome(stage.name, "interrupted", outcome.seconds, _INTERRUPTED)
             progress.update(task, completed=estimate)
             outcomes.append(outcome)
             spent += outcome.seconds
@@ -340,16 +346,45 @@ def _run_stage(stage: Stage, state: TourState, progress: Progress, task: Any, es
     except Missing as exc:
         status, note = "missing", f"{exc} is not in this build yet; skipped"
     except KeyboardInterrupt:
-        status, note = "interrupted", "Ctrl-C; the report shows the stages that finished"
+        status, note = "interrupted", _INTERRUPTED
     except MeshscaleError as exc:
-        interrupted = "interrupted" in str(exc)
-        status, note = ("interrupted", "Ctrl-C; the report shows the stages that finished") if interrupted else ("failed", str(exc))
+        status, note = ("interrupted", _INTERRUPTED) if "interrupted" in str(exc) else ("failed", str(exc))
     except Exception as exc:  # a bug in one stage must not cost the others their report
         status, note = "failed", f"{type(exc).__name__}: {exc}"
     finally:
         stop.set()
         ticker.join()
+        _release_gpu_cache()
     return StageOutcome(stage.name, status, time.monotonic() - start, note)
+
+
+_INTERRUPTED = "Ctrl-C; the report shows the stages that finished"
+
+
+class _SigintFlag:
+    """While active, remembers that Ctrl-C was pressed (then raises KeyboardInterrupt as usual)."""
+
+    seen = False
+
+    def __enter__(self) -> "_SigintFlag":
+        self._previous = None
+        if threading.current_thread() is threading.main_thread():
+            def handler(signum: int, frame: Any) -> None:
+                self.seen = True
+                signal.default_int_handler(signum, frame)
+            self._previous = signal.signal(signal.SIGINT, handler)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+
+
+def _release_gpu_cache() -> None:
+    """Stages that ran on GPUs in this process (bench p2p) leave cached blocks; later ranks want the memory."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
 
 
 def _empty_report(out: Path, heading: str, notes: list[str]) -> Path:
