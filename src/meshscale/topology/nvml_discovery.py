@@ -11,7 +11,8 @@ What NVML tells, and how it becomes the model:
   PHB -> one host bridge, NODE -> host bridges of one CPU, SYS -> different CPUs joined by UPI.
 
 Every call a driver or GPU may not support is guarded: the topology is then partial but valid, and
-``attrs["nvml_unsupported"]`` names the calls that failed. NICs are not in NVML and are left out.
+``attrs["nvml_unsupported"]`` names the calls that failed. Not in NVML, so left out: NICs, and links between
+NVSwitches (a DGX-2's two boards would appear joined only by PCIe).
 """
 from __future__ import annotations
 
