@@ -60,7 +60,7 @@ def test_pos_attr_wins_and_cpu_topology_draws(tmp_path):
     topo = from_dict(data)
     assert layout(topo)["gpu0"] == (5.0, 7.0)
     assert "GPU1" in svg_text(draw(topo, tmp_path / "two.svg"))
-    assert "CPU0" in svg_text(draw(cpu_topology(2), tmp_path / "cpu.svg"))
+    assert "worker1" in svg_text(draw(cpu_topology(2), tmp_path / "cpu.svg"))
 
 
 def test_bad_suffix_is_a_user_error(tmp_path):

@@ -122,7 +122,7 @@ def _layer_the_rest(topo: Topology, pos: dict, top: float, bottom: float, two_ro
     g = nx.Graph()
     g.add_nodes_from(topo.nodes)
     g.add_edges_from((l.a, l.b) for l in topo.links if l.kind != "nvlink")
-    depth = nx.multi_source_dijkstra_path_length(g, set(topo.devices()) or set(list(topo.nodes)[:1]), weight=None)
+    depth = _depths(topo, g)
     placed_depth = max(depth.values(), default=0)
     mid = (top + bottom) / 2
     by_depth = defaultdict(list)
@@ -140,6 +140,20 @@ def _layer_the_rest(topo: Topology, pos: dict, top: float, bottom: float, two_ro
             row = sorted((n for n in layer if layer[n][1] == y), key=lambda n: layer[n][0])
             for name, x in zip(row, _spread([layer[n][0] for n in row])):
                 pos[name] = (x, y)
+
+
+def _depths(topo: Topology, g: nx.Graph) -> dict[str, int]:
+    """Hop distance from the devices, except that all CPUs share one layer (the deepest any of them needs) and
+    whatever hangs off a CPU goes below that layer."""
+    sources = set(topo.devices()) or set(list(topo.nodes)[:1])
+    cpus = [n for n in g if topo.nodes[n].kind == "cpu"]
+    depth = nx.multi_source_dijkstra_path_length(g.subgraph(n for n in g if n not in cpus), sources, weight=None)
+    if not cpus:
+        return depth
+    cpu_depth = 1 + max((depth[m] for c in cpus for m in g[c] if m in depth), default=0)
+    for name, d in nx.multi_source_dijkstra_path_length(g, set(cpus), weight=None).items():
+        depth.setdefault(name, cpu_depth + d)
+    return depth
 
 
 def _spread(xs: list[float]) -> list[float]:
@@ -163,7 +177,7 @@ def _label(topo: Topology, name: str) -> str:
         model = str(node.attrs.get("model", "")).replace("NVIDIA ", "").replace("Tesla ", "")
         return f"GPU{node.index}\n{model[:14]}" if model else f"GPU{node.index}"
     if node.kind == "worker":
-        return f"CPU{node.index}"
+        return f"worker{node.index}"
     if node.kind == "nic":
         kind, rate = node.attrs.get("port_kind", ""), node.attrs.get("port_rate", "")
         return f"{name}\n{str(rate).upper()}{' GbE' if kind == 'ethernet' else ''}"
