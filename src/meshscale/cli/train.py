@@ -58,7 +58,7 @@ def train(
     static_graph: bool = typer.Option(False, "--static-graph", help="ddp: static_graph"),
     fusion_mb: float = typer.Option(64.0, "--fusion-mb", help="allreduce: fusion buffer size"),
     compression: str = typer.Option("none", "--compression", help="allreduce: none, bf16 or fp16 on the wire"),
-    collective: str = typer.Option("native", "--collective", help="allreduce: native or schedule (meshscale schedule executor)"),
+    collective: str = typer.Option("native", "--collective", help="allreduce: native, or schedule[:ALGO] (meshscale schedule executor, e.g. schedule:ring)"),
     max_staleness: int = typer.Option(0, "--max-staleness", help="ps-async: parameters may be this many steps old"),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="side of the images (default: the model's)"),
     eval_data: Optional[str] = typer.Option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)"),

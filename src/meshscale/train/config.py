@@ -30,7 +30,7 @@ class TrainConfig:
     static_graph: bool = False       # ddp
     fusion_mb: float = 64.0          # allreduce
     compression: str = "none"        # allreduce: none | bf16 | fp16
-    collective: str = "native"       # allreduce: native | schedule (meshscale schedule executor)
+    collective: str = "native"       # allreduce: native | schedule[:ALGO] (meshscale schedule executor)
     max_staleness: int = 0           # ps-async
     # speed knobs
     precision: str = "fp32"          # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)

@@ -61,18 +61,30 @@ def loss_fn(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(out.float(), y)
 
 
-def schedule_allreduce(cfg: TrainConfig):
-    """The collective of the allreduce mode: None (native) or meshscale's schedule executor."""
+def schedule_allreduce(cfg: TrainConfig, world: int):
+    """The collective of the allreduce mode: None (native ``dist.all_reduce``) or, for ``schedule[:ALGO]``,
+    meshscale's schedule executor running algorithm ALGO (default ring). The executor is blocking, so a bucket
+    is reduced when it is launched and the returned handle is None (overlap then comes only from the CPU
+    running ahead of the device)."""
     if cfg.collective == "native":
         return None
-    if cfg.collective == "schedule":
-        import meshscale.execute as execute
-        fn = getattr(execute, "schedule_allreduce", None)
-        if fn is None:
-            raise MeshscaleError("--collective schedule needs meshscale.execute.schedule_allreduce, which this "
-                                 "version does not have yet; use --collective native")
-        return fn
-    raise MeshscaleError(f"unknown collective {cfg.collective!r}; choose native or schedule")
+    kind, _, algo = cfg.collective.partition(":")
+    if kind != "schedule":
+        raise MeshscaleError(f"unknown collective {cfg.collective!r}; choose native or schedule[:ALGO] (e.g. schedule:ring)")
+    from meshscale.execute.schedule_runner import schedule_op
+    ops: dict = {}
+
+    def allreduce(tensor: torch.Tensor, async_op: bool = True) -> None:
+        key = (tensor.numel(), tensor.dtype)
+        if key not in ops:  # one plan per bucket size, built on first use
+            op = schedule_op("all_reduce", list(range(world)), tensor.numel() * tensor.element_size(), algo or "ring",
+                             elem_bytes=tensor.element_size())
+            ops[key] = (op, torch.empty_like(tensor))
+        op, out = ops[key]
+        op(tensor, out)
+        tensor.copy_(out)
+        return None
+    return allreduce
 
 
 def _deterministic(device: torch.device) -> None:
@@ -118,7 +130,7 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     exchange = make_exchange(cfg.mode, model, optimizer_factory(cfg, spec), clock, rank, world, device,
                              bucket_cap_mb=cfg.bucket_cap_mb, bucket_view=cfg.bucket_view, static_graph=cfg.static_graph,
                              fusion_bytes=int(cfg.fusion_mb * (1 << 20)), compression=cfg.compression,
-                             allreduce=schedule_allreduce(cfg), max_staleness=cfg.max_staleness, timing=cfg.timing)
+                             allreduce=schedule_allreduce(cfg, world), max_staleness=cfg.max_staleness, timing=cfg.timing)
     run_model = torch.compile(exchange.model, mode=None if cfg.compile == "default" else cfg.compile) if cfg.compile else exchange.model
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16)

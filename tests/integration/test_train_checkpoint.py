@@ -1,0 +1,41 @@
+"""Checkpoint and resume continue the same loss sequence; a killed worker stops the run with a clear message
+and leaves the last checkpoint intact."""
+import json
+import time
+
+import pytest
+
+from meshscale.execute import WorkerError
+from meshscale.train import checkpoint
+from meshscale.train.config import TrainConfig
+from meshscale.train.run import run
+
+
+def _cfg(tmp_path, name, **kw):
+    return TrainConfig(model="gpt-tiny", mode=kw.pop("mode"), world=2, batch_per_rank=2, timing_warmup=1,
+                       lr_warmup_steps=3, checkpoint_dir=str(tmp_path / name), deterministic=True, timeout_s=30, **kw)
+
+
+@pytest.mark.parametrize("mode, extra", [("allreduce", {}), ("ps-async", {"max_staleness": 1})])
+def test_resume_continues_the_same_losses(tmp_path, mode, extra):
+    whole = run(_cfg(tmp_path, "a", mode=mode, steps=8, **extra))[0]["rows"]
+    run(_cfg(tmp_path, "b", mode=mode, steps=4, **extra))
+    assert checkpoint.latest_step(tmp_path / "b") == 4
+    resumed = run(_cfg(tmp_path, "b", mode=mode, steps=8, resume=True, **extra))[0]
+    assert resumed["summary"]["first_step"] == 4
+    assert [r["step"] for r in resumed["rows"]] == [4, 5, 6, 7]
+    assert [r["loss"] for r in resumed["rows"]] == [r["loss"] for r in whole[4:]]
+
+
+def test_killed_worker_stops_the_run_and_keeps_the_checkpoint(tmp_path):
+    log = tmp_path / "steps.jsonl"
+    cfg = _cfg(tmp_path, "c", mode="ddp", steps=50, checkpoint_every=4, fault_step=6, log=str(log))
+    start = time.monotonic()
+    with pytest.raises(WorkerError, match=r"rank 1 died .* during training step 6"):
+        run(cfg)
+    assert time.monotonic() - start < cfg.timeout_s
+    assert checkpoint.latest_step(cfg.checkpoint_dir) == 4
+    state = checkpoint.load(cfg.checkpoint_dir, 0, 2)
+    assert state["step"] == 4 and "wte.weight" in state["model"]
+    steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
+    assert steps[:6] == list(range(6))  # everything logged before the failure is there
