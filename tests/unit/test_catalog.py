@@ -125,3 +125,17 @@ def test_systems_command_lists_them_all():
     assert result.exit_code == 0
     for name in SYSTEMS:
         assert name in result.output
+
+
+@pytest.mark.parametrize("name,indices", [("hgx-h100", None), ("pcie-8gpu-2socket", None), ("dgx1-p100", [0, 1, 2, 4, 5]),
+                                          ("dgx2", [0, 1, 2, 3, 8, 9, 10]), ("dgx-a100", [0, 1, 2, 3, 4, 5])])
+def test_bisection_with_twins_equals_brute_force(monkeypatch, name, indices):
+    from meshscale.topology import queries
+
+    names = None if indices is None else [f"gpu{i}" for i in indices]
+    fast = bisection_bandwidth(load_system(name), names)
+    monkeypatch.setattr(queries, "_twin_classes", lambda links, names: [[n] for n in names])
+    # every split, both halves, without the symmetry shortcuts
+    monkeypatch.setattr(queries, "_halves", lambda classes, half, total: itertools.combinations(
+        [m for c in classes for m in c], half))
+    assert bisection_bandwidth(load_system(name), names) == pytest.approx(fast)
