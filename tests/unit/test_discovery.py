@@ -342,3 +342,10 @@ def test_real_machine_matches_nvidia_smi():
     for g in topo.gpus():
         if topo.nodes[g].attrs.get("nvlinks"):
             assert topo.nvlink_count(g) == topo.nodes[g].attrs["nvlinks"]
+
+
+def test_unknown_remote_type_is_decided_by_the_bus_id():
+    fake = nvswitch_machine()
+    fake.nvlinks = {g: [(bus, 0xFF) for bus, _ in links] for g, links in fake.nvlinks.items()}
+    topo = nvml_topology(fake, sm_counts={})
+    assert len(topo.nodes_of("nvswitch")) == 4 and all(topo.nvlink_count(g) == 18 for g in topo.gpus())

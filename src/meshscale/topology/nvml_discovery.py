@@ -30,7 +30,7 @@ LEVEL_RELATION = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SY
 P2P_CAPS = {"read": 0, "write": 1, "nvlink": 2, "atomics": 3, "prop": 4}
 # nvidia-smi topo -p2p codes for nvmlGpuP2PStatus_t
 P2P_STATUS = {0: "OK", 1: "CNS", 2: "GNS", 3: "TNS", 4: "NS", 5: "NS", 6: "U"}
-NVLINK_REMOTE_GPU, NVLINK_REMOTE_SWITCH = 0, 2
+NVLINK_REMOTE_GPU, NVLINK_REMOTE_CPU, NVLINK_REMOTE_SWITCH = 0, 1, 2  # CPU: an IBM NPU (POWER9 over NVLink)
 # nvmlDeviceGetNvLinkVersion returns NVML_NVLINK_VERSION_* (1_0, 2_0, 2_2, 3_0, 3_1, 4_0, 5_0), not the generation
 NVML_VERSION_GENERATION = {1: 1, 2: 2, 3: 2, 4: 3, 5: 3, 6: 4, 7: 5}
 # ... and some drivers return the bare generation, so a known GPU model decides first.
@@ -302,12 +302,14 @@ def _add_nvlinks(call: _Calls, nodes: dict, links: list, handles: list, gpus: li
             if version is not None:
                 versions.add(int(version))
             p2p.append(call("nvmlDeviceGetNvLinkCapability", handle, link, p2p_cap))
-            if kind == NVLINK_REMOTE_GPU or (kind is None and bus in by_bus):
-                if bus in by_bus and by_bus[bus] != i:
-                    peers[by_bus[bus]] += 1
-            elif kind in (NVLINK_REMOTE_SWITCH, None):
+            if kind == NVLINK_REMOTE_CPU:
+                continue  # not part of the GPU fabric
+            if kind not in (NVLINK_REMOTE_GPU, NVLINK_REMOTE_SWITCH):  # unsupported or UNKNOWN: the bus id decides
+                kind = NVLINK_REMOTE_GPU if bus in by_bus else NVLINK_REMOTE_SWITCH
+            if kind == NVLINK_REMOTE_SWITCH:
                 switches[bus] += 1
-            # other remote types (an IBM NPU, i.e. a CPU over NVLink) are not part of the GPU fabric
+            elif bus in by_bus and by_bus[bus] != i:
+                peers[by_bus[bus]] += 1
         to_gpu[i], to_switch[i] = peers, switches
         attrs = nodes[f"gpu{i}"].attrs
         attrs["nvlinks"] = sum(peers.values()) + sum(switches.values())
