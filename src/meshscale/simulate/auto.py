@@ -9,7 +9,7 @@ from meshscale.collectives.algorithms import ALGORITHMS, build
 from meshscale.collectives.schedule import COLLECTIVES, Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.params import SimParams
-from meshscale.simulate.sim import SimResult, lower_bound_s, simulate
+from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
 
 PIECES = (1, 4, 16)  # pipeline depths tried (pieces per block and channel)
@@ -40,33 +40,36 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
         raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
     params = params or SimParams()
     names = algorithms or [a for a, algo in ALGORITHMS.items() if collective in algo.collectives]
-    built: list[tuple[float, str, int, Schedule]] = []
     skipped: dict[str, str] = {}
-    for pieces in _pieces_for(nbytes, len(ranks)):
+    results: list[tuple[SimResult, Schedule]] = []
+    load_of: dict[str, float] = {}  # the load bound does not depend on the pipeline depth
+    best = float("inf")
+    for pieces in _pieces_for(nbytes, len(ranks)):  # shallow pipelines first: they set the bar to beat
+        built = []
         for name in names:
-            if name in skipped:
+            if name in skipped or load_of.get(name, 0.0) >= best:
                 continue
             try:
                 schedule = build(name, collective, ranks, nbytes, topology, root=root, pieces=pieces)
             except MeshscaleError as exc:
                 skipped[name] = str(exc)
                 continue
-            if sum(len(s.transfers) for s in schedule.steps) <= MAX_TRANSFERS or pieces == 1:
-                built.append((lower_bound_s(schedule, topology, params), name, pieces, schedule))
-    # most promising first; a candidate whose bound cannot beat the best is skipped, one that falls behind
-    # it while simulating is stopped there
-    built.sort(key=lambda b: b[0])
-    results: list[tuple[SimResult, Schedule]] = []
-    best = float("inf")
-    for bound, name, pieces, schedule in built:
-        if bound >= best:
-            break
-        result = simulate(schedule, topology, params, give_up_s=best)
-        if result.time_s == float("inf"):
-            continue
-        result.detail = f"{name}, {schedule.channels} channel(s), {pieces} piece(s)"
-        results.append((result, schedule))
-        best = min(best, result.time_s)
+            if pieces > 1 and sum(len(s.transfers) for s in schedule.steps) > MAX_TRANSFERS:
+                continue
+            load_s, estimate_s = estimates_s(schedule, topology, params)
+            load_of[name] = load_s
+            built.append((max(load_s, estimate_s), load_s, name, schedule))
+        # most promising first; a candidate whose load bound cannot beat the best is skipped, one that falls
+        # behind it while simulating is stopped there
+        for _, load_s, name, schedule in sorted(built, key=lambda b: b[0]):
+            if load_s >= best:
+                continue
+            result = simulate(schedule, topology, params, give_up_s=best)
+            if result.time_s == float("inf"):
+                continue
+            result.detail = f"{name}, {schedule.channels} channel(s), {pieces} piece(s)"
+            results.append((result, schedule))
+            best = min(best, result.time_s)
     if not results:
         first = next(iter(skipped.values()), "no algorithm does it")
         raise MeshscaleError(f"no algorithm applies to {collective} over {list(ranks)} with {nbytes} bytes: {first}")

@@ -25,6 +25,7 @@ from meshscale.topology import Topology, route
 # A flow with less than this share of its bytes left finishes at the current event: flows of parallel channels
 # that would end a hair apart end together, which saves events and rate computations (error <= 0.5%).
 FINISH_SLACK = 5e-3
+MEMO_LIMIT = 200_000  # rate computations remembered per topology and parameters
 
 
 @dataclass
@@ -65,6 +66,7 @@ class _Resources:
         self.keys: dict[tuple[str, str, bool], int] = {}
         self.rows: list[np.ndarray] = []
         self.latency: list[float] = []
+        self.rate_memo: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}  # see _rates
 
     def key(self, src: str, dst: str, reduce: bool) -> int:
         """Index of the (src, dst, reduce) key, building its weight row (load per unit of flow rate)."""
@@ -166,7 +168,6 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     act_load = np.zeros(len(res.names))
     counts = np.zeros(len(rows), dtype=np.int64)  # active flows per key
     used_bytes = np.zeros(len(res.names))
-    cache: dict[bytes, tuple[np.ndarray, np.ndarray]] = {}
     now, done = 0.0, 0
     while done < n:
         t_ready = ready[0][0] if ready else np.inf
@@ -220,20 +221,22 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
             np.add.at(counts, key[new], 1)
             changed = True
         if changed:
-            rate_of_key, act_load = _rates(counts, rows, res.capacity, cache)
+            rate_of_key, act_load = _rates(counts, rows, res.capacity, res.rate_memo)
             act_rate = rate_of_key[key[act_ids]]
     return FlowRun(start, finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
 
 
-def _rates(counts: np.ndarray, rows: np.ndarray, capacity: np.ndarray, cache: dict) -> tuple[np.ndarray, np.ndarray]:
-    """Per-key rates for ``counts`` active flows of each key, and the load per resource; memoized."""
-    tag = counts.tobytes()
-    hit = cache.get(tag)
+def _rates(counts: np.ndarray, rows: np.ndarray, capacity: np.ndarray, memo: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Per-key rates for ``counts`` active flows of each key, and the load per resource. Memoized on the
+    active keys and their counts, across runs on one topology (candidates of `auto` share most states)."""
+    live = np.flatnonzero(counts)
+    tag = live.tobytes() + counts[live].tobytes()
+    hit = memo.get(tag)
     if hit is None:
-        live = np.flatnonzero(counts)
-        rate = np.zeros(len(counts))
-        if len(live):
-            rate[live] = max_min_rates(rows[live], counts[live].astype(float), capacity)
-        hit = (rate, (rate * counts) @ rows)
-        cache[tag] = hit
-    return hit
+        rate = max_min_rates(rows[live], counts[live].astype(float), capacity) if len(live) else np.zeros(0)
+        hit = (rate, (rate * counts[live]) @ rows[live] if len(live) else np.zeros(len(capacity)))
+        if len(memo) < MEMO_LIMIT:
+            memo[tag] = hit
+    rate_of_key = np.zeros(len(counts))
+    rate_of_key[live] = hit[0]
+    return rate_of_key, hit[1]

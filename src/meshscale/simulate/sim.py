@@ -108,21 +108,36 @@ def simulate(schedule: Schedule, topo: Topology, params: SimParams | None = None
     return _result(schedule, run, params)
 
 
-def lower_bound_s(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> float:
-    """A quick lower bound on the simulated time: the busiest resource moving all its bytes at full effective
-    rate (no latency, no waiting). `auto` uses it to skip candidates that cannot win."""
+def estimates_s(schedule: Schedule, topo: Topology, params: SimParams | None = None) -> tuple[float, float]:
+    """Two quick figures without simulating: (load bound, step estimate). The load bound is a true lower
+    bound: the busiest resource moving all its bytes at full effective rate. The step estimate adds up, step
+    by step, the slowest transfer of the step as if it ran alone (latency + bytes at its solo rate); it is no
+    bound, but it ranks candidates well. `auto` skips on the first and orders by the larger of the two."""
     res = resources(topo, params or SimParams())
     names = [topo.device(r) for r in schedule.ranks]
-    per_pair: dict[tuple[int, int, bool], float] = {}
+    keys: dict[tuple[int, int, bool], int] = {}
+    per_key_bytes: dict[int, float] = {}
+    step_keys: list[list[tuple[int, int]]] = []
     for step in schedule.steps:
+        mine = []
         for t in step.transfers:
             pair = (t.src, t.dst, t.op == "reduce")
-            per_pair[pair] = per_pair.get(pair, 0.0) + t.nbytes
-    if not per_pair:
-        return 0.0
-    keys = [res.key(names[a], names[b], red) for a, b, red in per_pair]
-    load = np.array(list(per_pair.values())) @ np.array(res.rows)[keys]
-    return float(np.max(load / res.capacity))
+            k = keys.get(pair)
+            if k is None:
+                k = keys[pair] = res.key(names[t.src], names[t.dst], pair[2])
+            per_key_bytes[k] = per_key_bytes.get(k, 0.0) + t.nbytes
+            mine.append((k, t.nbytes))
+        step_keys.append(mine)
+    if not per_key_bytes:
+        return 0.0, 0.0
+    rows = np.array(res.rows)
+    used = list(per_key_bytes)
+    load_s = float(np.max((np.array([per_key_bytes[k] for k in used]) @ rows[used]) / res.capacity))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        solo_rate = np.min(np.where(rows > 0, res.capacity / np.where(rows > 0, rows, 1.0), np.inf), axis=1)
+    latency = res.latency
+    estimate_s = sum(max(latency[k] + b / solo_rate[k] for k, b in mine) for mine in step_keys if mine)
+    return load_s, float(estimate_s)
 
 
 def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
