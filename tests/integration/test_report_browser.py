@@ -90,7 +90,7 @@ def test_fixture_report_renders_in_chromium(tmp_path):
     ids = {p["id"] for p in found["plots"]}
     # one figure per kind of figure the fixtures hold
     assert any(i.startswith("plot-topology") for i in ids)
-    assert sum(i.startswith("plot-p2p") for i in ids) == 4  # two modes x (bandwidth, latency)
+    assert sum(i.startswith("plot-p2p") for i in ids) == 3  # bandwidth of two modes, latency
     collectives = {r["collective"] for s in sources if s.result.kind == "bench-collective" for r in s.result.rows}
     assert {f"plot-busbw-{c.replace('_', '-')}" for c in collectives} <= ids
     assert {"plot-scaling-this-machine-weak", "plot-scaling-this-machine-strong"} <= ids

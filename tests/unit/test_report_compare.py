@@ -19,7 +19,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "report"
 def _scaled(result, key, factor, where=lambda r: True):
     out = copy.deepcopy(result)
     for row in out.rows:
-        if where(row):
+        if where(row) and row.get(key) is not None:
             row[key] *= factor
     return out
 

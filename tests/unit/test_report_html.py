@@ -33,7 +33,8 @@ def test_figures_follow_the_data(page):
     for name in {r["collective"] for r in collective.rows}:
         assert f'id="plot-busbw-{name.replace("_", "-")}"' in page
     assert "measured collective" in page and "predicted sim" in page and "link bound" in page
-    assert page.count('id="plot-p2p-') == 4
+    assert page.count('id="plot-p2p-') == 3  # unidirectional, bidirectional, latency
+    assert "90% of the line rate on the slowest pair" in page and "85% of the line rate on the slowest pair" in page
     assert "plot-scaling-this-machine-strong" in page and "plot-breakdown-this-machine-weak" in page
     assert "8 GPUs (Tesla P100-SXM2-16GB)" in page
     assert not re.search(r"""(src|href)=["']?https?:""", page)
