@@ -6,14 +6,14 @@
 # dominates. Every configuration runs in fresh processes, 10 warm-up + 20 timed steps.
 #
 #   bash benchmarks/train_scaling.sh [OUTDIR]        (default: $OUT, else ./train_scaling_results)
-#   SECTIONS="plain ddp allreduce knobs compile gpt" GPUS=1,2 bash benchmarks/train_scaling.sh /tmp/x
+#   SECTIONS="plain ddp allreduce fast knobs compile gpt" GPUS=1,2 bash benchmarks/train_scaling.sh /tmp/x
 #
 # Writes OUTDIR/plain.jsonl (plain DDP rows) and one meshscale Result per sweep (OUTDIR/<name>.json, kind
 # "scale") with a plot (OUTDIR/<name>.png); OUTDIR/summary.txt lists throughput, speedup and efficiency.
 set -u
 OUTDIR="${1:-${OUT:-train_scaling_results}}"
 GPUS="${GPUS:-1,2}"
-SECTIONS="${SECTIONS:-plain ddp allreduce knobs compile gpt}"
+SECTIONS="${SECTIONS:-plain ddp allreduce fast knobs compile gpt}"
 MS="${MESHSCALE:-meshscale}"
 PY="${PYTHON:-python}"
 HERE="$(cd "$(dirname "$0")" && pwd)"
@@ -45,6 +45,11 @@ for s in $SECTIONS; do
                sweep ddp-strong $R50 --mode ddp --strong --global-batch 256 ;;
     allreduce) sweep allreduce-weak $R50 --mode allreduce --weak --batch 256
                sweep allreduce-strong $R50 --mode allreduce --strong --global-batch 256 ;;
+    fast)      # the same without the per-step device sync that the compute/comm split needs (throughput only)
+               sweep ddp-weak-notiming $R50 --mode ddp --weak --batch 256 --no-timing
+               sweep allreduce-weak-notiming $R50 --mode allreduce --weak --batch 256 --no-timing
+               sweep ddp-strong-notiming $R50 --mode ddp --strong --global-batch 256 --no-timing
+               sweep allreduce-strong-notiming $R50 --mode allreduce --strong --global-batch 256 --no-timing ;;
     knobs)     # strong scaling at small per-GPU batch: what each knob buys
                plain strong --channels-last
                sweep ddp-strong-cl $R50 --mode ddp --strong --global-batch 256 --channels-last

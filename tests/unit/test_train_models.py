@@ -95,10 +95,12 @@ def test_image_folder_reads_classes_from_sub_folders(tmp_path):
         image_folder(tmp_path / "missing")
 
 
-def test_synthetic_data_has_the_model_shape():
+def test_synthetic_data_has_the_model_shape_and_ignores_the_world():
     data = synthetic("tokens", (16,), 100)
-    x, y = Batches(data, 3, 0, 1, 0, torch.device("cpu")).get(7)
-    assert x.shape == y.shape == (3, 16) and int(x.max()) < 100
+    x, y = Batches(data, 4, 0, 1, 0, torch.device("cpu")).get(7)
+    assert x.shape == y.shape == (4, 16) and int(x.max()) < 100
+    halves = [Batches(data, 2, r, 2, 0, torch.device("cpu")).get(0) for r in range(2)]
+    assert torch.equal(torch.cat([h[0] for h in halves]), x) and torch.equal(torch.cat([h[1] for h in halves]), y)
 
 
 def test_learning_rate_scales_linearly_and_warms_up():

@@ -32,11 +32,6 @@ def _workers(gpus: Optional[str], cpus: Optional[str]) -> tuple[str, str]:
     return ("cuda", gpus) if gpus else ("cpu", cpus or "1")
 
 
-def _knobs(**kw) -> dict:
-    kw["compile"] = kw["compile"] or None
-    return kw
-
-
 def train(
     model: str = typer.Option("small-cnn", "--model", "-m", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, gpt-medium"),
     data: str = typer.Option("synthetic", "--data", help=_HELP_DATA),
@@ -49,7 +44,7 @@ def train(
     lr: Optional[float] = typer.Option(None, "--lr", help="base learning rate per --ref-batch samples (scaled linearly)"),
     ref_batch: int = typer.Option(256, "--ref-batch", help="batch the base learning rate is for"),
     lr_warmup: int = typer.Option(0, "--lr-warmup-steps", help="linear learning-rate warm-up (Goyal et al.)"),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="sgd or adamw (default: sgd for images, adamw for tokens)"),
+    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="sgd or adamw (default: the model's: sgd for resnets, adamw otherwise)"),
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
     channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images)"),
     compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune"),
@@ -124,6 +119,7 @@ def scale(
     fusion_mb: float = typer.Option(64.0, "--fusion-mb"),
     compression: str = typer.Option("none", "--compression"),
     max_staleness: int = typer.Option(0, "--max-staleness"),
+    no_timing: bool = typer.Option(False, "--no-timing", help="no per-step device sync and split (fastest)"),
     timeout_s: float = typer.Option(300.0, "--timeout"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)"),
@@ -142,7 +138,7 @@ def scale(
     cfg = TrainConfig(model=model, data=data, mode=mode, device=device, steps=steps, timing_warmup=warmup,
                       precision=precision, channels_last=channels_last, compile=compile, bucket_cap_mb=bucket_cap_mb,
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
-                      max_staleness=max_staleness, timeout_s=timeout_s)
+                      max_staleness=max_staleness, timing=not no_timing, timeout_s=timeout_s)
     console = Console()
     result = run_scale(cfg, _ints(counts, what), weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))

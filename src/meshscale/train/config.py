@@ -18,8 +18,8 @@ class TrainConfig:
     steps: int = 50
     timing_warmup: int = 5           # steps left out of the throughput summary
     # optimizer and the large-batch recipe (Goyal et al.): lr = base_lr x global batch / ref_batch, warm-up
-    optimizer: Optional[str] = None  # sgd | adamw (default: sgd for images, adamw for tokens)
-    base_lr: Optional[float] = None  # per ref_batch samples (default 0.1 sgd, 3e-4 adamw)
+    optimizer: Optional[str] = None  # sgd | adamw (default: the model's, see models.py)
+    base_lr: Optional[float] = None  # per ref_batch samples (default: the model's)
     ref_batch: int = 256
     lr_warmup_steps: int = 0
     momentum: float = 0.9

@@ -34,8 +34,9 @@ class Dataset:
 
 def synthetic(input_kind: str, sample_shape: tuple[int, ...], num_classes: int) -> Dataset:
     """Random inputs for throughput runs (generated once, on the device, by `Batches`)."""
-    return Dataset("synthetic", 1 << 30, lambda idx: (_ for _ in ()).throw(RuntimeError("synthetic")),
-                   input_kind, tuple(sample_shape), num_classes, synthetic=True)
+    def fetch(idx: np.ndarray):
+        raise RuntimeError("synthetic data lives on the device: use Batches")
+    return Dataset("synthetic", 1 << 30, fetch, input_kind, tuple(sample_shape), num_classes, synthetic=True)
 
 
 def digits(split: str = "train", test_fraction: float = 0.2) -> Dataset:
@@ -111,15 +112,17 @@ class Batches:
         self._fixed = self._synthetic_batch() if data.synthetic else None
 
     def _synthetic_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
-        g = torch.Generator(device="cpu").manual_seed(self.seed * 1000 + self.rank)
-        shape = (self.b, *self.data.sample_shape)
-        if self.data.input_kind == "tokens":
-            x = torch.randint(self.data.num_classes, shape, generator=g)
-            y = torch.randint(self.data.num_classes, shape, generator=g)
-        else:
-            x = torch.randn(shape, generator=g)
-            y = torch.randint(self.data.num_classes, (self.b,), generator=g)
-        return x.to(self.device), y.to(self.device)
+        # sample i of the global batch depends only on (seed, i): N ranks hold exactly what 1 rank holds
+        xs, ys = [], []
+        for i in range(self.rank * self.b, (self.rank + 1) * self.b):
+            g = torch.Generator(device="cpu").manual_seed(self.seed * 1_000_003 + i)
+            if self.data.input_kind == "tokens":
+                xs.append(torch.randint(self.data.num_classes, self.data.sample_shape, generator=g))
+                ys.append(torch.randint(self.data.num_classes, self.data.sample_shape, generator=g))
+            else:
+                xs.append(torch.randn(self.data.sample_shape, generator=g))
+                ys.append(torch.randint(self.data.num_classes, (), generator=g))
+        return torch.stack(xs).to(self.device), torch.stack(ys).to(self.device)
 
     def indices(self, step: int) -> np.ndarray:
         """This rank's sample indices at ``step``: epoch = step // steps_per_epoch, a seeded shuffle per epoch."""

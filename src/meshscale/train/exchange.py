@@ -34,6 +34,11 @@ _all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_t
 _reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
+def flat_params(params) -> torch.Tensor:
+    """All parameters as one vector (``reshape``: channels-last weights are not viewable as flat)."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
+
+
 class Exchange:
     """Common part: the wrapped model, its optimizer, and no-op hooks."""
 
@@ -148,7 +153,7 @@ class AllreduceExchange(Exchange):
     def _on_grad(self, p: torch.Tensor) -> None:
         bucket, i = self._where[p]
         off = bucket.offsets[i]
-        bucket.wire[off:off + p.numel()].copy_(p.grad.view(-1))
+        bucket.wire[off:off + p.numel()].copy_(p.grad.reshape(-1))
         bucket.ready += 1
         self._launch_ready()
 
@@ -189,7 +194,7 @@ class PSExchange(Exchange):
         self.rank, self.world, self.max_staleness = rank, world, max_staleness
         p0 = self.params[0]
         flat = torch.zeros(self.shard * world, dtype=p0.dtype, device=p0.device)
-        flat[:self.total] = nn.utils.parameters_to_vector(self.params).detach()
+        flat[:self.total] = flat_params(self.params)
         self.owned = nn.Parameter(flat[rank * self.shard:(rank + 1) * self.shard].clone())
         self.flat_grad = torch.zeros_like(flat)
         self.pending: deque = deque()  # (work or None, gathered parameters), oldest first
@@ -205,7 +210,7 @@ class PSExchange(Exchange):
         off = 0
         for p in self.params:
             g = self.flat_grad[off:off + p.numel()]
-            g.copy_(p.grad.view(-1)) if p.grad is not None else g.zero_()
+            g.copy_(p.grad.reshape(-1)) if p.grad is not None else g.zero_()
             off += p.numel()
         self.flat_grad.div_(self.world)
         grad = torch.empty_like(self.owned)
@@ -226,7 +231,11 @@ class PSExchange(Exchange):
     def _install(self, work: Any, gathered: torch.Tensor) -> None:
         if work is not None:
             work.wait()
-        nn.utils.vector_to_parameters(gathered[:self.total], self.params)
+        off = 0
+        with torch.no_grad():
+            for p in self.params:  # copy, not re-point: keeps each parameter's memory format
+                p.copy_(gathered[off:off + p.numel()].view(p.shape))
+                off += p.numel()
 
     def state_dict(self) -> dict:
         pending = []

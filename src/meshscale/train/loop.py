@@ -17,7 +17,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.train import checkpoint
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches, Dataset, open_data
-from meshscale.train.exchange import make_exchange
+from meshscale.train.exchange import flat_params, make_exchange
 from meshscale.train.metrics import StepLog
 from meshscale.train.models import ModelSpec, get_model, image_spec
 from meshscale.train.timing import Clock
@@ -37,7 +37,7 @@ def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
 
 def optimizer_factory(cfg: TrainConfig, spec: ModelSpec):
     """A function params -> optimizer (the PS owners build theirs over their shard)."""
-    name = cfg.optimizer or ("sgd" if spec.input_kind == "image" else "adamw")
+    name = cfg.optimizer or spec.optimizer
     if name == "sgd":
         return lambda params: torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
     if name == "adamw":
@@ -47,8 +47,8 @@ def optimizer_factory(cfg: TrainConfig, spec: ModelSpec):
 
 def learning_rate(cfg: TrainConfig, spec: ModelSpec, step: int) -> float:
     """Linear scaling with the global batch and a linear warm-up (Goyal et al. 2017)."""
-    name = cfg.optimizer or ("sgd" if spec.input_kind == "image" else "adamw")
-    base = cfg.base_lr if cfg.base_lr is not None else (0.1 if name == "sgd" else 3e-4)
+    default = spec.base_lr if (cfg.optimizer or spec.optimizer) == spec.optimizer else (0.1 if cfg.optimizer == "sgd" else 3e-4)
+    base = cfg.base_lr if cfg.base_lr is not None else default
     lr = base * cfg.global_batch / cfg.ref_batch
     if cfg.lr_warmup_steps:
         lr *= min(1.0, (step + 1) / cfg.lr_warmup_steps)
@@ -113,6 +113,16 @@ def evaluate(model: nn.Module, data: Dataset, kind: str, device: torch.device, b
     return result
 
 
+def _flush(pending: list, log: StepLog | None) -> None:
+    """Read the losses of untimed steps (one device sync for all) into their rows and log them."""
+    if pending:
+        for (row, _), value in zip(pending, torch.stack([v for _, v in pending]).tolist()):
+            row["loss"] = value
+            if log is not None:
+                log.write(row)
+        pending.clear()
+
+
 def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     """One rank of a training run (started by `meshscale.execute.launch`). Rank 0 returns the per-step rows."""
     device, rank, world = ctx.device, ctx.rank, ctx.world_size
@@ -151,7 +161,7 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     log = StepLog(cfg.log, cfg.tensorboard, cfg.progress, cfg.steps, start,
                   f"{cfg.model} {cfg.mode} x{world}") if rank == 0 else None
     rows: list[dict[str, Any]] = []
-    losses: list[torch.Tensor] = []
+    pending: list[tuple[dict, torch.Tensor]] = []  # untimed mode: losses read only at checkpoints and the end
     max_param_diff = 0.0
     timed_from = min(start + cfg.timing_warmup, cfg.steps - 1)
     window_start = None
@@ -193,29 +203,27 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=cfg.global_batch / step_s,
                            data_s=clock.seconds(t0, t_data),
                            compute_s=clock.seconds(t_data, ready) + clock.seconds(t_fin, t_upd), comm_s=comm)
-            else:
-                losses.append(loss.detach())
             if cfg.verify_sync:
-                flat = nn.utils.parameters_to_vector(exchange.module.parameters()).detach()
+                flat = flat_params(exchange.module.parameters())
                 ref = flat.clone()
                 dist.broadcast(ref, 0)
                 max_param_diff = max(max_param_diff, (flat - ref).abs().max().item())
-            if rank == 0 and cfg.timing:
-                log.write(row)
             rows.append(row)
+            if cfg.timing:
+                if rank == 0:
+                    log.write(row)
+            else:
+                pending.append((row, loss.detach()))
             done = step + 1
             if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
                 ctx.phase(f"saving the checkpoint of step {done}")
+                _flush(pending, log)
                 state = {"model": exchange.module.state_dict() if rank == 0 else None, "exchange": exchange.state_dict(),
                          "scaler": scaler.state_dict() if scaler is not None else None}
                 checkpoint.save(cfg.checkpoint_dir, done, rank, world, state, ctx.barrier)
         clock.sync()
         window_s = time.perf_counter() - window_start if window_start is not None else 0.0
-        if losses:  # untimed mode: read the losses only now, to keep the device busy during the run
-            for row, value in zip(rows, torch.stack(losses).tolist()):
-                row["loss"] = value
-                if rank == 0:
-                    log.write(row)
+        _flush(pending, log)
     finally:
         if log is not None:
             log.close()
@@ -230,6 +238,6 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                                 spec.input_kind, device))
     out = {"summary": summary, "rows": rows if rank == 0 else []}
     if cfg.return_params and rank == 0:
-        out["params"] = nn.utils.parameters_to_vector(exchange.module.parameters()).detach().cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
+        out["params"] = flat_params(exchange.module.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
     del exchange, run_model, model  # free the DDP reducer before the group goes (teardown deadlock)
     return out

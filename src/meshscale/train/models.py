@@ -27,6 +27,8 @@ class ModelSpec:
     flops_per_sample: float         # forward + backward, at input_shape
     description: str = ""
     build_kwargs: dict = field(default_factory=dict)
+    optimizer: str = "sgd"          # default optimizer and learning rate per 256 samples (scaled linearly)
+    base_lr: float = 0.1
 
     def build(self, **overrides) -> nn.Module:
         """A freshly initialised model (the caller seeds torch for reproducible weights)."""
@@ -56,7 +58,7 @@ _GPT = {
 
 def _gpt_spec(name: str, cfg: GPTConfig, text: str) -> ModelSpec:
     return ModelSpec(name, lambda cfg=cfg: GPT(cfg), "tokens", (cfg.seq_len,), cfg.vocab_size,
-                     gpt_params(cfg), gpt_flops(cfg), text)
+                     gpt_params(cfg), gpt_flops(cfg), text, optimizer="adamw", base_lr=3e-4)
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
@@ -68,7 +70,7 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
               "ResNet-18 (torchvision)"),
     ModelSpec("small-cnn", small_cnn, "image", (3, 32, 32), 10, small_cnn_params(3, 10), small_cnn_flops(3, 32, 32),
               "3-conv CNN, trains in seconds on a CPU; any image size",
-              {"in_channels": 3, "num_classes": 10}),
+              {"in_channels": 3, "num_classes": 10}, optimizer="adamw", base_lr=0.024),  # no norm layers: adam
     _gpt_spec("gpt-tiny", _GPT["gpt-tiny"], "GPT, 2 layers, d=64, vocab 256, 32 tokens: CPU tests"),
     _gpt_spec("gpt-small", _GPT["gpt-small"], "GPT-2 small (124M), 1024 tokens"),
     _gpt_spec("gpt-medium", _GPT["gpt-medium"], "GPT-2 medium (350M), 1024 tokens"),
@@ -94,4 +96,4 @@ def image_spec(spec: ModelSpec, in_channels: int, height: int, width: int, num_c
         params = spec.params
         flops = spec.flops_per_sample * (height * width) / (spec.input_shape[1] * spec.input_shape[2])
     return ModelSpec(spec.name, spec.builder, "image", (in_channels, height, width), num_classes, params, flops,
-                     spec.description, kwargs)
+                     spec.description, kwargs, spec.optimizer, spec.base_lr)

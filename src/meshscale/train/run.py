@@ -2,6 +2,7 @@
 measured into a Result of kind "train"; also the one-device profile over batch sizes that the predictor reads."""
 from __future__ import annotations
 
+import os
 import statistics
 from dataclasses import asdict, replace
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.execute import launch
+from meshscale.execute import in_torchrun, launch
 from meshscale.results import Result, measured
 from meshscale.train.config import TrainConfig
 from meshscale.train.exchange import MODES, WIRE_DTYPES
@@ -48,8 +49,14 @@ def validate(cfg: TrainConfig) -> None:
 
 
 def run(cfg: TrainConfig) -> list[dict[str, Any]]:
-    """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows)."""
-    validate(cfg)
+    """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows). Under torchrun
+    this process is one rank and the world is torchrun's."""
+    if in_torchrun():
+        cfg.world = int(os.environ["WORLD_SIZE"])
+        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
+        validate(replace(cfg, world=1))  # the world spans nodes: check only this rank's device
+    else:
+        validate(cfg)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
     return launch(train_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
 
