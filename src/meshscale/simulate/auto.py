@@ -26,6 +26,7 @@ class Choice:
     result: SimResult
     candidates: list[SimResult] = field(default_factory=list)
     skipped: dict[str, str] = field(default_factory=dict)  # algorithm -> why it does not apply
+    pruned: list[str] = field(default_factory=list)  # candidates whose lower bound could not beat the best
 
 
 def _pieces_for(nbytes: int, n: int) -> list[int]:
@@ -43,11 +44,15 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
     skipped: dict[str, str] = {}
     results: list[tuple[SimResult, Schedule]] = []
     load_of: dict[str, float] = {}  # the load bound does not depend on the pipeline depth
+    pruned: list[str] = []
     best = float("inf")
     for pieces in _pieces_for(nbytes, len(ranks)):  # shallow pipelines first: they set the bar to beat
         built = []
         for name in names:
-            if name in skipped or load_of.get(name, 0.0) >= best:
+            if name in skipped:
+                continue
+            if load_of.get(name, 0.0) >= best:
+                pruned.append(f"{name}, {pieces} piece(s)")
                 continue
             try:
                 schedule = build(name, collective, ranks, nbytes, topology, root=root, pieces=pieces)
@@ -63,9 +68,11 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
         # behind it while simulating is stopped there
         for _, load_s, name, schedule in sorted(built, key=lambda b: b[0]):
             if load_s >= best:
+                pruned.append(f"{name}, {schedule.channels} channel(s), {pieces} piece(s)")
                 continue
             result = simulate(schedule, topology, params, give_up_s=best)
             if result.time_s == float("inf"):
+                pruned.append(f"{name}, {schedule.channels} channel(s), {pieces} piece(s)")
                 continue
             result.detail = f"{name}, {schedule.channels} channel(s), {pieces} piece(s)"
             results.append((result, schedule))
@@ -74,7 +81,7 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
         first = next(iter(skipped.values()), "no algorithm does it")
         raise MeshscaleError(f"no algorithm applies to {collective} over {list(ranks)} with {nbytes} bytes: {first}")
     results.sort(key=lambda rs: rs[0].time_s)
-    return Choice(results[0][1], results[0][0], [r for r, _ in results], skipped)
+    return Choice(results[0][1], results[0][0], [r for r, _ in results], skipped, pruned)
 
 
 def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",

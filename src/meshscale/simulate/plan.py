@@ -2,7 +2,7 @@
 prediction, bottleneck and bound; and a predicted size sweep in the same rows as `bench collective`."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from meshscale.collectives.algorithms import build
 from meshscale.collectives.bounds import busbw_bound
@@ -25,6 +25,8 @@ class Plan:
     result: SimResult
     candidates: list[SimResult]
     bound_busbw_bytes_per_s: float | None
+    pruned: list[str] = field(default_factory=list)  # candidates that could not win (not fully simulated)
+    skipped: dict[str, str] = field(default_factory=dict)  # algorithms that do not apply, and why
 
 
 def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
@@ -42,7 +44,7 @@ def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, alg
         bound = busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None
     except MeshscaleError:
         bound = None
-    return Plan(topology, choice.schedule, choice.result, choice.candidates, bound)
+    return Plan(topology, choice.schedule, choice.result, choice.candidates, bound, choice.pruned, choice.skipped)
 
 
 def format_plan(p: Plan, max_candidates: int = 8) -> str:
@@ -64,11 +66,16 @@ def format_plan(p: Plan, max_candidates: int = 8) -> str:
     if p.bound_busbw_bytes_per_s:
         share = r.busbw_bytes_per_s / p.bound_busbw_bytes_per_s
         lines.append(f"bound:      busbw <= {gbps(p.bound_busbw_bytes_per_s):.2f} GB/s at line rate (injection and cuts of "
-                     f"the topology); this plan reaches {100 * share:.0f}%")
-    if len(p.candidates) > 1:
-        lines.append("candidates (simulated, fastest first):")
-        for c in p.candidates[:max_candidates]:
-            lines.append(f"  {c.detail:<45} {c.time_s * 1e6:12.1f} us  busbw {gbps(c.busbw_bytes_per_s):8.2f} GB/s")
+                     f"the topology); this plan reaches {100 * share:.0f}%"
+                     + (" (the bound counts one fabric; this plan adds another)" if share > 1.001 else ""))
+    lines.append("candidates (simulated, fastest first):")
+    for c in p.candidates[:max_candidates]:
+        lines.append(f"  {c.detail:<45} {c.time_s * 1e6:12.1f} us  busbw {gbps(c.busbw_bytes_per_s):8.2f} GB/s")
+    if p.pruned:
+        lines.append(f"  {len(p.pruned)} more could not beat the best (lower bound or partial simulation): "
+                     + "; ".join(p.pruned[:6]) + ("; ..." if len(p.pruned) > 6 else ""))
+    for name, why in p.skipped.items():
+        lines.append(f"  not applicable: {why}")
     return "\n".join(lines)
 
 

@@ -1,0 +1,65 @@
+"""`meshscale plan` and `meshscale sim`: output, files, and one-line errors with exit code 2."""
+import json
+import sys
+
+import pytest
+
+from meshscale import cli
+from meshscale.results import load_result
+
+
+def _run(monkeypatch, capsys, *args):
+    """(exit code, stdout, stderr) of one CLI call; success returns without SystemExit."""
+    monkeypatch.setattr(sys, "argv", ["meshscale", *args])
+    try:
+        cli.main()
+        code = 0
+    except SystemExit as exc:
+        code = exc.code
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_plan_explains_the_choice(monkeypatch, capsys, tmp_path):
+    svg, js, sched = tmp_path / "plan.svg", tmp_path / "plan.json", tmp_path / "schedule.json"
+    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,2,3,7",
+                        "--bytes", "64M", "--svg", str(svg), "--json", str(js), "--schedule", str(sched))
+    assert code == 0
+    for word in ("algorithm:", "predicted:", "busbw", "bottleneck:", "bound:", "candidates"):
+        assert word in out
+    assert svg.read_text().lstrip().startswith("<?xml") and "channel 0" in svg.read_text()
+    result = load_result(js)
+    assert result.kind == "plan" and result.predicted and result.rows[0]["busbw_bytes_per_s"] > 0
+    assert json.loads(sched.read_text())["collective"] == "all_reduce"
+
+
+def test_sim_sweep_rows_match_bench_keys(monkeypatch, capsys, tmp_path):
+    js = tmp_path / "sim.json"
+    code, out, _ = _run(monkeypatch, capsys, "sim", "all_gather", "--system", "dgx1-v100", "--gpus", "0,1,2,3",
+                        "--min-bytes", "1K", "--max-bytes", "1M", "--factor", "32", "--json", str(js))
+    assert code == 0 and "busbw" in out
+    result = load_result(js)
+    assert result.kind == "sim" and result.predicted
+    assert [r["size_bytes"] for r in result.rows] == [1024, 32768, 1048576]
+    for key in ("collective", "size_bytes", "time_s", "algbw_bytes_per_s", "busbw_bytes_per_s", "algorithm"):
+        assert all(key in r for r in result.rows)
+    busbw = [r["busbw_bytes_per_s"] for r in result.rows]
+    assert busbw == sorted(busbw)  # bigger messages amortize latency
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,9"], "no gpu 9"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,1"], "repeat"),
+    (["plan", "all_gather", "--system", "dgx1-p100", "--gpus", "0,1,2", "--bytes", "10"], "split"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--algo", "two_shot", "--bytes", "1M"], "switch"),
+    (["plan", "all_to_all", "--system", "dgx1-p100", "--algo", "tree_packing", "--bytes", "1M"], "cannot do"),
+    (["plan", "allreduce", "--system", "dgx1-p100"], "unknown collective"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "a,b"], "--gpus"),
+    (["sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "2M", "--max-bytes", "1M"], "no sweep"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--p2p", "/nonexistent/p2p.json"], "cannot read"),
+])
+def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
+    code, _, err = _run(monkeypatch, capsys, *args)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and message in lines[0], err
