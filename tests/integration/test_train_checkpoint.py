@@ -16,7 +16,8 @@ def _cfg(tmp_path, name, **kw):
                        lr_warmup_steps=3, checkpoint_dir=str(tmp_path / name), deterministic=True, timeout_s=30, **kw)
 
 
-@pytest.mark.parametrize("mode, extra", [("allreduce", {}), ("ps-async", {"max_staleness": 1})])
+# ps-async with staleness carries the most state (owned shard, its optimizer, pulls in flight)
+@pytest.mark.parametrize("mode, extra", [("ps-async", {"max_staleness": 1})])
 def test_resume_continues_the_same_losses(tmp_path, mode, extra):
     whole = run(_cfg(tmp_path, "a", mode=mode, steps=8, **extra))[0]["rows"]
     run(_cfg(tmp_path, "b", mode=mode, steps=4, **extra))
