@@ -66,3 +66,15 @@ def test_pos_attr_wins_and_cpu_topology_draws(tmp_path):
 def test_bad_suffix_is_a_user_error(tmp_path):
     with pytest.raises(MeshscaleError, match="svg or .png"):
         draw(load_system("pcie-4gpu"), tmp_path / "x.pdf")
+
+
+def test_a_file_without_devices_still_draws(tmp_path):
+    data = {"name": "sockets", "nodes": [{"name": "cpu0", "kind": "cpu"}, {"name": "cpu1", "kind": "cpu"}],
+            "links": [{"a": "cpu0", "b": "cpu1", "kind": "upi", "bandwidth_gb_per_s": 40}]}
+    assert "cpu1" in svg_text(draw(from_dict(data), tmp_path / "sockets.svg"))
+
+
+def test_station_square_keeps_pcie_below():
+    topo = load_system("dgx-station")
+    pos = layout(topo)
+    assert all(pos[s][1] < min(pos[g][1] for g in topo.gpus()) for s in topo.nodes_of("pcie_switch"))

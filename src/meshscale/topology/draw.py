@@ -40,6 +40,8 @@ def draw(topology: Topology, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix.lower() not in (".svg", ".png"):
         raise MeshscaleError(f"cannot draw {path}: use a .svg or .png file name")
+    if not topology.nodes:
+        raise MeshscaleError(f"nothing to draw: {topology.name} has no nodes")
     pos = layout(topology)
     xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
     width, height = max(xs) - min(xs) + 2, max(ys) - min(ys) + 2
@@ -66,9 +68,9 @@ def draw(topology: Topology, path: str | Path) -> Path:
 def layout(topo: Topology) -> dict[str, tuple[float, float]]:
     """Positions (x, y) of every node, in layout units (about one node width apart)."""
     pos = _device_positions(topo)
-    rows = sorted({y for y in (pos[d][1] for d in pos)})
-    top, bottom = rows[-1], rows[0]
-    two_rows = len(rows) == 2 and not _is_cube_mesh(topo)
+    ys = [p[1] for p in pos.values()] or [0.0]
+    top, bottom = max(ys), min(ys)
+    two_rows = len(_boards(topo)) == 2 and not _is_cube_mesh(topo)
     xs = [p[0] for p in pos.values()] or [0.0]
     switches = sorted(topo.nodes_of("nvswitch"), key=lambda n: (topo.nodes[n].attrs.get("board", 0), _natural(n)))
     boards = sorted({topo.nodes[s].attrs.get("board", 0) for s in switches})
@@ -94,7 +96,7 @@ def _device_positions(topo: Topology) -> dict[str, tuple[float, float]]:
         # two squares with diagonals: 0 1 / 2 3 and, mirrored, 5 4 / 7 6; cube edges i - i+4 run between them
         corners = {0: (0, 1), 1: (1, 1), 2: (0, 0), 3: (1, 0), 5: (2.2, 1), 4: (3.2, 1), 7: (2.2, 0), 6: (3.2, 0)}
         return {d: (corners[topo.nodes[d].index][0] * 1.6, corners[topo.nodes[d].index][1] * 1.6) for d in devices}
-    boards = sorted({topo.nodes[d].attrs.get("board") for d in devices} - {None})
+    boards = _boards(topo)
     if len(boards) == 2:
         rows = [[d for d in devices if topo.nodes[d].attrs.get("board") == b] for b in boards]
         return {d: (float(k) * 1.35, 4.0 * (1 - r)) for r, row in enumerate(rows) for k, d in enumerate(row)}
@@ -105,6 +107,10 @@ def _device_positions(topo: Topology) -> dict[str, tuple[float, float]]:
         return {d: (radius * math.cos(math.pi / 2 + math.pi / n - 2 * math.pi * k / n),
                     radius * math.sin(math.pi / 2 + math.pi / n - 2 * math.pi * k / n)) for k, d in enumerate(devices)}
     return {d: (float(k) * 1.35, 0.0) for k, d in enumerate(devices)}
+
+
+def _boards(topo: Topology) -> list:
+    return sorted({topo.nodes[d].attrs.get("board") for d in topo.devices()} - {None})
 
 
 def _is_cube_mesh(topo: Topology) -> bool:
@@ -145,11 +151,11 @@ def _layer_the_rest(topo: Topology, pos: dict, top: float, bottom: float, two_ro
 def _depths(topo: Topology, g: nx.Graph) -> dict[str, int]:
     """Hop distance from the devices, except that all CPUs share one layer (the deepest any of them needs) and
     whatever hangs off a CPU goes below that layer."""
-    sources = set(topo.devices()) or set(list(topo.nodes)[:1])
+    devices = set(topo.devices())
     cpus = [n for n in g if topo.nodes[n].kind == "cpu"]
-    depth = nx.multi_source_dijkstra_path_length(g.subgraph(n for n in g if n not in cpus), sources, weight=None)
-    if not cpus:
-        return depth
+    if not devices or not cpus:
+        return nx.multi_source_dijkstra_path_length(g, devices or {next(iter(topo.nodes))}, weight=None)
+    depth = nx.multi_source_dijkstra_path_length(g.subgraph(n for n in g if n not in cpus), devices, weight=None)
     cpu_depth = 1 + max((depth[m] for c in cpus for m in g[c] if m in depth), default=0)
     for name, d in nx.multi_source_dijkstra_path_length(g, set(cpus), weight=None).items():
         depth.setdefault(name, cpu_depth + d)
