@@ -16,7 +16,7 @@ ELEMS_PER_RANK = 24  # int32 elements per rank segment: splits into pieces and c
 
 
 def _native(collective, inp, n, root, rank):
-    """The library's answer for this rank (None where the rank has no output)."""
+    """The library's answer for this rank (None where the rank has no output); tensors on inp's device."""
     if collective == "all_reduce":
         out = inp.clone()
         dist.all_reduce(out)
@@ -36,10 +36,10 @@ def _native(collective, inp, n, root, rank):
         dist.gather(inp, parts, root)
         out = torch.cat(parts) if rank == root else None
     elif collective == "reduce_scatter":
-        out = torch.zeros(inp.numel() // n, dtype=inp.dtype)
+        out = torch.zeros(inp.numel() // n, dtype=inp.dtype, device=inp.device)
         dist.reduce_scatter(out, list(inp.chunk(n)))
     elif collective == "scatter":
-        out = torch.zeros(inp.numel() // n, dtype=inp.dtype)
+        out = torch.zeros(inp.numel() // n, dtype=inp.dtype, device=inp.device)
         dist.scatter(out, list(inp.chunk(n)) if rank == root else None, root)
     else:
         out = torch.zeros_like(inp)
@@ -57,9 +57,10 @@ def _sizes(collective, n):
             "all_to_all": (4 * full, full, full)}[collective]
 
 
-def _check_all(ctx, cases):
-    """Run every (algorithm, collective, options) case on this rank; return the failures."""
-    n, rank = ctx.world_size, ctx.rank
+def _check_all(ctx, cases, with_op=False):
+    """Run every (algorithm, collective, options) case on this rank; return the count run and the failures.
+    ``with_op``: also check that `schedule_op` can be called twice on fresh data (plan and buffers reused)."""
+    n, rank, dev = ctx.world_size, ctx.rank, ctx.device
     topo = cpu_topology(n)
     bad, ran = [], 0
     for algorithm, collective, options in cases:
@@ -70,43 +71,48 @@ def _check_all(ctx, cases):
         except MeshscaleError:
             continue  # not applicable here (e.g. hierarchical on one host); the same on every rank
         ctx.phase(f"{algorithm} {collective} {options}")
-        inp = torch.arange(n_in, dtype=torch.int32) * (rank + 1) + 1000 * rank
-        out = torch.full((n_out,), -7, dtype=torch.int32)
+        inp = torch.arange(n_in, dtype=torch.int32, device=dev) * (rank + 1) + 1000 * rank
+        out = torch.full((n_out,), -7, dtype=torch.int32, device=dev)
         run_schedule(schedule, inp, out)
         want = _native(collective, inp, n, root, rank)
         ran += 1
         if want is not None and not torch.equal(out, want):
             bad.append(f"{algorithm} {collective} {options} rank {rank}")
+    if with_op:
+        op = schedule_op("all_reduce", list(range(n)), 4 * 64, "ring", topo)
+        for k in range(2):
+            inp = torch.arange(64, dtype=torch.int32, device=dev) + k * rank
+            out = torch.zeros(64, dtype=torch.int32, device=dev)
+            op(inp, out)
+            want = inp.clone()
+            dist.all_reduce(want)
+            if not torch.equal(out, want):
+                bad.append(f"schedule_op call {k} rank {rank}")
     return ran, bad
 
 
-def _cases():
-    return [(a, c, opts) for a in ALGORITHMS for c in COLLECTIVES if c in ALGORITHMS[a].collectives
-            for opts in ({"pieces": 2},)] + [("ring", c, {"bidirectional": True}) for c in COLLECTIVES]
+def _cases(algorithms=None):
+    """Every registered algorithm (or those named) x the collectives it does, pipelined in 2 pieces; plus
+    the bidirectional ring."""
+    return [(a, c, {"pieces": 2}) for a in (algorithms or ALGORITHMS) for c in COLLECTIVES
+            if c in ALGORITHMS[a].collectives] + [("ring", c, {"bidirectional": True}) for c in COLLECTIVES]
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 5, 8])
 def test_every_schedule_equals_the_native_collective(n):
-    results = launch(_check_all, n, (_cases(),), timeout_s=60, deadline_s=120)
+    # all algorithms up to 5 ranks; at 8 (8 processes on a 2-core CI machine) the main families only
+    algorithms = None if n <= 5 else ["ring", "halving_doubling", "direct", "double_binary_tree"]
+    results = launch(_check_all, n, (_cases(algorithms), n == 3), timeout_s=60, deadline_s=120)
     ran = [r[0] for r in results]
-    assert len(set(ran)) == 1 and ran[0] >= 40, ran  # every rank ran the same, and most cases apply
+    assert len(set(ran)) == 1 and ran[0] >= (40 if n <= 5 else 20), ran  # every rank ran the same; most apply
     failures = [f for _, bad in results for f in bad]
     assert not failures, failures
 
 
-def _op_matches(ctx):
-    n = ctx.world_size
-    op = schedule_op("all_reduce", list(range(n)), 4 * 64, "ring", cpu_topology(n))
-    outs = []
-    for k in range(2):  # the plan and buffers are reused: a second call must not see the first's data
-        inp = torch.arange(64, dtype=torch.int32) + k * ctx.rank
-        out = torch.zeros(64, dtype=torch.int32)
-        op(inp, out)
-        want = inp.clone()
-        dist.all_reduce(want)
-        outs.append(torch.equal(out, want))
-    return all(outs), op.schedule.algorithm
-
-
-def test_schedule_op_is_reusable():
-    assert launch(_op_matches, 3, timeout_s=60) == [(True, "ring")] * 3
+@pytest.mark.gpu
+def test_every_schedule_equals_nccl_on_gpus():
+    n = torch.cuda.device_count()
+    results = launch(_check_all, n, (_cases(), True), backend="nccl", timeout_s=120, deadline_s=600)
+    assert results[0][0] >= 40
+    failures = [f for _, bad in results for f in bad]
+    assert not failures, failures
