@@ -230,9 +230,11 @@ def _groups(members: list[int], levels: dict[tuple[int, int], int], threshold: i
 
 
 def _gpu_pcie(attrs: dict) -> tuple[int, int]:
-    """(generation, width) of a GPU's link now; the max (or PCIe 3.0 x16) where NVML did not say."""
-    for gen, width in ((attrs.get("pcie_generation"), attrs.get("pcie_width")),
-                       (attrs.get("pcie_max_generation"), attrs.get("pcie_max_width"))):
+    """(generation, width) the GPU's link is capable of (an idle GPU drops to a lower generation to save power,
+    so the current one would understate the path; `doctor` compares the two under load); the current one, or
+    PCIe 3.0 x16, where NVML did not say."""
+    for gen, width in ((attrs.get("pcie_max_generation"), attrs.get("pcie_max_width")),
+                       (attrs.get("pcie_generation"), attrs.get("pcie_width"))):
         if gen in calc.PCIE_GENERATIONS and width in calc.PCIE_WIDTHS:
             return gen, width
     return FALLBACK_PCIE
