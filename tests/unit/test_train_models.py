@@ -124,3 +124,13 @@ def test_scaling_configurations():
     if not torch.cuda.is_available():
         with pytest.raises(MeshscaleError, match="asked for 8 GPUs"):
             configurations(TrainConfig(device="cuda"), [8], weak=True, batch=32)
+
+
+def test_scaling_plot_is_written(tmp_path):
+    from meshscale.results import Result
+    from meshscale.train.plot import plot_scaling
+    rows = [{"world_size": n, "throughput_samples_per_s": 100.0 * n * 0.9 ** (n > 1), "speedup": n * 0.9 ** (n > 1)}
+            for n in (1, 2, 4)]
+    path = plot_scaling(Result("scale", rows, meta={"model": "m", "mode": "ddp", "scaling": "weak", "batch": 8}),
+                        tmp_path / "s.png")
+    assert path.read_bytes()[:4] == b"\x89PNG"

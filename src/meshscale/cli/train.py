@@ -91,9 +91,14 @@ def train(
         if int(os.environ.get("RANK", "0")) != 0:
             return
         s = result.meta["summary"]
-        _table(f"{model} {mode} on {cfg.world} {'GPU' if gpus else 'CPU worker'}(s)", [s],
-               ("global_batch", "samples_per_s", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share",
-                "eval_accuracy", "eval_loss"))
+        table = Table(title=f"{model} {mode} on {cfg.world} {'GPU' if gpus else 'CPU worker'}(s)")
+        table.add_column("metric")
+        table.add_column("value", justify="right")
+        for k in ("global_batch", "samples_per_s", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share",
+                  "eval_accuracy", "eval_loss"):
+            if s.get(k) is not None:
+                table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
+        Console().print(table)
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")
 
@@ -151,20 +156,32 @@ def scale(
         typer.echo(f"wrote {plot_scaling(result, plot)}")
 
 
+_LABELS = {"world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
+           "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
+           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
+
+
 def _table(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
     keys = tuple(k for k in keys if any(r.get(k) is not None for r in rows))
     table = Table(title=title)
     for k in keys:
-        table.add_column(k, justify="right")
+        table.add_column(_LABELS.get(k, k), justify="right")
     for r in rows:
-        table.add_row(*(_fmt(r.get(k)) for k in keys))
+        table.add_row(*(_fmt(k, r.get(k)) for k in keys))
     Console().print(table)
 
 
-def _fmt(v) -> str:
+def _fmt(key: str, v) -> str:
+    """Times in ms, shares in %, the rest short."""
+    if v is None:
+        return ""
+    if key in ("step_time_s", "compute_s", "comm_s", "data_s"):
+        return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
+    if key in ("comm_share", "efficiency", "eval_accuracy"):
+        return f"{v:.0%}"
     if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.4g}"
-    return "" if v is None else str(v)
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}"
+    return str(v)
 
 
 def register(app: typer.Typer) -> None:
