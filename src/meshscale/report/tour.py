@@ -92,7 +92,7 @@ def discover_stage(state: TourState) -> dict[str, Result]:
     resolve_world = need("meshscale.bench.world", "resolve_world")
     from meshscale.topology import subset, to_dict
     from meshscale.topology.discover import discover
-    state.world = resolve_world(None, state.settings.cpus or (None if _has_gpu() else 2))
+    state.world = resolve_world(None, state.settings.cpus)  # all GPUs over NCCL, else CPU workers over Gloo
     found = discover(state.world.size if state.world.backend == "gloo" else None)
     topo = found.topology
     if len(topo.devices()) > state.world.size:
@@ -103,11 +103,6 @@ def discover_stage(state: TourState) -> dict[str, Result]:
     return {"topology": measured("topology", [], topology=to_dict(topo), notice=found.notice)}
 
 
-def _has_gpu() -> bool:
-    import torch
-    return torch.cuda.is_available() and torch.cuda.device_count() > 0
-
-
 def p2p_stage(state: TourState) -> dict[str, Result]:
     if state.world.size < 2:
         raise Missing("a second rank (P2P needs two devices)")
@@ -115,7 +110,9 @@ def p2p_stage(state: TourState) -> dict[str, Result]:
     spec_type = need("meshscale.bench.p2p", "P2PSpec")
     s = state.settings
     size = "64M" if s.full else ("256K" if s.fast else ("16M" if not state.gpu else "256M"))
-    return {"p2p": bench_p2p(spec_type(size_bytes=_bytes(size), iters=3 if s.fast else 10), state.world, s.timeout_s)}
+    spec = spec_type(size_bytes=_bytes(size), iters=3, warmup_iters=1, latency_iters=10) if s.fast else \
+        spec_type(size_bytes=_bytes(size), iters=20 if s.full else 10)
+    return {"p2p": bench_p2p(spec, state.world, s.timeout_s)}
 
 
 def _bytes(text: str) -> int:
@@ -156,7 +153,8 @@ def scale_stage(state: TourState) -> dict[str, Result]:
     step = math.lcm(*worlds)
     global_batch = -(-batch * max(worlds) // step) * step  # every world size must divide it
     rows = []
-    for weak, size in ((True, batch), (False, global_batch)):
+    # a smoke test (fast) runs weak scaling only: each configuration is a fresh set of processes
+    for weak, size in ((True, batch),) if s.fast else ((True, batch), (False, global_batch)):
         part = scale(cfg, worlds, weak, size)
         # the sweep's rows name the exchange (ddp) in "mode"; the report keys scaling rows by weak/strong
         rows += [dict(r, mode="weak" if weak else "strong", exchange_mode=r.get("mode")) for r in part.rows]
