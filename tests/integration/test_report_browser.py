@@ -119,6 +119,7 @@ def test_tour_report_renders_in_chromium(tmp_path):
             assert (tmp_path / "tour" / f"{s.name}.json").exists()
     found = check_page(outcome.index, tmp_path, "report.png")
     assert any(p["id"].startswith("plot-topology") for p in found["plots"])
+    assert "<h2>Doctor: " in outcome.index.read_text()
     page = outcome.index.read_text()
     import torch
     if not torch.cuda.is_available():

@@ -256,7 +256,6 @@ def sections(sources: list[Source]) -> list[Section]:
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
-    for kind in ("doctor",):
-        for s in by_kind[kind]:
-            out.append(Section(f"{kind}: {s.label}", table=s.result.rows))
+    for s in by_kind["doctor"]:
+        out.append(Section("Doctor: driver, links, shared memory, NCCL knobs, network, versions", table=s.result.rows))
     return out

@@ -103,6 +103,12 @@ def discover_stage(state: TourState) -> dict[str, Result]:
     return {"topology": measured("topology", [], topology=to_dict(topo), notice=found.notice)}
 
 
+def doctor_stage(state: TourState) -> dict[str, Result]:
+    """`meshscale doctor`'s checks, so the shared page carries the driver, links, knobs and versions."""
+    from meshscale.report.doctor import run_doctor
+    return {"doctor": measured("doctor", [vars(c) for c in run_doctor()])}
+
+
 def p2p_stage(state: TourState) -> dict[str, Result]:
     if state.world.size < 2:
         raise Missing("a second rank (P2P needs two devices)")
@@ -262,6 +268,7 @@ def predict_stage(state: TourState) -> dict[str, Result]:
 
 STAGES = (
     Stage("discover", "discover the topology", lambda s: 2, discover_stage),
+    Stage("doctor", "doctor checks", lambda s: 1, doctor_stage),
     Stage("p2p", "bench p2p", lambda s: 20 if s.settings.full else 10, p2p_stage),
     Stage("collective", "bench collective sweep", lambda s: (300 if s.gpu else 120) if s.settings.full else (60 if s.gpu else 20),
           collective_stage),
