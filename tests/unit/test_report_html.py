@@ -68,3 +68,22 @@ def test_separate_train_runs_become_one_scaling_figure():
     assert merged.result.rows[1]["speedup"] == pytest.approx(16.0)  # same efficiency at 8 and 16
     page = render(runs)
     assert "plot-scaling-training-runs-weak" in page
+
+
+def test_scaling_rows_accept_every_writer_shape():
+    from meshscale.report.figures import scaling_rows
+    from meshscale.results import Result
+    # `meshscale scale`: the exchange in "mode", weak/strong in meta.scaling
+    sweep = Result("scale", [{"world_size": 1, "mode": "ddp", "throughput_samples_per_s": 100.0, "speedup": 1.0,
+                              "efficiency": 1.0},
+                             {"world_size": 2, "mode": "ddp", "throughput_samples_per_s": 150.0, "speedup": 1.5,
+                              "efficiency": 0.75}], meta={"scaling": "strong"})
+    assert [r["mode"] for r in scaling_rows(sweep)] == ["strong", "strong"]
+    # `meshscale predict --from`: predicted beside measured, no speedup
+    beside = Result("predict", [{"world_size": 4, "mode": "ddp", "measured_samples_per_s": 300.0, "predicted_samples_per_s": 360.0},
+                                {"world_size": 2, "mode": "ddp", "measured_samples_per_s": 180.0, "predicted_samples_per_s": 190.0}],
+                    predicted=True, meta={"weak": True})
+    rows = {r["world_size"]: r for r in scaling_rows(beside)}
+    assert rows[4]["throughput_samples_per_s"] == 360.0 and rows[4]["mode"] == "weak"
+    assert rows[4]["speedup"] == pytest.approx(360 / 190 * 2) and rows[2]["efficiency"] == pytest.approx(1.0)
+    assert scaling_rows(Result("scale", [{"world_size": 2, "mode": "weak"}])) == []  # no throughput: left out

@@ -169,15 +169,41 @@ def _group(source: Source) -> str:
 def _split(source: Source, rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     out = defaultdict(list)
     for r in rows:
-        extra = " ".join(str(r[k]) for k in SERIES_KEYS if r.get(k) is not None)
-        out[f"{source.label} {extra}".strip()].append(r)
+        extra = dict.fromkeys(str(r[k]) for k in SERIES_KEYS if r.get(k) is not None)  # ordered, no repeats
+        out[" ".join([source.label, *extra])].append(r)
     return out
+
+
+def scaling_rows(result: Result) -> list[dict[str, Any]]:
+    """The rows of a scale / predict result in one shape: mode is weak or strong (a sweep that names its
+    exchange in "mode" says weak/strong in meta.scaling), throughput is the measured or the predicted one
+    (`predict --from` rows), speedup and efficiency filled in against the smallest world where missing."""
+    meta = result.meta
+    default = meta.get("scaling") if meta.get("scaling") in ("weak", "strong") else \
+        ("strong" if meta.get("weak") is False else "weak")
+    rows = []
+    for r in result.rows:
+        throughput = r.get("throughput_samples_per_s", r.get("predicted_samples_per_s"))
+        if r.get("world_size") is None or not throughput:
+            continue
+        mode = r["mode"] if r.get("mode") in ("weak", "strong") else default
+        rows.append(dict(r, mode=mode, throughput_samples_per_s=throughput))
+    for key in {(r["mode"], *(str(r.get(k)) for k in SERIES_KEYS)) for r in rows}:
+        part = [r for r in rows if (r["mode"], *(str(r.get(k)) for k in SERIES_KEYS)) == key]
+        base = min(part, key=lambda r: r["world_size"])
+        for r in part:
+            if r.get("speedup") is None:
+                r["speedup"] = r["throughput_samples_per_s"] / base["throughput_samples_per_s"] * base["world_size"]
+                r["efficiency"] = r["speedup"] / r["world_size"]
+    return rows
 
 
 def scaling_section(sources: list[Source]) -> Section:
     section = Section("Scaling: throughput and speedup")
     groups = defaultdict(list)
-    for s in sources:
+    sources = [Source(s.label, Result(s.result.kind, scaling_rows(s.result), s.result.predicted, s.result.meta,
+                                      s.result.machine, s.result.software, s.result.env)) for s in sources]
+    for s in [s for s in sources if s.result.rows]:
         groups[_group(s)].append(s)
     for group, members in groups.items():
         modes = sorted({r["mode"] for s in members for r in s.result.rows})
