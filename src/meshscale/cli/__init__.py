@@ -18,7 +18,7 @@ for module in (topology, bench, collectives, train, predict, report):
 def main() -> None:
     """Entry point of the console script."""
     try:
-        app(standalone_mode=False)
+        code = app(standalone_mode=False)
     except MeshscaleError as exc:
         print(f"meshscale: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -27,11 +27,12 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-        if isinstance(exc, click.exceptions.ClickException):
+    except Exception as exc:  # usage errors arrive here in non-standalone mode (click's, or typer's vendored copy)
+        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
             sys.exit(exc.exit_code)
-        if isinstance(exc, click.exceptions.Abort):
+        if type(exc).__name__ == "Abort":
             sys.exit(130)
         raise
+    if isinstance(code, int) and code:  # typer.Exit(n) comes back as the return value here
+        sys.exit(code)
