@@ -34,6 +34,11 @@ def test_hints_name_knobs_cpu_and_missing_links():
     broken = Topology(topo.name, topo.nodes, [l for i, l in enumerate(topo.links) if i != cut], topo.title, topo.attrs)
     assert any("GPU0 has 3 of its 4 NVLinks" in h for h in hints({}, broken))
     assert topology_verdict(broken).level == "bad" and topology_verdict(topo).level == "good"
+    narrow = Topology(topo.name, {n: type(v)(v.name, v.kind, dict(v.attrs)) for n, v in topo.nodes.items()},
+                      topo.links, topo.title, topo.attrs)
+    narrow.nodes["gpu5"].attrs.update(pcie_width=8, pcie_max_width=16, pcie_generation=1, pcie_max_generation=3)
+    found = hints({}, narrow)
+    assert len(found) == 1 and "GPU5's PCIe link runs x8 of x16" in found[0]  # the idle generation is no finding
 
 
 def _rows(share):

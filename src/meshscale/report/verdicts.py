@@ -63,10 +63,12 @@ def hints(env: dict[str, str], topology: Topology | None = None, cpu: bool = Fal
             if want and have < want:
                 out.append(f"GPU{node.index} has {have} of its {want} NVLinks: a link is down "
                            "(check `nvidia-smi nvlink -s`, reseat or RMA)")
-            for link in topology.links_of(gpu, "pcie"):
-                if (link.width or 16) < 16 or (link.generation or 3) < 3:
-                    out.append(f"GPU{node.index} sits on {link.label}: a narrow or old PCIe link "
-                               "(check the slot and `nvidia-smi -q | grep -A3 'Link Width'`)")
+            # discovery records the current and the maximum PCIe width; the generation drops when idle, the
+            # width does not, so only a narrower width is a finding
+            width, widest = node.attrs.get("pcie_width"), node.attrs.get("pcie_max_width")
+            if isinstance(width, int) and isinstance(widest, int) and width < widest:
+                out.append(f"GPU{node.index}'s PCIe link runs x{width} of x{widest}: reseat the card or use a "
+                           "full-width slot (`nvidia-smi -q | grep -A3 'Link Width'`)")
     if cpu:
         out.append("CPU fallback: these ranks are CPU processes over Gloo, which copies through host memory "
                    "and reduces on one thread per rank")
