@@ -141,3 +141,39 @@ def test_real_machine_runs(tmp_path):
     checks = run_doctor()
     assert {"driver", "shm", "versions"} <= {c.name for c in checks}
     assert all(c.status in ("pass", "warn", "fail", "info") for c in checks)
+
+
+class DumpNvml(FakeNvml):
+    """NVML as recorded on the real 2x H200 machine (tests/fixtures/nvml_h200x2.json)."""
+
+    def __init__(self, dump):
+        self.dump = dump
+        self.n = len(dump["gpus"])
+
+    def nvmlSystemGetDriverVersion(self): return self.dump["driver"]
+    def nvmlDeviceGetName(self, h): return self.dump["gpus"][h]["name"]
+
+    def nvmlDeviceGetNvLinkState(self, h, link):
+        links = {l["link"]: l for l in self.dump["gpus"][h]["links"]}
+        if link not in links:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return links[link]["state"]
+
+    def nvmlDeviceGetP2PStatus(self, a, b, caps):
+        # the dump's READ entry failed (nvidia-ml-py defines that constant as a tuple); WRITE was recorded
+        return self.dump["gpus"][a]["p2p"][str(b)]["NVML_P2P_CAPS_INDEX_WRITE"]
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h): return self.dump["gpus"][h]["pcie_gen_cur"]
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h): return self.dump["gpus"][h]["pcie_gen_max"]
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h): return self.dump["gpus"][h]["pcie_width_cur"]
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h): return self.dump["gpus"][h]["pcie_width_max"]
+
+
+def test_real_h200_machine_dump_is_healthy(tmp_path):
+    import json
+    dump = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml_h200x2.json").read_text())
+    found = by_name(run_doctor(fake_env(tmp_path, DumpNvml(dump), versions=dict(VERSIONS, cuda_devices=2))))
+    assert found["driver"].message.startswith(f"NVIDIA driver {dump['driver']}")
+    assert "2 GPU(s): NVIDIA H200" in found["gpus"].message
+    assert found["nvlink GPU0"].message == found["nvlink GPU1"].message == "18 of 18 NVLinks up"
+    assert found["p2p"].status == "pass" and found["pcie GPU0"].status == "pass"
