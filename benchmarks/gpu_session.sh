@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# One device call runs several stages and packs every output into "$OUT/results.tgz" (the device tool returns
+# at most 8 files). Usage on the GPU machine, from the checkout:
+#   STAGES="topo bench mvn gputests" bash benchmarks/gpu_session.sh
+# Stages: topo (benchmarks/gpu_topo.sh), bench (bench_vs_nccl_tests.py), mvn (meshscale_vs_nccl.py),
+# gputests (pytest -m gpu), train (train_scaling.sh), profile (single-GPU ResNet-50 profile), predict
+# (prediction of this machine from profile + p2p, then compare with the measured scale run), tour.
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+OUT="${OUT:-/tmp/meshscale-out}"
+RES=/tmp/meshscale-results
+mkdir -p "$RES" "$OUT"
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHON=python3
+meshscale() { python3 -m meshscale "$@"; }
+export -f meshscale
+GPUS_N=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+ALL=$(python3 -c "print(','.join(str(2**i) for i in range(8) if 2**i <= $GPUS_N))")
+stage() { echo "=== stage $1 ($(date +%T))"; }
+for s in ${STAGES:-topo bench mvn gputests}; do
+  stage "$s"
+  case "$s" in
+    topo)     OUT="$RES/topo" MESHSCALE=meshscale bash benchmarks/gpu_topo.sh 2>&1 | tail -8 ;;
+    bench)    python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench" 2>&1 | tail -60 ;;
+    mvn)      python3 benchmarks/meshscale_vs_nccl.py "$RES/mvn" 2>&1 | tail -30 ;;
+    gputests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 ;;
+    train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
+    profile)  meshscale train --gpus 1 --model resnet50 --precision bf16 --profile-batches 32,64,128,256 --steps 20 --timing-warmup 8 --json "$RES/profile.json" 2>&1 | tail -8 ;;
+    tour)     meshscale tour -o "$RES/tour" 2>&1 | tail -30 ;;
+    *)        echo "unknown stage $s" ;;
+  esac
+done
+tar czf "$OUT/results.tgz" -C "$RES" .
+ls -la "$OUT"
