@@ -220,7 +220,8 @@ def scaling_section(sources: list[Source]) -> Section:
                         speedups.append(Series(f"{style} {label}", x, [r["speedup"] for r in part], style))
                 if style == "measured" and rows and verdict is None:
                     first = next(iter(_split(s, rows).values()))
-                    verdict = scaling_verdict(first, hints(s.result.env))
+                    cpu = is_cpu_run(s.result.meta, s.result.machine)
+                    verdict = scaling_verdict(first, hints(s.result.env, cpu=cpu))
                     if s.result.meta.get("source"):  # published figures: a reference, not this machine's fault
                         verdict = Verdict("info", f"reference ({s.result.meta['source']}): {verdict.text.split(' — ')[0]}")
                     parts = {k[:-2]: [r.get(k) or 0.0 for r in sorted(rows, key=lambda r: r["world_size"])]
