@@ -63,3 +63,19 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and message in lines[0], err
+
+
+def test_plan_calibrated_from_p2p(monkeypatch, capsys, tmp_path):
+    from meshscale.results import Result
+    rows = [{"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "unidirectional", "bandwidth_bytes_per_s": 5e9, "latency_s": None}
+            for a in range(4) for b in range(4) if a != b]
+    p2p = Result("bench-p2p", rows).save(tmp_path / "p2p.json")
+    args = ("plan", "broadcast", "--system", "pcie-4gpu", "--bytes", "64M")
+    _, default, _ = _run(monkeypatch, capsys, *args)
+    code, calibrated, _ = _run(monkeypatch, capsys, *args, "--p2p", str(p2p))
+    assert code == 0 and "calibrated from bench p2p" in calibrated
+
+    def busbw(text):
+        line = next(l for l in text.splitlines() if l.startswith("predicted:"))
+        return float(line.split("busbw")[1].split("GB/s")[0])
+    assert busbw(calibrated) < 0.6 * busbw(default)  # 5 GB/s measured instead of ~11 assumed
