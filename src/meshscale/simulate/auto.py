@@ -59,6 +59,9 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
             except MeshscaleError as exc:
                 skipped[name] = str(exc)
                 continue
+            except Exception as exc:  # a bug in one candidate must not take `auto` down: report it, go on
+                skipped[name] = f"{name} failed to build ({type(exc).__name__}: {exc}); please report it"
+                continue
             if pieces > 1 and sum(len(s.transfers) for s in schedule.steps) > MAX_TRANSFERS:
                 continue
             load_s, estimate_s = estimates_s(schedule, topology, params)
