@@ -16,6 +16,8 @@ export -f meshscale
 GPUS_N=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 ALL=$(python3 -c "print(','.join(str(2**i) for i in range(8) if 2**i <= $GPUS_N))")
 stage() { echo "=== stage $1 ($(date +%T))"; }
+# Each stage gets at most STAGE_TIMEOUT seconds so that the archive is always written before the call's limit.
+STAGE_TIMEOUT="${STAGE_TIMEOUT:-500}"
 for s in ${STAGES:-topo bench mvn gputests}; do
   stage "$s"
   case "$s" in
@@ -23,7 +25,8 @@ for s in ${STAGES:-topo bench mvn gputests}; do
     bench)    python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench" 2>&1 | tail -60 ;;
     mvn)      python3 benchmarks/meshscale_vs_nccl.py "$RES/mvn" 2>&1 | tail -30 ;;
     gputests) python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tail -15 ;;
-    train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
+    train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
+    smallgraph) timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-graph" --cuda-graph --max-bytes 4M 2>&1 | grep -E "all_reduce|broadcast|reference" | tail -20 ;;
     profile)  meshscale train --gpus 1 --model resnet50 --precision bf16 --profile-batches 32,64,128,256 --steps 20 --timing-warmup 8 --json "$RES/profile.json" 2>&1 | tail -8 ;;
     tour)     meshscale tour -o "$RES/tour" 2>&1 | tail -30 ;;
     *)        echo "unknown stage $s" ;;
