@@ -18,7 +18,9 @@ def test_fast_tour_on_all_gpus(tmp_path):
     assert {s.name: s.status for s in outcome.stages} == {s.name: "done" for s in outcome.stages}, outcome.stages
     p2p = load_result(tmp_path / "p2p.json")
     pairs = {(r["src"], r["dst"]) for r in p2p.rows if r["mode"] == "unidirectional"}
-    assert len(pairs) == n * (n - 1)
+    gpu_pairs = {(a, b) for a, b in pairs if a.startswith("gpu") and b.startswith("gpu")}
+    assert len(gpu_pairs) == n * (n - 1)
+    assert {("host", f"gpu{i}") for i in range(n)} <= pairs  # host<->device copies are measured too
     collective = load_result(tmp_path / "collective.json")
     assert collective.meta["backend"] == "nccl" and not any(r["wrong"] for r in collective.rows)
     assert all(r["bound_busbw_bytes_per_s"] for r in collective.rows)
