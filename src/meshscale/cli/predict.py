@@ -95,6 +95,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json)"),
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
             comm_scale: float = typer.Option(1.0, "--comm-scale", help="multiply exchange times (a calibration)"),
+            p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
@@ -103,6 +104,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.compare import compare_scale
     from meshscale.predict.profile import profile_from_result
     from meshscale.predict.scaling import Job, predict_cluster, predict_system, prediction_result, profile_for
+    from meshscale.simulate import calibrate
     from meshscale.train.models import get_model
 
     measured = load_result(from_result) if from_result else None
@@ -121,10 +123,11 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     for v in variants:
         sys_name = v if kind == "system" else system
         topo = load_system(sys_name)
+        params = calibrate(topo, load_result(p2p)) if p2p else None
         job = Job(model, spec.params, profile_for(topo, measured_profile, spec.flops_per_sample, efficiency), batch, weak,
                   v if kind == "algorithm" else algorithm, mode, comm_scale)
         if measured:
-            rows += [dict(r, variant=v) for r in compare_scale(measured, job, topo)]
+            rows += [dict(r, variant=v) for r in compare_scale(measured, job, topo, params)]
             continue
         if nodes:
             net = v if kind == "link" else link
@@ -132,7 +135,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             cspec = ClusterSpec(sys_name, 1, count, net, gpudirect=gpudirect)
             rows += [dict(r, variant=v) for r in predict_cluster(job, cspec, _ints(nodes, "--nodes"))]
         else:
-            rows += [dict(r, variant=v) for r in predict_system(job, topo, _ints(gpus, "--gpus"))]
+            rows += [dict(r, variant=v) for r in predict_system(job, topo, _ints(gpus, "--gpus"), params)]
     title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
