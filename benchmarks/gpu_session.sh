@@ -33,7 +33,7 @@ for s in ${STAGES:-topo bench mvn gputests}; do
               for knobs in "" "TORCH_NCCL_TRACE_BUFFER_SIZE=0 TORCH_NCCL_ENABLE_MONITORING=0 TORCH_NCCL_AVOID_RECORD_STREAMS=1"; do
                 echo "--- knobs: ${knobs:-default}, 20 warm-up + 100 timed"
                 env $knobs timeout 120 python3 -m meshscale bench collective all_reduce broadcast all_gather -b 1K -e 1M -f 4 -a 1 \
-                  -w 20 -n 100 --json "$RES/small-${knobs:+knobs}.json" 2>&1 | grep -E "^ *[0-9]+ " | cut -c1-90
+                  -w 20 -n 100 --json "$RES/small-${knobs:+knobs}.json" 2>&1 | tail -32 | cut -c1-120
               done ;;
     *)        echo "unknown stage $s" ;;
   esac
