@@ -9,6 +9,7 @@ makes busbw comparable with the per-link bandwidth whatever the rank count:
 from __future__ import annotations
 
 from meshscale.errors import MeshscaleError
+from meshscale.simulate.metrics import bus_factor
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "gather",
                "scatter", "send_recv")
@@ -29,15 +30,9 @@ def check_collective(name: str) -> str:
 
 
 def busbw_factor(collective: str, world_size: int) -> float:
-    """The nccl-tests factor from algbw to busbw for ``collective`` on ``world_size`` ranks."""
-    n = world_size
-    if collective == "all_reduce":
-        return 2 * (n - 1) / n
-    if collective in SPLIT:
-        return (n - 1) / n
-    if collective in ("broadcast", "reduce", "send_recv"):
-        return 1.0
-    raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+    """The nccl-tests factor from algbw to busbw for ``collective`` on ``world_size`` ranks (one formula for
+    measured and simulated figures: `meshscale.simulate.metrics.bus_factor`)."""
+    return bus_factor(check_collective(collective), world_size)
 
 
 def bandwidths(collective: str, size_bytes: int, time_s: float, world_size: int) -> tuple[float, float]:
