@@ -103,7 +103,8 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                 bandwidth[i, j] = gbps(r.get("bandwidth_bytes_per_s") or np.nan)
                 latency[i, j] = (r.get("latency_s") or np.nan) * 1e6
             both = 2 if str(mode).startswith("bi") else 1
-            rate_of = {(a, b): both * pair_bandwidth(topo, na, nb) for a, na in zip(ends, names)
+            pair_rate = _staged_rate if mode == "staged" else pair_bandwidth
+            rate_of = {(a, b): both * pair_rate(topo, na, nb) for a, na in zip(ends, names)
                        for b, nb in zip(ends, names) if na and nb and na != nb}
             if np.isfinite(bandwidth).any():
                 verdict = p2p_verdict(rows, rate_of, hints(s.result.env, topo, cpu))
@@ -119,6 +120,13 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                                           plots.heatmap(latency, list(labels), f"P2P {mode}: latency, us", "us", pid, "{:.0f}"),
                                           Verdict("info", "small-message latency per pair; outliers point at a longer route")))
     return section
+
+
+def _staged_rate(topo: Topology, src: str, dst: str) -> float:
+    """Line rate of a copy staged through host memory: down to the host, then up, one after the other."""
+    def to_host(gpu: str) -> float:
+        return max(pair_bandwidth(topo, gpu, cpu) for cpu in topo.nodes_of("cpu") + topo.nodes_of("host"))
+    return 1 / (1 / to_host(src) + 1 / to_host(dst))
 
 
 def _curve(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
