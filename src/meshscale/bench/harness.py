@@ -65,12 +65,13 @@ def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iter
                 run()
         torch.cuda.current_stream().wait_stream(side)
         torch.cuda.synchronize()  # no NCCL work of the warm-up may still be in flight when capture starts
+        # One operation per graph, replayed once per iteration: the host pays one graph launch per op, as a C
+        # launch loop like nccl-tests pays one kernel launch, instead of torch's per-call Python/c10d path.
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            for _ in range(iters):
-                run()
+            run()
         graph.replay()  # one untimed replay
-        step, repeats = graph.replay, 1
+        step, repeats = graph.replay, iters
     else:
         for _ in range(warmup_iters):
             run()

@@ -42,7 +42,7 @@ def collective(
     iters: int = typer.Option(20, "--iters", "-n"),
     average: int = typer.Option(3, "--average", "-a", help="time reported: 0 rank 0, 1 mean, 2 min, 3 max over ranks (nccl-tests codes; its default is 1)"),
     check: bool = typer.Option(True, "--check/--no-check", help="verify every size's result"),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the timed iterations in a CUDA graph (GPUs only)"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture one operation in a CUDA graph and replay it each iteration (GPUs only): one launch per op, like a C loop"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU ranks over NCCL (default: all GPUs)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed) or meshscale (a meshscale schedule)"),
