@@ -9,13 +9,8 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.errors import MeshscaleError
-from meshscale.results import Result, load_result
-from meshscale.topology import load_system
+from meshscale.results import Result
 from meshscale.topology.cluster import ClusterSpec, plan_cluster
-
-COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps"), "links": ("edr", "10gbe"),
-                   "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
-
 
 def _ints(text: str, what: str) -> list[int]:
     try:
@@ -101,41 +96,13 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
-    from meshscale.predict.compare import compare_scale
-    from meshscale.predict.profile import profile_from_result
-    from meshscale.predict.scaling import Job, predict_cluster, predict_system, prediction_result, profile_for
-    from meshscale.simulate import calibrate
-    from meshscale.train.models import get_model
+    from meshscale.predict.run import PredictRequest, predict_rows
+    from meshscale.predict.scaling import prediction_result
 
-    measured = load_result(from_result) if from_result else None
-    model = model or (measured.meta.get("model") if measured else None)
-    if not model:
-        raise MeshscaleError("name a model with --model (e.g. resnet50)")
-    spec = get_model(model)
-    measured_profile = profile_from_result(load_result(profile)) if profile else None
-    variants = [system]
-    kind = "system"
-    if compare:
-        preset = COMPARE_PRESETS.get(compare)
-        variants = list(preset or compare.split(","))
-        kind = "algorithm" if compare == "algorithms" else "link" if compare == "links" else "system"
-    rows = []
-    for v in variants:
-        sys_name = v if kind == "system" else system
-        topo = load_system(sys_name)
-        params = calibrate(topo, load_result(p2p)) if p2p else None
-        job = Job(model, spec.params, profile_for(topo, measured_profile, spec.flops_per_sample, efficiency), batch, weak,
-                  v if kind == "algorithm" else algorithm, mode, comm_scale)
-        if measured:
-            rows += [dict(r, variant=v) for r in compare_scale(measured, job, topo, params)]
-            continue
-        if nodes:
-            net = v if kind == "link" else link
-            count = nics or (2 if "gbe" in net else 4)
-            cspec = ClusterSpec(sys_name, 1, count, net, gpudirect=gpudirect)
-            rows += [dict(r, variant=v) for r in predict_cluster(job, cspec, _ints(nodes, "--nodes"))]
-        else:
-            rows += [dict(r, variant=v) for r in predict_system(job, topo, _ints(gpus, "--gpus"), params)]
+    rows, job, measured = predict_rows(PredictRequest(
+        model, system, tuple(_ints(gpus, "--gpus")), tuple(_ints(nodes, "--nodes")) if nodes else None, link, nics,
+        gpudirect, weak, batch, algorithm, mode, profile, efficiency, comm_scale, p2p, compare, from_result))
+    model = job.model
     title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")

@@ -1,0 +1,77 @@
+"""What `meshscale predict` computes: prediction rows for one system or cluster and its variants
+(NVLink vs PCIe systems, InfiniBand vs Ethernet, ring vs hierarchical vs parameter server), or predictions
+beside a measured `scale` run."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshscale.errors import MeshscaleError
+from meshscale.predict.compare import compare_scale
+from meshscale.predict.profile import profile_from_result
+from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
+from meshscale.results import Result, load_result
+from meshscale.simulate import calibrate
+from meshscale.topology import load_system
+from meshscale.topology.cluster import ClusterSpec
+from meshscale.train.models import get_model
+
+COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps"), "links": ("edr", "10gbe"),
+                   "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
+
+
+@dataclass
+class PredictRequest:
+    """A prediction as the command line states it."""
+
+    model: str | None
+    system: str = "dgx1-p100"
+    gpus: tuple[int, ...] = (1, 2, 4, 8)
+    nodes: tuple[int, ...] | None = None
+    link: str = "edr"
+    nics: int | None = None
+    gpudirect: bool = True
+    weak: bool = True
+    batch: int = 64
+    algorithm: str = "ring"
+    mode: str = "ddp"
+    profile: Path | None = None
+    compute_efficiency: float = 0.4
+    comm_scale: float = 1.0
+    p2p: Path | None = None
+    compare: str | None = None
+    measured: Path | None = None
+
+
+def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
+    """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error),
+    the job of the last variant, and the measured result if any."""
+    measured = load_result(req.measured) if req.measured else None
+    model = req.model or (measured.meta.get("model") if measured else None)
+    if not model:
+        raise MeshscaleError("name a model with --model (e.g. resnet50)")
+    spec = get_model(model)
+    profile = profile_from_result(load_result(req.profile)) if req.profile else None
+    p2p = load_result(req.p2p) if req.p2p else None
+    variants, kind = [req.system], "system"
+    if req.compare:
+        variants = list(COMPARE_PRESETS.get(req.compare) or req.compare.split(","))
+        kind = {"algorithms": "algorithm", "links": "link"}.get(req.compare, "system")
+    rows: list[dict] = []
+    job = None
+    for variant in variants:
+        system = variant if kind == "system" else req.system
+        topo = load_system(system)
+        params = calibrate(topo, p2p) if p2p else None
+        job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency),
+                  req.batch, req.weak, variant if kind == "algorithm" else req.algorithm, req.mode, req.comm_scale)
+        if measured:
+            found = compare_scale(measured, job, topo, params)
+        elif req.nodes:
+            net = variant if kind == "link" else req.link
+            nics = req.nics or (2 if "gbe" in net else 4)
+            found = predict_cluster(job, ClusterSpec(system, 1, nics, net, gpudirect=req.gpudirect), list(req.nodes))
+        else:
+            found = predict_system(job, topo, list(req.gpus), params)
+        rows += [dict(r, variant=variant) for r in found]
+    return rows, job, measured
