@@ -36,3 +36,16 @@ def format_bytes(n: float) -> str:
 def gbps(bytes_per_s: float) -> float:
     """Bytes per second to decimal GB/s."""
     return bytes_per_s / GB
+
+
+def parse_ints(text: str, what: str, minimum: int | None = None) -> list[int]:
+    """A comma-separated list of integers such as ``1,2,4`` (``what`` names the option in the error)."""
+    try:
+        values = [int(x) for x in str(text).split(",") if x.strip()]
+    except ValueError:
+        raise MeshscaleError(f"{what} must be a comma-separated list of integers, e.g. 1,2,4; got {text!r}") from None
+    if not values:
+        raise MeshscaleError(f"{what} is empty; give integers such as 1,2,4")
+    if minimum is not None and min(values) < minimum:
+        raise MeshscaleError(f"{what} needs integers >= {minimum}, got {text!r}")
+    return values

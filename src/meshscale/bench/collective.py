@@ -11,7 +11,6 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 
 from meshscale.bench.cases import DTYPES, OPS, PLACES, chunk_count, count_wrong, make_case
 from meshscale.bench.formulas import COLLECTIVES, REDUCING, ROOTED, SPLIT, bandwidths, check_collective

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.errors import MeshscaleError
-from meshscale.units import format_bytes, gbps, parse_bytes
+from meshscale.units import gbps, parse_bytes, parse_ints
 
 
 def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Optional[Path]):
@@ -27,10 +27,7 @@ def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Opt
     if notice:
         typer.echo(notice, err=True)
     if gpus:
-        try:
-            ranks = [int(x) for x in gpus.split(",") if x.strip()]
-        except ValueError:
-            raise MeshscaleError(f"cannot read --gpus {gpus!r}; give device indices like 0,1,2,3") from None
+        ranks = parse_ints(gpus, "--gpus (device indices)", minimum=0)
     else:
         ranks = [topology.nodes[d].index for d in topology.devices()]
     ranks = check_ranks(ranks, topology)

@@ -8,19 +8,9 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.errors import MeshscaleError
+from meshscale.units import parse_ints
 from meshscale.results import Result
 from meshscale.topology.cluster import ClusterSpec, plan_cluster
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise MeshscaleError(f"{what} must be a comma-separated list of integers, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise MeshscaleError(f"{what} needs positive integers, got {text!r}")
-    return values
-
 
 def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
             nodes: int = typer.Option(124, "--nodes", help="number of nodes"),
@@ -100,7 +90,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.scaling import prediction_result
 
     rows, job, measured = predict_rows(PredictRequest(
-        model, system, tuple(_ints(gpus, "--gpus")), tuple(_ints(nodes, "--nodes")) if nodes else None, link, nics,
+        model, system, tuple(parse_ints(gpus, "--gpus", minimum=1)), tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link, nics,
         gpudirect, weak, batch, algorithm, mode, profile, efficiency, comm_scale, p2p, compare, from_result))
     model = job.model
     title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"

@@ -14,16 +14,10 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.errors import MeshscaleError
+from meshscale.units import parse_ints
 from meshscale.train.config import TrainConfig
 
 _HELP_DATA = "synthetic, digits (scikit-learn), a folder of images (ImageFolder layout) or a token file (.npy/.bin)"
-
-
-def _ints(text: str, what: str) -> list[int]:
-    try:
-        return [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise MeshscaleError(f"{what} must be a comma-separated list of integers, e.g. 1,2,4; got {text!r}") from None
 
 
 def _workers(gpus: Optional[str], cpus: Optional[str]) -> tuple[str, str]:
@@ -84,7 +78,7 @@ def train(
                       deterministic=deterministic, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                       resume=resume, log=log, tensorboard=tensorboard, progress=True, timeout_s=timeout_s)
     if profile_batches:
-        result = profile(cfg, _ints(profile_batches, "--profile-batches"))
+        result = profile(cfg, parse_ints(profile_batches, "--profile-batches"))
         _table("profile (one device)", result.rows, ("batch_per_rank", "step_time_s", "compute_s", "samples_per_s"))
     else:
         result = run_train(cfg)
@@ -145,7 +139,7 @@ def scale(
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
                       max_staleness=max_staleness, timing=not no_timing, timeout_s=timeout_s)
     console = Console()
-    result = run_scale(cfg, _ints(counts, what), weak, size,
+    result = run_scale(cfg, parse_ints(counts, what), weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
     _table(f"{model} {mode}: {'weak' if weak else 'strong'} scaling", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "speedup", "efficiency",

@@ -16,7 +16,7 @@ from dataclasses import dataclass, replace
 
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.params import SimParams
-from meshscale.topology import Topology, bottleneck_bandwidth, route
+from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterPlan, ClusterSpec, plan_cluster
 
 ALGORITHMS = ("ring", "hierarchical", "ps")
