@@ -52,8 +52,12 @@ def per_gpu_bandwidth(topo: Topology) -> tuple[float, float]:
 
 
 def summary(topo: Topology) -> str:
-    nvlink, pcie = per_gpu_bandwidth(topo)
     n = len(topo.devices())
-    kind = "GPU" if topo.device_kind == "gpu" else "CPU worker"
-    return (f"{topo.title or topo.name}: {n} {kind}{'s' if n != 1 else ''} ({topo.gpu_model}), "
+    if topo.device_kind == "worker":
+        shm = sum(l.bandwidth_bytes_per_s for l in topo.links_of(topo.devices()[0], "shm")) if n else 0.0
+        source = topo.attrs.get("bandwidth_source", "")
+        return (f"{topo.title or topo.name}: {n} CPU worker{'s' if n != 1 else ''} (Gloo), shared memory "
+                f"{gbps(shm):.0f} GB/s per worker per direction{f', {source}' if source else ''}")
+    nvlink, pcie = per_gpu_bandwidth(topo)
+    return (f"{topo.title or topo.name}: {n} GPU{'s' if n != 1 else ''} ({topo.gpu_model}), "
             f"NVLink {gbps(nvlink):.0f} GB/s and PCIe {gbps(pcie):.1f} GB/s per device per direction")
