@@ -13,13 +13,13 @@ from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
-def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Optional[Path]):
+def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Optional[Path], bench: Optional[Path] = None):
     """Topology, ranks (device indices) and simulator parameters from the common options."""
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.collectives.schedule import COLLECTIVES
     from meshscale.cli.topology import resolve_system
     from meshscale.results import load_result
-    from meshscale.simulate import SimParams, calibrate
+    from meshscale.simulate import SimParams, calibrate, calibrate_collective
 
     if collective not in COLLECTIVES:
         raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
@@ -34,6 +34,8 @@ def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Opt
     if len(ranks) < 2:
         raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --gpus")
     params = calibrate(topology, load_result(p2p)) if p2p else SimParams()
+    if bench:
+        params = calibrate_collective(topology, load_result(bench), params)
     return topology, ranks, params
 
 
@@ -44,13 +46,14 @@ def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, red
          algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted) or an algorithm name"),
          root: int = typer.Option(0, "--root", "-r", help="root rank (position in --gpus) of rooted collectives"),
          p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
+         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)"),
          schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)")) -> None:
     """Choose the algorithm for one collective and explain it: channels, predicted time and busbw, bottleneck, bound."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
-    topology, ranks, params = _setup(collective, system, gpus, p2p)
+    topology, ranks, params = _setup(collective, system, gpus, p2p, bench)
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params)
     typer.echo(format_plan(p))
     if schedule_json:
@@ -73,11 +76,12 @@ def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, redu
         algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted per size) or an algorithm name"),
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives"),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
+        bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)")) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen."""
     from meshscale.simulate.plan import sim_sweep, sweep_sizes
 
-    topology, ranks, params = _setup(collective, system, gpus, p2p)
+    topology, ranks, params = _setup(collective, system, gpus, p2p, bench)
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params)
     table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({params.source})")

@@ -81,6 +81,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
             comm_scale: float = typer.Option(1.0, "--comm-scale", help="multiply exchange times (a calibration)"),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
+            bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
@@ -91,7 +92,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
 
     rows, job, measured = predict_rows(PredictRequest(
         model, system, tuple(parse_ints(gpus, "--gpus", minimum=1)), tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link, nics,
-        gpudirect, weak, batch, algorithm, mode, profile, efficiency, comm_scale, p2p, compare, from_result))
+        gpudirect, weak, batch, algorithm, mode, profile, efficiency, comm_scale, p2p, bench, compare, from_result))
     model = job.model
     title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"
     if measured:

@@ -11,7 +11,7 @@ from meshscale.predict.compare import compare_scale
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
-from meshscale.simulate import calibrate
+from meshscale.simulate import SimParams, calibrate, calibrate_collective
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
@@ -39,6 +39,7 @@ class PredictRequest:
     compute_efficiency: float = 0.4
     comm_scale: float = 1.0
     p2p: Path | None = None
+    bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
     compare: str | None = None
     measured: Path | None = None
 
@@ -53,6 +54,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     spec = get_model(model)
     profile = profile_from_result(load_result(req.profile)) if req.profile else None
     p2p = load_result(req.p2p) if req.p2p else None
+    bench = load_result(req.bench) if req.bench else None
     variants, kind = [req.system], "system"
     if req.compare:
         variants = list(COMPARE_PRESETS.get(req.compare) or req.compare.split(","))
@@ -63,6 +65,8 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         system = variant if kind == "system" else req.system
         topo = load_system(system)
         params = calibrate(topo, p2p) if p2p else None
+        if bench:
+            params = calibrate_collective(topo, bench, params or SimParams())
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency),
                   req.batch, req.weak, variant if kind == "algorithm" else req.algorithm, req.mode, req.comm_scale)
         if measured:

@@ -1,9 +1,9 @@
 """Layer 3a: predict how long collectives take on a topology (flow-level simulation of schedules)."""
 from meshscale.simulate.auto import Choice, choose, predict_collective
-from meshscale.simulate.calibrate import calibrate
+from meshscale.simulate.calibrate import calibrate, calibrate_collective
 from meshscale.simulate.metrics import algbw, bus_factor
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import LinkUse, SimResult, simulate
 
-__all__ = ["SimParams", "SimResult", "LinkUse", "simulate", "choose", "Choice", "predict_collective", "calibrate",
+__all__ = ["SimParams", "SimResult", "LinkUse", "simulate", "choose", "Choice", "predict_collective", "calibrate", "calibrate_collective",
            "bus_factor", "algbw"]

@@ -20,6 +20,7 @@ import numpy as np
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
+from meshscale.simulate.auto import predict_collective
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 
@@ -112,3 +113,32 @@ def _best_per_pair(topo: Topology, rows: list[dict]) -> dict[tuple[str, str], tu
         best[(src, dst)] = (max((x for x in (old_bw, bandwidth) if x), default=None),
                             min((x for x in (old_lat, latency_s) if x is not None), default=None))
     return {pair: v for pair, v in best.items() if v != (None, None)}
+
+
+def calibrate_collective(topo: Topology, bench: Result, params: SimParams, collective: str = "all_reduce") -> SimParams:
+    """Refine ``params`` so the simulator's busbw matches a measured collective (a `bench collective` result)
+    at its largest size: the efficiency of the link kinds the ranks' routes use is scaled by measured /
+    predicted. Copy engines (what `bench p2p` sees) reach more of a link than NCCL's SM-driven kernels do;
+    this folds that difference in, for predictions at other rank counts of the same fabric."""
+    if bench.kind != "bench-collective":
+        raise MeshscaleError(f"collective calibration needs a bench-collective result, got kind {bench.kind!r}")
+    rows = [r for r in bench.rows if r.get("collective") == collective and r.get("busbw_bytes_per_s")]
+    if not rows:
+        raise MeshscaleError(f"the bench-collective result has no {collective} rows; measure it with "
+                             f"`meshscale bench collective {collective} --json FILE`")
+    row = max(rows, key=lambda r: r["size_bytes"])
+    n = int(bench.meta.get("world_size") or 0)
+    ranks = [topo.nodes[d].index for d in topo.devices()][:n]
+    if n < 2 or len(ranks) < n:
+        raise MeshscaleError(f"the measured run had {n} ranks; the topology {topo.name} has {len(ranks)} devices")
+    kinds = {topo.links[i].kind for a in ranks for b in ranks if a != b
+             for p in route(topo, topo.device(a), topo.device(b)).paths for i, _ in p.directed_links}
+    efficiency, ratio = dict(params.efficiency), 1.0
+    for _ in range(3):  # latency terms make busbw not quite proportional to efficiency: a few fixed-point steps
+        trial = SimParams(efficiency, params.message_latency_s, params.reduce_bytes_per_s, params.hop_latency_scale)
+        predicted = predict_collective(topo, collective, ranks, int(row["size_bytes"]), params=trial).busbw_bytes_per_s
+        ratio = row["busbw_bytes_per_s"] / predicted
+        efficiency.update({k: min(1.0, trial.efficiency_of(k) * ratio) for k in kinds})
+    fitted = ", ".join(f"{k} {efficiency[k]:.2f}" for k in sorted(kinds))
+    source = f"{params.source}; {collective} busbw of {n} ranks at {row['size_bytes']} B fitted ({fitted})"
+    return SimParams(efficiency, params.message_latency_s, params.reduce_bytes_per_s, params.hop_latency_scale, source)
