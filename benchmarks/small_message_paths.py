@@ -1,0 +1,44 @@
+"""Per-call cost of small NCCL all_reduces through three torch paths, timed like nccl-tests (CUDA events around
+`iters` back-to-back calls, mean over ranks): dist.all_reduce, the ProcessGroup backend called directly (no Python
+wrapper checks), and dist.all_reduce(async_op=True) with the handles waited at the end.
+    torchrun --nproc-per-node 2 benchmarks/small_message_paths.py"""
+import os
+
+import torch
+import torch.distributed as dist
+
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+torch.cuda.set_device(rank)
+dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
+backend = dist.group.WORLD._get_backend(torch.device("cuda"))
+opts = dist.AllreduceOptions()
+opts.reduceOp = dist.ReduceOp.SUM
+
+
+def paths(t):
+    return {"dist.all_reduce": lambda: dist.all_reduce(t),
+            "backend.allreduce": lambda: backend.allreduce([t], opts),
+            "async_op=True": lambda: dist.all_reduce(t, async_op=True)}
+
+
+for size in (1024, 16384, 262144, 1048576):
+    t = torch.ones(size // 4, device="cuda")
+    for name, call in paths(t).items():
+        for _ in range(20):
+            call()
+        torch.cuda.synchronize()
+        dist.barrier()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        works = [call() for _ in range(200)]
+        end.record()
+        for w in works:
+            if w is not None:
+                w.wait()
+        end.synchronize()
+        us = torch.tensor([start.elapsed_time(end) * 1e3 / 200], device="cuda")
+        dist.all_reduce(us)
+        if rank == 0:
+            print(f"{size:>8} B  {name:<18} {us.item() / world:7.2f} us")
+dist.destroy_process_group()
