@@ -10,24 +10,25 @@ from meshscale.errors import MeshscaleError
 SUPPORTS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
 
 
-def direct_reduce_scatter(b: Builder, step: int, n: int, blocks: list[list[int]]) -> int:
-    """Every rank s adds its copy of block d into rank d."""
+def _direct_exchange(b: Builder, step: int, n: int, blocks: list[list[int]], op: str) -> int:
+    """One step in which every rank s sends to every other rank d: for "reduce" its copy of d's block (summed
+    into d), for "copy" its own block s."""
     for s in range(n):
         for d in range(n):
             if s != d:
-                for c in blocks[d]:
-                    b.send(step, s, d, c, "reduce", 0)
+                for c in blocks[d if op == "reduce" else s]:
+                    b.send(step, s, d, c, op, 0)
     return step + 1
+
+
+def direct_reduce_scatter(b: Builder, step: int, n: int, blocks: list[list[int]]) -> int:
+    """Every rank s adds its copy of block d into rank d."""
+    return _direct_exchange(b, step, n, blocks, "reduce")
 
 
 def direct_all_gather(b: Builder, step: int, n: int, blocks: list[list[int]]) -> int:
     """Every rank s copies its block s to every other rank."""
-    for s in range(n):
-        for d in range(n):
-            if s != d:
-                for c in blocks[s]:
-                    b.send(step, s, d, c, "copy", 0)
-    return step + 1
+    return _direct_exchange(b, step, n, blocks, "copy")
 
 
 def direct(collective: str, ranks: list[int], nbytes: int, topology, *, root: int = 0, pieces: int = 1,
