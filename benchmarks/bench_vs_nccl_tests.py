@@ -7,6 +7,7 @@ all_to_all and send_recv, float32 sum, 5 warm-up + 20 timed iterations, time ave
 default -a 1), then for every size the reference also has: busbw ratio (meshscale / nccl-tests; target within
 5 % for sizes >= 64 MiB) and time ratio (target within 25 % for sizes <= 1 MiB). The reference column used is the
 one meshscale measured: out-of-place where torch.distributed has it, else in-place. Also a p2p run.
+``--impl nccl`` times NCCL called directly (as nccl-tests does) instead of torch.distributed's eager path.
 Writes to OUTDIR: bench-collective.{json,txt}, ratios.{csv,md}, p2p.{json,txt,png}. Exit code 1 if a target
 is missed (the files are written anyway).
 """
@@ -96,6 +97,8 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count())
     parser.add_argument("--max-bytes", default="1G")
     parser.add_argument("--cuda-graph", action="store_true")
+    parser.add_argument("--impl", default="native", help="native (torch.distributed) or nccl (NCCL called directly)")
+    parser.add_argument("--no-p2p", action="store_true", help="skip the p2p matrix")
     parser.add_argument("--p2p-size", default="1G")
     parser.add_argument("--timeout-s", type=float, default=300)
     args = parser.parse_args()
@@ -105,7 +108,8 @@ def main() -> int:
     console = Console(width=200, record=True)
 
     spec = CollectiveSpec(COLLECTIVES, sweep_sizes("1K", args.max_bytes, 4), "float32", "sum", 0, ("out", "in"),
-                          warmup_iters=5, iters=20, average=1, cuda_graph=args.cuda_graph)
+                          warmup_iters=5, iters=20, average=1, cuda_graph=args.cuda_graph,
+                          impl=args.impl)
     result = bench_collectives(spec, World(args.gpus, "nccl"), args.timeout_s)
     result.save(args.outdir / "bench-collective.json")
     for table in collective_tables(result):
@@ -123,6 +127,8 @@ def main() -> int:
     else:
         console.print(f"no reference at {reference_path}: ratios skipped")
 
+    if args.no_p2p:
+        return 1 if failed else 0
     from meshscale.units import parse_bytes
     p2p = bench_p2p(P2PSpec(parse_bytes(args.p2p_size), iters=10, latency_iters=200), World(args.gpus, "nccl"))
     p2p.save(args.outdir / "p2p.json")

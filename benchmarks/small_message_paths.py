@@ -1,6 +1,7 @@
-"""Per-call cost of small NCCL all_reduces through three torch paths, timed like nccl-tests (CUDA events around
+"""Per-call cost of small NCCL all_reduces through four paths, timed like nccl-tests (CUDA events around
 `iters` back-to-back calls, mean over ranks): dist.all_reduce, the ProcessGroup backend called directly (no Python
-wrapper checks), and dist.all_reduce(async_op=True) with the handles waited at the end.
+wrapper checks), dist.all_reduce(async_op=True) with the handles waited at the end, and ncclAllReduce called
+directly through ctypes (meshscale's --impl nccl, as nccl-tests calls it).
     torchrun --nproc-per-node 2 benchmarks/small_message_paths.py"""
 import os
 
@@ -14,12 +15,16 @@ dist.init_process_group("nccl", device_id=torch.device("cuda", rank))
 backend = dist.group.WORLD._get_backend(torch.device("cuda"))
 opts = dist.AllreduceOptions()
 opts.reduceOp = dist.ReduceOp.SUM
+store = dist.distributed_c10d._get_default_store()
+from meshscale.bench.nccl_direct import NcclComm  # noqa: E402  (run with PYTHONPATH=src)
+comm = NcclComm(rank, world, torch.device("cuda", rank), store)
 
 
 def paths(t):
     return {"dist.all_reduce": lambda: dist.all_reduce(t),
             "backend.allreduce": lambda: backend.allreduce([t], opts),
-            "async_op=True": lambda: dist.all_reduce(t, async_op=True)}
+            "async_op=True": lambda: dist.all_reduce(t, async_op=True),
+            "ncclAllReduce (ctypes)": (lambda run: lambda: run(t, t))(comm.op("all_reduce", "sum", 0))}
 
 
 for size in (1024, 16384, 262144, 1048576):
@@ -40,5 +45,7 @@ for size in (1024, 16384, 262144, 1048576):
         us = torch.tensor([start.elapsed_time(end) * 1e3 / 200], device="cuda")
         dist.all_reduce(us)
         if rank == 0:
-            print(f"{size:>8} B  {name:<18} {us.item() / world:7.2f} us")
+            print(f"{size:>8} B  {name:<24} {us.item() / world:7.2f} us")
+torch.cuda.synchronize()
+comm.close()
 dist.destroy_process_group()

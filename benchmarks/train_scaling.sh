@@ -6,7 +6,7 @@
 # dominates. Every configuration runs in fresh processes, 10 warm-up + 20 timed steps.
 #
 #   bash benchmarks/train_scaling.sh [OUTDIR]        (default: $OUT, else ./train_scaling_results)
-#   SECTIONS="plain ddp allreduce fast knobs compile gpt" GPUS=1,2 bash benchmarks/train_scaling.sh /tmp/x
+#   SECTIONS="plain ddp allreduce fast knobs compile graph gpt" GPUS=1,2 bash benchmarks/train_scaling.sh /tmp/x
 #
 # Writes OUTDIR/plain.jsonl (plain DDP rows) and one meshscale Result per sweep (OUTDIR/<name>.json, kind
 # "scale") with a plot (OUTDIR/<name>.png); OUTDIR/summary.txt lists throughput, speedup and efficiency.
@@ -63,6 +63,13 @@ for s in $SECTIONS; do
                sweep ddp-strong-cl-compile $R50 --mode ddp --strong --global-batch 256 --channels-last --compile default
                sweep ddp-weak-cl-compile $R50 --mode ddp --weak --batch 256 --channels-last --compile default
                sweep ddp-strong-cl-cudagraphs $R50 --mode ddp --strong --global-batch 256 --channels-last --compile reduce-overhead ;;
+    graph)     # the whole step captured in one CUDA graph (--cuda-graph), beside the eager runs of the same call
+               plain strong --channels-last
+               sweep allreduce-strong-cl-notiming $R50 --mode allreduce --strong --global-batch 256 --channels-last --no-timing
+               sweep allreduce-strong-cl-graph $R50 --mode allreduce --strong --global-batch 256 --channels-last --cuda-graph --no-timing
+               sweep ddp-strong-cl-graph $R50 --mode ddp --strong --global-batch 256 --channels-last --cuda-graph --no-timing
+               sweep allreduce-weak-cl-graph $R50 --mode allreduce --weak --batch 256 --channels-last --cuda-graph --no-timing
+               sweep allreduce-strong-graph $R50 --mode allreduce --strong --global-batch 256 --cuda-graph --no-timing ;;
     gpt)       # a transformer: 124M parameters of gradients per step, communication heavier per FLOP
                sweep gpt-small-ddp-weak --model gpt-small --precision bf16 --mode ddp --weak --batch 8
                sweep gpt-small-allreduce-weak --model gpt-small --precision bf16 --mode allreduce --weak --batch 8

@@ -104,14 +104,16 @@ def test_cli_json_result_schema(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("impl", ["native", "nccl"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
-def test_gpu_sweep_is_correct(cuda_graph):
+def test_gpu_sweep_is_correct(cuda_graph, impl):
     n = torch.cuda.device_count()
     if n < 2:
         pytest.skip("needs 2 GPUs")
     collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
     spec = CollectiveSpec(collectives, [n * 1024, n * (1 << 20)], "bfloat16", "avg" if not cuda_graph else "sum", 0,
-                          ("out", "in"), 2, 5, cuda_graph=cuda_graph)
+                          ("out", "in"), 2, 5, cuda_graph=cuda_graph, impl=impl)
     result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
+    assert {r["collective"] for r in result.rows} == set(collectives)
     assert all(r["wrong"] == 0 for r in result.rows)
     assert all(r["bound_busbw_bytes_per_s"] for r in result.rows)

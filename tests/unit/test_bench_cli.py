@@ -23,6 +23,8 @@ def _run(monkeypatch, capsys, *args):
     (["alltoal", "--cpus", "2"], "unknown collective"),
     (["--op", "avg", "--cpus", "2"], "--op avg needs NCCL"),
     (["-b", "12Q", "--cpus", "2"], "cannot read size"),
+    (["--impl", "nccl", "--cpus", "2"], "--impl nccl calls NCCL directly and needs GPUs"),
+    (["--impl", "mpi", "--cpus", "2"], "use native, meshscale or nccl"),
 ])
 def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
     code, out = _run(monkeypatch, capsys, "bench", "collective", *args)

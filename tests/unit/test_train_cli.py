@@ -22,6 +22,7 @@ def _run(argv, monkeypatch, capsys):
     (["scale", "--cpus", "1,3", "--strong", "--global-batch", "16"], "not divisible by 3"),
     (["scale", "--cpus", "1,2", "--weak"], "--weak needs --batch"),
     (["train", "--precision", "fp16", "--mode", "ps-sync"], "use --precision bf16"),
+    (["train", "--cuda-graph", "--cpus", "2"], "--cuda-graph needs GPUs"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
     code, err = _run(argv, monkeypatch, capsys)

@@ -11,6 +11,7 @@ import warnings
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import torch
 
 from meshscale.bench.cases import DTYPES, OPS, PLACES, chunk_count, count_wrong, make_case
 from meshscale.bench.formulas import COLLECTIVES, REDUCING, ROOTED, SPLIT, bandwidths, check_collective
@@ -72,7 +73,9 @@ def validate(spec: CollectiveSpec, world: World) -> None:
     if spec.op not in OPS:
         raise MeshscaleError(f"unknown reduction op {spec.op!r}; use one of {', '.join(OPS)}")
     if spec.impl not in IMPLS:
-        raise MeshscaleError(f"unknown --impl {spec.impl!r}; use native or meshscale")
+        raise MeshscaleError(f"unknown --impl {spec.impl!r}; use native, meshscale or nccl")
+    if spec.impl == "nccl" and world.backend != "nccl":
+        raise MeshscaleError("--impl nccl calls NCCL directly and needs GPUs; use --impl native with CPU workers")
     check_average(spec.average)
     if spec.iters < 1 or spec.warmup_iters < 0:
         raise MeshscaleError("--iters must be >= 1 and --warmup-iters >= 0")
@@ -103,7 +106,22 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
     devices, rank i on device i) feeds topology-aware meshscale algorithms."""
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     n, rows = ctx.world_size, []
-    elem = DTYPES[spec.dtype].itemsize
+    comm = None
+    if spec.impl == "nccl":
+        from meshscale.bench.nccl_direct import NcclComm
+        ctx.phase("creating the NCCL communicator for --impl nccl")
+        comm = NcclComm(ctx.rank, n, ctx.device, ctx.store)
+    try:
+        _sweep(ctx, spec, topology, comm, rows)
+    finally:
+        if comm is not None:
+            torch.cuda.synchronize()
+            comm.close()
+    return rows
+
+
+def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list) -> None:
+    n, elem = ctx.world_size, DTYPES[spec.dtype].itemsize
     for collective in spec.collectives:
         for size in spec.sizes_bytes:
             for place in (p for p in ("out", "in") if p in spec.places and p in PLACES[collective]):
@@ -111,6 +129,8 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
                 case = make_case(collective, size, spec.dtype, spec.op, spec.root, place == "in", ctx.rank, n, ctx.device)
                 if spec.impl == "native":
                     run_op = native_op(collective, spec.op, spec.root, ctx.rank, n)
+                elif spec.impl == "nccl":
+                    run_op = comm.op(collective, spec.op, spec.root)
                 else:
                     run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, ctx.rank, spec.op,
                                           spec.root, topology)
@@ -134,7 +154,6 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
                     "rank_times_s": [r[0] for r in per_rank],
                 })
                 del case
-    return rows
 
 
 def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0) -> Result:

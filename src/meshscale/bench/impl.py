@@ -11,7 +11,7 @@ import torch.distributed as dist
 from meshscale.errors import MeshscaleError
 
 Op = Callable[[torch.Tensor, torch.Tensor], None]
-IMPLS = ("native", "meshscale")
+IMPLS = ("native", "meshscale", "nccl")  # nccl: `meshscale.bench.nccl_direct`
 REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
               "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
 # torch 2.13 renamed the flat all-gather / reduce-scatter (the old names warn); torch 2.11 has only the old.

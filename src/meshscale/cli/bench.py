@@ -45,7 +45,7 @@ def collective(
     cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture one operation in a CUDA graph and replay it each iteration (GPUs only): one launch per op, like a C loop"),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU ranks over NCCL (default: all GPUs)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
-    impl: str = typer.Option("native", "--impl", help="native (torch.distributed) or meshscale (a meshscale schedule)"),
+    impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),

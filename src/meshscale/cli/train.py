@@ -42,6 +42,7 @@ def train(
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
     channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images)"),
     compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the whole step (forward, backward, all-reduce, optimizer) in one CUDA graph (GPUs; ddp/allreduce)"),
     bucket_cap_mb: float = typer.Option(25.0, "--bucket-cap-mb", help="ddp: gradient bucket size"),
     bucket_view: bool = typer.Option(False, "--bucket-view", help="ddp: gradient_as_bucket_view"),
     static_graph: bool = typer.Option(False, "--static-graph", help="ddp: static_graph"),
@@ -74,7 +75,7 @@ def train(
                       ref_batch=ref_batch, lr_warmup_steps=lr_warmup, bucket_cap_mb=bucket_cap_mb,
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
                       collective=collective, max_staleness=max_staleness, precision=precision,
-                      channels_last=channels_last, compile=compile, timing=not no_timing, seed=seed,
+                      channels_last=channels_last, compile=compile, cuda_graph=cuda_graph, timing=not no_timing, seed=seed,
                       deterministic=deterministic, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                       resume=resume, log=log, tensorboard=tensorboard, progress=True, timeout_s=timeout_s)
     if profile_batches:
@@ -112,6 +113,7 @@ def scale(
     precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16"),
     channels_last: bool = typer.Option(False, "--channels-last"),
     compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile mode"),
+    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the whole step in one CUDA graph"),
     bucket_cap_mb: float = typer.Option(25.0, "--bucket-cap-mb"),
     bucket_view: bool = typer.Option(False, "--bucket-view"),
     static_graph: bool = typer.Option(False, "--static-graph"),
@@ -135,7 +137,8 @@ def scale(
     device, counts = _workers(gpus, cpus)
     what = "--gpus" if device == "cuda" else "--cpus"
     cfg = TrainConfig(model=model, data=data, mode=mode, device=device, steps=steps, timing_warmup=warmup,
-                      precision=precision, channels_last=channels_last, compile=compile, bucket_cap_mb=bucket_cap_mb,
+                      precision=precision, channels_last=channels_last, compile=compile, cuda_graph=cuda_graph,
+                      bucket_cap_mb=bucket_cap_mb,
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
                       max_staleness=max_staleness, timing=not no_timing, timeout_s=timeout_s)
     console = Console()

@@ -36,6 +36,7 @@ class TrainConfig:
     precision: str = "fp32"          # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     channels_last: bool = False
     compile: Optional[str] = None    # None, or a torch.compile mode: default | reduce-overhead | max-autotune
+    cuda_graph: bool = False         # capture the whole step in one CUDA graph (train/graphed.py)
     timing: bool = True              # per-step compute / comm / data split (one device sync per step)
     # reproducibility, checkpoints, output
     seed: int = 0

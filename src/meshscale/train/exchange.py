@@ -39,6 +39,15 @@ def flat_params(params) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in params])
 
 
+def grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor:
+    """``p``'s slot in a flat bucket, with ``p``'s own strides (channels-last weights too): copying a gradient in
+    is then one dense copy, and the optimizer's fused / foreach kernels see gradients laid out like their
+    parameters (a layout mismatch sends foreach SGD to its slow path and makes fused SGD refuse)."""
+    if p.dim() == 4 and p.is_contiguous(memory_format=torch.channels_last):
+        return torch.as_strided(flat, p.shape, p.stride(), flat.storage_offset() + offset)
+    return flat[offset:offset + p.numel()].view(p.shape)
+
+
 class Exchange:
     """Common part: the wrapped model, its optimizer, and no-op hooks."""
 
@@ -152,8 +161,7 @@ class AllreduceExchange(Exchange):
 
     def _on_grad(self, p: torch.Tensor) -> None:
         bucket, i = self._where[p]
-        off = bucket.offsets[i]
-        bucket.wire[off:off + p.numel()].copy_(p.grad.reshape(-1))
+        grad_view(bucket.wire, p, bucket.offsets[i]).copy_(p.grad)
         bucket.ready += 1
         self._launch_ready()
 
@@ -178,7 +186,7 @@ class AllreduceExchange(Exchange):
             if b.wire is not b.flat:
                 b.flat.copy_(b.wire)
             for p, off in zip(b.params, b.offsets):
-                p.grad = b.flat[off:off + p.numel()].view_as(p)  # the reduced gradient, no copy back
+                p.grad = grad_view(b.flat, p, off)  # the reduced gradient, no copy back
             b.ready, b.work = 0, None
         self._next = 0
 

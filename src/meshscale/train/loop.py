@@ -18,6 +18,7 @@ from meshscale.train import checkpoint
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches, Dataset, open_data
 from meshscale.train.exchange import flat_params, make_exchange
+from meshscale.train.graphed import EAGER_STEPS, GraphedStep, set_lr, tensor_lr
 from meshscale.train.metrics import StepLog
 from meshscale.train.models import ModelSpec, get_model, image_spec
 from meshscale.train.timing import Clock
@@ -35,13 +36,17 @@ def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
     return spec, data
 
 
-def optimizer_factory(cfg: TrainConfig, spec: ModelSpec):
-    """A function params -> optimizer (the PS owners build theirs over their shard)."""
+def optimizer_factory(cfg: TrainConfig, spec: ModelSpec, graph_device: torch.device | None = None):
+    """A function params -> optimizer (the PS owners build theirs over their shard). With ``graph_device``
+    the optimizer can be captured in a CUDA graph: learning rate in device memory, fused SGD / capturable AdamW."""
     name = cfg.optimizer or spec.optimizer
+    lr = tensor_lr(graph_device) if graph_device is not None else 0.0
+    graph = {"fused": True} if graph_device is not None else {}
     if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=0.0, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+        return lambda params: torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **graph)
     if name == "adamw":
-        return lambda params: torch.optim.AdamW(params, lr=0.0, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
+        graph = {"capturable": True} if graph_device is not None else {}
+        return lambda params: torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, **graph)
     raise MeshscaleError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
 
@@ -137,14 +142,48 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     if cfg.channels_last and spec.input_kind == "image":
         model = model.to(memory_format=torch.channels_last)
     clock = Clock(device)
-    exchange = make_exchange(cfg.mode, model, optimizer_factory(cfg, spec), clock, rank, world, device,
-                             bucket_cap_mb=cfg.bucket_cap_mb, bucket_view=cfg.bucket_view, static_graph=cfg.static_graph,
-                             fusion_bytes=int(cfg.fusion_mb * (1 << 20)), compression=cfg.compression,
-                             allreduce=schedule_allreduce(cfg, world), max_staleness=cfg.max_staleness, timing=cfg.timing)
+    graph_mode = cfg.cuda_graph and device.type == "cuda"
+    # whole-step capture wants the exchange (DDP) built on a side stream (torch.cuda.graphs docs)
+    side = torch.cuda.Stream(device) if graph_mode else None
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    # a captured step records no timing events inside it: the exchange then gets a host clock and no timing hook
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        exchange = make_exchange(cfg.mode, model, optimizer_factory(cfg, spec, device if graph_mode else None),
+                                 Clock(torch.device("cpu")) if graph_mode else clock, rank, world, device,
+                                 bucket_cap_mb=cfg.bucket_cap_mb, bucket_view=cfg.bucket_view, static_graph=cfg.static_graph,
+                                 fusion_bytes=int(cfg.fusion_mb * (1 << 20)), compression=cfg.compression,
+                                 allreduce=schedule_allreduce(cfg, world), max_staleness=cfg.max_staleness,
+                                 timing=cfg.timing and not graph_mode)
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
     run_model = torch.compile(exchange.model, mode=None if cfg.compile == "default" else cfg.compile) if cfg.compile else exchange.model
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
-    autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16)
+    # capture needs autocast without its weight-cast cache (torch.cuda.graphs docs)
+    autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
+                        cache_enabled=not graph_mode)
                 if cfg.precision in ("bf16", "fp16") else contextlib.nullcontext)
+
+    def step_body(x: torch.Tensor, y: torch.Tensor, marks: list | None = None) -> torch.Tensor:
+        """One training step on (x, y): forward, backward, exchange, update, pull. ``marks`` (eager timing)
+        collects clock marks after backward, the exchange, the update and the pull."""
+        def mark() -> None:
+            if marks is not None:
+                marks.append(clock.mark())
+        exchange.zero_grad()
+        exchange.last_ready = None
+        with autocast():
+            loss = loss_fn(spec.input_kind, run_model(x), y)
+        (scaler.scale(loss) if scaler is not None else loss).backward()
+        mark()
+        exchange.finish()
+        mark()
+        exchange.update(scaler)
+        mark()
+        exchange.pull()
+        mark()
+        return loss
+    graphed = GraphedStep(step_body, EAGER_STEPS[cfg.mode], side) if graph_mode else None
     batches = Batches(data, cfg.batch_per_rank, rank, world, cfg.seed, device)
 
     start = 0
@@ -163,7 +202,9 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     rows: list[dict[str, Any]] = []
     pending: list[tuple[dict, torch.Tensor]] = []  # untimed mode: losses read only at checkpoints and the end
     max_param_diff = 0.0
-    timed_from = min(start + cfg.timing_warmup, cfg.steps - 1)
+    # a graphed run's timed window starts after its capture step, whatever --timing-warmup says
+    warmup = max(cfg.timing_warmup, EAGER_STEPS[cfg.mode] + 1) if graphed is not None else cfg.timing_warmup
+    timed_from = min(start + warmup, cfg.steps - 1)
     window_start = None
     try:
         for step in range(start, cfg.steps):
@@ -174,35 +215,29 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 clock.sync()
                 window_start = time.perf_counter()
             lr = learning_rate(cfg, spec, step)
-            for group in exchange.optimizer.param_groups:
-                group["lr"] = lr
+            set_lr(exchange.optimizer, lr)
             wall0 = time.perf_counter()
             t0 = clock.mark()
             x, y = batches.get(step)
             if cfg.channels_last and spec.input_kind == "image":
                 x = x.contiguous(memory_format=torch.channels_last)
             t_data = clock.mark()
-            exchange.zero_grad()
-            exchange.last_ready = None
-            with autocast():
-                loss = loss_fn(spec.input_kind, run_model(x), y)
-            (scaler.scale(loss) if scaler is not None else loss).backward()
-            t_bwd = clock.mark()
-            exchange.finish()
-            t_fin = clock.mark()
-            exchange.update(scaler)
-            t_upd = clock.mark()
-            exchange.pull()
-            t_pull = clock.mark()
+            marks: list | None = [] if cfg.timing and graphed is None else None
+            loss = graphed(x, y) if graphed is not None else step_body(x, y, marks)
+            t_end = clock.mark()
             row: dict[str, Any] = {"step": step, "lr": lr}
             if cfg.timing:
                 clock.sync()
                 step_s = time.perf_counter() - wall0
-                ready = exchange.last_ready if exchange.last_ready is not None else t_bwd
-                comm = clock.seconds(ready, t_fin) + clock.seconds(t_upd, t_pull)
                 row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=cfg.global_batch / step_s,
-                           data_s=clock.seconds(t0, t_data),
-                           compute_s=clock.seconds(t_data, ready) + clock.seconds(t_fin, t_upd), comm_s=comm)
+                           data_s=clock.seconds(t0, t_data))
+                if marks:  # eager: exposed communication = last gradient ready -> exchange done, plus the pull
+                    t_bwd, t_fin, t_upd, t_pull = marks
+                    ready = exchange.last_ready if exchange.last_ready is not None else t_bwd
+                    row.update(compute_s=clock.seconds(t_data, ready) + clock.seconds(t_fin, t_upd),
+                               comm_s=clock.seconds(ready, t_fin) + clock.seconds(t_upd, t_pull))
+                else:  # one graph replay: compute and communication are not separable from outside
+                    row.update(compute_s=clock.seconds(t_data, t_end), comm_s=None)
             if cfg.verify_sync:
                 flat = flat_params(exchange.module.parameters())
                 ref = flat.clone()
@@ -213,7 +248,7 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 if rank == 0:
                     log.write(row)
             else:
-                pending.append((row, loss.detach()))
+                pending.append((row, loss.detach().clone()))  # a graph's loss tensor is overwritten next step
             done = step + 1
             if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
                 ctx.phase(f"saving the checkpoint of step {done}")
@@ -239,5 +274,5 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     out = {"summary": summary, "rows": rows if rank == 0 else []}
     if cfg.return_params and rank == 0:
         out["params"] = flat_params(exchange.module.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
-    del exchange, run_model, model  # free the DDP reducer before the group goes (teardown deadlock)
+    del exchange, run_model, model, graphed, step_body  # free the DDP reducer before the group goes (teardown deadlock)
     return out

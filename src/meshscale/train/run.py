@@ -14,6 +14,7 @@ from meshscale.execute import in_torchrun, launch
 from meshscale.results import Result, measured
 from meshscale.train.config import TrainConfig
 from meshscale.train.exchange import MODES, WIRE_DTYPES
+from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import resolve, train_worker
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -42,6 +43,8 @@ def validate(cfg: TrainConfig) -> None:
         raise MeshscaleError(f"unknown compression {cfg.compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
     if cfg.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
+    if cfg.cuda_graph:
+        check_graphable(cfg.mode, cfg.device, cfg.precision, cfg.compile, cfg.world)
     if cfg.resume and not cfg.checkpoint_dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
     check_devices(cfg.device, cfg.world)
@@ -67,10 +70,11 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
     s["max_param_diff"] = max(o["summary"]["max_param_diff"] for o in outputs)
     timed = [r for r in outputs[0]["rows"][-s["timed_steps"]:] if "step_time_s" in r] if s["timed_steps"] else []
     for key in ("step_time_s", "compute_s", "comm_s", "data_s"):
-        s[key] = statistics.median(r[key] for r in timed) if timed else None
+        values = [r[key] for r in timed if r.get(key) is not None]  # comm_s is None inside a CUDA graph
+        s[key] = statistics.median(values) if values else None
     if s.get("samples_per_s") is None and s["step_time_s"]:
         s["samples_per_s"] = cfg.global_batch / s["step_time_s"]
-    s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] else None
+    s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] and s["comm_s"] is not None else None
     s.update(world_size=cfg.world, mode=cfg.mode, batch_per_rank=cfg.batch_per_rank, global_batch=cfg.global_batch)
     return s
 

@@ -1,0 +1,63 @@
+"""--cuda-graph pieces that run without a GPU: what is refused, and the optimizer whose learning rate lives in
+a tensor (what a captured step reads) giving the same parameters as the ordinary one under a changing rate."""
+import pytest
+import torch
+
+from meshscale.errors import MeshscaleError
+from meshscale.train.config import TrainConfig
+from meshscale.train.graphed import check_graphable, set_lr, tensor_lr
+from meshscale.train.loop import optimizer_factory
+from meshscale.train.models import get_model
+
+
+@pytest.mark.parametrize("args, message", [
+    (("ddp", "cpu", "bf16", None, 2), "needs GPUs"),
+    (("ps-sync", "cuda", "bf16", None, 2), "not ps-sync"),
+    (("allreduce", "cuda", "fp16", None, 2), "fp16 loss scaling"),
+    (("ddp", "cuda", "bf16", "default", 2), "--compile"),
+])
+def test_what_cannot_be_captured_is_refused(args, message):
+    with pytest.raises(MeshscaleError, match=message):
+        check_graphable(*args)
+    check_graphable("allreduce", "cuda", "bf16", None, 2)  # and what can is not
+
+
+# capturable AdamW keeps its state on the device and refuses CPU parameters
+@pytest.mark.parametrize("optimizer, device", [("sgd", "cpu"), pytest.param("adamw", "cuda", marks=pytest.mark.gpu)])
+def test_tensor_learning_rate_matches_the_float_one(optimizer, device):
+    torch.manual_seed(0)
+    cfg, spec = TrainConfig(model="small-cnn", optimizer=optimizer), get_model("small-cnn")
+    models = [spec.build().to(device), spec.build().to(device)]
+    models[1].load_state_dict(models[0].state_dict())
+    plain = optimizer_factory(cfg, spec)(models[0].parameters())
+    graphable = optimizer_factory(cfg, spec, torch.device(device))(models[1].parameters())
+    assert isinstance(graphable.param_groups[0]["lr"], torch.Tensor)
+    assert graphable.defaults.get("fused" if optimizer == "sgd" else "capturable")
+    x, y = torch.randn(8, *spec.input_shape, device=device), torch.randint(0, spec.num_classes, (8,), device=device)
+    for step, lr in enumerate([0.05, 0.1, 0.02]):
+        for model, opt in zip(models, (plain, graphable)):
+            set_lr(opt, lr)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    assert graphable.param_groups[0]["lr"].item() == pytest.approx(0.02)
+    for a, b in zip(models[0].parameters(), models[1].parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    before = [p.detach().clone() for p in models[1].parameters()]
+    set_lr(graphable, 0.0)  # a zero rate must freeze the weights: the tensor is really what step() reads
+    graphable.param_groups[0]["weight_decay"] = 0.0
+    graphable.step()
+    assert all(torch.equal(a, b) for a, b in zip(before, models[1].parameters()))
+    assert tensor_lr(torch.device("cpu")).shape == ()
+
+
+def test_bucket_slots_keep_each_parameters_layout():
+    from meshscale.train.exchange import grad_view
+    conv = torch.nn.Conv2d(3, 4, 3).to(memory_format=torch.channels_last)
+    flat = torch.zeros(7 + conv.weight.numel())
+    slot = grad_view(flat, conv.weight, 7)
+    assert slot.stride() == conv.weight.stride() and slot.shape == conv.weight.shape
+    grad = torch.randn(conv.weight.shape).contiguous(memory_format=torch.channels_last)
+    slot.copy_(grad)
+    assert torch.equal(slot, grad) and flat[:7].eq(0).all()
+    assert torch.equal(flat[7:], grad.permute(0, 2, 3, 1).reshape(-1))  # memory order: one dense copy
