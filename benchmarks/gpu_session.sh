@@ -5,7 +5,7 @@
 # Stages: topo (benchmarks/gpu_topo.sh), bench (bench_vs_nccl_tests.py), mvn (meshscale_vs_nccl.py),
 # gputests (pytest -m gpu), train (train_scaling.sh), profile (single-GPU ResNet-50 profile), predict
 # (prediction of this machine from profile + p2p, then compare with the measured scale run), tour, benchnccl
-# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py).
+# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py), cloop (nccl_c_loop.cu).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/meshscale-out}"
@@ -25,9 +25,13 @@ for s in ${STAGES:-topo bench mvn gputests}; do
     topo)     OUT="$RES/topo" MESHSCALE=meshscale bash benchmarks/gpu_topo.sh 2>&1 | tail -8 ;;
     bench)    python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench" 2>&1 | tail -60 ;;
     mvn)      python3 benchmarks/meshscale_vs_nccl.py "$RES/mvn" 2>&1 | tail -30 ;;
-    gputests) timeout "$STAGE_TIMEOUT" python3 -m pytest -q -m gpu -p no:cacheprovider ${GPUTEST_ARGS:-} tests 2>&1 | tail -25 ;;
+    gputests) timeout "$STAGE_TIMEOUT" python3 -m pytest -q -m gpu -p no:cacheprovider ${GPUTEST_K:+-k "$GPUTEST_K"} tests 2>&1 | tail -25 ;;
     benchnccl) # the sweep with NCCL called directly (--impl nccl), as nccl-tests calls it
               timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-nccl" --impl nccl --no-p2p 2>&1 | tail -75 ;;
+    cloop)    # NCCL from a C loop in both nccl-tests launch configurations (one thread for all GPUs / one process each)
+              NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
+              nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L"$NCCL_LIB" -l:libnccl.so.2 -Xlinker -rpath="$NCCL_LIB" \
+                && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
     paths)    timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/small_message_paths.py 2>&1 \
                 | grep -v "^W\|^\*" | tee "$RES/small-message-paths.txt" ;;
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;

@@ -69,7 +69,7 @@ for s in $SECTIONS; do
                sweep allreduce-strong-cl-graph $R50 --mode allreduce --strong --global-batch 256 --channels-last --cuda-graph --no-timing
                sweep ddp-strong-cl-graph $R50 --mode ddp --strong --global-batch 256 --channels-last --cuda-graph --no-timing
                sweep allreduce-weak-cl-graph $R50 --mode allreduce --weak --batch 256 --channels-last --cuda-graph --no-timing
-               sweep allreduce-strong-graph $R50 --mode allreduce --strong --global-batch 256 --cuda-graph --no-timing ;;
+               [ -n "${NCHW_GRAPH:-}" ] && sweep allreduce-strong-graph $R50 --mode allreduce --strong --global-batch 256 --cuda-graph --no-timing ;;
     gpt)       # a transformer: 124M parameters of gradients per step, communication heavier per FLOP
                sweep gpt-small-ddp-weak --model gpt-small --precision bf16 --mode ddp --weak --batch 8
                sweep gpt-small-allreduce-weak --model gpt-small --precision bf16 --mode allreduce --weak --batch 8

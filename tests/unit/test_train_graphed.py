@@ -41,8 +41,9 @@ def test_tensor_learning_rate_matches_the_float_one(optimizer, device):
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     assert graphable.param_groups[0]["lr"].item() == pytest.approx(0.02)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if optimizer == "sgd" else {"rtol": 1e-3, "atol": 1e-4}  # capturable AdamW's own arithmetic
     for a, b in zip(models[0].parameters(), models[1].parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(a, b, **tol)
     before = [p.detach().clone() for p in models[1].parameters()]
     set_lr(graphable, 0.0)  # a zero rate must freeze the weights: the tensor is really what step() reads
     graphable.param_groups[0]["weight_decay"] = 0.0

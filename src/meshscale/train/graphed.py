@@ -64,7 +64,7 @@ class GraphedStep:
         if self.graph is None and self.calls <= self.eager_steps:
             self.side.wait_stream(torch.cuda.current_stream())
             with torch.cuda.stream(self.side):
-                loss = self.body(x, y)
+                loss = self.body(x, y).detach()  # detached: no autograd graph (and its AccumulateGrad nodes) outlives the step
             torch.cuda.current_stream().wait_stream(self.side)
             return loss
         if self.graph is None:
@@ -80,5 +80,5 @@ class GraphedStep:
         self.static_y.copy_(y)
         torch.cuda.synchronize()  # nothing of the eager steps (NCCL included) may still run when capture starts
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.loss = self.body(self.static_x, self.static_y)
+        with torch.cuda.graph(self.graph, stream=self.side):  # the stream the warm-up steps ran on
+            self.loss = self.body(self.static_x, self.static_y).detach()
