@@ -31,7 +31,7 @@ for s in ${STAGES:-topo bench mvn gputests}; do
     cloop)    # NCCL from a C loop in both nccl-tests launch configurations (one thread for all GPUs / one process each)
               NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
               nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L"$NCCL_LIB" -l:libnccl.so.2 -Xlinker -rpath="$NCCL_LIB" \
-                && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
+                && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m "$GPUS_N"; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
     paths)    timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/small_message_paths.py 2>&1 \
                 | grep -v "^W\|^\*" | tee "$RES/small-message-paths.txt" ;;
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;

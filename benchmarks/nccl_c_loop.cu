@@ -6,7 +6,7 @@
 // procs figure is the mean over ranks (its -a 1). Float32, sum, 1 KiB..1 MiB by 4. Tells apart what the launch
 // configuration costs from what meshscale's Python adds (compare with `bench collective --impl nccl`).
 //   nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L$NCCL_LIB -l:libnccl.so.2 -Xlinker -rpath=$NCCL_LIB
-//   /tmp/nccl_c_loop threads|procs
+//   /tmp/nccl_c_loop threads|procs NGPUS     (NGPUS given: the parent must not touch CUDA before it forks)
 // NCCL's prototypes are declared here (the pip wheel of NCCL that torch uses may ship no header).
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -83,8 +83,8 @@ static void barrier(Shared *s, int n, int *local_sense) {
 }
 
 int main(int argc, char **argv) {
-  int n; cudaGetDeviceCount(&n);
   const char *mode = argc > 1 ? argv[1] : "threads";
+  int n = argc > 2 ? atoi(argv[2]) : 0;
   if (n < 2 || n > MAXG) { fprintf(stderr, "needs 2..%d GPUs\n", MAXG); return 2; }
   if (!strcmp(mode, "threads")) {
     Rank r[MAXG]; ncclComm_t comms[MAXG]; int devs[MAXG];

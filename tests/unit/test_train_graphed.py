@@ -41,7 +41,9 @@ def test_tensor_learning_rate_matches_the_float_one(optimizer, device):
             torch.nn.functional.cross_entropy(model(x), y).backward()
             opt.step()
     assert graphable.param_groups[0]["lr"].item() == pytest.approx(0.02)
-    tol = {"rtol": 1e-5, "atol": 1e-6} if optimizer == "sgd" else {"rtol": 1e-3, "atol": 1e-4}  # capturable AdamW's own arithmetic
+    # capturable AdamW computes its bias corrections on the device: not bit-equal where a gradient is near zero
+    # (measured up to 3e-5); a wrong learning rate would be off by about a whole step (0.02 .. 0.1)
+    tol = {"rtol": 1e-5, "atol": 1e-6} if optimizer == "sgd" else {"rtol": 0, "atol": 5e-3}
     for a, b in zip(models[0].parameters(), models[1].parameters()):
         torch.testing.assert_close(a, b, **tol)
     before = [p.detach().clone() for p in models[1].parameters()]
