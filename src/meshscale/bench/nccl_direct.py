@@ -132,18 +132,32 @@ class NcclComm:
                 call(lib.ncclReduceScatter(i, o, n, t, red, comm, stream_of(dev)))
         elif collective in ("all_to_all", "gather", "scatter", "send_recv"):
             pairs = _peer_pattern(collective, rank, world, root)
+            group_start, group_end = lib.ncclGroupStart, lib.ncclGroupEnd
+            plans: dict = {}
+
+            def plan(inp, out):
+                """The group's (function, arguments without the stream) with ctypes values built once: the
+                per-call conversion of Python ints is most of this path's host cost."""
+                key = (inp.data_ptr(), out.data_ptr())
+                if key not in plans:
+                    i, o, ni, no, t, esize = args(inp, out)
+                    chunk = (no if collective in ("scatter", "send_recv") else ni) // (world if collective == "all_to_all" else 1)
+                    steps = []
+                    for peer, send_at, recv_at in pairs:
+                        if send_at is not None:
+                            steps.append((lib.ncclSend, (_P(i + send_at * chunk * esize), _S(chunk), _I(t), _I(peer), comm)))
+                        if recv_at is not None:
+                            steps.append((lib.ncclRecv, (_P(o + recv_at * chunk * esize), _S(chunk), _I(t), _I(peer), comm)))
+                    plans.clear()
+                    plans[key] = steps
+                return plans[key]
 
             def run(inp, out):
-                i, o, ni, no, t, esize = args(inp, out)
-                chunk = (no if collective in ("scatter", "send_recv") else ni) // (world if collective == "all_to_all" else 1)
-                s = stream_of(dev)
-                call(lib.ncclGroupStart())
-                for peer, send_at, recv_at in pairs:
-                    if send_at is not None:
-                        call(lib.ncclSend(i + send_at * chunk * esize, chunk, t, peer, comm, s))
-                    if recv_at is not None:
-                        call(lib.ncclRecv(o + recv_at * chunk * esize, chunk, t, peer, comm, s))
-                call(lib.ncclGroupEnd())
+                steps, s = plan(inp, out), _P(stream_of(dev))
+                code = group_start()
+                for fn, fn_args in steps:
+                    code = code or fn(*fn_args, s)
+                call(code or group_end())
         else:
             raise MeshscaleError(f"--impl nccl has no call for {collective}")
         return run
