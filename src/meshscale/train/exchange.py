@@ -78,11 +78,6 @@ class Exchange:
     def load_state_dict(self, state: dict) -> None:
         self.optimizer.load_state_dict(state["optimizer"])
 
-    @property
-    def module(self) -> nn.Module:
-        """The bare model (unwrapped), e.g. for evaluation and checkpoints."""
-        return self.model
-
 
 class DDPExchange(Exchange):
     """torch DDP. With timing on, a thin comm hook (the default all-reduce) marks when the last bucket is
@@ -96,7 +91,7 @@ class DDPExchange(Exchange):
         ddp = DDP(model, device_ids=ids, bucket_cap_mb=bucket_cap_mb, gradient_as_bucket_view=bucket_view,
                   static_graph=static_graph)
         super().__init__(ddp, optimizer, clock)
-        self._bare, self._bucket_view = model, bucket_view
+        self._bucket_view = bucket_view
         if timing:
             from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
@@ -109,10 +104,6 @@ class DDPExchange(Exchange):
     def zero_grad(self) -> None:
         # with gradient_as_bucket_view the grads are views into DDP's buckets: zero them, do not drop them
         self.optimizer.zero_grad(set_to_none=not self._bucket_view)
-
-    @property
-    def module(self) -> nn.Module:
-        return self._bare
 
 
 class _Bucket:
