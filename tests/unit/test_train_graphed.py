@@ -64,3 +64,10 @@ def test_bucket_slots_keep_each_parameters_layout():
     slot.copy_(grad)
     assert torch.equal(slot, grad) and flat[:7].eq(0).all()
     assert torch.equal(flat[7:], grad.permute(0, 2, 3, 1).reshape(-1))  # memory order: one dense copy
+
+
+def test_ddp_with_compile_on_gpus_gets_the_measured_note():
+    from meshscale.train.run import notices
+    cfg = TrainConfig(model="resnet50", mode="ddp", device="cuda", compile="default")
+    assert "allreduce --compile" in notices(cfg, 2)[0]
+    assert notices(cfg, 1) == [] and notices(TrainConfig(mode="allreduce", device="cuda", compile="default"), 2) == []

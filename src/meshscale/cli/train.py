@@ -65,7 +65,7 @@ def train(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here"),
 ) -> None:
     """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
-    from meshscale.train.run import profile, train as run_train
+    from meshscale.train.run import notices, profile, train as run_train
 
     if gpus is not None and cpus is not None:
         raise MeshscaleError("give either --gpus or --cpus, not both")
@@ -78,6 +78,8 @@ def train(
                       channels_last=channels_last, compile=compile, cuda_graph=cuda_graph, timing=not no_timing, seed=seed,
                       deterministic=deterministic, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                       resume=resume, log=log, tensorboard=tensorboard, progress=True, timeout_s=timeout_s)
+    for line in notices(cfg, cfg.world):
+        typer.echo(line, err=True)
     if profile_batches:
         result = profile(cfg, parse_ints(profile_batches, "--profile-batches"))
         _table("profile (one device)", result.rows, ("batch_per_rank", "step_time_s", "compute_s", "samples_per_s"))
@@ -127,6 +129,7 @@ def scale(
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
     from meshscale.train.plot import plot_scaling
+    from meshscale.train.run import notices
     from meshscale.train.scale import scale as run_scale
 
     if weak == strong:
@@ -141,6 +144,8 @@ def scale(
                       bucket_cap_mb=bucket_cap_mb,
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
                       max_staleness=max_staleness, timing=not no_timing, timeout_s=timeout_s)
+    for line in notices(cfg, max(parse_ints(counts, what))):
+        typer.echo(line, err=True)
     console = Console()
     result = run_scale(cfg, parse_ints(counts, what), weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))

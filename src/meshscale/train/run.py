@@ -31,6 +31,15 @@ def check_devices(device: str, world: int) -> None:
         raise MeshscaleError(f"unknown device {device!r}; use cpu or cuda")
 
 
+def notices(cfg: TrainConfig, max_world: int) -> list[str]:
+    """Measured pitfalls of a configuration that still runs, for the CLI to print before starting."""
+    out = []
+    if cfg.compile and cfg.mode == "ddp" and cfg.device == "cuda" and max_world > 1:
+        out.append("note: ddp with --compile scaled only 1.00-1.10x on 2 H200 (docs/results/h200x2-2026-11-22-b); "
+                   "--mode allreduce --compile scaled 1.64x")
+    return out
+
+
 def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
