@@ -63,3 +63,14 @@ def test_scaling_verdict_names_communication():
     assert v.level == "bad" and "50%" in v.text and "communication takes 45%" in v.text
     rows[1]["efficiency"] = 0.93
     assert scaling_verdict(rows, []).level == "good"
+
+
+def test_small_message_note_points_eager_gpu_runs_to_impl_nccl():
+    from meshscale.report.verdicts import small_message_note
+    rows = [{"size_bytes": 1024, "time_s": 32e-6}, {"size_bytes": 1 << 30, "time_s": 3e-3}]
+    gpu = {"backend": "nccl", "spec": {"impl": "native"}}
+    note = small_message_note(rows, gpu)
+    assert note and "32 us" in note and "--impl nccl" in note
+    assert small_message_note(rows, {"backend": "nccl", "spec": {"impl": "nccl"}}) is None  # already direct
+    assert small_message_note(rows, {"backend": "gloo", "spec": {"impl": "native"}}) is None  # CPU workers
+    assert small_message_note([{"size_bytes": 1024, "time_s": 12e-6}], gpu) is None  # not host-bound

@@ -13,7 +13,7 @@ import numpy as np
 from meshscale.report import plots
 from meshscale.report.plots import Series
 from meshscale.report.verdicts import (Verdict, collective_verdict, hints, is_cpu_run, p2p_verdict, scaling_verdict,
-                                       topology_verdict)
+                                       small_message_note, topology_verdict)
 from meshscale.results import Result
 from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
@@ -155,6 +155,9 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                     series.append(Series(f"link bound ({s.label})", x, y, "bound"))
                 cpu = is_cpu_run(s.result.meta, s.result.machine, topo)
                 verdict = collective_verdict(rows, hints(s.result.env, topo, cpu), cpu)
+                note = small_message_note(rows, s.result.meta)
+                if note:
+                    verdict = Verdict(verdict.level, f"{verdict.text}. {note}")
         for s in predicted:
             rows = [r for r in s.result.rows if r["collective"] == name]
             if len({r["size_bytes"] for r in rows}) == len(rows):  # one prediction per size (the fastest algorithm)

@@ -105,6 +105,24 @@ def collective_verdict(rows: list[dict[str, Any]], look_at: list[str], cpu: bool
     return verdict
 
 
+# torch.distributed's eager per-call cost on 2 H200 (docs/results/h200x2-2026-11-22-b): above it, a small
+# message's time is the host's launch path, not the interconnect
+EAGER_CALL_S = 20e-6
+
+
+def small_message_note(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str | None:
+    """Why the smallest messages take what they take, when torch's eager path dominates (GPU, --impl native)."""
+    impl = (meta.get("spec") or {}).get("impl", "native")
+    small = [r for r in rows if r.get("time_s") and r["size_bytes"] <= 64 << 10]
+    if impl != "native" or str(meta.get("backend", "")).lower() != "nccl" or not small:
+        return None
+    t = min(r["time_s"] for r in small)
+    if t < EAGER_CALL_S:
+        return None
+    return (f"small messages take {t * 1e6:.0f} us or more: torch.distributed's per-call cost, not the link; "
+            "`--impl nccl` times NCCL called directly, as nccl-tests does")
+
+
 def p2p_verdict(rows: list[dict[str, Any]], rate_of: dict[tuple[int, int], float], look_at: list[str]) -> Verdict:
     """Verdict on a P2P matrix: the slowest pair against its line rate (when the topology is known),
     else the spread between the slowest and the fastest pair."""
