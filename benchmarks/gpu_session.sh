@@ -26,8 +26,11 @@ for s in ${STAGES:-topo bench mvn gputests}; do
     bench)    python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench" 2>&1 | tail -60 ;;
     mvn)      python3 benchmarks/meshscale_vs_nccl.py "$RES/mvn" 2>&1 | tail -30 ;;
     gputests) timeout "$STAGE_TIMEOUT" python3 -m pytest -q -m gpu -p no:cacheprovider ${GPUTEST_K:+-k "$GPUTEST_K"} tests 2>&1 | tail -25 ;;
-    benchnccl) # the sweep with NCCL called directly (--impl nccl), as nccl-tests calls it
-              timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-nccl" --impl nccl --no-p2p 2>&1 | tail -75 ;;
+    benchnccl) # the sweep with NCCL called directly (--impl nccl), as nccl-tests calls it; with the cloop stage
+              # first, small-messages.md sets it beside the C loop of the same call and the reference
+              timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-nccl" --impl nccl --no-p2p 2>&1 | tail -75
+              [ -f "$RES/nccl-c-loop.txt" ] && python3 benchmarks/small_message_table.py --c-loop "$RES/nccl-c-loop.txt" \
+                --bench "impl nccl=$RES/bench-nccl/bench-collective.json" > "$RES/small-messages.md" ;;
     cloop)    # NCCL from a C loop in both nccl-tests launch configurations (one thread for all GPUs / one process each)
               NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
               nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L"$NCCL_LIB" -l:libnccl.so.2 -Xlinker -rpath="$NCCL_LIB" \
