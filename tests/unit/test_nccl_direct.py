@@ -52,3 +52,25 @@ def test_library_lookup_either_binds_or_says_why():
         assert "libnccl.so.2" in str(err) and "--impl native" in str(err)
     else:
         assert lib.ncclAllReduce.argtypes and lib.ncclSend.restype is not None
+
+
+def test_each_communicator_gets_its_own_unique_id_key(monkeypatch):
+    """Two communicators made in one launch must not share the store key of their NCCL id."""
+    import torch.distributed as dist
+    from datetime import timedelta
+    from meshscale.bench import nccl_direct
+
+    class FakeLib:
+        def ncclGetUniqueId(self, uid_ref):
+            return 0
+
+        def ncclCommInitRank(self, *args):
+            return 0
+
+    monkeypatch.setattr(nccl_direct, "load_nccl", lambda: FakeLib())
+    monkeypatch.setattr(nccl_direct.torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
+    store = dist.HashStore()
+    store.set_timeout(timedelta(seconds=5))
+    for _ in range(2):
+        nccl_direct.NcclComm(0, 2, None, store)
+    assert store.check(["meshscale/nccl-uid/1"]) and store.check(["meshscale/nccl-uid/2"])

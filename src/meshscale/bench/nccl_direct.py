@@ -69,6 +69,9 @@ class NcclComm:
     def __init__(self, rank: int, world: int, device: torch.device, store, key: str = "meshscale/nccl-uid"):
         self.lib, self.rank, self.world, self.device = load_nccl(), rank, world, device
         uid = _UniqueId()
+        # the n-th communicator of every rank pairs with the n-th of the others: one id per generation, so a
+        # second sweep in the same launch never reads the first one's id
+        key = f"{key}/{store.add(f'{key}/made-by/{rank}', 1)}"
         if rank == 0:
             self._check(self.lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
             store.set(key, ctypes.string_at(ctypes.addressof(uid), ctypes.sizeof(uid)))
