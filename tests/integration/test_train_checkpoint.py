@@ -17,7 +17,9 @@ def _cfg(tmp_path, name, **kw):
 
 
 # ps-async with staleness carries the most state (owned shard, its optimizer, pulls in flight)
-@pytest.mark.parametrize("mode, extra", [("ps-async", {"max_staleness": 1})])
+# and with a dedicated server rank (world 2 = 1 worker + 1 server), whose state lives only on the server
+@pytest.mark.parametrize("mode, extra", [("ps-async", {"max_staleness": 1}),
+                                         ("ps-async", {"max_staleness": 1, "ps_servers": 1})])
 def test_resume_continues_the_same_losses(tmp_path, mode, extra):
     whole = run(_cfg(tmp_path, "a", mode=mode, steps=8, **extra))[0]["rows"]
     run(_cfg(tmp_path, "b", mode=mode, steps=4, **extra))

@@ -91,3 +91,18 @@ def test_compiled_model_trains_like_the_eager_one():
         compiled, eager = _train(mode, 2, compile="default"), _train(mode, 2)
         assert max(o["summary"]["max_param_diff"] for o in compiled) == 0.0
         np.testing.assert_allclose(compiled[0]["params"], eager[0]["params"], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("world, servers", [(3, 1), (4, 2)])
+def test_dedicated_servers_match_one_rank(world, servers, one_rank):
+    """2 workers and 1 or 2 dedicated server ranks train exactly like 1 rank on the same global batch; every
+    rank (servers too) holds the same parameters after each step; staleness 0 equals ps-sync."""
+    workers = world - servers
+    base = dict(model="small-cnn", data="synthetic", image_size=8, world=world, batch_per_rank=GLOBAL_BATCH // workers,
+                steps=4, timing_warmup=1, verify_sync=True, return_params=True, timeout_s=60, ps_servers=servers)
+    sync = run(TrainConfig(mode="ps-sync", **base))
+    assert max(o["summary"]["max_param_diff"] for o in sync) == 0.0
+    np.testing.assert_allclose(sync[0]["params"], one_rank, rtol=1e-5, atol=1e-6)
+    if servers == 1:
+        stale0 = run(TrainConfig(mode="ps-async", max_staleness=0, **base))
+        np.testing.assert_array_equal(stale0[0]["params"], sync[0]["params"])

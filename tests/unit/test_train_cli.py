@@ -23,6 +23,8 @@ def _run(argv, monkeypatch, capsys):
     (["scale", "--cpus", "1,2", "--weak"], "--weak needs --batch"),
     (["train", "--precision", "fp16", "--mode", "ps-sync"], "use --precision bf16"),
     (["train", "--cuda-graph", "--cpus", "2"], "--cuda-graph needs GPUs"),
+    (["train", "--ps-servers", "1", "--cpus", "2"], "needs --mode ps-sync or ps-async"),
+    (["train", "--mode", "ps-sync", "--ps-servers", "2", "--cpus", "2"], "at least one worker left"),
 ])
 def test_bad_input_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
     code, err = _run(argv, monkeypatch, capsys)

@@ -50,6 +50,7 @@ def train(
     compression: str = typer.Option("none", "--compression", help="allreduce: none, bf16 or fp16 on the wire"),
     collective: str = typer.Option("native", "--collective", help="allreduce: native, or schedule[:ALGO] (meshscale schedule executor, e.g. schedule:ring)"),
     max_staleness: int = typer.Option(0, "--max-staleness", help="ps-async: parameters may be this many steps old"),
+    ps_servers: int = typer.Option(0, "--ps-servers", help="ps-*: this many dedicated server ranks (the last ones; default 0: sharded over all ranks)"),
     image_size: Optional[int] = typer.Option(None, "--image-size", help="side of the images (default: the model's)"),
     eval_data: Optional[str] = typer.Option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)"),
     seed: int = typer.Option(0, "--seed"),
@@ -74,7 +75,7 @@ def train(
                       batch_per_rank=batch, steps=steps, timing_warmup=warmup, optimizer=optimizer, base_lr=lr,
                       ref_batch=ref_batch, lr_warmup_steps=lr_warmup, bucket_cap_mb=bucket_cap_mb,
                       bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
-                      collective=collective, max_staleness=max_staleness, precision=precision,
+                      collective=collective, max_staleness=max_staleness, ps_servers=ps_servers, precision=precision,
                       channels_last=channels_last, compile=compile, cuda_graph=cuda_graph, timing=not no_timing, seed=seed,
                       deterministic=deterministic, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
                       resume=resume, log=log, tensorboard=tensorboard, progress=True, timeout_s=timeout_s)

@@ -32,6 +32,7 @@ class TrainConfig:
     compression: str = "none"        # allreduce: none | bf16 | fp16
     collective: str = "native"       # allreduce: native | schedule[:ALGO] (meshscale schedule executor)
     max_staleness: int = 0           # ps-async
+    ps_servers: int = 0              # ps-*: dedicated server ranks (the last ones); 0: sharded over every rank
     # speed knobs
     precision: str = "fp32"          # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
     channels_last: bool = False
@@ -54,5 +55,10 @@ class TrainConfig:
     fault_step: Optional[int] = None  # fault injection: the last rank exits abruptly at this step
 
     @property
+    def workers(self) -> int:
+        """Ranks that train (all but the dedicated parameter servers)."""
+        return self.world - self.ps_servers
+
+    @property
     def global_batch(self) -> int:
-        return self.batch_per_rank * self.world
+        return self.batch_per_rank * self.workers

@@ -4,9 +4,10 @@
 - `allreduce`: Horovod-style distributed optimizer: gradients fused into buckets, each bucket all-reduced
   asynchronously as soon as its last gradient is accumulated during backward (overlap), optional bf16/fp16
   compression on the wire.
-- `ps`: a parameter server sharded over the ranks: each rank owns a contiguous slice of the flattened
-  parameters and its optimizer state; workers push gradients to the owners (reduce-scatter), owners update
-  their slices, workers pull the parameters back (all-gather). With ``max_staleness`` k > 0 a pull stays in
+- `ps`: a parameter server, sharded over the ranks or held by ``ps_servers`` dedicated ranks: each server owns
+  a contiguous slice of the flattened parameters and its optimizer state; workers push gradients to the
+  owners (reduce-scatter, or a reduce per server), owners update their slices, workers pull the parameters
+  back (all-gather, or a broadcast per server). With ``max_staleness`` k > 0 a pull stays in
   flight for up to k steps while the worker trains on parameters at most k steps old (bounded staleness);
   k = 0 is synchronous.
 
@@ -51,9 +52,10 @@ def grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor:
 class Exchange:
     """Common part: the wrapped model, its optimizer, and no-op hooks."""
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, clock: Clock):
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, clock: Clock):
         self.model, self.optimizer, self.clock = model, optimizer, clock
         self.last_ready: Any = None
+        self.computes = True  # False on a dedicated parameter-server rank: no forward / backward there
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
@@ -183,52 +185,78 @@ class AllreduceExchange(Exchange):
 
 
 class PSExchange(Exchange):
-    """Sharded parameter server (see the module docstring). ``optimizer_factory(params)`` builds the owner's
-    optimizer over its shard; the model's own parameters are only ever written by pulls."""
+    """Parameter server (see the module docstring), sharded over every rank (``servers`` = 0) or held by
+    ``servers`` dedicated ranks, the last ones, that compute nothing (``computes`` False) while the others train.
+    Each server owns a contiguous slice of the flattened parameters and its optimizer state
+    (``optimizer_factory(params)`` builds it over the slice); the model's own parameters are only ever written by
+    pulls. Sharded: push = reduce-scatter, pull = all-gather. Dedicated: one reduce to and one broadcast from each
+    server."""
 
-    def __init__(self, model, optimizer_factory, clock, rank: int, world: int, max_staleness: int = 0):
+    def __init__(self, model, optimizer_factory, clock, rank: int, world: int, max_staleness: int = 0,
+                 servers: int = 0):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.total = sum(p.numel() for p in self.params)
-        self.shard = -(-self.total // world)
-        self.rank, self.world, self.max_staleness = rank, world, max_staleness
+        self.server_ranks = list(range(world - servers, world)) if servers else list(range(world))
+        self.workers = world - servers
+        self.shard = -(-self.total // len(self.server_ranks))
+        self.rank, self.world, self.max_staleness, self.dedicated = rank, world, max_staleness, servers > 0
+        self.slot = self.server_ranks.index(rank) if rank in self.server_ranks else None
         p0 = self.params[0]
-        flat = torch.zeros(self.shard * world, dtype=p0.dtype, device=p0.device)
+        flat = torch.zeros(self.shard * len(self.server_ranks), dtype=p0.dtype, device=p0.device)
         flat[:self.total] = flat_params(self.params)
-        self.owned = nn.Parameter(flat[rank * self.shard:(rank + 1) * self.shard].clone())
+        self.owned = nn.Parameter(self._slice(flat, self.slot).clone()) if self.slot is not None else None
         self.flat_grad = torch.zeros_like(flat)
-        self.pending: deque = deque()  # (work or None, gathered parameters), oldest first
-        super().__init__(model, optimizer_factory([self.owned]), clock)
+        self.pending: deque = deque()  # (works, gathered parameters), oldest first
+        super().__init__(model, optimizer_factory([self.owned]) if self.owned is not None else None, clock)
+        self.computes = rank < self.workers
+
+    def _slice(self, flat: torch.Tensor, slot: int) -> torch.Tensor:
+        return flat[slot * self.shard:(slot + 1) * self.shard]
 
     def zero_grad(self) -> None:
         for p in self.params:  # the optimizer only knows the owned slice
             p.grad = None
-        self.owned.grad = None
+        if self.owned is not None:
+            self.owned.grad = None
 
     def finish(self) -> None:
-        # push: each owner receives the sum of its slice of everyone's (pre-averaged) gradients
+        # push: each server receives the sum of its slice of every worker's (pre-averaged) gradients
         off = 0
         for p in self.params:
             g = self.flat_grad[off:off + p.numel()]
-            g.copy_(p.grad.reshape(-1)) if p.grad is not None else g.zero_()
+            g.copy_(p.grad.reshape(-1)) if p.grad is not None and self.computes else g.zero_()
             off += p.numel()
-        self.flat_grad.div_(self.world)
-        grad = torch.empty_like(self.owned)
-        _reduce_scatter(grad, self.flat_grad)
-        self.owned.grad = grad
+        self.flat_grad.div_(self.workers)
+        if not self.dedicated:
+            grad = torch.empty_like(self.owned)
+            _reduce_scatter(grad, self.flat_grad)
+            self.owned.grad = grad
+            return
+        for slot, server in enumerate(self.server_ranks):
+            dist.reduce(self._slice(self.flat_grad, slot), server)
+        if self.owned is not None:
+            self.owned.grad = self._slice(self.flat_grad, self.slot).clone()
 
     def update(self, scaler: Any = None) -> None:
-        self.optimizer.step()
+        if self.optimizer is not None:
+            self.optimizer.step()
 
     def pull(self) -> None:
         gathered = torch.empty_like(self.flat_grad)
-        # gather from a copy: the next update may change the owned slice while this pull is in flight
-        work = _all_gather(gathered, self.owned.detach().clone(), async_op=True)
-        self.pending.append((work, gathered))
+        # from a copy: the next update may change the owned slice while this pull is in flight
+        if not self.dedicated:
+            works = [_all_gather(gathered, self.owned.detach().clone(), async_op=True)]
+        else:
+            if self.owned is not None:
+                self._slice(gathered, self.slot).copy_(self.owned.detach())
+            works = [dist.broadcast(self._slice(gathered, slot), server, async_op=True)
+                     for slot, server in enumerate(self.server_ranks)]
+        self.pending.append((works, gathered))
         while len(self.pending) > self.max_staleness:
             self._install(*self.pending.popleft())
 
-    def _install(self, work: Any, gathered: torch.Tensor) -> None:
-        if work is not None:
+    def _install(self, works: list, gathered: torch.Tensor) -> None:
+        for work in works:
             work.wait()
         off = 0
         with torch.no_grad():
@@ -238,24 +266,27 @@ class PSExchange(Exchange):
 
     def state_dict(self) -> dict:
         pending = []
-        for work, gathered in self.pending:
-            if work is not None:
+        for works, gathered in self.pending:
+            for work in works:
                 work.wait()
             pending.append(gathered)
-        self.pending = deque((None, g) for g in pending)
-        return {"optimizer": self.optimizer.state_dict(), "owned": self.owned.detach().clone(), "pending": pending}
+        self.pending = deque(([], g) for g in pending)
+        return {"optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "owned": self.owned.detach().clone() if self.owned is not None else None, "pending": pending}
 
     def load_state_dict(self, state: dict) -> None:
-        with torch.no_grad():
-            self.owned.copy_(state["owned"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.pending = deque((None, g.to(self.owned.device)) for g in state["pending"])
+        if self.owned is not None:
+            with torch.no_grad():
+                self.owned.copy_(state["owned"])
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.pending = deque(([], g.to(self.flat_grad.device)) for g in state["pending"])
 
 
 def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, clock: Clock, rank: int, world: int,
                   device: torch.device, *, bucket_cap_mb: float = 25.0, bucket_view: bool = False,
                   static_graph: bool = False, fusion_bytes: int = 64 << 20, compression: str = "none",
-                  allreduce: Callable | None = None, max_staleness: int = 0, timing: bool = True) -> Exchange:
+                  allreduce: Callable | None = None, max_staleness: int = 0, timing: bool = True,
+                  ps_servers: int = 0) -> Exchange:
     """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``)."""
     if mode not in MODES:
         raise MeshscaleError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
@@ -269,4 +300,5 @@ def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, cloc
     if mode == "allreduce":
         return AllreduceExchange(model, optimizer_factory(model.parameters()), clock, world, fusion_bytes,
                                  compression, allreduce)
-    return PSExchange(model, optimizer_factory, clock, rank, world, max_staleness if mode == "ps-async" else 0)
+    return PSExchange(model, optimizer_factory, clock, rank, world, max_staleness if mode == "ps-async" else 0,
+                      ps_servers)

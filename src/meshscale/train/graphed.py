@@ -39,9 +39,10 @@ def tensor_lr(device: torch.device) -> torch.Tensor:
     return torch.zeros((), dtype=torch.float32, device=device)
 
 
-def set_lr(optimizer: torch.optim.Optimizer, lr: float) -> None:
-    """Set every group's learning rate: in place where it is a device tensor (a captured step reads it)."""
-    for group in optimizer.param_groups:
+def set_lr(optimizer: torch.optim.Optimizer | None, lr: float) -> None:
+    """Set every group's learning rate: in place where it is a device tensor (a captured step reads it).
+    None (a worker of a dedicated parameter server holds no optimizer) is left alone."""
+    for group in optimizer.param_groups if optimizer is not None else []:
         if isinstance(group["lr"], torch.Tensor):
             group["lr"].fill_(lr)
         else:

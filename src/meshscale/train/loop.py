@@ -157,7 +157,7 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                                  bucket_cap_mb=cfg.bucket_cap_mb, bucket_view=cfg.bucket_view, static_graph=cfg.static_graph,
                                  fusion_bytes=int(cfg.fusion_mb * (1 << 20)), compression=cfg.compression,
                                  allreduce=schedule_allreduce(cfg, world), max_staleness=cfg.max_staleness,
-                                 timing=cfg.timing and not graph_mode)
+                                 timing=cfg.timing and not graph_mode, ps_servers=cfg.ps_servers)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
     run_model = exchange.model
@@ -175,9 +175,12 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 marks.append(clock.mark())
         exchange.zero_grad()
         exchange.last_ready = None
-        with autocast():
-            loss = loss_fn(spec.input_kind, run_model(x), y)
-        (scaler.scale(loss) if scaler is not None else loss).backward()
+        if exchange.computes:
+            with autocast():
+                loss = loss_fn(spec.input_kind, run_model(x), y)
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        else:  # a dedicated parameter server: it only takes part in the exchange
+            loss = torch.zeros((), device=device)
         mark()
         exchange.finish()
         mark()
@@ -187,7 +190,8 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         mark()
         return loss
     graphed = GraphedStep(step_body, EAGER_STEPS[cfg.mode], side) if graph_mode else None
-    batches = Batches(data, cfg.batch_per_rank, rank, world, cfg.seed, device)
+    # servers fetch (and ignore) a worker's batches: every rank walks the same steps
+    batches = Batches(data, cfg.batch_per_rank, rank % cfg.workers, cfg.workers, cfg.seed, device)
 
     start = 0
     from meshscale.execute import in_torchrun

@@ -40,6 +40,13 @@ def notices(cfg: TrainConfig, max_world: int) -> list[str]:
     return out
 
 
+def check_ps_servers(cfg: TrainConfig) -> None:
+    """Dedicated parameter servers need a parameter-server mode and leave at least one worker."""
+    if cfg.ps_servers and (not cfg.mode.startswith("ps") or not 0 < cfg.ps_servers < cfg.world):
+        raise MeshscaleError(f"--ps-servers {cfg.ps_servers} needs --mode ps-sync or ps-async and at least one "
+                             f"worker left: use 1..{max(1, cfg.world - 1)} with {cfg.world} ranks")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
@@ -52,6 +59,7 @@ def validate(cfg: TrainConfig) -> None:
         raise MeshscaleError(f"unknown compression {cfg.compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
     if cfg.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
+    check_ps_servers(cfg)
     if cfg.cuda_graph:
         check_graphable(cfg.mode, cfg.device, cfg.precision, cfg.compile, cfg.world)
     if cfg.resume and not cfg.checkpoint_dir:
@@ -66,7 +74,8 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     if in_torchrun():
         cfg.world = int(os.environ["WORLD_SIZE"])
         cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
-        validate(replace(cfg, world=1))  # the world spans nodes: check only this rank's device
+        validate(replace(cfg, world=1, ps_servers=0))  # the world spans nodes: check only this rank's device
+        check_ps_servers(cfg)
     else:
         validate(cfg)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
