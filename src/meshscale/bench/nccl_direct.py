@@ -139,8 +139,7 @@ class NcclComm:
             plans: dict = {}
 
             def plan(inp, out):
-                """The group's (function, arguments without the stream) with ctypes values built once: the
-                per-call conversion of Python ints is most of this path's host cost."""
+                """The group's (function, arguments without the stream), built once per buffer pair."""
                 key = (inp.data_ptr(), out.data_ptr())
                 if key not in plans:
                     i, o, ni, no, t, esize = args(inp, out)

@@ -195,15 +195,15 @@ class PSExchange(Exchange):
     def __init__(self, model, optimizer_factory, clock, rank: int, world: int, max_staleness: int = 0,
                  servers: int = 0):
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.total = sum(p.numel() for p in self.params)
+        total = sum(p.numel() for p in self.params)
         self.server_ranks = list(range(world - servers, world)) if servers else list(range(world))
         self.workers = world - servers
-        self.shard = -(-self.total // len(self.server_ranks))
-        self.rank, self.world, self.max_staleness, self.dedicated = rank, world, max_staleness, servers > 0
+        self.shard = -(-total // len(self.server_ranks))
+        self.max_staleness, self.dedicated = max_staleness, servers > 0
         self.slot = self.server_ranks.index(rank) if rank in self.server_ranks else None
         p0 = self.params[0]
         flat = torch.zeros(self.shard * len(self.server_ranks), dtype=p0.dtype, device=p0.device)
-        flat[:self.total] = flat_params(self.params)
+        flat[:total] = flat_params(self.params)
         self.owned = nn.Parameter(self._slice(flat, self.slot).clone()) if self.slot is not None else None
         self.flat_grad = torch.zeros_like(flat)
         self.pending: deque = deque()  # (works, gathered parameters), oldest first

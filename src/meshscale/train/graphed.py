@@ -20,7 +20,7 @@ from meshscale.errors import MeshscaleError
 EAGER_STEPS = {"ddp": 11, "allreduce": 3}
 
 
-def check_graphable(mode: str, device: str, precision: str, compile_mode: str | None, world: int) -> None:
+def check_graphable(mode: str, device: str, precision: str, compile_mode: str | None) -> None:
     """Reject what a captured step cannot do, with the alternative."""
     if device != "cuda":
         raise MeshscaleError("--cuda-graph needs GPUs; drop it for CPU workers")

@@ -41,11 +41,10 @@ def optimizer_factory(cfg: TrainConfig, spec: ModelSpec, graph_device: torch.dev
     the optimizer can be captured in a CUDA graph: learning rate in device memory, fused SGD / capturable AdamW."""
     name = cfg.optimizer or spec.optimizer
     lr = tensor_lr(graph_device) if graph_device is not None else 0.0
-    graph = {"fused": True} if graph_device is not None else {}
+    graph = {} if graph_device is None else {"fused": True} if name == "sgd" else {"capturable": True}
     if name == "sgd":
         return lambda params: torch.optim.SGD(params, lr=lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **graph)
     if name == "adamw":
-        graph = {"capturable": True} if graph_device is not None else {}
         return lambda params: torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay, **graph)
     raise MeshscaleError(f"unknown optimizer {name!r}; choose sgd or adamw")
 
@@ -160,7 +159,6 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                                  timing=cfg.timing and not graph_mode, ps_servers=cfg.ps_servers)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
-    run_model = exchange.model
     scaler = torch.amp.GradScaler(device.type) if cfg.precision == "fp16" else None
     # capture needs autocast without its weight-cast cache (torch.cuda.graphs docs)
     autocast = (partial(torch.autocast, device.type, dtype=torch.bfloat16 if cfg.precision == "bf16" else torch.float16,
@@ -177,7 +175,7 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
         exchange.last_ready = None
         if exchange.computes:
             with autocast():
-                loss = loss_fn(spec.input_kind, run_model(x), y)
+                loss = loss_fn(spec.input_kind, exchange.model(x), y)
             (scaler.scale(loss) if scaler is not None else loss).backward()
         else:  # a dedicated parameter server: it only takes part in the exchange
             loss = torch.zeros((), device=device)
@@ -255,7 +253,8 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
                 if rank == 0:
                     log.write(row)
             else:
-                pending.append((row, loss.detach().clone()))  # a graph's loss tensor is overwritten next step
+                # a graph's loss tensor is overwritten by the next replay: keep a copy
+                pending.append((row, loss.clone() if graphed is not None else loss.detach()))
             done = step + 1
             if cfg.checkpoint_dir and ((cfg.checkpoint_every and done % cfg.checkpoint_every == 0) or done == cfg.steps):
                 ctx.phase(f"saving the checkpoint of step {done}")
@@ -281,5 +280,5 @@ def train_worker(ctx: Any, cfg: TrainConfig) -> dict[str, Any]:
     out = {"summary": summary, "rows": rows if rank == 0 else []}
     if cfg.return_params and rank == 0:
         out["params"] = flat_params(model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
-    del exchange, run_model, model, compiled, graphed, step_body  # free the DDP reducer before the group goes (teardown deadlock)
+    del exchange, model, compiled, graphed, step_body  # free the DDP reducer before the group goes (teardown deadlock)
     return out

@@ -61,7 +61,7 @@ def validate(cfg: TrainConfig) -> None:
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
     check_ps_servers(cfg)
     if cfg.cuda_graph:
-        check_graphable(cfg.mode, cfg.device, cfg.precision, cfg.compile, cfg.world)
+        check_graphable(cfg.mode, cfg.device, cfg.precision, cfg.compile)
     if cfg.resume and not cfg.checkpoint_dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
     check_devices(cfg.device, cfg.world)
