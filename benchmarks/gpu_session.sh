@@ -5,7 +5,8 @@
 # Stages: topo (benchmarks/gpu_topo.sh), bench (bench_vs_nccl_tests.py), mvn (meshscale_vs_nccl.py),
 # gputests (pytest -m gpu), train (train_scaling.sh), profile (single-GPU ResNet-50 profile), predict
 # (prediction of this machine from profile + p2p, then compare with the measured scale run), tour, benchnccl
-# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py), cloop (nccl_c_loop.cu).
+# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py), cloop (nccl_c_loop.cu), smallnccl (1K-1M,
+# three --impl nccl runs and one native beside the C loop and the reference).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
 OUT="${OUT:-/tmp/meshscale-out}"
@@ -31,6 +32,13 @@ for s in ${STAGES:-topo bench mvn gputests}; do
               timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-nccl" --impl nccl --no-p2p 2>&1 | tail -75
               [ -f "$RES/nccl-c-loop.txt" ] && python3 benchmarks/small_message_table.py --c-loop "$RES/nccl-c-loop.txt" \
                 --bench "impl nccl=$RES/bench-nccl/bench-collective.json" > "$RES/small-messages.md" ;;
+    smallnccl) # small messages (1K-1M), three --impl nccl sweeps and one native, set beside the reference and the C
+              # loop of the same call (run the cloop stage first): small-messages.md takes the median of the runs
+              for i in 1 2 3; do timeout 150 python3 benchmarks/bench_vs_nccl_tests.py "$RES/small/nccl-$i" --impl nccl --no-p2p --max-bytes 1M 2>&1 | tail -2; done
+              timeout 150 python3 benchmarks/bench_vs_nccl_tests.py "$RES/small/native" --no-p2p --max-bytes 1M 2>&1 | tail -2
+              python3 benchmarks/small_message_table.py $([ -f "$RES/nccl-c-loop.txt" ] && echo --c-loop "$RES/nccl-c-loop.txt") \
+                --bench "impl nccl=$RES/small/nccl-1/bench-collective.json,$RES/small/nccl-2/bench-collective.json,$RES/small/nccl-3/bench-collective.json" \
+                --bench "native=$RES/small/native/bench-collective.json" | tee "$RES/small-messages.md" ;;
     cloop)    # NCCL from a C loop in both nccl-tests launch configurations (one thread for all GPUs / one process each)
               NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
               nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L"$NCCL_LIB" -l:libnccl.so.2 -Xlinker -rpath="$NCCL_LIB" \

@@ -1,6 +1,6 @@
 """Timing of one operation on one rank, and the reduction of per-rank times the nccl-tests way.
 
-GPU: CUDA events on the current stream around ``iters`` back-to-back ops (optionally replayed from one CUDA
+GPU: CUDA events on a non-blocking stream of the timer's own around ``iters`` back-to-back ops (optionally replayed from one CUDA
 graph). CPU: a barrier, then the wall clock around ``iters`` blocking ops. Each rank gets its own time per
 op; `reduce_times` turns them into the one reported figure.
 
@@ -57,6 +57,20 @@ def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[],
 
 def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
                cuda_graph: bool) -> float:
+    # Everything runs on a stream of its own, as nccl-tests' cudaStreamNonBlocking streams: on the legacy default
+    # stream, NCCL's grouped send/recv launches (all_to_all, gather, scatter, send_recv) pay for the implicit
+    # synchronization with every other stream.
+    caller = torch.cuda.current_stream()
+    stream = torch.cuda.Stream()
+    stream.wait_stream(caller)  # the inputs were written on the caller's stream
+    with torch.cuda.stream(stream):
+        seconds = _time_on_current_stream(run, barrier, warmup_iters, iters, cuda_graph)
+    caller.wait_stream(stream)
+    return seconds
+
+
+def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
+                            cuda_graph: bool) -> float:
     if cuda_graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
