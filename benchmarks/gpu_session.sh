@@ -5,7 +5,7 @@
 # Stages: topo (benchmarks/gpu_topo.sh), bench (bench_vs_nccl_tests.py), mvn (meshscale_vs_nccl.py),
 # gputests (pytest -m gpu), train (train_scaling.sh), profile (single-GPU ResNet-50 profile), predict
 # (prediction of this machine from profile + p2p, then compare with the measured scale run), tour, benchnccl
-# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py), cloop (nccl_c_loop.cu), smallnccl (1K-1M,
+# (bench_vs_nccl_tests.py --impl nccl), paths (small_message_paths.py), cloop (nccl_c_loop.cu), skew (start_skew.py), smallnccl (1K-1M,
 # three --impl nccl runs and one native beside the C loop and the reference).
 set -u
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
@@ -43,6 +43,8 @@ for s in ${STAGES:-topo bench mvn gputests}; do
               NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
               nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L"$NCCL_LIB" -l:libnccl.so.2 -Xlinker -rpath="$NCCL_LIB" \
                 && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m "$GPUS_N"; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
+    skew)     timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/start_skew.py 2>&1 \
+                | grep -v "^W\|^\*\|OMP_NUM" | tee "$RES/start-skew.txt" ;;
     paths)    timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/small_message_paths.py 2>&1 \
                 | grep -v "^W\|^\*" | tee "$RES/small-message-paths.txt" ;;
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
