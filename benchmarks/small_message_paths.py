@@ -2,7 +2,7 @@
 `iters` back-to-back calls, mean over ranks): dist.all_reduce, the ProcessGroup backend called directly (no Python
 wrapper checks), dist.all_reduce(async_op=True) with the handles waited at the end, and ncclAllReduce and an
 all_to_all group of ncclSend/ncclRecv called directly through ctypes (meshscale's --impl nccl, as nccl-tests calls
-them). Every path runs twice: on the legacy default stream and on a non-blocking stream of its own (nccl-tests').
+them; "argtypes" is the same call with ctypes converting Python ints on every call). Every path runs twice: on the legacy default stream and on a non-blocking stream of its own (nccl-tests').
     torchrun --nproc-per-node 2 benchmarks/small_message_paths.py"""
 import os
 
@@ -25,6 +25,8 @@ def paths(t, out):
     return {"dist.all_reduce": lambda: dist.all_reduce(t),
             "backend.allreduce": lambda: backend.allreduce([t], opts),
             "async_op=True": lambda: dist.all_reduce(t, async_op=True),
+            "ncclAllReduce (argtypes)": lambda: comm.lib.ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), 7, 0,
+                                                                       comm.comm, torch.cuda.current_stream().cuda_stream),
             "ncclAllReduce (ctypes)": (lambda run: lambda: run(t, t))(comm.op("all_reduce", "sum", 0)),
             "all_to_all group (ctypes)": (lambda run: lambda: run(t, out))(comm.op("all_to_all", "sum", 0))}
 

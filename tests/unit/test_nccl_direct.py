@@ -68,9 +68,75 @@ def test_each_communicator_gets_its_own_unique_id_key(monkeypatch):
             return 0
 
     monkeypatch.setattr(nccl_direct, "load_nccl", lambda: FakeLib())
+    monkeypatch.setattr(nccl_direct, "launch_handle", lambda lib: lib)
     monkeypatch.setattr(nccl_direct.torch.cuda, "device", lambda d: __import__("contextlib").nullcontext())
     store = dist.HashStore()
     store.set_timeout(timedelta(seconds=5))
     for _ in range(2):
         nccl_direct.NcclComm(0, 2, None, store)
     assert store.check(["meshscale/nccl-uid/1"]) and store.check(["meshscale/nccl-uid/2"])
+
+
+class _RecordingLib:
+    """Stands in for the launch handle: records each call with its arguments; returns ``code``."""
+
+    def __init__(self, code: int = 0):
+        self.calls, self.code = [], code
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            return self.code if name not in ("ncclGroupStart", "ncclGroupEnd") else 0
+        return call
+
+    def ncclGetErrorString(self, code):
+        return b"unhandled cuda error"
+
+
+def _comm_with(fast, rank=0, world=2):
+    import ctypes
+    import torch
+    from meshscale.bench import nccl_direct
+    comm = nccl_direct.NcclComm.__new__(nccl_direct.NcclComm)
+    comm.lib, comm.fast, comm.comm = fast, fast, ctypes.c_void_p(0xC0FFEE)
+    comm.rank, comm.world, comm.device = rank, world, torch.device("cuda", 0)
+    return comm
+
+
+def test_launch_path_passes_ctypes_objects_with_nccl_tests_counts(monkeypatch):
+    """Every argument is a ctypes object (a function without argtypes would truncate a bare int pointer),
+    counts are nccl-tests' (reduce_scatter: per-rank output; all_gather: per-rank input), the stream is last."""
+    import ctypes
+    import torch
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0x5EED, raising=False)
+    inp, out = torch.zeros(8), torch.zeros(16)
+    expect = {"all_reduce": ("ncclAllReduce", 8), "all_gather": ("ncclAllGather", 8),
+              "broadcast": ("ncclBroadcast", 8), "reduce": ("ncclReduce", 8)}
+    for collective, (fn, count) in expect.items():
+        fast = _RecordingLib()
+        _comm_with(fast).op(collective, "max", 1)(inp, out)
+        (name, args), = fast.calls
+        assert name == fn and all(isinstance(a, ctypes._SimpleCData) for a in args)
+        assert args[0].value == inp.data_ptr() and args[1].value == out.data_ptr() and args[2].value == count
+        assert args[3].value == 7 and args[-2].value == 0xC0FFEE and args[-1].value == 0x5EED
+    fast = _RecordingLib()
+    _comm_with(fast).op("reduce_scatter", "max", 0)(out, inp)
+    assert fast.calls[0][1][2].value == 8 and fast.calls[0][1][4].value == 2  # recvcount, ncclMax
+
+
+def test_launch_path_groups_all_to_all_and_reports_failures(monkeypatch):
+    import pytest
+    import torch
+    from meshscale.errors import MeshscaleError
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0, raising=False)
+    inp, out = torch.zeros(8), torch.zeros(8)
+    fast = _RecordingLib()
+    run = _comm_with(fast, rank=1, world=2).op("all_to_all", "sum", 0)
+    run(inp, out)
+    run(inp, out)  # the second call reuses the plan: same calls again
+    names = [n for n, _ in fast.calls]
+    assert names == ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclSend", "ncclRecv", "ncclGroupEnd"] * 2
+    sends = [a for n, a in fast.calls[:6] if n == "ncclSend"]
+    assert [a[0].value - inp.data_ptr() for a in sends] == [0, 16] and all(a[1].value == 4 for a in sends)
+    with pytest.raises(MeshscaleError, match="all_reduce failed on rank 0: unhandled cuda error"):
+        _comm_with(_RecordingLib(code=1)).op("all_reduce", "sum", 0)(inp, out)

@@ -63,11 +63,19 @@ def load_nccl() -> ctypes.CDLL:
                          "use --impl native")
 
 
+def launch_handle(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """A second handle on ``lib`` whose functions have no ``argtypes``: a call then converts nothing, which
+    saves about a microsecond per call; every argument must therefore already be a ctypes object."""
+    return ctypes.CDLL(lib._name)
+
+
 class NcclComm:
     """One NCCL communicator over all ranks of the launch; ``op`` returns one collective call."""
 
     def __init__(self, rank: int, world: int, device: torch.device, store, key: str = "meshscale/nccl-uid"):
         self.lib, self.rank, self.world, self.device = load_nccl(), rank, world, device
+        # the launch path: the same library through a handle without argtypes, called with ctypes objects only
+        self.fast = launch_handle(self.lib)
         uid = _UniqueId()
         # the n-th communicator of every rank pairs with the n-th of the others: one id per generation, so a
         # second sweep in the same launch never reads the first one's id
@@ -92,77 +100,70 @@ class NcclComm:
 
     def op(self, collective: str, op: str, root: int) -> Callable[[torch.Tensor, torch.Tensor], None]:
         """A callable (inp, out) -> None that enqueues ``collective`` on the current stream, as nccl-tests'
-        ``runColl`` does: pointers and counts are read once per buffer pair, not per call."""
-        lib, comm, rank, world = self.lib, self.comm, self.rank, self.world
-        stream_of = torch._C._cuda_getCurrentRawStream  # a plain int: what the CUDA graph capture stream is too
-        dev, red = self.device.index, NCCL_OPS[op]
-        cache: dict = {}
+        ``runColl`` does: one C call, or one group of ncclSend/ncclRecv.
 
-        def args(inp: torch.Tensor, out: torch.Tensor):
+        Python's share of a call is kept to a tuple lookup and the C calls themselves: the calls' arguments are
+        built once per buffer pair as ctypes objects and passed to functions without ``argtypes`` (whose
+        per-call conversion costs about a microsecond per call), and the stream object is made once per stream.
+        """
+        if collective not in _SINGLE_CALLS and collective not in ("all_to_all", "gather", "scatter", "send_recv"):
+            raise MeshscaleError(f"--impl nccl has no call for {collective}")
+        fast, comm, rank, world = self.fast, self.comm, self.rank, self.world
+        stream_of, dev = torch._C._cuda_getCurrentRawStream, self.device.index  # an int: the capture stream too
+        streams: dict[int, ctypes.c_void_p] = {}
+        plans: dict = {}
+
+        def plan(inp: torch.Tensor, out: torch.Tensor) -> list[tuple[Callable, tuple]]:
+            """The calls (function, arguments without the stream), built once per buffer pair."""
             key = (inp.data_ptr(), out.data_ptr())
-            if key not in cache:
-                dtype = NCCL_DTYPES.get(out.dtype if out.numel() else inp.dtype)
-                if dtype is None:
-                    raise MeshscaleError(f"--impl nccl has no NCCL type for {out.dtype}")
-                cache.clear()
-                cache[key] = (inp.data_ptr(), out.data_ptr(), inp.numel(), out.numel(), dtype,
-                              max(inp.element_size(), out.element_size()))
-            return cache[key]
+            steps = plans.get(key)
+            if steps is None:
+                plans.clear()
+                steps = plans[key] = self._calls(collective, op, root, inp, out)
+            return steps
 
-        def call(code: int) -> None:
+        def run(inp: torch.Tensor, out: torch.Tensor) -> None:
+            steps, raw = plan(inp, out), stream_of(dev)
+            stream = streams.get(raw)
+            if stream is None:
+                stream = streams[raw] = _P(raw)
+            if len(steps) == 1:
+                fn, args = steps[0]
+                code = fn(*args, stream)
+            else:
+                code = fast.ncclGroupStart()
+                for fn, args in steps:
+                    code = code or fn(*args, stream)
+                code = code or fast.ncclGroupEnd()
             if code != 0:
                 self._check(code, collective)
-
-        if collective == "all_reduce":
-            def run(inp, out):
-                i, o, n, _, t, _ = args(inp, out)
-                call(lib.ncclAllReduce(i, o, n, t, red, comm, stream_of(dev)))
-        elif collective == "broadcast":
-            def run(inp, out):
-                i, o, n, _, t, _ = args(inp, out)
-                call(lib.ncclBroadcast(i, o, n, t, root, comm, stream_of(dev)))
-        elif collective == "reduce":
-            def run(inp, out):
-                i, o, n, _, t, _ = args(inp, out)
-                call(lib.ncclReduce(i, o, n, t, red, root, comm, stream_of(dev)))
-        elif collective == "all_gather":
-            def run(inp, out):
-                i, o, n, _, t, _ = args(inp, out)
-                call(lib.ncclAllGather(i, o, n, t, comm, stream_of(dev)))
-        elif collective == "reduce_scatter":
-            def run(inp, out):
-                i, o, _, n, t, _ = args(inp, out)
-                call(lib.ncclReduceScatter(i, o, n, t, red, comm, stream_of(dev)))
-        elif collective in ("all_to_all", "gather", "scatter", "send_recv"):
-            pairs = _peer_pattern(collective, rank, world, root)
-            group_start, group_end = lib.ncclGroupStart, lib.ncclGroupEnd
-            plans: dict = {}
-
-            def plan(inp, out):
-                """The group's (function, arguments without the stream), built once per buffer pair."""
-                key = (inp.data_ptr(), out.data_ptr())
-                if key not in plans:
-                    i, o, ni, no, t, esize = args(inp, out)
-                    chunk = (no if collective in ("scatter", "send_recv") else ni) // (world if collective == "all_to_all" else 1)
-                    steps = []
-                    for peer, send_at, recv_at in pairs:
-                        if send_at is not None:
-                            steps.append((lib.ncclSend, (_P(i + send_at * chunk * esize), _S(chunk), _I(t), _I(peer), comm)))
-                        if recv_at is not None:
-                            steps.append((lib.ncclRecv, (_P(o + recv_at * chunk * esize), _S(chunk), _I(t), _I(peer), comm)))
-                    plans.clear()
-                    plans[key] = steps
-                return plans[key]
-
-            def run(inp, out):
-                steps, s = plan(inp, out), _P(stream_of(dev))
-                code = group_start()
-                for fn, fn_args in steps:
-                    code = code or fn(*fn_args, s)
-                call(code or group_end())
-        else:
-            raise MeshscaleError(f"--impl nccl has no call for {collective}")
         return run
+
+    def _calls(self, collective: str, op: str, root: int, inp: torch.Tensor, out: torch.Tensor) -> list[tuple[Callable, tuple]]:
+        """(function, ctypes arguments up to the stream) of each C call ``collective`` makes on (inp, out)."""
+        fast, comm, world = self.fast, self.comm, self.world
+        dtype = NCCL_DTYPES.get(out.dtype if out.numel() else inp.dtype)
+        if dtype is None:
+            raise MeshscaleError(f"--impl nccl has no NCCL type for {out.dtype}")
+        i, o, t, red = inp.data_ptr(), out.data_ptr(), _I(dtype), _I(NCCL_OPS[op])
+        if collective in _SINGLE_CALLS:
+            n = _S(out.numel() if collective == "reduce_scatter" else inp.numel())
+            args = {"all_reduce": (red,), "broadcast": (_I(root),), "reduce": (red, _I(root)), "all_gather": (),
+                    "reduce_scatter": (red,)}[collective]
+            return [(getattr(fast, _SINGLE_CALLS[collective]), (_P(i), _P(o), n, t, *args, comm))]
+        esize = max(inp.element_size(), out.element_size())
+        chunk = (out.numel() if collective in ("scatter", "send_recv") else inp.numel()) // (world if collective == "all_to_all" else 1)
+        steps = []
+        for peer, send_at, recv_at in _peer_pattern(collective, self.rank, world, root):
+            if send_at is not None:
+                steps.append((fast.ncclSend, (_P(i + send_at * chunk * esize), _S(chunk), t, _I(peer), comm)))
+            if recv_at is not None:
+                steps.append((fast.ncclRecv, (_P(o + recv_at * chunk * esize), _S(chunk), t, _I(peer), comm)))
+        return steps
+
+
+_SINGLE_CALLS = {"all_reduce": "ncclAllReduce", "broadcast": "ncclBroadcast", "reduce": "ncclReduce",
+                 "all_gather": "ncclAllGather", "reduce_scatter": "ncclReduceScatter"}
 
 
 def _peer_pattern(collective: str, rank: int, world: int, root: int) -> list[tuple[int, int | None, int | None]]:
