@@ -45,6 +45,13 @@ for s in ${STAGES:-topo bench mvn gputests}; do
                 && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m "$GPUS_N"; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
     skew)     timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/start_skew.py 2>&1 \
                 | grep -v "^W\|^\*\|OMP_NUM" | tee "$RES/start-skew.txt" ;;
+    launchab) # the same small sweep under torchrun and under meshscale's own launcher, alternating, and with 200 iterations
+              args="bench collective all_to_all all_reduce --impl nccl -b 1K -e 64K -f 4 -a 1 -w 5"
+              for i in 1 2; do
+                echo "--- torchrun, -n 20 ($i)"; timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m meshscale $args -n 20 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75
+                echo "--- launcher, -n 20 ($i)"; timeout 90 python3 -m meshscale $args -n 20 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75
+              done
+              echo "--- launcher, -n 200"; timeout 90 python3 -m meshscale $args -n 200 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75 ;;
     paths)    timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/small_message_paths.py 2>&1 \
                 | grep -v "^W\|^\*" | tee "$RES/small-message-paths.txt" ;;
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
