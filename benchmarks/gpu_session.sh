@@ -31,7 +31,7 @@ for s in ${STAGES:-topo bench mvn gputests}; do
               # first, small-messages.md sets it beside the C loop of the same call and the reference
               timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-nccl" --impl nccl --no-p2p 2>&1 | tail -75
               [ -f "$RES/nccl-c-loop.txt" ] && python3 benchmarks/small_message_table.py --c-loop "$RES/nccl-c-loop.txt" \
-                --bench "impl nccl=$RES/bench-nccl/bench-collective.json" > "$RES/small-messages.md" ;;
+                --bench "impl nccl=$RES/bench-nccl/bench-collective.json" > "$RES/bench-nccl/small-messages.md" ;;
     smallnccl) # small messages (1K-1M), three --impl nccl sweeps and one native, set beside the reference and the C
               # loop of the same call (run the cloop stage first): small-messages.md takes the median of the runs
               for i in 1 2 3; do timeout 150 python3 benchmarks/bench_vs_nccl_tests.py "$RES/small/nccl-$i" --impl nccl --no-p2p --max-bytes 1M 2>&1 | tail -2; done

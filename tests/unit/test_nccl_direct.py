@@ -80,10 +80,12 @@ def test_each_communicator_gets_its_own_unique_id_key(monkeypatch):
 class _RecordingLib:
     """Stands in for the launch handle: records each call with its arguments; returns ``code``."""
 
-    def __init__(self, code: int = 0):
-        self.calls, self.code = [], code
+    def __init__(self, code: int = 0, missing: tuple[str, ...] = ()):
+        self.calls, self.code, self.missing = [], code, missing
 
     def __getattr__(self, name):
+        if name in self.missing:  # as ctypes does for a symbol the library does not export
+            raise AttributeError(name)
         def call(*args):
             self.calls.append((name, args))
             return self.code if name not in ("ncclGroupStart", "ncclGroupEnd") else 0
@@ -125,12 +127,14 @@ def test_launch_path_passes_ctypes_objects_with_nccl_tests_counts(monkeypatch):
 
 
 def test_launch_path_groups_all_to_all_and_reports_failures(monkeypatch):
+    """Before NCCL 2.28 all_to_all is nccl-tests' group of send/recv per peer; from 2.28 one ncclAlltoAll call
+    with the per-peer count; send_recv is always a group; a failing code raises with the collective's name."""
     import pytest
     import torch
     from meshscale.errors import MeshscaleError
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda dev: 0, raising=False)
     inp, out = torch.zeros(8), torch.zeros(8)
-    fast = _RecordingLib()
+    fast = _RecordingLib(missing=("ncclAlltoAll",))
     run = _comm_with(fast, rank=1, world=2).op("all_to_all", "sum", 0)
     run(inp, out)
     run(inp, out)  # the second call reuses the plan: same calls again
@@ -138,5 +142,18 @@ def test_launch_path_groups_all_to_all_and_reports_failures(monkeypatch):
     assert names == ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclSend", "ncclRecv", "ncclGroupEnd"] * 2
     sends = [a for n, a in fast.calls[:6] if n == "ncclSend"]
     assert [a[0].value - inp.data_ptr() for a in sends] == [0, 16] and all(a[1].value == 4 for a in sends)
+
+    fast = _RecordingLib()
+    _comm_with(fast, rank=1, world=2).op("all_to_all", "sum", 0)(inp, out)
+    (name, args), = fast.calls
+    assert name == "ncclAlltoAll" and args[2].value == 4 and len(args) == 6
+    fast = _RecordingLib()
+    _comm_with(fast, rank=0, world=2).op("scatter", "sum", 1)(inp, out[:4])
+    (name, args), = fast.calls
+    assert name == "ncclScatter" and args[2].value == 4 and args[4].value == 1
+    fast = _RecordingLib()
+    _comm_with(fast, rank=0, world=2).op("send_recv", "sum", 0)(inp, out)
+    assert [n for n, _ in fast.calls] == ["ncclGroupStart", "ncclSend", "ncclRecv", "ncclGroupEnd"]
+
     with pytest.raises(MeshscaleError, match="all_reduce failed on rank 0: unhandled cuda error"):
         _comm_with(_RecordingLib(code=1)).op("all_reduce", "sum", 0)(inp, out)

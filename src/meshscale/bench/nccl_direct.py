@@ -1,6 +1,7 @@
 """``--impl nccl``: the collectives called straight into NCCL, the library torch itself loaded, the way
-nccl-tests calls it — one C call per operation (a group of send/recv for all_to_all, gather, scatter and
-send_recv, as nccl-tests does), on torch's current stream, through ctypes.
+nccl-tests calls it — one C call per operation on torch's current stream, through ctypes. send_recv is a group
+of ncclSend/ncclRecv as in nccl-tests; so are all_to_all, gather and scatter with a library older than NCCL 2.28
+(from 2.28 they are ncclAlltoAll, ncclGather and ncclScatter: the same transfers, one call).
 
 Why: torch.distributed's eager path costs about 20 us of Python and C++ bookkeeping per call (see
 `benchmarks/small_message_paths.py`), which hides what the interconnect does with small messages. The
@@ -106,7 +107,7 @@ class NcclComm:
         built once per buffer pair as ctypes objects and passed to functions without ``argtypes`` (whose
         per-call conversion costs about a microsecond per call), and the stream object is made once per stream.
         """
-        if collective not in _SINGLE_CALLS and collective not in ("all_to_all", "gather", "scatter", "send_recv"):
+        if collective not in _SINGLE_CALLS and collective != "send_recv":
             raise MeshscaleError(f"--impl nccl has no call for {collective}")
         fast, comm, rank, world = self.fast, self.comm, self.rank, self.world
         stream_of, dev = torch._C._cuda_getCurrentRawStream, self.device.index  # an int: the capture stream too
@@ -146,11 +147,12 @@ class NcclComm:
         if dtype is None:
             raise MeshscaleError(f"--impl nccl has no NCCL type for {out.dtype}")
         i, o, t, red = inp.data_ptr(), out.data_ptr(), _I(dtype), _I(NCCL_OPS[op])
-        if collective in _SINGLE_CALLS:
-            n = _S(out.numel() if collective == "reduce_scatter" else inp.numel())
-            args = {"all_reduce": (red,), "broadcast": (_I(root),), "reduce": (red, _I(root)), "all_gather": (),
-                    "reduce_scatter": (red,)}[collective]
-            return [(getattr(fast, _SINGLE_CALLS[collective]), (_P(i), _P(o), n, t, *args, comm))]
+        single = self.single_call(collective)
+        if single is not None:
+            count = {"reduce_scatter": out.numel(), "scatter": out.numel(), "all_to_all": inp.numel() // world}
+            args = {"all_reduce": (red,), "broadcast": (_I(root),), "reduce": (red, _I(root)), "reduce_scatter": (red,),
+                    "gather": (_I(root),), "scatter": (_I(root),)}.get(collective, ())
+            return [(single, (_P(i), _P(o), _S(count.get(collective, inp.numel())), t, *args, comm))]
         esize = max(inp.element_size(), out.element_size())
         chunk = (out.numel() if collective in ("scatter", "send_recv") else inp.numel()) // (world if collective == "all_to_all" else 1)
         steps = []
@@ -161,9 +163,20 @@ class NcclComm:
                 steps.append((fast.ncclRecv, (_P(o + recv_at * chunk * esize), _S(chunk), t, _I(peer), comm)))
         return steps
 
+    def single_call(self, collective: str) -> Callable | None:
+        """NCCL's one entry point for ``collective``, or None where it is a group of ncclSend/ncclRecv (send_recv
+        always; all_to_all, gather and scatter before NCCL 2.28, which added ncclAlltoAll, ncclGather and
+        ncclScatter). One C call instead of a group of 2 + 2 x ranks also costs Python one call instead of many."""
+        name = _SINGLE_CALLS.get(collective)
+        try:
+            return getattr(self.fast, name) if name else None
+        except AttributeError:  # an older library without the symbol
+            return None
+
 
 _SINGLE_CALLS = {"all_reduce": "ncclAllReduce", "broadcast": "ncclBroadcast", "reduce": "ncclReduce",
-                 "all_gather": "ncclAllGather", "reduce_scatter": "ncclReduceScatter"}
+                 "all_gather": "ncclAllGather", "reduce_scatter": "ncclReduceScatter", "all_to_all": "ncclAlltoAll",
+                 "gather": "ncclGather", "scatter": "ncclScatter"}
 
 
 def _peer_pattern(collective: str, rank: int, world: int, root: int) -> list[tuple[int, int | None, int | None]]:
