@@ -1,8 +1,9 @@
 """Per-call cost of small NCCL operations through several paths, timed like nccl-tests (CUDA events around
 `iters` back-to-back calls, mean over ranks): dist.all_reduce, the ProcessGroup backend called directly (no Python
 wrapper checks), dist.all_reduce(async_op=True) with the handles waited at the end, and ncclAllReduce and
-all_to_all (ncclAlltoAll from NCCL 2.28, else a group of ncclSend/ncclRecv) called directly through ctypes (meshscale's --impl nccl, as nccl-tests calls
-them; "argtypes" is the same call with ctypes converting Python ints on every call). Every path runs twice: on the legacy default stream and on a non-blocking stream of its own (nccl-tests').
+all_to_all (ncclAlltoAll from NCCL 2.28, else a group of ncclSend/ncclRecv) called directly through ctypes
+(meshscale's --impl nccl; "argtypes" is the same all-reduce with ctypes converting Python ints on every call).
+Every path runs twice: on the legacy default stream and on a non-blocking stream of its own (nccl-tests').
     torchrun --nproc-per-node 2 benchmarks/small_message_paths.py"""
 import os
 
@@ -26,7 +27,7 @@ def paths(t, out):
             "backend.allreduce": lambda: backend.allreduce([t], opts),
             "async_op=True": lambda: dist.all_reduce(t, async_op=True),
             "ncclAllReduce (argtypes)": lambda: comm.lib.ncclAllReduce(t.data_ptr(), t.data_ptr(), t.numel(), 7, 0,
-                                                                       comm.comm, torch.cuda.current_stream().cuda_stream),
+                                                                       comm.comm, torch._C._cuda_getCurrentRawStream(rank)),
             "ncclAllReduce (ctypes)": (lambda run: lambda: run(t, t))(comm.op("all_reduce", "sum", 0)),
             "all_to_all (ctypes)": (lambda run: lambda: run(t, out))(comm.op("all_to_all", "sum", 0))}
 
