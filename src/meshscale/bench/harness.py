@@ -43,7 +43,8 @@ def reduce_times(times_s: list[float], average: int) -> float:
 
 def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,
             iters: int, cuda_graph: bool = False) -> float:
-    """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones."""
+    """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones (on a
+    GPU back-to-back with the warm-up, so they are timed in steady state)."""
     if device.type == "cuda":
         return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph)
     for _ in range(warmup_iters):
@@ -57,9 +58,8 @@ def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[],
 
 def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
                cuda_graph: bool) -> float:
-    # Everything runs on a stream of its own, as nccl-tests' cudaStreamNonBlocking streams: on the legacy default
-    # stream, NCCL's grouped send/recv launches (all_to_all, gather, scatter, send_recv) pay for the implicit
-    # synchronization with every other stream.
+    # Everything runs on a stream of its own, as in nccl-tests (cudaStreamNonBlocking): the legacy default stream
+    # synchronizes with every other stream of the device (on the 2x H200, the difference was within run-to-run noise).
     caller = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
     stream.wait_stream(caller)  # the inputs were written on the caller's stream
@@ -84,22 +84,22 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
-        graph.replay()  # one untimed replay
-        step, repeats = graph.replay, iters
+        step = graph.replay
     else:
-        for _ in range(warmup_iters):
-            run()
-        step, repeats = run, iters
+        step = run
     torch.cuda.synchronize()
     barrier()
-    # The host barrier releases ranks up to ~0.3 ms apart, which over nccl-tests' 20 iterations adds ~7 us per op to
-    # the early rank. A one-element all-reduce on this stream lines the GPUs up instead: the start event follows
-    # its completion, which is the same moment on every rank.
+    # The host barrier releases ranks tens of us apart. A one-element all-reduce on this stream lines the GPUs up,
+    # and the warm-up calls follow it with no host sync, so the slower host's return from the all-reduce is spent
+    # on untimed calls and the timed ones start in the steady state of back-to-back calls (as nccl-tests' cheap
+    # MPI barrier lets them start), instead of adding a fixed cost to 20 timed calls.
     if dist.is_initialized():
         dist.all_reduce(torch.zeros(1, device=torch.cuda.current_device()))
+    for _ in range(warmup_iters):
+        step()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
-    for _ in range(repeats):
+    for _ in range(iters):
         step()
     end.record()
     end.synchronize()
