@@ -52,6 +52,11 @@ for s in ${STAGES:-topo bench mvn gputests}; do
                 echo "--- launcher, -n 20 ($i)"; timeout 90 python3 -m meshscale $args -n 20 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75
               done
               echo "--- launcher, -n 200"; timeout 90 python3 -m meshscale $args -n 200 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75 ;;
+    cinpy)    # the same ncclAllReduce launched from Python and from a C loop inside the same torch process
+              NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
+              gcc -O2 -shared -fPIC -o /tmp/libnccl_loop.so benchmarks/nccl_loop_lib.c -L"$NCCL_LIB" -l:libnccl.so.2 -Wl,-rpath="$NCCL_LIB" \
+                && timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/python_vs_c_launch.py \
+                /tmp/libnccl_loop.so 2>&1 | grep -v "^W\|^\*\|OMP_NUM" | tee "$RES/python-vs-c-launch.txt" ;;
     paths)    timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/small_message_paths.py 2>&1 \
                 | grep -v "^W\|^\*" | tee "$RES/small-message-paths.txt" ;;
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
