@@ -45,13 +45,13 @@ for s in ${STAGES:-topo bench mvn gputests}; do
                 && for m in threads procs; do timeout 60 /tmp/nccl_c_loop $m "$GPUS_N"; done 2>&1 | tee "$RES/nccl-c-loop.txt" ;;
     skew)     timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/start_skew.py 2>&1 \
                 | grep -v "^W\|^\*\|OMP_NUM" | tee "$RES/start-skew.txt" ;;
-    launchab) # the same small sweep under torchrun and under meshscale's own launcher, alternating, and with 200 iterations
-              args="bench collective all_to_all all_reduce --impl nccl -b 1K -e 64K -f 4 -a 1 -w 5"
-              for i in 1 2; do
-                echo "--- torchrun, -n 20 ($i)"; timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m meshscale $args -n 20 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75
-                echo "--- launcher, -n 20 ($i)"; timeout 90 python3 -m meshscale $args -n 20 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75
-              done
-              echo "--- launcher, -n 200"; timeout 90 python3 -m meshscale $args -n 200 --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-75 ;;
+    launchab) # the same small all_reduce sweep under torchrun and under meshscale's own launcher, with several warm-up and
+              # iteration counts (the JSON keeps every rank's time)
+              args="bench collective all_reduce --impl nccl -b 1K -e 16K -f 4 -a 1"
+              for wn in "-w 5 -n 20" "-w 20 -n 20" "-w 5 -n 200"; do
+                echo "--- torchrun $wn"; timeout 90 python3 -m torch.distributed.run --standalone --nproc-per-node 2 -m meshscale $args $wn 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-62
+                echo "--- launcher $wn"; timeout 90 python3 -m meshscale $args $wn --gpus 2 2>&1 | grep -E "^│ +[0-9]+ " | cut -c1-62
+              done ;;
     cinpy)    # the same ncclAllReduce launched from Python and from a C loop inside the same torch process
               NCCL_LIB=$(python3 -c "import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], 'lib'))")
               gcc -O2 -shared -fPIC -o /tmp/libnccl_loop.so benchmarks/nccl_loop_lib.c -L"$NCCL_LIB" -l:libnccl.so.2 -Wl,-rpath="$NCCL_LIB" \
