@@ -109,7 +109,7 @@ class NcclComm:
         """
         if collective not in _SINGLE_CALLS and collective != "send_recv":
             raise MeshscaleError(f"--impl nccl has no call for {collective}")
-        fast, comm, rank, world = self.fast, self.comm, self.rank, self.world
+        fast = self.fast
         stream_of, dev = torch._C._cuda_getCurrentRawStream, self.device.index  # an int: the capture stream too
         streams: dict[int, ctypes.c_void_p] = {}
         plans: dict = {}
