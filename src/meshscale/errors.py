@@ -7,3 +7,9 @@ class MeshscaleError(Exception):
 
 class TopologyError(MeshscaleError):
     """A system description that is malformed or inconsistent."""
+
+
+def check_choice(value, choices, what: str) -> None:
+    """Raise the one-line 'unknown <what> <value>; use one of ...' error unless ``value`` is in ``choices``."""
+    if value not in choices:
+        raise MeshscaleError(f"unknown {what} {value!r}; use one of {', '.join(map(str, choices))}")

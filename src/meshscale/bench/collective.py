@@ -18,7 +18,7 @@ from meshscale.bench.formulas import COLLECTIVES, REDUCING, ROOTED, SPLIT, bandw
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
 from meshscale.bench.world import World, world_topology
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import RankContext, launch
 from meshscale.results import Result, measured
 from meshscale.topology import Topology, to_dict
@@ -71,10 +71,8 @@ def parse_collectives(names: list[str]) -> list[str]:
 
 def validate(spec: CollectiveSpec, world: World) -> None:
     """Reject anything that cannot run, with one line that says how to fix it."""
-    if spec.dtype not in DTYPES:
-        raise MeshscaleError(f"unknown dtype {spec.dtype!r}; use one of {', '.join(DTYPES)}")
-    if spec.op not in OPS:
-        raise MeshscaleError(f"unknown reduction op {spec.op!r}; use one of {', '.join(OPS)}")
+    check_choice(spec.dtype, DTYPES, "dtype")
+    check_choice(spec.op, OPS, "reduction op")
     if spec.impl not in IMPLS:
         raise MeshscaleError(f"unknown --impl {spec.impl!r}; use native, meshscale or nccl")
     if spec.impl == "nccl" and world.backend != "nccl":

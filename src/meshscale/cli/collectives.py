@@ -9,7 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
@@ -21,8 +21,7 @@ def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Opt
     from meshscale.results import load_result
     from meshscale.simulate import SimParams, calibrate, calibrate_collective
 
-    if collective not in COLLECTIVES:
-        raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+    check_choice(collective, COLLECTIVES, "collective")
     topology, notice = resolve_system(system)
     if notice:
         typer.echo(notice, err=True)

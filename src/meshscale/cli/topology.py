@@ -8,7 +8,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog, load_system
 from meshscale.topology.discover import discover
 from meshscale.topology.render import per_gpu_bandwidth, relation_matrix, summary
@@ -29,8 +29,7 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
          fmt: str = typer.Option("matrix", "--format", "-f", help="matrix, json, svg or png"),
          output: Optional[Path] = typer.Option(None, "--output", "-o", help="file to write (svg/png default: <name>.<format>)")) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram."""
-    if fmt not in FORMATS:
-        raise MeshscaleError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+    check_choice(fmt, FORMATS, "format")
     topology, notice = resolve_system(system)
     if notice:
         typer.echo(notice, err=True)

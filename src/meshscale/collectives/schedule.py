@@ -43,7 +43,7 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.units import format_bytes
 
 COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -236,8 +236,7 @@ def required_state(schedule: Schedule) -> dict[tuple[int, int], frozenset]:
 
 def _check_shape(s: Schedule) -> None:
     """Structure: names, ranks, chunk layout, transfer fields. Raises on the first problem."""
-    if s.collective not in COLLECTIVES:
-        raise MeshscaleError(f"unknown collective {s.collective!r}; use one of {', '.join(COLLECTIVES)}")
+    check_choice(s.collective, COLLECTIVES, "collective")
     n = s.n
     if n < 1 or len(set(s.ranks)) != n:
         raise MeshscaleError(f"schedule ranks {s.ranks} must be a non-empty list of distinct devices")

@@ -14,7 +14,7 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterPlan, ClusterSpec, plan_cluster
@@ -118,8 +118,7 @@ class Exchange:
 
     def __init__(self, fabric: Fabric, algorithm: str = "ring", comm_scale: float = 1.0,
                  params: SimParams | None = None, intra: str = "simulator"):
-        if algorithm not in ALGORITHMS:
-            raise MeshscaleError(f"unknown exchange algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+        check_choice(algorithm, ALGORITHMS, "exchange algorithm")
         if intra not in ("simulator", "alpha-beta"):
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
         self.fabric, self.algorithm, self.comm_scale, self.intra = fabric, algorithm, comm_scale, intra

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
 from meshscale.collectives.schedule import COLLECTIVES, Schedule
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
@@ -37,8 +37,7 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
            root: int = 0, algorithms: list[str] | None = None) -> Choice:
     """Simulate the candidates for ``collective`` of ``nbytes`` over ``ranks`` (device indices) and return the
     fastest. ``algorithms`` limits the candidates (default: every registered one that does the collective)."""
-    if collective not in COLLECTIVES:
-        raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
+    check_choice(collective, COLLECTIVES, "collective")
     params = params or SimParams()
     names = algorithms or [a for a, algo in ALGORITHMS.items() if collective in algo.collectives]
     skipped: dict[str, str] = {}

@@ -24,7 +24,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.train.timing import Clock
 
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
@@ -288,10 +288,8 @@ def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, cloc
                   allreduce: Callable | None = None, max_staleness: int = 0, timing: bool = True,
                   ps_servers: int = 0) -> Exchange:
     """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``)."""
-    if mode not in MODES:
-        raise MeshscaleError(f"unknown mode {mode!r}; choose one of {', '.join(MODES)}")
-    if compression not in WIRE_DTYPES:
-        raise MeshscaleError(f"unknown compression {compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
+    check_choice(mode, MODES, "mode")
+    check_choice(compression, WIRE_DTYPES, "compression")
     if max_staleness < 0:
         raise MeshscaleError(f"--max-staleness must be >= 0, got {max_staleness}")
     if mode == "ddp":

@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import in_torchrun, launch
 from meshscale.results import Result, measured
 from meshscale.train.config import TrainConfig
@@ -51,12 +51,9 @@ def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
         raise MeshscaleError("world size, batch and steps must be at least 1")
-    if cfg.mode not in MODES:
-        raise MeshscaleError(f"unknown mode {cfg.mode!r}; choose one of {', '.join(MODES)}")
-    if cfg.precision not in PRECISIONS:
-        raise MeshscaleError(f"unknown precision {cfg.precision!r}; choose one of {', '.join(PRECISIONS)}")
-    if cfg.compression not in WIRE_DTYPES:
-        raise MeshscaleError(f"unknown compression {cfg.compression!r}; choose one of {', '.join(WIRE_DTYPES)}")
+    check_choice(cfg.mode, MODES, "mode")
+    check_choice(cfg.precision, PRECISIONS, "precision")
+    check_choice(cfg.compression, WIRE_DTYPES, "compression")
     if cfg.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
     check_ps_servers(cfg)

@@ -11,7 +11,7 @@ from typing import Callable
 from meshscale.collectives.algorithms import chain, dbtree, direct, halving_doubling, hierarchical, ring, tree
 from meshscale.collectives.algorithms.base import check_ranks
 from meshscale.collectives.schedule import COLLECTIVES, Schedule
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import Topology
 
 
@@ -57,10 +57,8 @@ def build(algorithm: str, collective: str, ranks: list[int], nbytes: int, topolo
           **options) -> Schedule:
     """The schedule of ``algorithm`` for ``collective`` over ``ranks`` (device indices of ``topology``; any
     distinct integers when it is None). Raises MeshscaleError with a one-line reason when it does not apply."""
-    if collective not in COLLECTIVES:
-        raise MeshscaleError(f"unknown collective {collective!r}; use one of {', '.join(COLLECTIVES)}")
-    if algorithm not in ALGORITHMS:
-        raise MeshscaleError(f"unknown algorithm {algorithm!r}; use one of {', '.join(ALGORITHMS)}")
+    check_choice(collective, COLLECTIVES, "collective")
+    check_choice(algorithm, ALGORITHMS, "algorithm")
     algo = ALGORITHMS[algorithm]
     if collective not in algo.collectives:
         raise MeshscaleError(f"algorithm {algorithm} cannot do {collective}; it supports {', '.join(algo.collectives)}")
