@@ -1,8 +1,8 @@
 """Timing of one operation on one rank, and the reduction of per-rank times the nccl-tests way.
 
-GPU: CUDA events on a non-blocking stream of the timer's own around ``iters`` back-to-back ops (optionally replayed from one CUDA
-graph). CPU: a barrier, then the wall clock around ``iters`` blocking ops. Each rank gets its own time per
-op; `reduce_times` turns them into the one reported figure.
+GPU: CUDA events on a non-blocking stream of the timer's own around ``iters`` back-to-back ops (optionally
+replayed from one CUDA graph). CPU: a barrier, then the wall clock around ``iters`` blocking ops. Each rank gets
+its own time per op; `reduce_times` turns them into the one reported figure.
 
 nccl-tests' ``-a/--average`` (src/common.cu): 0 = rank 0's time, 1 = the mean over ranks (its default),
 2 = the minimum, 3 = the maximum. meshscale uses the same codes but defaults to 3, the slowest rank: an
@@ -84,18 +84,18 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             run()
-        step = graph.replay
+        step, lead_in = graph.replay, max(1, warmup_iters)  # the first replay uploads the graph: never timed
     else:
-        step = run
+        step, lead_in = run, warmup_iters
     torch.cuda.synchronize()
     barrier()
-    # The host barrier releases ranks tens of us apart. A one-element all-reduce on this stream lines the GPUs up,
-    # and the warm-up calls follow it with no host sync, so the slower host's return from the all-reduce is spent
-    # on untimed calls and the timed ones start in the steady state of back-to-back calls (as nccl-tests' cheap
-    # MPI barrier lets them start), instead of adding a fixed cost to 20 timed calls.
+    # Whatever the slower rank does between the host barrier and its first call would be timed too, spread over
+    # only nccl-tests' 20 calls. A one-element all-reduce on this stream lines the GPUs up, and the warm-up calls
+    # follow it with no host sync, so that time is spent on untimed calls and the timed ones start in the steady
+    # state of back-to-back calls.
     if dist.is_initialized():
         dist.all_reduce(torch.zeros(1, device=torch.cuda.current_device()))
-    for _ in range(warmup_iters):
+    for _ in range(lead_in):
         step()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
