@@ -25,7 +25,7 @@ from meshscale.bench.collective import CollectiveSpec, bench_collectives, sweep_
 from meshscale.bench.formulas import NCCL_TESTS_NAMES
 from meshscale.bench.heatmap import plot_p2p
 from meshscale.bench.p2p import P2PSpec, bench_p2p
-from meshscale.bench.render import collective_tables, p2p_tables
+from meshscale.bench.tables import collective_tables, p2p_tables
 from meshscale.bench.world import World
 
 HERE = Path(__file__).resolve().parent

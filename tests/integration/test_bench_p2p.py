@@ -4,7 +4,7 @@ import torch
 
 from meshscale.bench.heatmap import plot_p2p
 from meshscale.bench.p2p import P2PSpec, bench_p2p
-from meshscale.bench.render import p2p_tables
+from meshscale.bench.tables import p2p_tables
 from meshscale.bench.world import World
 from meshscale.errors import MeshscaleError
 from meshscale.results import load_result

@@ -8,7 +8,7 @@ import pytest
 from meshscale.execute import WorkerError
 from meshscale.train import checkpoint
 from meshscale.train.config import TrainConfig
-from meshscale.train.run import run
+from meshscale.train.runner import run
 
 
 def _cfg(tmp_path, name, **kw):

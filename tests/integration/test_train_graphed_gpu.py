@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from meshscale.train.config import TrainConfig
-from meshscale.train.run import run
+from meshscale.train.runner import run
 
 pytestmark = pytest.mark.gpu
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from meshscale.train.config import TrainConfig
-from meshscale.train.run import run
+from meshscale.train.runner import run
 
 GLOBAL_BATCH = 8
 

@@ -10,7 +10,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.topology import dumps, from_dict, pair_bandwidth, relation, route
 from meshscale.topology.discover import discover
 from meshscale.topology.nvml_discovery import LEVEL_RELATION, NoGPU, nvml_topology
-from meshscale.topology.render import relation_matrix
+from meshscale.topology.text import relation_matrix
 
 
 class NVMLError(Exception):

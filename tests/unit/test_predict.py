@@ -6,8 +6,8 @@ import sys
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.calibrate import fit_comm_scale
-from meshscale.predict.exchange import Exchange, cluster_fabric, system_fabric
+from meshscale.predict.comm_fit import fit_comm_scale
+from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.predict.step import buckets, exposed_exchange_s, per_rank_batch

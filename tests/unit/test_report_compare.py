@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 from meshscale.cli import app
 from meshscale.errors import MeshscaleError
-from meshscale.report.compare import compare
+from meshscale.report.regression import compare
 from meshscale.results import load_result
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "report"

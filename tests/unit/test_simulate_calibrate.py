@@ -4,7 +4,7 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate.calibrate import calibrate
+from meshscale.simulate.link_fit import calibrate
 from meshscale.simulate.engine import run_flows
 from meshscale.topology import load_system, relation
 

@@ -67,7 +67,7 @@ def test_bucket_slots_keep_each_parameters_layout():
 
 
 def test_ddp_with_compile_on_gpus_gets_the_measured_note():
-    from meshscale.train.run import notices
+    from meshscale.train.runner import notices
     cfg = TrainConfig(model="resnet50", mode="ddp", device="cuda", compile="default")
     assert "allreduce --compile" in notices(cfg, 2)[0]
     assert notices(cfg, 1) == [] and notices(TrainConfig(mode="allreduce", device="cuda", compile="default"), 2) == []

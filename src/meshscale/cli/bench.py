@@ -52,7 +52,7 @@ def collective(
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
     from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives, sweep_sizes
-    from meshscale.bench.render import collective_tables
+    from meshscale.bench.tables import collective_tables
     from meshscale.bench.world import resolve_world
 
     if place not in PLACE_CHOICES:
@@ -89,7 +89,7 @@ def p2p(
     """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
     from meshscale.bench.heatmap import plot_p2p
     from meshscale.bench.p2p import P2PSpec, bench_p2p
-    from meshscale.bench.render import p2p_tables
+    from meshscale.bench.tables import p2p_tables
     from meshscale.bench.world import resolve_world
     from meshscale.units import parse_bytes
 

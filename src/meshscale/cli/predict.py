@@ -87,7 +87,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
-    from meshscale.predict.run import PredictRequest, predict_rows
+    from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
     rows, job, measured = predict_rows(PredictRequest(

@@ -36,7 +36,7 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
             threshold: float = typer.Option(5.0, "--threshold", "-t", help="percent drop that counts as a regression"),
             show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops")) -> None:
     """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold."""
-    from meshscale.report.compare import compare as run_compare
+    from meshscale.report.regression import compare as run_compare
     from meshscale.results import load_result
     result = run_compare(load_result(a), load_result(b), threshold)
     table = Table(title=f"{b.name} against {a.name} ({result.kind}, threshold {threshold:g}%)")

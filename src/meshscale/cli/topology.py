@@ -11,7 +11,7 @@ from rich.table import Table
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog, load_system
 from meshscale.topology.discover import discover
-from meshscale.topology.render import per_gpu_bandwidth, relation_matrix, summary
+from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
 
 FORMATS = ("matrix", "json", "svg", "png")

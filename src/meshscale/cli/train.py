@@ -66,7 +66,7 @@ def train(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here"),
 ) -> None:
     """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
-    from meshscale.train.run import notices, profile, train as run_train
+    from meshscale.train.runner import notices, profile, train as run_train
 
     if gpus is not None and cpus is not None:
         raise MeshscaleError("give either --gpus or --cpus, not both")
@@ -130,7 +130,7 @@ def scale(
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
     from meshscale.train.plot import plot_scaling
-    from meshscale.train.run import notices
+    from meshscale.train.runner import notices
     from meshscale.train.scale import scale as run_scale
 
     if weak == strong:

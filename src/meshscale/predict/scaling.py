@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange import Exchange, Fabric, cluster_fabric, system_fabric
+from meshscale.predict.exchange_cost import Exchange, Fabric, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, flops_profile
 from meshscale.predict.step import per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result

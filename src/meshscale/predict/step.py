@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange import Exchange
+from meshscale.predict.exchange_cost import Exchange
 from meshscale.predict.profile import ComputeProfile
 
 MODES = ("ddp", "sync")

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshscale.predict.calibrate import fit_comm_scale
-from meshscale.predict.exchange import Exchange, system_fabric
+from meshscale.predict.comm_fit import fit_comm_scale
+from meshscale.predict.exchange_cost import Exchange, system_fabric
 from meshscale.predict.profile import ComputeProfile, linear_profile
 from meshscale.predict.scaling import profile_for
 from meshscale.predict.step import per_rank_batch, predict_step

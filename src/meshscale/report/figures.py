@@ -17,7 +17,7 @@ from meshscale.report.verdicts import (Verdict, collective_verdict, hints, is_cp
 from meshscale.results import Result
 from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
-from meshscale.topology.render import relation_matrix, summary
+from meshscale.topology.text import relation_matrix, summary
 from meshscale.topology.schema import from_dict
 from meshscale.units import gbps
 

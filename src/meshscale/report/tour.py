@@ -181,7 +181,7 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     predict_collective = need("meshscale.simulate", "predict_collective")
     params = None
     if "p2p" in state.results:
-        from meshscale.simulate.calibrate import calibrate
+        from meshscale.simulate.link_fit import calibrate
         try:
             params = calibrate(state.topology, state.results["p2p"])
         except MeshscaleError as exc:
@@ -231,7 +231,7 @@ def whitepaper_results() -> dict[str, Result]:
 def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
     """meshscale's prediction of this machine's scale run, point by point: the compute profile is the run's own
     1-rank steps, the exchange is simulated on ``topo`` (with ``params`` calibrated from bench p2p)."""
-    compare_scale = need("meshscale.predict.compare", "compare_scale")
+    compare_scale = need("meshscale.predict.against_measured", "compare_scale")
     job_type = need("meshscale.predict.scaling", "Job")
     profile_type = need("meshscale.predict.profile", "ComputeProfile")
     get_model = need("meshscale.train.models", "get_model")

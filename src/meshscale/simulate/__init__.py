@@ -1,6 +1,6 @@
 """Layer 3a: predict how long collectives take on a topology (flow-level simulation of schedules)."""
 from meshscale.simulate.auto import Choice, choose, predict_collective
-from meshscale.simulate.calibrate import calibrate, calibrate_collective
+from meshscale.simulate.link_fit import calibrate, calibrate_collective
 from meshscale.simulate.metrics import algbw, bus_factor
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import LinkUse, SimResult, simulate

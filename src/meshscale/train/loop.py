@@ -19,7 +19,7 @@ from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches, Dataset, open_data
 from meshscale.train.exchange import flat_params, make_exchange
 from meshscale.train.graphed import EAGER_STEPS, GraphedStep, set_lr, tensor_lr
-from meshscale.train.metrics import StepLog
+from meshscale.train.step_log import StepLog
 from meshscale.train.models import ModelSpec, get_model, image_spec
 from meshscale.train.timing import Clock
 

@@ -7,7 +7,7 @@ from dataclasses import asdict, replace
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, measured
 from meshscale.train.config import TrainConfig
-from meshscale.train.run import check_devices, run, summarize, validate
+from meshscale.train.runner import check_devices, run, summarize, validate
 
 ROW_KEYS = ("world_size", "mode", "batch_per_rank", "global_batch", "step_time_s", "compute_s", "comm_s", "data_s",
             "comm_share")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.compare import compare_scale
+from meshscale.predict.against_measured import compare_scale
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange import Exchange, system_fabric
+from meshscale.predict.exchange_cost import Exchange, system_fabric
 from meshscale.predict.scaling import Job
 from meshscale.predict.step import predict_step
 from meshscale.results import Result
