@@ -40,10 +40,11 @@ def collective(
     place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
     warmup_iters: int = typer.Option(5, "--warmup-iters", "-w"),
     iters: int = typer.Option(20, "--iters", "-n"),
-    average: int = typer.Option(3, "--average", "-a", help="time reported: 0 rank 0, 1 mean, 2 min, 3 max over ranks (nccl-tests codes; its default is 1)"),
-    check: bool = typer.Option(True, "--check/--no-check", help="verify every size's result"),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture one operation in a CUDA graph and replay it each iteration (GPUs only): one launch per op, like a C loop"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU ranks over NCCL (default: all GPUs)"),
+    average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)"),
+    check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
+    no_check: bool = typer.Option(False, "--no-check", help="the same as -c 0"),
+    cuda_graph: int = typer.Option(0, "--cuda-graph", "-G", help="0 off; N > 0 captures one operation in a CUDA graph and replays it once per iteration (GPUs): one launch per op, like a C loop. (nccl-tests launches a graph of all iterations N times; here N > 0 only turns graphs on)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
@@ -57,11 +58,15 @@ def collective(
 
     if place not in PLACE_CHOICES:
         raise MeshscaleError(f"--place {place!r}: use both, out or in")
+    if check < 0 or cuda_graph < 0:
+        raise MeshscaleError("--check and --cuda-graph take 0 (off) or a positive number (on)")
     world = resolve_world(gpus, cpus)
     if world.notice and _is_rank0():
         typer.echo(world.notice, err=True)
-    spec = CollectiveSpec(parse_collectives(collectives or []), sweep_sizes(min_bytes, max_bytes, factor), dtype, op,
-                          root, PLACE_CHOICES[place], warmup_iters, iters, average, check, cuda_graph, impl, algo)
+    spec = CollectiveSpec(collectives=parse_collectives(collectives or []),
+                          sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
+                          places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
+                          check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo)
     result = bench_collectives(spec, world, timeout_s)
     if _is_rank0():
         console = Console(width=200)
@@ -76,11 +81,11 @@ def collective(
 
 @bench_app.command("p2p")
 def p2p(
-    size: Optional[str] = typer.Option(None, "--size", "-s", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)"),
+    size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)"),
     iters: int = typer.Option(10, "--iters", "-n"),
     warmup_iters: int = typer.Option(2, "--warmup-iters", "-w"),
     latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs to measure (default: all)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPUs to measure (default: all)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
@@ -97,7 +102,8 @@ def p2p(
     if world.notice and _is_rank0():
         typer.echo(world.notice, err=True)
     default = "256M" if world.backend == "nccl" else "16M"
-    spec = P2PSpec(parse_bytes(size or default), iters, warmup_iters, latency_iters=latency_iters)
+    spec = P2PSpec(size_bytes=parse_bytes(size or default), iters=iters, warmup_iters=warmup_iters,
+                   latency_iters=latency_iters)
     result = bench_p2p(spec, world, timeout_s)
     if not _is_rank0():
         return

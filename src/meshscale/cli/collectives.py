@@ -13,8 +13,10 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
-def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Optional[Path], bench: Optional[Path] = None):
-    """Topology, ranks (device indices) and simulator parameters from the common options."""
+def _setup(collective: str, system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
+           bench: Optional[Path] = None):
+    """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
+    parameters from the common options."""
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.collectives.schedule import COLLECTIVES
     from meshscale.cli.topology import resolve_system
@@ -25,13 +27,21 @@ def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Opt
     topology, notice = resolve_system(system)
     if notice:
         typer.echo(notice, err=True)
-    if gpus:
-        ranks = parse_ints(gpus, "--gpus (device indices)", minimum=0)
+    if devices and gpus is not None:
+        raise MeshscaleError("give --devices (which devices) or --gpus (how many), not both")
+    every = [topology.nodes[d].index for d in topology.devices()]
+    if devices:
+        ranks = parse_ints(devices, "--devices (device indices)", minimum=0)
+    elif gpus is not None:
+        if not 2 <= gpus <= len(every):
+            raise MeshscaleError(f"--gpus {gpus}: {topology.name} has {len(every)} GPUs; pick 2 to {len(every)}, "
+                                 "or list devices with --devices")
+        ranks = every[:gpus]
     else:
-        ranks = [topology.nodes[d].index for d in topology.devices()]
+        ranks = every
     ranks = check_ranks(ranks, topology)
     if len(ranks) < 2:
-        raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --gpus")
+        raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --devices")
     params = calibrate(topology, load_result(p2p)) if p2p else SimParams()
     if bench:
         params = calibrate_collective(topology, load_result(bench), params)
@@ -40,10 +50,11 @@ def _setup(collective: str, system: Optional[str], gpus: Optional[str], p2p: Opt
 
 def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
-         gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
-         nbytes: str = typer.Option("256M", "--bytes", "-b", help="size as nccl-tests counts it (8, 1K, 256M...)"),
-         algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted) or an algorithm name"),
-         root: int = typer.Option(0, "--root", "-r", help="root rank (position in --gpus) of rooted collectives"),
+         devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
+         gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
+         nbytes: str = typer.Option("256M", "--bytes", help="size as nccl-tests counts it (8, 1K, 256M...)"),
+         algo: str = typer.Option("auto", "--algo", help="auto (fastest predicted) or an algorithm name"),
+         root: int = typer.Option(0, "--root", "-r", help="root rank (position among the devices) of rooted collectives"),
          p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
          bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)"),
@@ -52,7 +63,7 @@ def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, red
     """Choose the algorithm for one collective and explain it: channels, predicted time and busbw, bottleneck, bound."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
-    topology, ranks, params = _setup(collective, system, gpus, p2p, bench)
+    topology, ranks, params = _setup(collective, system, devices, gpus, p2p, bench)
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params)
     typer.echo(format_plan(p))
     if schedule_json:
@@ -68,11 +79,12 @@ def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, red
 
 def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
         system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
-        gpus: Optional[str] = typer.Option(None, "--gpus", "-g", help="device indices, e.g. 0,1,2,3 (default: all)"),
+        devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3 (default: all)"),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
         min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size"),
         max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size"),
         factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
-        algo: str = typer.Option("auto", "--algo", "-a", help="auto (fastest predicted per size) or an algorithm name"),
+        algo: str = typer.Option("auto", "--algo", help="auto (fastest predicted per size) or an algorithm name"),
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives"),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
@@ -80,7 +92,7 @@ def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, redu
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen."""
     from meshscale.simulate.plan import sim_sweep, sweep_sizes
 
-    topology, ranks, params = _setup(collective, system, gpus, p2p, bench)
+    topology, ranks, params = _setup(collective, system, devices, gpus, p2p, bench)
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params)
     table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({params.source})")

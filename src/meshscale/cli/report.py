@@ -15,7 +15,7 @@ STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "
 
 
 def report(results: List[Path] = typer.Argument(..., help="result JSON files, or directories of them"),
-           output: Path = typer.Option(Path("report"), "--output", "-o", help="directory for index.html"),
+           output: Path = typer.Option(Path("report"), "--output", help="directory for index.html"),
            title: str = typer.Option("meshscale report", help="page title")) -> None:
     """Write a static HTML report (plots inline, no server) from result files."""
     from meshscale.report.html import load_sources, write_report
@@ -59,7 +59,7 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
-def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="also save the checks as a result JSON")) -> None:
+def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON")) -> None:
     """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network and versions."""
     from meshscale.report.doctor import run_doctor
     checks = run_doctor()
@@ -68,22 +68,21 @@ def doctor(output: Optional[Path] = typer.Option(None, "--output", "-o", help="a
         console.print(f"[{STATUS_STYLE[c.status]}]{c.status.upper():<5}[/] {c.name}: {c.message}")
         if c.fix and c.status != "pass":
             console.print(f"      fix: {c.fix}")
-    if output:
+    if json_path:
         from meshscale.results import measured
-        measured("doctor", [vars(c) for c in checks]).save(output)
-        console.print(f"wrote {output}")
+        console.print(f"wrote {measured('doctor', [vars(c) for c in checks]).save(json_path)}")
     if any(c.status == "fail" for c in checks):
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
-def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", "-o", help="report directory"),
+def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="report directory"),
          full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and longer scale runs"),
          fast: bool = typer.Option(False, "--fast", help="the smallest sizes and steps (a smoke test)"),
          cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)"),
          timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage")) -> None:
     """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
     from meshscale.report.tour import TourSettings, run_tour
-    outcome = run_tour(output, TourSettings(full, fast, cpus, timeout_s))
+    outcome = run_tour(output, TourSettings(full=full, fast=fast, cpus=cpus, timeout_s=timeout_s))
     for stage in outcome.stages:
         style = {"done": "green", "missing": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
         Console(highlight=False, width=160).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")

@@ -26,8 +26,8 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None):
 
 
 def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
-         fmt: str = typer.Option("matrix", "--format", "-f", help="matrix, json, svg or png"),
-         output: Optional[Path] = typer.Option(None, "--output", "-o", help="file to write (svg/png default: <name>.<format>)")) -> None:
+         fmt: str = typer.Option("matrix", "--format", help="matrix, json, svg or png"),
+         output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)")) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram."""
     check_choice(fmt, FORMATS, "format")
     topology, notice = resolve_system(system)
@@ -65,5 +65,6 @@ def systems() -> None:
 
 
 def register(app: typer.Typer) -> None:
+    """Add this module's commands to the meshscale app."""
     app.command()(topo)
     app.command()(systems)

@@ -41,7 +41,7 @@ def check_ranks(ranks: list[int], topology: Topology | None) -> list[int]:
     """Ranks must be distinct devices of the topology (any distinct integers when topology is None)."""
     ranks = [int(r) for r in ranks]
     if not ranks:
-        raise MeshscaleError("no ranks given; list at least one device (e.g. --gpus 0,1)")
+        raise MeshscaleError("no ranks given; list at least one device (e.g. --devices 0,1)")
     if len(set(ranks)) != len(ranks):
         dup = sorted({r for r in ranks if ranks.count(r) > 1})
         raise MeshscaleError(f"ranks {ranks} repeat device(s) {dup}; give each device once")
