@@ -8,9 +8,11 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.units import parse_ints
+from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.topology.cluster import ClusterSpec, plan_cluster
+from meshscale.units import parse_ints
+
 
 def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
             nodes: int = typer.Option(124, "--nodes", help="number of nodes"),
@@ -24,12 +26,13 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
             plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)")) -> None:
     """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency."""
-    plan = plan_cluster(ClusterSpec(node, nodes, nics, link, levels, nodes_per_leaf, radix, oversubscription, gpudirect))
+    plan = plan_cluster(ClusterSpec(node=node, nodes=nodes, nics=nics, link=link, levels=levels, nodes_per_leaf=nodes_per_leaf,
+                                    radix=radix, oversubscription=oversubscription, gpudirect=gpudirect))
     figures = {
         "nodes": nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
         "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
         "node_peak_bits_per_s": plan.node_peak_bits_per_s, "node_bandwidth_bytes_per_s": plan.node_bandwidth_bytes_per_s,
-        "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_seed000_bytes_per_s": plan.bisection_seed000_bytes_per_s,
+        "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_seed000_bytes_per_s,
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
     }
     typer.echo(f"{nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {nics}x {plan.net.name.upper()} per node, "
@@ -41,7 +44,7 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
     typer.echo(f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)")
     typer.echo(f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
                f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction")
-    typer.echo(f"  bisection:       {plan.bisection_seed000_bytes_per_s / 1e9:,.0f} GB/s as seed 000 counts it "
+    typer.echo(f"  bisection:       {plan.bisection_seed000_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
                f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate")
     typer.echo(f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)")
     for note in plan.notes:
@@ -73,16 +76,20 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ..."),
             nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)"),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
-            weak: bool = typer.Option(True, "--weak/--strong", help="fixed batch per GPU, or fixed global batch"),
-            batch: int = typer.Option(64, "--batch", help="per-GPU (weak) or global (strong) batch"),
-            algorithm: str = typer.Option("ring", "--algorithm", help="ring, hierarchical or ps"),
-            mode: str = typer.Option("ddp", "--mode", help="ddp (overlap with backward) or sync"),
+            weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
+            batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)"),
+            global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)"),
+            mode: str = typer.Option("ddp", "--mode", help="as in train: ddp (DDP buckets, overlapped with backward), "
+                                     "allreduce (64 MiB fused buckets, overlapped), ps-sync (modelled as one parameter "
+                                     "server in host memory, after backward); ps-async is not modelled"),
+            algo: str = typer.Option("ring", "--algo", help="all-reduce algorithm: ring or hierarchical"),
+            overlap: bool = typer.Option(True, "--overlap/--no-overlap", help="--no-overlap: the whole exchange after backward, in one buffer"),
             profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json)"),
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
             comm_scale: float = typer.Option(1.0, "--comm-scale", help="multiply exchange times (a calibration)"),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
-            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | links | nvlink-pcie | SYS1,SYS2,..."),
+            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
@@ -90,11 +97,18 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
+    if weak and global_batch is not None:
+        raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
+    if not weak and global_batch is None:
+        raise MeshscaleError("--strong needs --global-batch N (the batch over all GPUs)")
     rows, job, measured = predict_rows(PredictRequest(
-        model, system, tuple(parse_ints(gpus, "--gpus", minimum=1)), tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link, nics,
-        gpudirect, weak, batch, algorithm, mode, profile, efficiency, comm_scale, p2p, bench, compare, from_result))
+        model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
+        nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
+        gpudirect=gpudirect, batch_per_gpu=batch, global_batch=global_batch, mode=mode, algo=algo, overlap=overlap,
+        profile=profile, compute_efficiency=efficiency, comm_scale=comm_scale, p2p=p2p, bench=bench, compare=compare,
+        measured=from_result))
     model = job.model
-    title = f"{model}, {'weak' if weak else 'strong'} scaling, batch {batch}{' per GPU' if weak else ' global'}"
+    title = f"{model}, {'weak' if weak else 'strong'} scaling, " + (f"batch {batch} per GPU" if weak else f"global batch {global_batch}")
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):

@@ -2,9 +2,8 @@
 from __future__ import annotations
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Exchange, system_fabric
+from meshscale.predict.exchange_cost import system_fabric
 from meshscale.predict.scaling import Job
-from meshscale.predict.step import predict_step
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
@@ -22,8 +21,7 @@ def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams 
         except (KeyError, TypeError, ValueError):
             raise MeshscaleError("a scale row lacks world_size, batch_per_rank or throughput_samples_per_s; "
                                  "give a file `meshscale scale --json` wrote") from None
-        exchange = Exchange(system_fabric(topo, world), job.algorithm, job.comm_scale, params)
-        pred = predict_step(job.profile, exchange, job.gradient_bytes, batch, job.mode).throughput_samples_per_s
+        pred = job.step(job.exchange(system_fabric(topo, world), params), batch).throughput_samples_per_s
         rows.append({"world_size": world, "mode": row.get("mode", ""), "batch_per_rank": batch,
                      "global_batch": world * batch, "measured_samples_per_s": meas,
                      "predicted_samples_per_s": pred, "error": pred / meas - 1})

@@ -6,8 +6,8 @@ cost is alpha-beta with the bottleneck bandwidth, so 124 nodes x 8 GPUs take no 
 - ring: one flat ring of all p GPUs, one channel per NIC: 2(p-1) alpha + 2(p-1)/p n / min(B_node_ring, B_net);
 - hierarchical: reduce-scatter inside the node, all-reduce of the shards across nodes (all NICs at once:
   2(N-1) alpha + 2(N-1)/N n / B_net), all-gather inside the node (the two intra steps cost one all-reduce);
-- ps: every GPU pushes its gradients to one server and pulls the result back, through the server's links
-  (host PCIe on one node, the server node's NICs across nodes).
+- ps (mode ps-sync): every GPU pushes its gradients to one server and pulls the result back, through the
+  server's links (host PCIe on one node, the server node's NICs across nodes).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterPlan, ClusterSpec, plan_cluster
 
-ALGORITHMS = ("ring", "hierarchical", "ps")
+ALLREDUCE_ALGORITHMS = ("ring", "hierarchical")
+EXCHANGES = (*ALLREDUCE_ALGORITHMS, "ps")  # how one exchange travels: an all-reduce, or a parameter server
 
 
 @dataclass
@@ -82,7 +83,8 @@ def _edge_bandwidth(topo: Topology, u: int, v: int, params: SimParams) -> float:
 
 def ring_alpha_beta_s(topo: Topology, ranks: list[int], nbytes: float, params: SimParams) -> float:
     """Ring all-reduce by alpha-beta on the widest ring order (all orders up to 8 devices, else greedy), with
-    one ring per NVLink when the ring is all NVLink; used when the collectives simulator is not available."""
+    one ring per NVLink when the ring is all NVLink (``intra="alpha-beta"``: independent of the simulator's
+    own ring choices)."""
     p = len(ranks)
     if p < 2:
         return 0.0
@@ -113,12 +115,12 @@ def ring_alpha_beta_s(topo: Topology, ranks: list[int], nbytes: float, params: S
 
 
 class Exchange:
-    """Collective times on one fabric for one algorithm. ``comm_scale`` multiplies every time (a calibration
-    of the achieved communication speed, 1.0 = as simulated). Intra-node times are cached per size."""
+    """Exchange times on one fabric by one route (``EXCHANGES``). ``comm_scale`` multiplies every time (a
+    calibration of the achieved communication speed, 1.0 = as simulated). Intra-node times are cached per size."""
 
     def __init__(self, fabric: Fabric, algorithm: str = "ring", comm_scale: float = 1.0,
                  params: SimParams | None = None, intra: str = "simulator"):
-        check_choice(algorithm, ALGORITHMS, "exchange algorithm")
+        check_choice(algorithm, EXCHANGES, "exchange")
         if intra not in ("simulator", "alpha-beta"):
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
         self.fabric, self.algorithm, self.comm_scale, self.intra = fabric, algorithm, comm_scale, intra
@@ -133,14 +135,11 @@ class Exchange:
             return 0.0
         if nbytes not in self._cache:
             ranks = [self.fabric.node.nodes[d].index for d in self.fabric.node.devices()[:g]]
-            try:
-                if self.intra == "alpha-beta":
-                    raise ImportError
-                from meshscale.simulate import predict_collective
-            except ImportError:  # the simulator's planner not present: alpha-beta on the topology instead
+            if self.intra == "alpha-beta":
                 self.source = "alpha-beta ring on the topology"
                 self._cache[nbytes] = ring_alpha_beta_s(self.fabric.node, ranks, nbytes, self.params)
             else:
+                from meshscale.simulate import predict_collective
                 algorithm = "ring" if self.algorithm == "ring" else "auto"
                 self.source = "collectives simulator"
                 self._cache[nbytes] = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes),

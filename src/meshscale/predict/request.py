@@ -1,6 +1,6 @@
 """What `meshscale predict` computes: prediction rows for one system or cluster and its variants
-(NVLink vs PCIe systems, InfiniBand vs Ethernet, ring vs hierarchical vs parameter server), or predictions
-beside a measured `scale` run."""
+(NVLink vs PCIe systems, InfiniBand vs Ethernet, ring vs hierarchical vs parameter server, the exchange modes),
+or predictions beside a measured `scale` run."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,31 +10,34 @@ from meshscale.errors import MeshscaleError
 from meshscale.predict.against_measured import compare_scale
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
+from meshscale.predict.step import MODES
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
-COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps"), "links": ("edr", "10gbe"),
+COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps-sync"), "modes": MODES, "links": ("edr", "10gbe"),
                    "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
+COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "links": "link"}  # the rest compare systems
 
 
-@dataclass
+@dataclass(kw_only=True)
 class PredictRequest:
-    """A prediction as the command line states it."""
+    """A prediction as the command line states it: what runs where, how it scales and exchanges, calibrations."""
 
-    model: str | None
-    system: str = "dgx1-p100"
-    gpus: tuple[int, ...] = (1, 2, 4, 8)
-    nodes: tuple[int, ...] | None = None
+    model: str | None = None                 # None: the model of ``measured``
+    system: str = "dgx1-p100"                # one system, or the node of a cluster with ``nodes``
+    gpus: tuple[int, ...] = (1, 2, 4, 8)     # GPU counts on one system
+    nodes: tuple[int, ...] | None = None     # node counts of a cluster (instead of ``gpus``)
     link: str = "edr"
-    nics: int | None = None
+    nics: int | None = None                  # None: 4, or 2 for Ethernet
     gpudirect: bool = True
-    weak: bool = True
-    batch: int = 64
-    algorithm: str = "ring"
-    mode: str = "ddp"
+    batch_per_gpu: int = 64                  # weak scaling
+    global_batch: int | None = None          # strong scaling when given
+    mode: str = "ddp"                        # `meshscale train`'s modes
+    algo: str = "ring"                       # the all-reduce algorithm
+    overlap: bool = True                     # False: the whole exchange after backward
     profile: Path | None = None
     compute_efficiency: float = 0.4
     comm_scale: float = 1.0
@@ -42,6 +45,19 @@ class PredictRequest:
     bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
     compare: str | None = None
     measured: Path | None = None
+
+    @property
+    def weak(self) -> bool:
+        return self.global_batch is None
+
+
+def _exchange_of(variant: str, req: PredictRequest) -> tuple[str, str]:
+    """(mode, algorithm) of one variant of an exchange comparison: a mode name, or an all-reduce algorithm."""
+    if variant in MODES:
+        return variant, req.algo
+    if req.mode == "ps-sync":
+        raise MeshscaleError(f"--compare with algorithm {variant} compares all-reduces; use --mode ddp or allreduce")
+    return req.mode, variant
 
 
 def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
@@ -58,7 +74,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     variants, kind = [req.system], "system"
     if req.compare:
         variants = list(COMPARE_PRESETS.get(req.compare) or req.compare.split(","))
-        kind = {"algorithms": "algorithm", "links": "link"}.get(req.compare, "system")
+        kind = COMPARE_KINDS.get(req.compare, "system")
     rows: list[dict] = []
     job = None
     for variant in variants:
@@ -67,14 +83,17 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         params = calibrate(topo, p2p) if p2p else None
         if bench:
             params = calibrate_collective(topo, bench, params or SimParams())
+        mode, algorithm = _exchange_of(variant, req) if kind == "exchange" else (req.mode, req.algo)
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency),
-                  req.batch, req.weak, variant if kind == "algorithm" else req.algorithm, req.mode, req.comm_scale)
+                  req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
+                  comm_scale=req.comm_scale, overlap=req.overlap)
         if measured:
             found = compare_scale(measured, job, topo, params)
         elif req.nodes:
             net = variant if kind == "link" else req.link
             nics = req.nics or (2 if "gbe" in net else 4)
-            found = predict_cluster(job, ClusterSpec(system, 1, nics, net, gpudirect=req.gpudirect), list(req.nodes))
+            found = predict_cluster(job, ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect),
+                                    list(req.nodes))
         else:
             found = predict_system(job, topo, list(req.gpus), params)
         rows += [dict(r, variant=variant) for r in found]

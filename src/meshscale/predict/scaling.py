@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Exchange, Fabric, cluster_fabric, system_fabric
+from meshscale.errors import MeshscaleError, check_choice
+from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, flops_profile
-from meshscale.predict.step import per_rank_batch, predict_step, scaling_rows
+from meshscale.predict.step import StepPrediction, check_mode, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
@@ -17,7 +17,9 @@ BYTES_PER_GRADIENT = 4  # FP32 gradients, as DDP all-reduces them by default
 
 @dataclass
 class Job:
-    """What to predict: a model (gradient size), its compute profile, how it is scaled and exchanged."""
+    """What to predict: a model (gradient size), its compute profile, how it is scaled (``batch`` per GPU when
+    ``weak``, else in all) and exchanged (``mode`` as in `meshscale train`, the all-reduce ``algorithm``, and
+    whether the exchange overlaps backward)."""
 
     model: str
     params: int
@@ -27,11 +29,29 @@ class Job:
     algorithm: str = "ring"
     mode: str = "ddp"
     comm_scale: float = 1.0
+    overlap: bool = True
     notes: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        check_mode(self.mode)
+        if self.algorithm == "ps":
+            raise MeshscaleError("a parameter server is a mode, not an all-reduce algorithm: use --mode ps-sync")
+        check_choice(self.algorithm, ALLREDUCE_ALGORITHMS, "all-reduce algorithm")
 
     @property
     def gradient_bytes(self) -> int:
         return self.params * BYTES_PER_GRADIENT
+
+    @property
+    def route(self) -> str:
+        """How one exchange travels: the all-reduce algorithm, or "ps" (through a server) in mode ps-sync."""
+        return "ps" if self.mode == "ps-sync" else self.algorithm
+
+    def exchange(self, fabric: Fabric, params: SimParams | None = None) -> Exchange:
+        return Exchange(fabric, self.route, self.comm_scale, params)
+
+    def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
+        return predict_step(self.profile, exchange, self.gradient_bytes, batch_per_rank, self.mode, self.overlap)
 
 
 def gpu_flops(topo: Topology) -> float | None:
@@ -59,15 +79,11 @@ def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample
 
 def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = None) -> list[dict]:
     """Rows for each fabric (one per GPU or node count), speedup against one GPU of the first fabric's node."""
-    points = []
-    for fabric in fabrics:
-        exchange = Exchange(fabric, job.algorithm, job.comm_scale, params)
-        points.append(predict_step(job.profile, exchange, job.gradient_bytes,
-                                   per_rank_batch(fabric.world_size, job.batch, job.weak), job.mode))
-    one = Exchange(Fabric(fabrics[0].node, 1), job.algorithm, job.comm_scale, params)
-    base = predict_step(job.profile, one, job.gradient_bytes, job.batch, job.mode)
+    points = [job.step(job.exchange(fabric, params), per_rank_batch(fabric.world_size, job.batch, job.weak))
+              for fabric in fabrics]
+    base = job.step(job.exchange(Fabric(fabrics[0].node, 1), params), job.batch)
     return scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
-                        algorithm=job.algorithm, exchange_mode=job.mode)
+                        algorithm=job.route, exchange_mode=job.mode)
 
 
 def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:
@@ -85,6 +101,6 @@ def prediction_result(rows: list[dict], job: Job, **meta) -> Result:
     """A Result of kind "predict" (predicted=True) carrying the job's assumptions."""
     notes = job.notes + job.profile.notes
     return Result("predict", rows, True, {"model": job.model, "batch": job.batch, "weak": job.weak,
-                                          "algorithm": job.algorithm, "exchange_mode": job.mode,
+                                          "algorithm": job.route, "exchange_mode": job.mode, "overlap": job.overlap,
                                           "comm_scale": job.comm_scale, "profile": job.profile.source,
                                           "notes": notes, **meta})

@@ -1,14 +1,15 @@
-"""Seed 000 figures 5 and 6 (ResNet-50, CNTK, FP32, NCCL 1.6.1, 8 x P100): DGX-1 (NVLink) vs an 8-GPU PCIe
-server, predicted from one single-GPU profile and one calibration per figure.
+"""The DGX-1 whitepaper's figures 5 and 6 (ResNet-50, CNTK, FP32, NCCL 1.6.1, 8 x P100): DGX-1 (NVLink) vs an
+8-GPU PCIe server, predicted from one single-GPU profile and one calibration per figure.
 
 What is assumed, measured elsewhere, and fitted:
 - profile (assumed): one P100 SXM2 runs ResNet-50 at 200 img/s at batch 64 (the figures' 1-GPU bar) and a
   step costs 30 ms + b x 4.53 ms (the fixed part stands for small-batch inefficiency: 121 img/s at batch 8);
   the PCIe server's P100 PCIe GPUs are slower by their FP32 rate (9.3 vs 10.6 TFLOP/s, from the catalog);
-- link efficiencies of 2016 NCCL (from seeds 000/003, not from the figures): NVLink rings "over 60 GB/s" of
-  80 -> 0.75; PCIe about 10 GB/s of 15.75 -> 0.63; across QPI "over 5 GB/s" of 25.6 -> 0.2;
-- exchange: CNTK 2016 all-reduces after backward (mode "sync"), ring, timed alpha-beta with NCCL 1.6's one
-  ring per NVLink (the simulator's own ring choices would tie the figures to its version);
+- link efficiencies of 2016 NCCL (from the whitepaper and a published NCCL article, not from the figures):
+  NVLink rings "over 60 GB/s" of 80 -> 0.75; PCIe about 10 GB/s of 15.75 -> 0.63; across QPI "over 5 GB/s" of
+  25.6 -> 0.2;
+- exchange: CNTK 2016 all-reduces after backward (mode allreduce without overlap), ring, timed alpha-beta with
+  NCCL 1.6's one ring per NVLink (the simulator's own ring choices would tie the figures to its version);
 - fitted, per figure: ``comm_scale`` (one number) on that figure's two 8-GPU throughputs (NVLink and PCIe).
 """
 from __future__ import annotations
@@ -40,8 +41,8 @@ def p100_profile() -> ComputeProfile:
 
 
 def nccl2016_params() -> SimParams:
-    """Simulator parameters with link efficiencies from the 2016 NCCL measurements of seeds 000 and 003."""
-    params = SimParams(source="NCCL 1.6 figures of seeds 000/003")
+    """Simulator parameters with link efficiencies from published 2016 NCCL measurements."""
+    params = SimParams(source="published NCCL 1.6 figures")
     params.efficiency.update({"nvlink": 0.75, "pcie": 0.63, "qpi": 0.2})
     return params
 
@@ -79,7 +80,8 @@ def reproduce(mode: str, gpus: int = 8) -> Figure:
         out = []
         for profile, exchange in cases:
             exchange.comm_scale = scale
-            out.append(predict_step(profile, exchange, RESNET50_PARAMS * 4, batch, "sync").throughput_samples_per_s)
+            out.append(predict_step(profile, exchange, RESNET50_PARAMS * 4, batch, "allreduce",
+                                    overlap=False).throughput_samples_per_s)
         return out
 
     scale = fit_comm_scale(predict, list(MEASURED[mode]))
