@@ -4,6 +4,7 @@ import sys
 import pytest
 
 from meshscale import cli
+from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 
 
@@ -41,3 +42,48 @@ def test_wrong_results_exit_1(monkeypatch, capsys):
     monkeypatch.setattr("meshscale.bench.collective.bench_collectives", lambda *a, **k: fake)
     code, out = _run(monkeypatch, capsys, "bench", "collective", "--cpus", "2")
     assert code == 1 and "wrong" in out.err
+
+
+def _spec_of(monkeypatch, capsys, command, *args):
+    """The spec `bench <command>` hands to the benchmark (stopped there with a one-line error)."""
+    seen = {}
+
+    def fake(spec, world, timeout_s):
+        seen["spec"] = spec
+        raise MeshscaleError("stopped by the test")
+    name = "meshscale.bench.collective.bench_collectives" if command == "collective" else "meshscale.bench.p2p.bench_p2p"
+    monkeypatch.setattr(name, fake)
+    code, out = _run(monkeypatch, capsys, "bench", command, "--cpus", "2", *args)
+    assert code == 2 and "stopped by the test" in out.err
+    return seen["spec"]
+
+
+@pytest.mark.parametrize("args, expected", [
+    ([], {"average": 1, "check": True, "cuda_graph": False}),  # nccl-tests' defaults: mean over ranks, checked
+    (["-a", "3"], {"average": 3}),
+    (["-c", "0"], {"check": False}),
+    (["--check", "1"], {"check": True}),
+    (["--no-check"], {"check": False}),
+    (["-G", "1"], {"cuda_graph": True}),
+    (["--cuda-graph", "0"], {"cuda_graph": False}),
+    (["-G", "5"], {"cuda_graph": True}),
+    (["-b", "8", "-e", "64", "-f", "8", "-o", "max", "-d", "int32", "-n", "3", "-w", "1"],
+     {"sizes_bytes": [8, 64], "op": "max", "dtype": "int32", "iters": 3, "warmup_iters": 1}),
+])
+def test_nccl_tests_short_flags(monkeypatch, capsys, args, expected):
+    spec = _spec_of(monkeypatch, capsys, "collective", *args)
+    assert {k: getattr(spec, k) for k in expected} == expected
+
+
+def test_p2p_size(monkeypatch, capsys):
+    assert _spec_of(monkeypatch, capsys, "p2p", "--size", "1M").size_bytes == 1 << 20
+
+
+@pytest.mark.parametrize("args, message", [
+    (["collective", "-g", "8"], "--gpus 8: this machine has 0 GPUs"),
+    (["p2p", "-g", "8"], "--gpus 8: this machine has 0 GPUs"),
+    (["collective", "-c", "-1", "--cpus", "2"], "--check and --cuda-graph take 0"),
+])
+def test_short_gpus_and_bad_counts(monkeypatch, capsys, args, message):
+    code, out = _run(monkeypatch, capsys, "bench", *args)
+    assert code == 2 and message in out.err

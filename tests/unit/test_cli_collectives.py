@@ -22,7 +22,7 @@ def _run(monkeypatch, capsys, *args):
 
 def test_plan_explains_the_choice(monkeypatch, capsys, tmp_path):
     svg, js, sched = tmp_path / "plan.svg", tmp_path / "plan.json", tmp_path / "schedule.json"
-    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,2,3,7",
+    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--devices", "0,1,2,3,7",
                         "--bytes", "64M", "--svg", str(svg), "--json", str(js), "--schedule", str(sched))
     assert code == 0
     for word in ("algorithm:", "predicted:", "busbw", "bottleneck:", "bound:", "candidates"):
@@ -35,7 +35,7 @@ def test_plan_explains_the_choice(monkeypatch, capsys, tmp_path):
 
 def test_sim_sweep_rows_match_bench_keys(monkeypatch, capsys, tmp_path):
     js = tmp_path / "sim.json"
-    code, out, _ = _run(monkeypatch, capsys, "sim", "all_gather", "--system", "dgx1-v100", "--gpus", "0,1,2,3",
+    code, out, _ = _run(monkeypatch, capsys, "sim", "all_gather", "--system", "dgx1-v100", "--devices", "0,1,2,3",
                         "--min-bytes", "1K", "--max-bytes", "1M", "--factor", "32", "--json", str(js))
     assert code == 0 and "busbw" in out
     result = load_result(js)
@@ -48,13 +48,16 @@ def test_sim_sweep_rows_match_bench_keys(monkeypatch, capsys, tmp_path):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,9"], "no gpu 9"),
-    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "0,1,1"], "repeat"),
-    (["plan", "all_gather", "--system", "dgx1-p100", "--gpus", "0,1,2", "--bytes", "10"], "split"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--devices", "0,1,9"], "no gpu 9"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--devices", "0,1,1"], "repeat"),
+    (["plan", "all_gather", "--system", "dgx1-p100", "--devices", "0,1,2", "--bytes", "10"], "split"),
     (["plan", "all_reduce", "--system", "dgx1-p100", "--algo", "two_shot", "--bytes", "1M"], "switch"),
     (["plan", "all_to_all", "--system", "dgx1-p100", "--algo", "tree_packing", "--bytes", "1M"], "cannot do"),
     (["plan", "allreduce", "--system", "dgx1-p100"], "unknown collective"),
-    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "a,b"], "--gpus"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--devices", "a,b"], "--devices"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "9"], "--gpus 9: dgx1-p100 has 8 GPUs"),
+    (["sim", "all_reduce", "--system", "dgx1-p100", "--gpus", "1"], "pick 2 to 8"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "2", "--devices", "0,1"], "not both"),
     (["sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "2M", "--max-bytes", "1M"], "no sweep"),
     (["plan", "all_reduce", "--system", "dgx1-p100", "--p2p", "/nonexistent/p2p.json"], "cannot read"),
 ])
@@ -63,6 +66,16 @@ def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and message in lines[0], err
+
+
+def test_gpus_counts_the_first_devices(monkeypatch, capsys, tmp_path):
+    first, listed = tmp_path / "first.json", tmp_path / "listed.json"
+    args = ("sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "1M", "--max-bytes", "1M")
+    assert _run(monkeypatch, capsys, *args, "--gpus", "4", "--json", str(first))[0] == 0
+    assert _run(monkeypatch, capsys, *args, "--devices", "0,1,2,3", "--json", str(listed))[0] == 0
+    assert load_result(first).rows == load_result(listed).rows
+    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "3", "--bytes", "1M")
+    assert code == 0 and "dgx1-p100 devices [0, 1, 2]" in out
 
 
 def test_plan_calibrated_from_p2p(monkeypatch, capsys, tmp_path):

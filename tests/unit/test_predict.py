@@ -10,7 +10,7 @@ from meshscale.predict.comm_fit import fit_comm_scale
 from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step import buckets, exposed_exchange_s, per_rank_batch
+from meshscale.predict.step import FUSION_BYTES, buckets, exchange_buckets, exposed_exchange_s, per_rank_batch
 from meshscale.results import Result
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
@@ -42,11 +42,30 @@ def test_buckets_cover_gradients():
 def test_overlap_hides_all_but_the_tail():
     sizes = [1.0] * 4
     times = [0.01] * 4
-    hidden = exposed_exchange_s(times, backward_s=0.2, compute_s=0.3, mode="ddp", bucket_bytes=sizes)
+    hidden = exposed_exchange_s(times, backward_s=0.2, compute_s=0.3, overlap=True, bucket_bytes=sizes)
     assert hidden == pytest.approx(0.01)  # only the last bucket sticks out
-    assert exposed_exchange_s(times, 0.2, 0.3, "sync", sizes) == pytest.approx(0.04)
-    slow = exposed_exchange_s([0.1] * 4, 0.2, 0.3, "ddp", sizes)
+    assert exposed_exchange_s(times, 0.2, 0.3, False, sizes) == pytest.approx(0.04)
+    slow = exposed_exchange_s([0.1] * 4, 0.2, 0.3, True, sizes)
     assert 0.1 < slow < 0.4
+
+
+def test_each_mode_exchanges_its_own_buckets():
+    gradient = 100 << 20
+    assert exchange_buckets(gradient, "ddp", True) == buckets(gradient)
+    assert exchange_buckets(gradient, "allreduce", True) == [FUSION_BYTES, gradient - FUSION_BYTES]
+    assert exchange_buckets(gradient, "ddp", False) == [gradient]
+
+
+def test_modes_as_train_names_them():
+    topo = load_system("dgx1-p100")
+    rate = {}
+    for mode, overlap in (("ddp", True), ("allreduce", True), ("ddp", False), ("ps-sync", True)):
+        rows = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, mode=mode, overlap=overlap), topo, [8])
+        rate[mode, overlap] = rows[0]["throughput_samples_per_s"]
+        assert rows[0]["exchange_mode"] == mode
+    assert rate["ddp", False] < rate["ddp", True]  # no overlap: the whole exchange is exposed
+    assert rate["ps-sync", True] < rate["ddp", False]  # one server's links carry every gradient
+    assert rows[0]["algorithm"] == "ps"
 
 
 def test_nvlink_faster_than_pcie_and_ps_slowest():
@@ -100,6 +119,9 @@ def test_fit_comm_scale_recovers_a_known_scale():
     lambda: system_fabric(load_system("dgx1-p100"), 9),
     lambda: profile_for(load_system("dgx1-p100"), None, None),
     lambda: Exchange(system_fabric(load_system("dgx1-p100"), 2), "butterfly"),
+    lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="ps-async"),
+    lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="sync"),
+    lambda: Job("resnet50", 25_557_032, PROFILE, 64, algorithm="ps"),
 ])
 def test_bad_input_is_one_line(bad):
     with pytest.raises(MeshscaleError) as info:
@@ -127,3 +149,37 @@ def test_cli_predict_json_and_errors(tmp_path):
     assert done.returncode == 0 and "%" in done.stdout
     bad = _cli("cluster", "--nodes", "129", "--levels", "2")
     assert bad.returncode == 2 and "--levels 3" in bad.stderr
+
+
+def _rates(tmp_path, *args):
+    out = tmp_path / "p.json"
+    done = _cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out), *args)
+    assert done.returncode == 0, done.stderr
+    return [(r["variant"], r["world_size"], r["throughput_samples_per_s"]) for r in json.loads(out.read_text())["rows"]]
+
+
+def test_cli_predict_modes_algo_overlap_and_global_batch(tmp_path):
+    ddp = _rates(tmp_path)
+    assert _rates(tmp_path, "--mode", "ddp", "--algo", "ring", "--overlap") == ddp  # the defaults
+    assert _rates(tmp_path, "--no-overlap")[-1][2] < ddp[-1][2]
+    assert _rates(tmp_path, "--mode", "ps-sync")[-1][2] < ddp[-1][2]
+    strong = _rates(tmp_path, "--strong", "--global-batch", "64")
+    assert strong[-1][2] < ddp[-1][2]
+    compared = _rates(tmp_path, "--compare", "algorithms")
+    assert [v for v, n, _ in compared if n == 8] == ["ring", "hierarchical", "ps-sync"]
+    assert [v for v, n, _ in _rates(tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
+    assert [v for v, n, _ in _rates(tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--mode", "ps-async"], "ps-async is not modelled"),
+    (["--mode", "gossip"], "unknown mode 'gossip'"),
+    (["--algo", "ps"], "--mode ps-sync"),
+    (["--algo", "butterfly"], "unknown all-reduce algorithm"),
+    (["--strong"], "--strong needs --global-batch"),
+    (["--global-batch", "64"], "--global-batch is for --strong"),
+    (["--mode", "ps-sync", "--compare", "algorithms"], "use --mode ddp or allreduce"),
+])
+def test_cli_predict_bad_exchange_is_one_line(args, message):
+    bad = _cli("predict", "--model", "resnet50", "--gpus", "1,8", *args)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr

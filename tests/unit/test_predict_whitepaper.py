@@ -1,4 +1,5 @@
-"""Seed 000 figures 5 and 6 from one profile and one fitted comm_scale per figure (see predict/whitepaper.py)."""
+"""The DGX-1 whitepaper's figures 5 and 6 from one profile and one fitted comm_scale per figure (see
+predict/whitepaper.py)."""
 import pytest
 
 from meshscale.predict.whitepaper import MEASURED, reproduce

@@ -47,7 +47,7 @@ def test_a_subset_of_results_gives_a_subset_of_figures():
 
 def test_cli_report_and_errors(tmp_path):
     runner = CliRunner()
-    out = runner.invoke(app, ["report", str(FIXTURES / "collective.json"), str(FIXTURES / "sim.json"), "-o", str(tmp_path / "r")])
+    out = runner.invoke(app, ["report", str(FIXTURES / "collective.json"), str(FIXTURES / "sim.json"), "--output", str(tmp_path / "r")])
     assert out.exit_code == 0, out.output
     assert "plot-busbw-all-reduce" in (tmp_path / "r" / "index.html").read_text()
     empty = tmp_path / "empty"

@@ -19,6 +19,9 @@ from rich.console import Console
 
 from meshscale.errors import MeshscaleError
 
+# nccl-tests' -G N captures all iterations in one graph and launches it N times; meshscale times one op per launch
+_CUDA_GRAPH_HELP = ("0 off; N > 0: capture one operation in a CUDA graph and replay it once per iteration (GPUs), one "
+                    "launch per op like a C loop; any N > 0 does the same")
 PLACE_CHOICES = {"both": ("out", "in"), "out": ("out",), "in": ("in",)}
 
 bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.")
@@ -43,7 +46,7 @@ def collective(
     average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)"),
     check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
     no_check: bool = typer.Option(False, "--no-check", help="the same as -c 0"),
-    cuda_graph: int = typer.Option(0, "--cuda-graph", "-G", help="0 off; N > 0 captures one operation in a CUDA graph and replays it once per iteration (GPUs): one launch per op, like a C loop. (nccl-tests launches a graph of all iterations N times; here N > 0 only turns graphs on)"),
+    cuda_graph: int = typer.Option(0, "--cuda-graph", "-G", help=_CUDA_GRAPH_HELP),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
