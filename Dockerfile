@@ -2,7 +2,7 @@
 # needs the driver and the NVIDIA container toolkit). Build and run:
 #   docker build -t meshscale .                       # or --build-arg NGC_TAG=<a newer tag>
 #   docker run --rm --gpus all --ipc=host --ulimit memlock=-1 --ulimit stack=67108864 \
-#       -v "$PWD/out:/out" meshscale meshscale tour -o /out/tour
+#       -v "$PWD/out:/out" meshscale meshscale tour --output /out/tour
 # --ipc=host (or --shm-size=1g) avoids the 64 MiB /dev/shm trap, --ulimit memlock=-1 lets NCCL pin buffers
 # for InfiniBand/RDMA; `meshscale doctor` checks both.
 ARG NGC_TAG=25.10-py3

@@ -62,7 +62,7 @@ for s in ${STAGES:-topo bench mvn gputests}; do
     train)    SECTIONS="${SECTIONS:-plain ddp allreduce fast}" GPUS="$ALL" MESHSCALE=meshscale timeout "$STAGE_TIMEOUT" bash benchmarks/train_scaling.sh "$RES/train" 2>&1 | grep -v "^ *$" | tail -40 ;;
     smallgraph) timeout "$STAGE_TIMEOUT" python3 benchmarks/bench_vs_nccl_tests.py "$RES/bench-graph" --cuda-graph --max-bytes 4M 2>&1 | grep -E "all_reduce|broadcast|reference" | tail -20 ;;
     profile)  meshscale train --gpus 1 --model resnet50 --precision bf16 --profile-batches 32,64,128,256 --steps 20 --timing-warmup 8 --json "$RES/profile.json" 2>&1 | tail -8 ;;
-    tour)     meshscale tour -o "$RES/tour" 2>&1 | tail -30 ;;
+    tour)     meshscale tour --output "$RES/tour" 2>&1 | tail -30 ;;
     small)    # small-message time in eager mode: default torch knobs vs the per-op bookkeeping switched off
               for knobs in "" "TORCH_NCCL_TRACE_BUFFER_SIZE=0 TORCH_NCCL_ENABLE_MONITORING=0 TORCH_NCCL_AVOID_RECORD_STREAMS=1"; do
                 echo "--- knobs: ${knobs:-default}, 20 warm-up + 100 timed"
