@@ -5,6 +5,8 @@ import os
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
+
 from meshscale.report.doctor import DoctorEnv, run_doctor
 
 GIB = 1 << 30
@@ -177,3 +179,20 @@ def test_real_h200_machine_dump_is_healthy(tmp_path):
     assert "2 GPU(s): NVIDIA H200" in found["gpus"].message
     assert found["nvlink GPU0"].message == found["nvlink GPU1"].message == "18 of 18 NVLinks up"
     assert found["p2p"].status == "pass" and found["pcie GPU0"].status == "pass"
+
+
+def test_cli_doctor_writes_json_and_fails_on_a_failed_check(tmp_path, monkeypatch, capsys):
+    import sys
+
+    from meshscale import cli
+    from meshscale.report.doctor import Check
+    from meshscale.results import load_result
+
+    checks = [Check("pass", "driver", "570"), Check("fail", "shm", "64 MiB", "run with --ipc=host")]
+    monkeypatch.setattr("meshscale.report.doctor.run_doctor", lambda: checks)
+    out = tmp_path / "doctor.json"
+    monkeypatch.setattr(sys, "argv", ["meshscale", "doctor", "--json", str(out)])
+    with pytest.raises(SystemExit) as info:
+        cli.main()
+    assert info.value.code == 1 and "fix: run with --ipc=host" in capsys.readouterr().out
+    assert [r["name"] for r in load_result(out).rows] == ["driver", "shm"]

@@ -22,25 +22,19 @@ for module in (topology, bench, collectives, train, predict, report):
 # (command words..., spelling) -> the new spelling, or "removed: <reason>". A spelling is an option, optionally
 # followed by a pattern its value must match (fnmatch; "!N" = missing or not a whole number), optionally followed
 # by "with OPTION" (that option must be given too). "{value}" in the new spelling stands for the value given.
+_OUTPUT = "--output (-o is bench's reduction op)"
+_JSON = "--json (as in every command that writes a result)"
 RENAMED: dict[tuple[str, ...], str] = {
-    ("plan", "-g"): "--devices (device indices) or --gpus N (the first N devices)",
-    ("plan", "--gpus *,*"): "--devices {value} (--gpus N counts: the first N devices)",
-    ("plan", "-a"): "--algo (-a is bench's --average)",
+    **{(command, "-g"): "--devices (device indices) or --gpus N (the first N devices)" for command in ("plan", "sim")},
+    **{(command, "--gpus *,*"): "--devices {value} (--gpus N counts: the first N devices)" for command in ("plan", "sim")},
+    **{(command, "-a"): "--algo (-a is bench's --average)" for command in ("plan", "sim")},
     ("plan", "-b"): "--bytes (-b is bench's --min-bytes)",
-    ("sim", "-g"): "--devices (device indices) or --gpus N (the first N devices)",
-    ("sim", "--gpus *,*"): "--devices {value} (--gpus N counts: the first N devices)",
-    ("sim", "-a"): "--algo (-a is bench's --average)",
     ("bench", "p2p", "-s"): "--size (-s is a system elsewhere)",
     ("bench", "collective", "--cuda-graph !N"): "--cuda-graph N or -G N (nccl-tests: 0 off, N > 0 on)",
+    **{(*command, "--timeout"): "--timeout-s" for command in (("bench", "collective"), ("bench", "p2p"), ("tour",))},
     ("topo", "-f"): "--format (-f is bench's size factor)",
-    ("topo", "-o"): "--output (-o is bench's reduction op)",
-    ("doctor", "-o"): "--json (as in every command that writes a result)",
-    ("doctor", "--output"): "--json (as in every command that writes a result)",
-    ("report", "-o"): "--output (-o is bench's reduction op)",
-    ("tour", "-o"): "--output (-o is bench's reduction op)",
-    ("tour", "--timeout"): "--timeout-s",
-    ("bench", "collective", "--timeout"): "--timeout-s",
-    ("bench", "p2p", "--timeout"): "--timeout-s",
+    ("topo", "-o"): _OUTPUT, ("report", "-o"): _OUTPUT, ("tour", "-o"): _OUTPUT,
+    ("doctor", "-o"): _JSON, ("doctor", "--output"): _JSON,
     ("predict", "--algorithm ps"): "--mode ps-sync",
     ("predict", "--algorithm"): "--algo (ring or hierarchical)",
     ("predict", "--mode sync"): "--no-overlap (the whole exchange after backward)",

@@ -26,8 +26,9 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
             plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)")) -> None:
     """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency."""
-    plan = plan_cluster(ClusterSpec(node=node, nodes=nodes, nics=nics, link=link, levels=levels, nodes_per_leaf=nodes_per_leaf,
-                                    radix=radix, oversubscription=oversubscription, gpudirect=gpudirect))
+    plan = plan_cluster(ClusterSpec(node=node, nodes=nodes, nics=nics, link=link, levels=levels,
+                                    nodes_per_leaf=nodes_per_leaf, radix=radix, oversubscription=oversubscription,
+                                    gpudirect=gpudirect))
     figures = {
         "nodes": nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
         "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
@@ -108,7 +109,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         profile=profile, compute_efficiency=efficiency, comm_scale=comm_scale, p2p=p2p, bench=bench, compare=compare,
         measured=from_result))
     model = job.model
-    title = f"{model}, {'weak' if weak else 'strong'} scaling, " + (f"batch {batch} per GPU" if weak else f"global batch {global_batch}")
+    title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):
