@@ -7,19 +7,20 @@ import pytest
 
 from meshscale.execute import WorkerError
 from meshscale.train import checkpoint
-from meshscale.train.config import TrainConfig
+from meshscale.train.config import CheckpointOptions, DebugOptions, LogOptions, OptimizerOptions, PsOptions, TrainConfig
 from meshscale.train.runner import run
 
 
-def _cfg(tmp_path, name, **kw):
-    return TrainConfig(model="gpt-tiny", mode=kw.pop("mode"), world=2, batch_per_rank=2, timing_warmup=1,
-                       lr_warmup_steps=3, checkpoint_dir=str(tmp_path / name), deterministic=True, timeout_s=30, **kw)
+def _cfg(tmp_path, name, mode, steps, resume=False, every=0, **kw):
+    return TrainConfig(model="gpt-tiny", mode=mode, world=2, batch_per_rank=2, steps=steps, timing_warmup=1,
+                       optimizer=OptimizerOptions(warmup_steps=3), deterministic=True, timeout_s=30,
+                       checkpoint=CheckpointOptions(str(tmp_path / name), every, resume), **kw)
 
 
 # ps-async with staleness carries the most state (owned shard, its optimizer, pulls in flight)
 # and with a dedicated server rank (world 2 = 1 worker + 1 server), whose state lives only on the server
-@pytest.mark.parametrize("mode, extra", [("ps-async", {"max_staleness": 1}),
-                                         ("ps-async", {"max_staleness": 1, "ps_servers": 1})])
+@pytest.mark.parametrize("mode, extra", [("ps-async", {"ps": PsOptions(max_staleness=1)}),
+                                         ("ps-async", {"ps": PsOptions(max_staleness=1, servers=1)})])
 def test_resume_continues_the_same_losses(tmp_path, mode, extra):
     whole = run(_cfg(tmp_path, "a", mode=mode, steps=8, **extra))[0]["rows"]
     run(_cfg(tmp_path, "b", mode=mode, steps=4, **extra))
@@ -32,13 +33,14 @@ def test_resume_continues_the_same_losses(tmp_path, mode, extra):
 
 def test_killed_worker_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     log = tmp_path / "steps.jsonl"
-    cfg = _cfg(tmp_path, "c", mode="ddp", steps=50, checkpoint_every=4, fault_step=6, log=str(log))
+    cfg = _cfg(tmp_path, "c", mode="ddp", steps=50, every=4, debug=DebugOptions(fault_step=6),
+               logging=LogOptions(jsonl=str(log)))
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 died .* during training step 6"):
         run(cfg)
     assert time.monotonic() - start < cfg.timeout_s
-    assert checkpoint.latest_step(cfg.checkpoint_dir) == 4
-    state = checkpoint.load(cfg.checkpoint_dir, 0, 2)
+    assert checkpoint.latest_step(cfg.checkpoint.dir) == 4
+    state = checkpoint.load(cfg.checkpoint.dir, 0, 2)
     assert state["step"] == 4 and "wte.weight" in state["model"]
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps[:6] == list(range(6))  # everything logged before the failure is there

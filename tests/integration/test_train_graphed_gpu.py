@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from meshscale.train.config import TrainConfig
+from meshscale.train.config import DebugOptions, OptimizerOptions, SpeedOptions, TrainConfig
 from meshscale.train.runner import run
 
 pytestmark = pytest.mark.gpu
@@ -13,8 +13,9 @@ pytestmark = pytest.mark.gpu
 
 def _run(mode, model, graph, world):
     cfg = TrainConfig(model=model, data="synthetic", mode=mode, world=world, device="cuda", batch_per_rank=8,
-                      steps=18, timing_warmup=2, lr_warmup_steps=18, precision="bf16" if model == "gpt-tiny" else "fp32",
-                      deterministic=True, verify_sync=True, return_params=True, cuda_graph=graph, timeout_s=120,
+                      steps=18, timing_warmup=2, optimizer=OptimizerOptions(warmup_steps=18),
+                      speed=SpeedOptions(precision="bf16" if model == "gpt-tiny" else "fp32", cuda_graph=graph),
+                      deterministic=True, debug=DebugOptions(verify_sync=True, return_params=True), timeout_s=120,
                       image_size=32 if model == "small-cnn" else None)
     outs = run(cfg)
     return [r["loss"] for r in outs[0]["rows"]], outs[0]["params"], max(o["summary"]["max_param_diff"] for o in outs)

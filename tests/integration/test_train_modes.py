@@ -3,10 +3,12 @@ rank on the same global batch, the parameter server's staleness behaves, and the
 import numpy as np
 import pytest
 
-from meshscale.train.config import TrainConfig
+from meshscale.train.config import AllreduceOptions, DebugOptions, OptimizerOptions, PsOptions, SpeedOptions, TrainConfig
 from meshscale.train.runner import run
 
 GLOBAL_BATCH = 8
+SMALL_BUCKETS = AllreduceOptions(fusion_mb=0.05)  # several buckets, launched in order whatever arrives first
+CHECKED = DebugOptions(verify_sync=True, return_params=True)
 
 
 _CACHE = {}
@@ -14,16 +16,16 @@ _CACHE = {}
 
 def _train(mode, world, **kw):
     """Run once per distinct configuration in this module (tests compare against each other's runs)."""
-    key = (mode, world, tuple(sorted(kw.items())))
+    key = (mode, world, repr(sorted(kw.items())))
     if key not in _CACHE:
         _CACHE[key] = _launch(mode, world, **kw)
     return _CACHE[key]
 
 
 def _launch(mode, world, **kw):
+    kw.setdefault("allreduce", SMALL_BUCKETS)
     cfg = TrainConfig(model="small-cnn", data="synthetic", image_size=8, mode=mode, world=world, batch_per_rank=GLOBAL_BATCH // world,
-                      steps=4, timing_warmup=1, verify_sync=True, return_params=True, timeout_s=60,
-                      fusion_mb=0.05, **kw)  # allreduce: several buckets, launched in order whatever arrives first
+                      steps=4, timing_warmup=1, debug=CHECKED, timeout_s=60, **kw)
     return run(cfg)
 
 
@@ -45,12 +47,12 @@ def test_ranks_stay_identical_and_match_one_rank(mode, world, one_rank):
 
 def test_ps_async_with_staleness_0_is_ps_sync_exactly():
     sync = _train("ps-sync", 2)[0]["params"]
-    stale0 = _train("ps-async", 2, max_staleness=0)[0]["params"]
+    stale0 = _train("ps-async", 2, ps=PsOptions(max_staleness=0))[0]["params"]
     assert np.array_equal(sync, stale0)
 
 
 def test_bf16_compression_stays_close():
-    out = _train("allreduce", 2, compression="bf16")
+    out = _train("allreduce", 2, allreduce=AllreduceOptions(fusion_mb=SMALL_BUCKETS.fusion_mb, compression="bf16"))
     exact = _train("allreduce", 2)
     assert len(exact[0]["rows"]) == 4
     assert out[0]["summary"]["max_param_diff"] == 0.0
@@ -60,10 +62,11 @@ def test_bf16_compression_stays_close():
 
 def test_small_cnn_learns_digits_and_stale_ps_still_converges():
     common = dict(model="small-cnn", data="digits", eval_data="digits-test", world=2, batch_per_rank=16, steps=200,
-                  optimizer="adamw", base_lr=0.024, timing=False, timeout_s=120)  # lr 3e-3 at global batch 32
-    exact = run(TrainConfig(mode="allreduce", **common))[0]
+                  timing=False, timeout_s=120)
+    exact = run(TrainConfig(mode="allreduce", optimizer=OptimizerOptions("adamw", base_lr=0.024), **common))[0]  # lr 3e-3 at global batch 32
     assert exact["summary"]["eval_accuracy"] > 0.8  # chance is 0.1
-    stale = run(TrainConfig(mode="ps-async", max_staleness=1, **{**common, "base_lr": 0.012}))[0]  # stale: gentler
+    stale = run(TrainConfig(mode="ps-async", ps=PsOptions(max_staleness=1),
+                            optimizer=OptimizerOptions("adamw", base_lr=0.012), **common))[0]  # stale: gentler
     losses = [r["loss"] for r in stale["rows"]]
     assert np.mean(losses[-20:]) < 0.8 * np.mean(losses[:20])
     assert stale["summary"]["eval_accuracy"] > 0.3
@@ -72,14 +75,14 @@ def test_small_cnn_learns_digits_and_stale_ps_still_converges():
 
 def _initial_params():
     import torch
-    from meshscale.train.loop import resolve
+    from meshscale.train.build import resolve
     spec, _ = resolve(TrainConfig(model="small-cnn", image_size=8))
     torch.manual_seed(0)
     return torch.nn.utils.parameters_to_vector(spec.build().parameters()).detach().numpy()
 
 
 def test_meshscale_schedule_as_the_collective():
-    sched = _train("allreduce", 2, collective="schedule:ring")
+    sched = _train("allreduce", 2, allreduce=AllreduceOptions(fusion_mb=SMALL_BUCKETS.fusion_mb, collective="schedule:ring"))
     assert sched[0]["summary"]["max_param_diff"] == 0.0
     np.testing.assert_allclose(sched[0]["params"], _train("allreduce", 2)[0]["params"], rtol=1e-6, atol=1e-7)
 
@@ -88,7 +91,7 @@ def test_compiled_model_trains_like_the_eager_one():
     """--compile wraps the compiled model in the exchange (not the other way round): ranks stay identical and the
     parameters match the eager run (inductor reorders float sums: small tolerance)."""
     for mode in ("ddp", "allreduce"):
-        compiled, eager = _train(mode, 2, compile="default"), _train(mode, 2)
+        compiled, eager = _train(mode, 2, speed=SpeedOptions(compile="default")), _train(mode, 2)
         assert max(o["summary"]["max_param_diff"] for o in compiled) == 0.0
         np.testing.assert_allclose(compiled[0]["params"], eager[0]["params"], rtol=1e-4, atol=1e-5)
 
@@ -99,10 +102,10 @@ def test_dedicated_servers_match_one_rank(world, servers, one_rank):
     rank (servers too) holds the same parameters after each step; staleness 0 equals ps-sync."""
     workers = world - servers
     base = dict(model="small-cnn", data="synthetic", image_size=8, world=world, batch_per_rank=GLOBAL_BATCH // workers,
-                steps=4, timing_warmup=1, verify_sync=True, return_params=True, timeout_s=60, ps_servers=servers)
-    sync = run(TrainConfig(mode="ps-sync", **base))
+                steps=4, timing_warmup=1, debug=CHECKED, timeout_s=60)
+    sync = run(TrainConfig(mode="ps-sync", ps=PsOptions(servers=servers), **base))
     assert max(o["summary"]["max_param_diff"] for o in sync) == 0.0
     np.testing.assert_allclose(sync[0]["params"], one_rank, rtol=1e-5, atol=1e-6)
     if servers == 1:
-        stale0 = run(TrainConfig(mode="ps-async", max_staleness=0, **base))
+        stale0 = run(TrainConfig(mode="ps-async", ps=PsOptions(max_staleness=0, servers=servers), **base))
         np.testing.assert_array_equal(stale0[0]["params"], sync[0]["params"])

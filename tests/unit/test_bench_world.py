@@ -1,4 +1,4 @@
-"""bench: choosing ranks and backend, mapping CUDA devices to topology indices, timing on CPU."""
+"""Choosing ranks and backend (bench, train, scale), mapping CUDA devices to topology indices, timing on CPU."""
 import time
 
 import pytest
@@ -7,6 +7,7 @@ import torch
 from meshscale.bench.harness import time_op
 from meshscale.bench.world import resolve_world, visible_indices, world_topology
 from meshscale.errors import MeshscaleError
+from meshscale.execute.world import World, resolve_sweep
 
 
 def _no_torchrun(monkeypatch):
@@ -26,6 +27,22 @@ def test_resolve_world_on_a_cpu_machine(monkeypatch):
         resolve_world(1, 1)
     with pytest.raises(MeshscaleError, match="at least 1"):
         resolve_world(None, 0)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU-only behaviour")
+def test_train_default_and_scale_sweeps(monkeypatch):
+    _no_torchrun(monkeypatch)
+    one = World(1, "gloo")
+    assert resolve_world(None, None, default=one) is one
+    assert resolve_world(None, 3, default=one) == World(3, "gloo") and one.device == "cpu"
+    assert resolve_sweep(None, [4, 1, 2, 2]) == [World(1, "gloo"), World(2, "gloo"), World(4, "gloo")]
+    assert resolve_sweep(None, None) == [World(1, "gloo")]
+    with pytest.raises(MeshscaleError, match="not both"):
+        resolve_sweep([1], [1])
+    with pytest.raises(MeshscaleError, match="--cpus 0: need at least 1"):
+        resolve_sweep(None, [1, 0])
+    with pytest.raises(MeshscaleError, match="--gpus 2: this machine has 0 GPUs"):
+        resolve_sweep([1, 2], None)
 
 
 def test_under_torchrun_the_launcher_decides(monkeypatch):

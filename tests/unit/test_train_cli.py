@@ -35,4 +35,67 @@ def test_bad_input_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.device_count() >= 8, reason="this machine has 8 GPUs")
 def test_more_gpus_than_the_machine_has(monkeypatch, capsys):
     code, err = _run(["scale", "--gpus", "1,8", "--weak", "--batch", "4"], monkeypatch, capsys)
-    assert code == 2 and "asked for 8 GPUs" in err and "\n" not in err
+    assert code == 2 and "--gpus 8: this machine has" in err and "\n" not in err
+
+
+def _flags(command: str) -> set[str]:
+    import typer.main
+    from meshscale.cli import app
+    params = typer.main.get_command(app).commands[command].params
+    return {opt for p in params for opt in (*p.opts, *p.secondary_opts)}
+
+
+def test_train_and_scale_take_their_options_from_one_declaration():
+    from meshscale.train.config import option_fields
+    declared = list(option_fields())
+    train, scale = _flags("train"), _flags("scale")
+
+    def spellings(f):
+        return {flag for declaration in f.flags for flag in declaration.split("/")}
+    assert all(spellings(f) <= train for f in declared)
+    assert all(spellings(f) <= scale for f in declared if not f.train_only)
+    assert not any(spellings(f) & scale for f in declared if f.train_only)
+    assert "-m" in scale and "--checkpoint-dir" in train - scale
+    assert {"--lr", "--fusion-mb", "--ps-servers", "--timeout-s", "--no-timing"} <= train & scale
+
+
+def test_old_spellings_are_gone_and_their_replacements_exist():
+    from meshscale.cli.train import RENAMED_TRAIN
+    for (command, old), new in RENAMED_TRAIN.items():
+        assert old not in _flags(command) and new in _flags(command)
+
+
+class _Started(Exception):
+    """Raised instead of starting ranks: carries what the command would have run."""
+
+
+def _capture(monkeypatch, module, name):
+    def stop(*args, **kwargs):
+        raise _Started(args)
+    monkeypatch.setattr(module, name, stop)
+
+
+def test_train_options_land_in_their_config_groups(monkeypatch):
+    from meshscale.train import runner
+    _capture(monkeypatch, runner, "train")
+    monkeypatch.setattr(sys, "argv", ["meshscale", "train", "--cpus", "3", "--mode", "allreduce", "--fusion-mb", "2",
+                                      "--batch", "4", "--timeout-s", "7", "--no-timing", "--lr", "0.5", "--data", "digits",
+                                      "--ps-servers", "0", "--checkpoint-dir", "ck"])
+    with pytest.raises(_Started) as started:
+        main()
+    cfg = started.value.args[0][0]
+    assert (cfg.world, cfg.device, cfg.mode, cfg.batch_per_rank, cfg.timeout_s, cfg.timing) == (3, "cpu", "allreduce", 4, 7.0, False)
+    assert cfg.allreduce.fusion_mb == 2.0 and cfg.optimizer.base_lr == 0.5 and cfg.checkpoint.dir == "ck"
+    assert cfg.eval_data == "digits-test" and cfg.logging.progress  # digits: evaluated on its test split
+
+
+def test_scale_sweeps_counts_with_its_own_defaults(monkeypatch):
+    from meshscale.train import scale
+    _capture(monkeypatch, scale, "scale")
+    monkeypatch.setattr(sys, "argv", ["meshscale", "scale", "--cpus", "2,1", "--weak", "--batch", "6", "--mode", "ps-async",
+                                      "--max-staleness", "2"])
+    with pytest.raises(_Started) as started:
+        main()
+    cfg, worlds, weak, batch = started.value.args[0]
+    assert (worlds, weak, batch, cfg.device) == ([1, 2], True, 6, "cpu")
+    assert (cfg.steps, cfg.timing_warmup, cfg.ps.max_staleness) == (30, 10, 2)

@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.train.config import TrainConfig
+from meshscale.train.build import optimizer_factory
+from meshscale.train.config import OptimizerOptions, SpeedOptions, TrainConfig
 from meshscale.train.graphed import check_graphable, set_lr, tensor_lr
-from meshscale.train.loop import optimizer_factory
 from meshscale.train.models import get_model
 
 
@@ -28,7 +28,7 @@ def test_tensor_learning_rate_matches_the_float_one(optimizer, device):
     """Both optimizers get bit-identical gradients (not from a backward: Adam's first steps are about
     lr * sign(g), so kernel noise in a near-zero gradient would move a weight by a whole step)."""
     torch.manual_seed(0)
-    cfg, spec = TrainConfig(model="small-cnn", optimizer=optimizer), get_model("small-cnn")
+    cfg, spec = TrainConfig(model="small-cnn", optimizer=OptimizerOptions(optimizer)), get_model("small-cnn")
     start = [torch.randn(16, 8, device=device), torch.randn(8, device=device)]
     params = [[torch.nn.Parameter(t.clone()) for t in start] for _ in range(2)]
     plain = optimizer_factory(cfg, spec)(params[0])
@@ -68,6 +68,7 @@ def test_bucket_slots_keep_each_parameters_layout():
 
 def test_ddp_with_compile_on_gpus_gets_the_measured_note():
     from meshscale.train.runner import notices
-    cfg = TrainConfig(model="resnet50", mode="ddp", device="cuda", compile="default")
+    compiled = SpeedOptions(compile="default")
+    cfg = TrainConfig(model="resnet50", mode="ddp", device="cuda", speed=compiled)
     assert "allreduce --compile" in notices(cfg, 2)[0]
-    assert notices(cfg, 1) == [] and notices(TrainConfig(mode="allreduce", device="cuda", compile="default"), 2) == []
+    assert notices(cfg, 1) == [] and notices(TrainConfig(mode="allreduce", device="cuda", speed=compiled), 2) == []

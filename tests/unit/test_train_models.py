@@ -4,9 +4,9 @@ import pytest
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.train.config import TrainConfig
+from meshscale.train.build import learning_rate
+from meshscale.train.config import OptimizerOptions, TrainConfig
 from meshscale.train.data import Batches, image_folder, open_data, synthetic, token_file
-from meshscale.train.loop import learning_rate
 from meshscale.train.models import MODELS, get_model, image_spec
 from meshscale.train.scale import configurations
 
@@ -105,11 +105,11 @@ def test_synthetic_data_has_the_model_shape_and_ignores_the_world():
 
 def test_learning_rate_scales_linearly_and_warms_up():
     spec = get_model("small-cnn")
-    cfg = TrainConfig(world=4, batch_per_rank=64, base_lr=0.1, ref_batch=256, lr_warmup_steps=10)
+    cfg = TrainConfig(world=4, batch_per_rank=64, optimizer=OptimizerOptions(base_lr=0.1, ref_batch=256, warmup_steps=10))
     peak = learning_rate(cfg, spec, 100)
     assert peak == pytest.approx(0.1 * 256 / 256)
     assert learning_rate(cfg, spec, 0) == pytest.approx(peak / 10)
-    bigger = TrainConfig(world=8, batch_per_rank=64, base_lr=0.1, ref_batch=256)
+    bigger = TrainConfig(world=8, batch_per_rank=64, optimizer=OptimizerOptions(base_lr=0.1, ref_batch=256))
     assert learning_rate(bigger, spec, 0) == pytest.approx(2 * peak)
 
 
@@ -122,7 +122,7 @@ def test_scaling_configurations():
     with pytest.raises(MeshscaleError, match="not divisible by 3"):
         configurations(base, [1, 3], weak=False, batch=64)
     if not torch.cuda.is_available():
-        with pytest.raises(MeshscaleError, match="asked for 8 GPUs"):
+        with pytest.raises(MeshscaleError, match="--gpus 8: this machine has 0 GPUs"):
             configurations(TrainConfig(device="cuda"), [8], weak=True, batch=32)
 
 

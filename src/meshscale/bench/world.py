@@ -1,50 +1,13 @@
-"""Where a benchmark runs: how many ranks, which backend, and the topology of those devices (for the bound)."""
+"""Where a benchmark runs: the ranks (`meshscale.execute.world`) and the topology of their devices (for the bound)."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
-import torch
-
-from meshscale.errors import MeshscaleError
-from meshscale.execute import in_torchrun
+from meshscale.execute.world import World, resolve_world
 from meshscale.topology import Topology, subset
 from meshscale.topology.discover import discover
 
-DEFAULT_CPU_WORKERS = 2
-
-
-@dataclass
-class World:
-    """The ranks of a run: ``size`` processes over ``backend``; ``notice`` tells the user what was chosen."""
-
-    size: int
-    backend: str
-    notice: str = ""
-
-
-def resolve_world(gpus: int | None, cpus: int | None) -> World:
-    """``--gpus N`` (NCCL), ``--cpus N`` (Gloo), or with neither all GPUs if any, else CPU workers.
-    Under torchrun the launcher's WORLD_SIZE wins and the backend follows the presence of GPUs."""
-    if gpus is not None and cpus is not None:
-        raise MeshscaleError("give --gpus or --cpus, not both")
-    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if in_torchrun():
-        return World(int(os.environ["WORLD_SIZE"]), "nccl" if have and cpus is None else "gloo")
-    for name, n in (("--gpus", gpus), ("--cpus", cpus)):
-        if n is not None and n < 1:
-            raise MeshscaleError(f"{name} {n}: need at least 1")
-    if gpus is not None:
-        if gpus > have:
-            fix = f"use --gpus {have} or fewer" if have else "use --cpus N for CPU worker processes"
-            raise MeshscaleError(f"--gpus {gpus}: this machine has {have} GPU{'' if have == 1 else 's'}; {fix}")
-        return World(gpus, "nccl")
-    if cpus is not None:
-        return World(cpus, "gloo")
-    if have:
-        return World(have, "nccl", f"using all {have} GPUs over NCCL (choose with --gpus N)")
-    n = DEFAULT_CPU_WORKERS
-    return World(n, "gloo", f"no GPU found: using {n} CPU worker processes over Gloo (choose with --cpus N)")
+__all__ = ["World", "resolve_world", "visible_indices", "world_topology"]
 
 
 def world_topology(world: World) -> Topology | None:

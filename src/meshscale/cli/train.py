@@ -5,80 +5,65 @@ with --checkpoint-dir, resumes from the last checkpoint when torchrun restarts t
 prints and writes files."""
 from __future__ import annotations
 
+import inspect
 import os
 from pathlib import Path
-from typing import Optional
+from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from meshscale.errors import MeshscaleError
+from meshscale.execute.world import World, resolve_sweep, resolve_world
+from meshscale.train.config import OptionField, config_from_options, option_fields
 from meshscale.units import parse_ints
-from meshscale.train.config import TrainConfig
 
-_HELP_DATA = "synthetic, digits (scikit-learn), a folder of images (ImageFolder layout) or a token file (.npy/.bin)"
+# old spellings -> new, for the CLI's table of renamed options
+RENAMED_TRAIN = {("train", "--timeout"): "--timeout-s", ("scale", "--timeout"): "--timeout-s",
+                 ("train", "-b"): "--batch", ("scale", "-b"): "--batch"}
 
-
-def _workers(gpus: Optional[str], cpus: Optional[str]) -> tuple[str, str]:
-    if gpus and cpus:
-        raise MeshscaleError("give either --gpus or --cpus, not both")
-    return ("cuda", gpus) if gpus else ("cpu", cpus or "1")
+# a sweep runs every configuration afresh: shorter runs, a longer timing warm-up, and no batch until --weak asks
+SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): None}
 
 
+def _typer_parameter(f: OptionField, command: str) -> inspect.Parameter:
+    default = SCALE_DEFAULTS.get(f.path, f.default) if command == "scale" else f.default
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *f.flags, help=f.help),
+                             annotation=Optional[f.type] if default is None else f.type)
+
+
+def with_config_options(command: str) -> Callable[[Callable], Callable]:
+    """Give ``fn(options, **own)`` every TrainConfig option (declared once, in train/config.py) as a typer option
+    beside its own; ``fn`` receives their values as ``options``, keyed by their path in TrainConfig."""
+    def wrap(fn: Callable) -> Callable:
+        fields = [f for f in option_fields() if command == "train" or not f.train_only]
+        own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "options"]
+
+        def run(**values: Any) -> None:
+            fn({f.path: values.pop(f.name) for f in fields}, **values)
+        run.__signature__ = inspect.Signature([_typer_parameter(f, command) for f in fields]
+                                              + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own])
+        run.__name__, run.__doc__ = fn.__name__, fn.__doc__
+        return run
+    return wrap
+
+
+@with_config_options("train")
 def train(
-    model: str = typer.Option("small-cnn", "--model", "-m", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, gpt-medium"),
-    data: str = typer.Option("synthetic", "--data", help=_HELP_DATA),
+    options: dict,
     gpus: Optional[int] = typer.Option(None, "--gpus", help="train on this many GPUs (NCCL)"),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="train on this many CPU processes (Gloo; default 1)"),
-    mode: str = typer.Option("ddp", "--mode", help="ddp, allreduce, ps-sync or ps-async"),
-    batch: int = typer.Option(32, "--batch", "-b", help="batch per rank"),
-    steps: int = typer.Option(50, "--steps", help="training steps (in all, also when resuming)"),
-    warmup: int = typer.Option(5, "--timing-warmup", help="steps left out of the throughput figure"),
-    lr: Optional[float] = typer.Option(None, "--lr", help="base learning rate per --ref-batch samples (scaled linearly)"),
-    ref_batch: int = typer.Option(256, "--ref-batch", help="batch the base learning rate is for"),
-    lr_warmup: int = typer.Option(0, "--lr-warmup-steps", help="linear learning-rate warm-up (Goyal et al.)"),
-    optimizer: Optional[str] = typer.Option(None, "--optimizer", help="sgd or adamw (default: the model's: sgd for resnets, adamw otherwise)"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + loss scaling)"),
-    channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images)"),
-    compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile mode: default, reduce-overhead (CUDA graphs), max-autotune"),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the whole step (forward, backward, all-reduce, optimizer) in one CUDA graph (GPUs; ddp/allreduce)"),
-    bucket_cap_mb: float = typer.Option(25.0, "--bucket-cap-mb", help="ddp: gradient bucket size"),
-    bucket_view: bool = typer.Option(False, "--bucket-view", help="ddp: gradient_as_bucket_view"),
-    static_graph: bool = typer.Option(False, "--static-graph", help="ddp: static_graph"),
-    fusion_mb: float = typer.Option(64.0, "--fusion-mb", help="allreduce: fusion buffer size"),
-    compression: str = typer.Option("none", "--compression", help="allreduce: none, bf16 or fp16 on the wire"),
-    collective: str = typer.Option("native", "--collective", help="allreduce: native, or schedule[:ALGO] (meshscale schedule executor, e.g. schedule:ring)"),
-    max_staleness: int = typer.Option(0, "--max-staleness", help="ps-async: parameters may be this many steps old"),
-    ps_servers: int = typer.Option(0, "--ps-servers", help="ps-*: this many dedicated server ranks (the last ones; default 0: sharded over all ranks)"),
-    image_size: Optional[int] = typer.Option(None, "--image-size", help="side of the images (default: the model's)"),
-    eval_data: Optional[str] = typer.Option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)"),
-    seed: int = typer.Option(0, "--seed"),
-    deterministic: bool = typer.Option(False, "--deterministic", help="deterministic kernels (exact resume on GPUs)"),
-    checkpoint_dir: Optional[str] = typer.Option(None, "--checkpoint-dir", help="save checkpoints here"),
-    checkpoint_every: int = typer.Option(0, "--checkpoint-every", help="steps between checkpoints (0: at the end)"),
-    resume: bool = typer.Option(False, "--resume", help="continue from the latest checkpoint in --checkpoint-dir"),
-    log: Optional[str] = typer.Option(None, "--log", help="JSONL file, one line per step"),
-    tensorboard: Optional[str] = typer.Option(None, "--tensorboard", help="TensorBoard log folder (if installed)"),
-    no_timing: bool = typer.Option(False, "--no-timing", help="no per-step device sync and split (fastest)"),
-    timeout_s: float = typer.Option(300.0, "--timeout", help="seconds any collective may take before the run stops"),
     profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here"),
 ) -> None:
     """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
     from meshscale.train.runner import notices, profile, train as run_train
 
-    if gpus is not None and cpus is not None:
-        raise MeshscaleError("give either --gpus or --cpus, not both")
-    cfg = TrainConfig(model=model, data=data, eval_data=eval_data or ("digits-test" if data == "digits" else None),
-                      image_size=image_size, mode=mode, world=gpus or cpus or 1, device="cuda" if gpus else "cpu",
-                      batch_per_rank=batch, steps=steps, timing_warmup=warmup, optimizer=optimizer, base_lr=lr,
-                      ref_batch=ref_batch, lr_warmup_steps=lr_warmup, bucket_cap_mb=bucket_cap_mb,
-                      bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
-                      collective=collective, max_staleness=max_staleness, ps_servers=ps_servers, precision=precision,
-                      channels_last=channels_last, compile=compile, cuda_graph=cuda_graph, timing=not no_timing, seed=seed,
-                      deterministic=deterministic, checkpoint_dir=checkpoint_dir, checkpoint_every=checkpoint_every,
-                      resume=resume, log=log, tensorboard=tensorboard, progress=True, timeout_s=timeout_s)
+    world = resolve_world(gpus, cpus, default=World(1, "gloo"))
+    if options[("eval_data",)] is None and options[("data",)] == "digits":
+        options[("eval_data",)] = "digits-test"
+    cfg = config_from_options({**options, ("logging", "progress"): True}, world=world.size, device=world.device)
     for line in notices(cfg, cfg.world):
         typer.echo(line, err=True)
     if profile_batches:
@@ -89,7 +74,7 @@ def train(
         if int(os.environ.get("RANK", "0")) != 0:
             return
         s = result.meta["summary"]
-        table = Table(title=f"{model} {mode} on {cfg.world} {'GPU' if gpus else 'CPU worker'}(s)")
+        table = Table(title=f"{cfg.model} {cfg.mode} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k in ("global_batch", "samples_per_s", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share",
@@ -101,30 +86,14 @@ def train(
         typer.echo(f"wrote {result.save(json_out)}")
 
 
+@with_config_options("scale")
 def scale(
-    model: str = typer.Option("small-cnn", "--model", "-m", help="model name (see meshscale train --help)"),
+    options: dict,
     gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts, e.g. 1,2,4,8"),
-    cpus: Optional[str] = typer.Option(None, "--cpus", help="CPU worker counts, e.g. 1,2,4"),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="CPU worker counts, e.g. 1,2,4 (default 1)"),
     weak: bool = typer.Option(False, "--weak", help="weak scaling: --batch per worker"),
     strong: bool = typer.Option(False, "--strong", help="strong scaling: --global-batch split over the workers"),
-    batch: Optional[int] = typer.Option(None, "--batch", "-b", help="weak: batch per worker"),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all"),
-    mode: str = typer.Option("ddp", "--mode", help="ddp, allreduce, ps-sync or ps-async"),
-    data: str = typer.Option("synthetic", "--data", help=_HELP_DATA),
-    steps: int = typer.Option(30, "--steps", help="steps per configuration"),
-    warmup: int = typer.Option(10, "--timing-warmup", help="steps per configuration left out of the timing"),
-    precision: str = typer.Option("fp32", "--precision", help="fp32, bf16 or fp16"),
-    channels_last: bool = typer.Option(False, "--channels-last"),
-    compile: Optional[str] = typer.Option(None, "--compile", help="torch.compile mode"),
-    cuda_graph: bool = typer.Option(False, "--cuda-graph", help="capture the whole step in one CUDA graph"),
-    bucket_cap_mb: float = typer.Option(25.0, "--bucket-cap-mb"),
-    bucket_view: bool = typer.Option(False, "--bucket-view"),
-    static_graph: bool = typer.Option(False, "--static-graph"),
-    fusion_mb: float = typer.Option(64.0, "--fusion-mb"),
-    compression: str = typer.Option("none", "--compression"),
-    max_staleness: int = typer.Option(0, "--max-staleness"),
-    no_timing: bool = typer.Option(False, "--no-timing", help="no per-step device sync and split (fastest)"),
-    timeout_s: float = typer.Option(300.0, "--timeout"),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)"),
 ) -> None:
@@ -135,22 +104,17 @@ def scale(
 
     if weak == strong:
         raise MeshscaleError("choose one of --weak (with --batch) or --strong (with --global-batch)")
-    size = batch if weak else global_batch
+    size = options[("batch_per_rank",)] if weak else global_batch
     if not size:
         raise MeshscaleError("--weak needs --batch N" if weak else "--strong needs --global-batch N")
-    device, counts = _workers(gpus, cpus)
-    what = "--gpus" if device == "cuda" else "--cpus"
-    cfg = TrainConfig(model=model, data=data, mode=mode, device=device, steps=steps, timing_warmup=warmup,
-                      precision=precision, channels_last=channels_last, compile=compile, cuda_graph=cuda_graph,
-                      bucket_cap_mb=bucket_cap_mb,
-                      bucket_view=bucket_view, static_graph=static_graph, fusion_mb=fusion_mb, compression=compression,
-                      max_staleness=max_staleness, timing=not no_timing, timeout_s=timeout_s)
-    for line in notices(cfg, max(parse_ints(counts, what))):
+    worlds = resolve_sweep(parse_ints(gpus, "--gpus") if gpus else None, parse_ints(cpus, "--cpus") if cpus else None)
+    cfg = config_from_options({**options, ("batch_per_rank",): size}, device=worlds[0].device)
+    for line in notices(cfg, worlds[-1].size):
         typer.echo(line, err=True)
     console = Console()
-    result = run_scale(cfg, parse_ints(counts, what), weak, size,
+    result = run_scale(cfg, [w.size for w in worlds], weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
-    _table(f"{model} {mode}: {'weak' if weak else 'strong'} scaling", result.rows,
+    _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "speedup", "efficiency",
             "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
     if json_out:

@@ -76,7 +76,7 @@ def _die_with(owner_pid: int) -> None:
 
 
 def _init(rank: int, world: int, local_rank: int, backend: str, store: Any, timeout_s: float) -> RankContext:
-    torch.set_num_threads(1)  # one thread per rank: see CPU-TESTING.md (oversubscription, fork + OpenMP)
+    torch.set_num_threads(1)  # one thread per rank: N ranks of N threads oversubscribe the cores many times over
     if backend == "nccl":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
@@ -89,7 +89,7 @@ def _init(rank: int, world: int, local_rank: int, backend: str, store: Any, time
 
 
 def _teardown() -> None:
-    # Free DDP reducers and other holders of the group before destroying it (teardown deadlock, CPU-TESTING.md).
+    # Free DDP reducers and other holders of the group first: destroying a group a live reducer holds can deadlock.
     gc.collect()
     if dist.is_initialized():
         dist.destroy_process_group()

@@ -1,64 +1,174 @@
-"""What a training run is: one plain dataclass shared by the CLI, `meshscale scale` and the rank workers."""
+"""What a training run is: plain dataclasses, one per concern, shared by the CLI, `meshscale scale` and the rank
+workers. A field that is a command-line option says so once, here (`option`): its flag and help text; the CLI
+builds `meshscale train` and `meshscale scale` from these declarations."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Optional
+import typing
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Iterator, Optional
+
+MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
+
+
+def option(default: Any, *flags: str, help: str = "", train_only: bool = False) -> Any:
+    """A dataclass field that is also the command-line option ``flags`` (``train_only``: not offered by scale)."""
+    return field(default=default, metadata={"flags": flags, "help": help, "train_only": train_only})
 
 
 @dataclass
-class TrainConfig:
-    model: str = "small-cnn"
-    data: str = "synthetic"          # synthetic | digits | folder of images | token file
-    eval_data: Optional[str] = None  # e.g. digits-test: accuracy after training (rank 0)
-    image_size: Optional[int] = None  # images: side length (default: the model's)
-    mode: str = "ddp"                # ddp | allreduce | ps-sync | ps-async
-    world: int = 1
-    device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
-    batch_per_rank: int = 32
-    steps: int = 50
-    timing_warmup: int = 5           # steps left out of the throughput summary
-    # optimizer and the large-batch recipe (Goyal et al.): lr = base_lr x global batch / ref_batch, warm-up
-    optimizer: Optional[str] = None  # sgd | adamw (default: the model's, see models.py)
-    base_lr: Optional[float] = None  # per ref_batch samples (default: the model's)
-    ref_batch: int = 256
-    lr_warmup_steps: int = 0
+class OptimizerOptions:
+    """The optimizer and the large-batch recipe (Goyal et al.): lr = base_lr x global batch / ref_batch, warm-up."""
+
+    name: Optional[str] = option(None, "--optimizer", help="sgd or adamw (default: the model's: sgd for resnets, "
+                                 "adamw otherwise)")
+    base_lr: Optional[float] = option(None, "--lr", help="base learning rate per --ref-batch samples (scaled "
+                                      "linearly; default: the model's)")
+    ref_batch: int = option(256, "--ref-batch", help="batch the base learning rate is for")
+    warmup_steps: int = option(0, "--lr-warmup-steps", help="linear learning-rate warm-up (Goyal et al.)")
     momentum: float = 0.9
     weight_decay: float = 5e-5
-    # exchange knobs
-    bucket_cap_mb: float = 25.0      # ddp
-    bucket_view: bool = False        # ddp gradient_as_bucket_view
-    static_graph: bool = False       # ddp
-    fusion_mb: float = 64.0          # allreduce
-    compression: str = "none"        # allreduce: none | bf16 | fp16
-    collective: str = "native"       # allreduce: native | schedule[:ALGO] (meshscale schedule executor)
-    max_staleness: int = 0           # ps-async
-    ps_servers: int = 0              # ps-*: dedicated server ranks (the last ones); 0: sharded over every rank
-    # speed knobs
-    precision: str = "fp32"          # fp32 | bf16 (autocast) | fp16 (autocast + GradScaler)
-    channels_last: bool = False
-    compile: Optional[str] = None    # None, or a torch.compile mode: default | reduce-overhead | max-autotune
-    cuda_graph: bool = False         # capture the whole step in one CUDA graph (train/graphed.py)
-    timing: bool = True              # per-step compute / comm / data split (one device sync per step)
-    # reproducibility, checkpoints, output
-    seed: int = 0
-    deterministic: bool = False
-    checkpoint_dir: Optional[str] = None
-    checkpoint_every: int = 0        # steps; 0: only at the end (when checkpoint_dir is set)
-    resume: bool = False
-    log: Optional[str] = None        # JSONL, one line per step (rank 0)
-    tensorboard: Optional[str] = None
+
+
+@dataclass
+class DdpOptions:
+    """torch DistributedDataParallel."""
+
+    bucket_cap_mb: float = option(25.0, "--bucket-cap-mb", help="ddp: gradient bucket size")
+    bucket_view: bool = option(False, "--bucket-view", help="ddp: gradient_as_bucket_view")
+    static_graph: bool = option(False, "--static-graph", help="ddp: static_graph")
+
+
+@dataclass
+class AllreduceOptions:
+    """Fused buckets all-reduced while backward runs (train/exchange.py)."""
+
+    fusion_mb: float = option(64.0, "--fusion-mb", help="allreduce: fusion buffer size")
+    compression: str = option("none", "--compression", help="allreduce: none, bf16 or fp16 on the wire")
+    collective: str = option("native", "--collective", help="allreduce: native, or schedule[:ALGO] (meshscale "
+                             "schedule executor, e.g. schedule:ring)")
+
+
+@dataclass
+class PsOptions:
+    """The parameter server modes."""
+
+    max_staleness: int = option(0, "--max-staleness", help="ps-async: parameters may be this many steps old")
+    servers: int = option(0, "--ps-servers", help="ps-*: this many dedicated server ranks (the last ones; "
+                          "default 0: sharded over all ranks)")
+
+
+@dataclass
+class SpeedOptions:
+    """Precision, memory format and compilation."""
+
+    precision: str = option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+    channels_last: bool = option(False, "--channels-last", help="channels-last memory format (images)")
+    compile: Optional[str] = option(None, "--compile", help="torch.compile mode: default, reduce-overhead "
+                                    "(CUDA graphs), max-autotune")
+    cuda_graph: bool = option(False, "--cuda-graph", help="capture the whole step (forward, backward, all-reduce, "
+                              "optimizer) in one CUDA graph (GPUs; ddp/allreduce)")
+
+
+@dataclass
+class CheckpointOptions:
+    dir: Optional[str] = option(None, "--checkpoint-dir", help="save checkpoints here", train_only=True)
+    every: int = option(0, "--checkpoint-every", help="steps between checkpoints (0: at the end)", train_only=True)
+    resume: bool = option(False, "--resume", help="continue from the latest checkpoint in --checkpoint-dir",
+                          train_only=True)
+
+
+@dataclass
+class LogOptions:
+    """Where rank 0 writes its per-step rows."""
+
+    jsonl: Optional[str] = option(None, "--log", help="JSONL file, one line per step", train_only=True)
+    tensorboard: Optional[str] = option(None, "--tensorboard", help="TensorBoard log folder (if installed)",
+                                        train_only=True)
     progress: bool = False           # rich progress bar on rank 0
-    timeout_s: float = 120.0
-    # for tests
+
+
+@dataclass
+class DebugOptions:
+    """For the tests."""
+
     verify_sync: bool = False        # after every step, compare every rank's parameters with rank 0's
     return_params: bool = False      # rank 0 returns the final flat parameters
     fault_step: Optional[int] = None  # fault injection: the last rank exits abruptly at this step
 
+
+@dataclass
+class TrainConfig:
+    model: str = option("small-cnn", "--model", "-m", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, "
+                        "gpt-medium")
+    data: str = option("synthetic", "--data", help="synthetic, digits (scikit-learn), a folder of images "
+                       "(ImageFolder layout) or a token file (.npy/.bin)")
+    eval_data: Optional[str] = option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)",
+                                      train_only=True)
+    image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)")
+    mode: str = option("ddp", "--mode", help=", ".join(MODES))
+    world: int = 1
+    device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
+    batch_per_rank: int = option(32, "--batch", help="batch per rank")
+    steps: int = option(50, "--steps", help="training steps (in all, also when resuming)")
+    timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure")
+    timing: bool = option(True, "--timing/--no-timing", help="per-step device sync and compute / comm / data "
+                          "split (--no-timing: fastest)")
+    seed: int = option(0, "--seed", help="initial weights and data order")
+    deterministic: bool = option(False, "--deterministic", help="deterministic kernels (exact resume on GPUs)")
+    timeout_s: float = option(300.0, "--timeout-s", help="seconds any collective may take before the run stops")
+    optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
+    ddp: DdpOptions = field(default_factory=DdpOptions)
+    allreduce: AllreduceOptions = field(default_factory=AllreduceOptions)
+    ps: PsOptions = field(default_factory=PsOptions)
+    speed: SpeedOptions = field(default_factory=SpeedOptions)
+    checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
+    logging: LogOptions = field(default_factory=LogOptions)
+    debug: DebugOptions = field(default_factory=DebugOptions)
+
     @property
     def workers(self) -> int:
         """Ranks that train (all but the dedicated parameter servers)."""
-        return self.world - self.ps_servers
+        return self.world - self.ps.servers
 
     @property
     def global_batch(self) -> int:
         return self.batch_per_rank * self.workers
+
+
+@dataclass(frozen=True)
+class OptionField:
+    """One command-line option of TrainConfig: where its value goes (``path``), its type and declaration."""
+
+    path: tuple[str, ...]            # e.g. ("ddp", "bucket_cap_mb")
+    type: Any
+    default: Any
+    flags: tuple[str, ...]
+    help: str
+    train_only: bool
+
+    @property
+    def name(self) -> str:
+        return "_".join(self.path)
+
+
+def option_fields(cls: type = TrainConfig, prefix: tuple[str, ...] = ()) -> Iterator[OptionField]:
+    """Every field declared with `option`, nested groups included, in declaration order."""
+    hints = typing.get_type_hints(cls)
+    for f in fields(cls):
+        if is_dataclass(hints[f.name]):
+            yield from option_fields(hints[f.name], prefix + (f.name,))
+        elif "flags" in f.metadata:
+            yield OptionField(prefix + (f.name,), hints[f.name], f.default, f.metadata["flags"], f.metadata["help"],
+                              f.metadata["train_only"])
+
+
+def config_from_options(values: dict[tuple[str, ...], Any], **top: Any) -> TrainConfig:
+    """A TrainConfig from option values keyed by path (as `option_fields` gives them) and top-level keywords."""
+    groups: dict[str, dict[str, Any]] = {}
+    for path, value in values.items():
+        if len(path) == 1:
+            top[path[0]] = value
+        else:
+            groups.setdefault(path[0], {})[path[1]] = value
+    hints = typing.get_type_hints(TrainConfig)
+    return TrainConfig(**top, **{name: hints[name](**kw) for name, kw in groups.items()})

@@ -25,9 +25,9 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.train.config import MODES, AllreduceOptions, DdpOptions, PsOptions
 from meshscale.train.timing import Clock
 
-MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 WIRE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 # torch 2.13 renamed the tensor collectives (the old names warn); 2.11 on the GPU machines has only the old ones.
@@ -282,21 +282,46 @@ class PSExchange(Exchange):
         self.pending = deque(([], g.to(self.flat_grad.device)) for g in state["pending"])
 
 
+def schedule_allreduce(collective: str, world: int) -> Callable | None:
+    """The collective of the allreduce mode: None (native ``dist.all_reduce``) or, for ``schedule[:ALGO]``,
+    meshscale's schedule executor running algorithm ALGO (default ring). The executor is blocking, so a bucket
+    is reduced when it is launched and the returned handle is None (overlap then comes only from the CPU
+    running ahead of the device)."""
+    if collective == "native":
+        return None
+    kind, _, algo = collective.partition(":")
+    if kind != "schedule":
+        raise MeshscaleError(f"unknown collective {collective!r}; choose native or schedule[:ALGO] (e.g. schedule:ring)")
+    from meshscale.execute.schedule_runner import schedule_op
+    ops: dict = {}
+
+    def allreduce(tensor: torch.Tensor, async_op: bool = True) -> None:
+        key = (tensor.numel(), tensor.dtype)
+        if key not in ops:  # one plan per bucket size, built on first use
+            op = schedule_op("all_reduce", list(range(world)), tensor.numel() * tensor.element_size(), algo or "ring",
+                             elem_bytes=tensor.element_size())
+            ops[key] = (op, torch.empty_like(tensor))
+        op, out = ops[key]
+        op(tensor, out)
+        tensor.copy_(out)
+        return None
+    return allreduce
+
+
 def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, clock: Clock, rank: int, world: int,
-                  device: torch.device, *, bucket_cap_mb: float = 25.0, bucket_view: bool = False,
-                  static_graph: bool = False, fusion_bytes: int = 64 << 20, compression: str = "none",
-                  allreduce: Callable | None = None, max_staleness: int = 0, timing: bool = True,
-                  ps_servers: int = 0) -> Exchange:
-    """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``)."""
+                  device: torch.device, ddp: DdpOptions = DdpOptions(), allreduce: AllreduceOptions = AllreduceOptions(),
+                  ps: PsOptions = PsOptions(), timing: bool = True) -> Exchange:
+    """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``), with that mode's options."""
     check_choice(mode, MODES, "mode")
-    check_choice(compression, WIRE_DTYPES, "compression")
-    if max_staleness < 0:
-        raise MeshscaleError(f"--max-staleness must be >= 0, got {max_staleness}")
+    check_choice(allreduce.compression, WIRE_DTYPES, "compression")
+    if ps.max_staleness < 0:
+        raise MeshscaleError(f"--max-staleness must be >= 0, got {ps.max_staleness}")
     if mode == "ddp":
-        return DDPExchange(model, optimizer_factory(model.parameters()), clock, device, bucket_cap_mb, bucket_view,
-                           static_graph, timing)
+        return DDPExchange(model, optimizer_factory(model.parameters()), clock, device, ddp.bucket_cap_mb,
+                           ddp.bucket_view, ddp.static_graph, timing)
     if mode == "allreduce":
-        return AllreduceExchange(model, optimizer_factory(model.parameters()), clock, world, fusion_bytes,
-                                 compression, allreduce)
-    return PSExchange(model, optimizer_factory, clock, rank, world, max_staleness if mode == "ps-async" else 0,
-                      ps_servers)
+        return AllreduceExchange(model, optimizer_factory(model.parameters()), clock, world,
+                                 int(allreduce.fusion_mb * (1 << 20)), allreduce.compression,
+                                 schedule_allreduce(allreduce.collective, world))
+    return PSExchange(model, optimizer_factory, clock, rank, world, ps.max_staleness if mode == "ps-async" else 0,
+                      ps.servers)

@@ -2,39 +2,28 @@
 measured into a Result of kind "train"; also the one-device profile over batch sizes that the predictor reads."""
 from __future__ import annotations
 
-import os
 import statistics
 from dataclasses import asdict, replace
 from typing import Any
 
-import torch
-
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import in_torchrun, launch
+from meshscale.execute.world import check_gpus, resolve_world
 from meshscale.results import Result, measured
-from meshscale.train.config import TrainConfig
-from meshscale.train.exchange import MODES, WIRE_DTYPES
+from meshscale.train.build import resolve
+from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainConfig
+from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
-from meshscale.train.loop import resolve, train_worker
+from meshscale.train.loop import train_worker
 
 PRECISIONS = ("fp32", "bf16", "fp16")
-
-
-def check_devices(device: str, world: int) -> None:
-    """A clear error when the machine lacks the GPUs asked for (before anything starts)."""
-    if device == "cuda":
-        have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if world > have:
-            raise MeshscaleError(f"asked for {world} GPUs but this machine has {have}; use --gpus {have} or --cpus N"
-                                 if have else f"asked for {world} GPUs but this machine has none; use --cpus N (Gloo)")
-    elif device != "cpu":
-        raise MeshscaleError(f"unknown device {device!r}; use cpu or cuda")
+DEVICES = ("cpu", "cuda")
 
 
 def notices(cfg: TrainConfig, max_world: int) -> list[str]:
     """Measured pitfalls of a configuration that still runs, for the CLI to print before starting."""
     out = []
-    if cfg.compile and cfg.mode == "ddp" and cfg.device == "cuda" and max_world > 1:
+    if cfg.speed.compile and cfg.mode == "ddp" and cfg.device == "cuda" and max_world > 1:
         out.append("note: ddp with --compile scaled only 1.00-1.10x on 2 H200 (docs/results/h200x2-2026-11-22-b); "
                    "--mode allreduce --compile scaled 1.64x")
     return out
@@ -42,8 +31,8 @@ def notices(cfg: TrainConfig, max_world: int) -> list[str]:
 
 def check_ps_servers(cfg: TrainConfig) -> None:
     """Dedicated parameter servers need a parameter-server mode and leave at least one worker."""
-    if cfg.ps_servers and (not cfg.mode.startswith("ps") or not 0 < cfg.ps_servers < cfg.world):
-        raise MeshscaleError(f"--ps-servers {cfg.ps_servers} needs --mode ps-sync or ps-async and at least one "
+    if cfg.ps.servers and (not cfg.mode.startswith("ps") or not 0 < cfg.ps.servers < cfg.world):
+        raise MeshscaleError(f"--ps-servers {cfg.ps.servers} needs --mode ps-sync or ps-async and at least one "
                              f"worker left: use 1..{max(1, cfg.world - 1)} with {cfg.world} ranks")
 
 
@@ -52,16 +41,18 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
         raise MeshscaleError("world size, batch and steps must be at least 1")
     check_choice(cfg.mode, MODES, "mode")
-    check_choice(cfg.precision, PRECISIONS, "precision")
-    check_choice(cfg.compression, WIRE_DTYPES, "compression")
-    if cfg.precision == "fp16" and cfg.mode.startswith("ps"):
+    check_choice(cfg.speed.precision, PRECISIONS, "precision")
+    check_choice(cfg.allreduce.compression, WIRE_DTYPES, "compression")
+    check_choice(cfg.device, DEVICES, "device")
+    if cfg.speed.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
     check_ps_servers(cfg)
-    if cfg.cuda_graph:
-        check_graphable(cfg.mode, cfg.device, cfg.precision, cfg.compile)
-    if cfg.resume and not cfg.checkpoint_dir:
+    if cfg.speed.cuda_graph:
+        check_graphable(cfg.mode, cfg.device, cfg.speed.precision, cfg.speed.compile)
+    if cfg.checkpoint.resume and not cfg.checkpoint.dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
-    check_devices(cfg.device, cfg.world)
+    if cfg.device == "cuda":
+        check_gpus(cfg.world)
     resolve(cfg)  # unknown model, missing data folder, bad token file
 
 
@@ -69,9 +60,9 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows). Under torchrun
     this process is one rank and the world is torchrun's."""
     if in_torchrun():
-        cfg.world = int(os.environ["WORLD_SIZE"])
-        cfg.device = "cuda" if torch.cuda.is_available() else "cpu"
-        validate(replace(cfg, world=1, ps_servers=0))  # the world spans nodes: check only this rank's device
+        world = resolve_world(None, None)  # torchrun's world, on GPUs where there are any
+        cfg.world, cfg.device = world.size, world.device
+        validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0)))  # the world spans nodes: check only this rank's device
         check_ps_servers(cfg)
     else:
         validate(cfg)
@@ -105,9 +96,9 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     batch_per_rank and step_time_s, meta.profile = True (the predictor's input)."""
     rows = []
     for b in batches:
-        one = replace(cfg, world=1, batch_per_rank=b, checkpoint_dir=None, resume=False, log=None, progress=False)
+        one = replace(cfg, world=1, batch_per_rank=b, checkpoint=CheckpointOptions(), logging=LogOptions())
         s = summarize(one, run(one))
         rows.append({"batch_per_rank": b, "step_time_s": s["step_time_s"], "compute_s": s["compute_s"],
                      "data_s": s["data_s"], "samples_per_s": s["samples_per_s"]})
-    return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.precision,
+    return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
                     config=asdict(cfg))

@@ -5,9 +5,10 @@ from __future__ import annotations
 from dataclasses import asdict, replace
 
 from meshscale.errors import MeshscaleError
+from meshscale.execute.world import check_gpus
 from meshscale.results import Result, measured
-from meshscale.train.config import TrainConfig
-from meshscale.train.runner import check_devices, run, summarize, validate
+from meshscale.train.config import CheckpointOptions, TrainConfig
+from meshscale.train.runner import run, summarize, validate
 
 ROW_KEYS = ("world_size", "mode", "batch_per_rank", "global_batch", "step_time_s", "compute_s", "comm_s", "data_s",
             "comm_share")
@@ -17,14 +18,15 @@ def configurations(cfg: TrainConfig, worlds: list[int], weak: bool, batch: int) 
     """One config per world size: ``batch`` per rank (weak) or ``batch`` in all, split evenly (strong)."""
     if not worlds or min(worlds) < 1:
         raise MeshscaleError("give world sizes of at least 1, e.g. --cpus 1,2,4")
-    check_devices(cfg.device, max(worlds))
+    if cfg.device == "cuda":
+        check_gpus(max(worlds))
     out = []
     for n in sorted(set(worlds)):
         if not weak and batch % n:
             raise MeshscaleError(f"strong scaling: global batch {batch} is not divisible by {n} ranks; "
                                  "pick a global batch that every world size divides")
         out.append(replace(cfg, world=n, batch_per_rank=batch if weak else batch // n,
-                           checkpoint_dir=None, resume=False, log=None))
+                           checkpoint=CheckpointOptions(), logging=replace(cfg.logging, jsonl=None)))
     return out
 
 

@@ -1,17 +1,23 @@
-"""Where per-step metrics go (rank 0): a JSONL file (flushed every line, so a crash loses nothing written),
-TensorBoard when it is installed, and a rich progress bar on the terminal."""
+"""The per-step rows of a run and where they go (rank 0): a JSONL file (flushed every line, so a crash loses
+nothing written), TensorBoard when it is installed, and a rich progress bar on the terminal."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 
 class StepLog:
-    """``write(row)`` once per step; ``close()`` at the end. Every sink is optional."""
+    """``add(row, loss)`` once per step, ``flush()`` before a checkpoint and at the end, ``close()`` last.
+    ``rows`` keeps every row. A row whose loss is still a device tensor waits, so that untimed steps cost no
+    device sync: ``flush()`` reads all waiting losses with one. Every sink is optional."""
 
     def __init__(self, jsonl: str | None, tensorboard: str | None, progress: bool, total_steps: int, first_step: int,
                  title: str):
+        self.rows: list[dict[str, Any]] = []
+        self._waiting: list[tuple[dict[str, Any], torch.Tensor]] = []
         self._file = open(Path(jsonl), "a") if jsonl else None
         self._tb = None
         if tensorboard:
@@ -28,7 +34,22 @@ class StepLog:
             self._task = self._bar.add_task(title, total=total_steps, completed=first_step, info="")
             self._bar.start()
 
-    def write(self, row: dict[str, Any]) -> None:
+    def add(self, row: dict[str, Any], loss: torch.Tensor | None = None) -> None:
+        """Keep ``row``; write it now, or once ``loss`` (a tensor for its "loss") is read by `flush`."""
+        self.rows.append(row)
+        if loss is None:
+            self._write(row)
+        else:
+            self._waiting.append((row, loss))
+
+    def flush(self) -> None:
+        if self._waiting:
+            for (row, _), value in zip(self._waiting, torch.stack([v for _, v in self._waiting]).tolist()):
+                row["loss"] = value
+                self._write(row)
+            self._waiting.clear()
+
+    def _write(self, row: dict[str, Any]) -> None:
         if self._file:
             self._file.write(json.dumps(row) + "\n")
             self._file.flush()

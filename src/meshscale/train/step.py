@@ -1,0 +1,96 @@
+"""One training step: forward and backward, the gradient exchange, the optimizer update, the parameter pull
+(parameter server) — and around it, the learning rate, the batch and the step's timing."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from meshscale.train.data import Dataset
+from meshscale.train.graphed import set_lr
+from meshscale.train.timing import Clock, step_split
+
+if TYPE_CHECKING:
+    from meshscale.train.build import Trainer
+
+
+def loss_fn(kind: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    if kind == "tokens":
+        return F.cross_entropy(out.flatten(0, 1).float(), y.flatten())
+    return F.cross_entropy(out.float(), y)
+
+
+def forward_backward(t: Trainer, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss of (x, y) and its gradients (the exchange's hooks start sending them as they appear)."""
+    if not t.exchange.computes:  # a dedicated parameter server: it only takes part in the exchange
+        return torch.zeros((), device=t.device)
+    with t.autocast():
+        loss = loss_fn(t.spec.input_kind, t.exchange.model(x), y)
+    (t.scaler.scale(loss) if t.scaler is not None else loss).backward()
+    return loss
+
+
+def train_step(t: Trainer, x: torch.Tensor, y: torch.Tensor, marks: list | None = None) -> torch.Tensor:
+    """One step on (x, y); returns the loss. ``marks`` (eager timing) collects clock marks after backward, the
+    exchange, the update and the pull."""
+    t.exchange.zero_grad()
+    t.exchange.last_ready = None
+    loss = forward_backward(t, x, y)
+    _mark(t.clock, marks)
+    t.exchange.finish()
+    _mark(t.clock, marks)
+    t.exchange.update(t.scaler)
+    _mark(t.clock, marks)
+    t.exchange.pull()
+    _mark(t.clock, marks)
+    return loss
+
+
+def _mark(clock: Clock, marks: list | None) -> None:
+    if marks is not None:
+        marks.append(clock.mark())
+
+
+def run_step(t: Trainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor]:
+    """Step ``step`` at learning rate ``lr``: its row (with the loss and the time split when timing is on) and
+    its loss tensor (a CUDA graph's is overwritten by the next replay)."""
+    set_lr(t.exchange.optimizer, lr)
+    wall0 = time.perf_counter()
+    t0 = t.clock.mark()
+    x, y = t.batches.get(step)
+    if t.cfg.speed.channels_last and t.spec.input_kind == "image":
+        x = x.contiguous(memory_format=torch.channels_last)
+    t_data = t.clock.mark()
+    marks: list | None = [] if t.cfg.timing and t.graphed is None else None
+    loss = t.graphed(x, y) if t.graphed is not None else train_step(t, x, y, marks)
+    t_end = t.clock.mark()
+    row: dict[str, Any] = {"step": step, "lr": lr}
+    if t.cfg.timing:
+        t.clock.sync()
+        step_s = time.perf_counter() - wall0
+        row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=t.cfg.global_batch / step_s,
+                   **step_split(t.clock, t0, t_data, t_end, marks, t.exchange.last_ready))
+    return row, loss
+
+
+def evaluate(model: nn.Module, data: Dataset, kind: str, device: torch.device, batch: int = 256) -> dict[str, float]:
+    """Accuracy (images) and mean loss over ``data``."""
+    model.eval()
+    correct, loss_sum, n = 0, 0.0, 0
+    with torch.no_grad():
+        for start in range(0, data.n, batch):
+            idx = torch.arange(start, min(start + batch, data.n)).numpy()
+            x, y = (v.to(device) for v in data.fetch(idx))
+            out = model(x)
+            loss_sum += loss_fn(kind, out, y).item() * len(idx)
+            if kind == "image":
+                correct += (out.argmax(1) == y).sum().item()
+            n += len(idx)
+    model.train()
+    result = {"eval_loss": loss_sum / n}
+    if kind == "image":
+        result["eval_accuracy"] = correct / n
+    return result
