@@ -67,10 +67,12 @@ class CollectiveKind:
         return self.unit_bytes(n, size_bytes) // elem_bytes
 
     def unit_elems(self, rank: int, n: int, root: int, in_elems: int, out_elems: int) -> int:
-        """Elements of one unit, read off a rank's input and output tensors (a side with no units may be the
-        other side's tensor, in place: it is not read)."""
+        """Elements of one unit, read off a rank's input and output tensors: the input's when it holds units
+        (or, unsegmented, is the one buffer the call works in place), else the output's."""
         k_in = len(self.input_units(rank, n, root))
-        return in_elems // k_in if k_in else out_elems // len(self.output_units(rank, n, root))
+        if in_elems and (k_in or not self.segmented):
+            return in_elems // max(1, k_in)
+        return out_elems // max(1, len(self.output_units(rank, n, root)))
 
     def sources(self, n: int, root: int) -> dict[int, frozenset]:
         """Unit -> the ranks whose input holds it: what the unit must hold at the end wherever it is an output."""

@@ -25,14 +25,14 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.execute.torch_collectives import all_gather_flat, reduce_scatter_flat
 from meshscale.train.timing import Clock
 
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 WIRE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
-# torch 2.13 renamed the tensor collectives (the old names warn); 2.11 on the GPU machines has only the old ones.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather = all_gather_flat
+_reduce_scatter = reduce_scatter_flat
 
 
 def flat_params(params) -> torch.Tensor:
