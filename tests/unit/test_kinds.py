@@ -6,6 +6,7 @@ import math
 import pytest
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
+from meshscale.collectives.bounds import PATTERNS
 from meshscale.collectives.kinds import KINDS, NAMES, SCHEDULABLE, algbw, direct_peers, kind
 from meshscale.collectives.schedule import initial_state, input_spans, output_spans, required_state, unit_of
 from meshscale.errors import MeshscaleError
@@ -91,7 +92,7 @@ def test_in_place_views_exist(k):
 
 @pytest.mark.parametrize("k", KINDS, ids=NAMES)
 def test_execution_forms_exist(k):
-    assert k.torch_call in CALLS
+    assert k.torch_call in CALLS and k.bound in PATTERNS
     assert k.min_ranks >= 1 and set(k.places) <= {"out", "in"} and k.places
     if k.nccl_function is None:
         assert not k.reducing, "a reduction needs an NCCL call: sends and receives cannot reduce"

@@ -38,7 +38,7 @@ def _ring(topology: Topology, fabric: tuple, names: list[str], root: str) -> flo
     return min(injection, float(bisection_bandwidth(topology, names)))
 
 
-def _all_to_all(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
+def _exchange(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
     n = len(names)
     injection = min(_injection(topology, fabric, names, name) for name in names)
     return min(injection, float(bisection_bandwidth(topology, names)) * 4 * (n - 1) / n ** 2)
@@ -53,7 +53,7 @@ def _pairs(topology: Topology, fabric: tuple, names: list[str], root: str) -> fl
 
 
 # a collective's record names its traffic pattern (`CollectiveKind.bound`); see the module docstring
-PATTERNS = {"ring": _ring, "all_to_all": _all_to_all, "root": _root, "pairs": _pairs}
+PATTERNS = {"ring": _ring, "exchange": _exchange, "root": _root, "pairs": _pairs}
 
 
 def busbw_bound(topology: Topology, collective: str, ranks: list[int], root: int = 0) -> float:

@@ -44,7 +44,7 @@ class CollectiveKind:
     min_ranks: int = 1
     torch_call: str = ""  # the torch.distributed function (`meshscale.execute.torch_collectives.CALLS`)
     nccl_function: str | None = None  # NCCL's one C entry point, if any (else a group of ncclSend/ncclRecv)
-    bound: str = "ring"  # the traffic pattern `meshscale.collectives.bounds` bounds it by
+    bound: str = "ring"  # its traffic pattern in `meshscale.collectives.bounds.PATTERNS`: ring, exchange, root, pairs
     headline: bool = False  # among the collectives a short tour measures
 
     @property
@@ -133,7 +133,7 @@ KINDS: tuple[CollectiveKind, ...] = (
     CollectiveKind("all_to_all", "block (s, d) of rank s's input ends in rank d's output at s", lambda n: n * n,
                    lambda r, n, root: [r * n + d for d in range(n)], lambda r, n, root: [s * n + r for s in range(n)],
                    _ring_factor, segmented=True, chunk_per_unit=True, aliases=("alltoall",), places=("out",),
-                   torch_call="all_to_all_single", nccl_function="ncclAlltoAll", bound="all_to_all", headline=True),
+                   torch_call="all_to_all_single", nccl_function="ncclAlltoAll", bound="exchange", headline=True),
     CollectiveKind("gather", "the root ends with every rank's segment", lambda n: n, _own, _at_root(_every),
                    _ring_factor, rooted=True, segmented=True, places=("out",), torch_call="gather",
                    nccl_function="ncclGather", bound="root"),
