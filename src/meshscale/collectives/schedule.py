@@ -382,11 +382,6 @@ def describe(schedule: Schedule, max_steps: int = 20) -> str:
     return "\n".join(lines)
 
 
-def size_of(schedule: Schedule) -> dict[str, int]:
-    """Counts for summaries: steps, transfers, bytes moved."""
-    flat = schedule.transfers()
-    return {"steps": len(schedule.steps), "transfers": len(flat), "bytes_moved": sum(t.nbytes for _, t in flat)}
-
-
-__all__ = ["Chunk", "Transfer", "Step", "Schedule", "buffer_bytes", "input_spans", "output_spans", "split_bytes", "initial_state", "required_state",
-           "run_symbolic", "validate", "dependencies", "to_dict", "from_dict", "dumps", "loads", "describe", "make_chunks"]
+__all__ = ["Chunk", "Transfer", "Step", "Schedule", "buffer_bytes", "input_spans", "output_spans", "split_bytes",
+           "make_chunks", "unit_of", "initial_state", "required_state", "run_symbolic", "validate", "dependencies",
+           "to_dict", "from_dict", "dumps", "loads", "describe"]
