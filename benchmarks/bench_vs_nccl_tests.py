@@ -21,12 +21,14 @@ from pathlib import Path
 import torch
 from rich.console import Console
 
-from meshscale.bench.collective import CollectiveSpec, bench_collectives, sweep_sizes
-from meshscale.bench.formulas import NCCL_TESTS_NAMES
+from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.bench.heatmap import plot_p2p
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.tables import collective_tables, p2p_tables
 from meshscale.bench.world import World
+from meshscale.collectives.kinds import kind
+from meshscale.errors import MeshscaleError
+from meshscale.units import sweep_sizes
 
 HERE = Path(__file__).resolve().parent
 COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all", "send_recv"]
@@ -36,12 +38,14 @@ BUSBW_TOLERANCE, TIME_TOLERANCE = 0.05, 0.25
 
 def parse_nccl_tests(path: Path) -> dict[tuple[str, int, bool], dict[str, float]]:
     """{(collective, size_bytes, inplace): {time_s, algbw_bytes_per_s, busbw_bytes_per_s}} from nccl-tests output."""
-    names = {v: k for k, v in NCCL_TESTS_NAMES.items()}
     table, collective = {}, None
     for line in path.read_text().splitlines():
         if line.startswith("# Collective test starting:"):
             binary = line.split(":", 1)[1].strip().removesuffix("_perf")
-            collective = names.get(binary, binary)
+            try:
+                collective = kind(binary).name  # nccl-tests' binary names are the records' aliases
+            except MeshscaleError:
+                collective = binary
             continue
         fields = line.split()
         if line.startswith("#") or len(fields) != 13 or collective is None:
@@ -107,9 +111,9 @@ def main() -> int:
     args.outdir.mkdir(parents=True, exist_ok=True)
     console = Console(width=200, record=True)
 
-    spec = CollectiveSpec(COLLECTIVES, sweep_sizes("1K", args.max_bytes, 4), "float32", "sum", 0, ("out", "in"),
-                          warmup_iters=5, iters=20, average=1, cuda_graph=args.cuda_graph,
-                          impl=args.impl)
+    spec = CollectiveSpec(collectives=COLLECTIVES, sizes_bytes=sweep_sizes("1K", args.max_bytes, 4), dtype="float32",
+                          op="sum", root=0, places=("out", "in"), warmup_iters=5, iters=20, average=1,
+                          cuda_graph=args.cuda_graph, impl=args.impl)
     result = bench_collectives(spec, World(args.gpus, "nccl"), args.timeout_s)
     result.save(args.outdir / "bench-collective.json")
     for table in collective_tables(result):

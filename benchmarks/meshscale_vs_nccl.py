@@ -22,10 +22,11 @@ import torch.distributed as dist
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.world import resolve_world, world_topology
 from meshscale.collectives.algorithms import build
+from meshscale.collectives.kinds import kind
 from meshscale.execute import launch
-from meshscale.execute.schedule_runner import make_buffers, plan_rank, run_plan
+from meshscale.execute.schedule_runner import schedule_callable
 from meshscale.results import measured
-from meshscale.simulate import bus_factor, calibrate, predict_collective, simulate
+from meshscale.simulate import calibrate, predict_collective, simulate
 from meshscale.units import format_bytes, gbps, parse_bytes
 
 
@@ -58,12 +59,10 @@ def rank_main(ctx, ranks, sizes, algos, topo_data, warmup, iters):
                 def op():
                     dist.all_reduce(out)
             else:
-                schedule = build(impl, "all_reduce", ranks, size, topo)
-                plan = plan_rank(schedule, ctx.rank, 4)
-                buffers = make_buffers(plan, torch.float32, dev)
+                run = schedule_callable(build(impl, "all_reduce", ranks, size, topo))
 
                 def op():
-                    run_plan(plan, inp, out, buffers=buffers)
+                    run(inp, out)
             op()
             sync()
             wrong = int((out != want).sum().item())
@@ -116,7 +115,7 @@ def main() -> None:
     measured_rows = launch(rank_main, world.size, (ranks, sizes, algos, to_dict(topo), args.warmup, args.iters),
                            backend=world.backend, timeout_s=args.timeout_s)[0]
 
-    factor = bus_factor("all_reduce", world.size)
+    factor = kind("all_reduce").busbw_factor(world.size)
     rows = []
     for r in measured_rows:
         size = r["size_bytes"]

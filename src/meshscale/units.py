@@ -49,3 +49,18 @@ def parse_ints(text: str, what: str, minimum: int | None = None) -> list[int]:
     if minimum is not None and min(values) < minimum:
         raise MeshscaleError(f"{what} needs integers >= {minimum}, got {text!r}")
     return values
+
+
+def sweep_sizes(min_bytes: str | int, max_bytes: str | int, factor: int = 2) -> list[int]:
+    """min, min*factor, ... up to max (inclusive), as nccl-tests' -b/-e/-f; sizes as `parse_bytes` reads them."""
+    lo, hi = parse_bytes(min_bytes), parse_bytes(max_bytes)
+    if lo < 1:
+        raise MeshscaleError(f"--min-bytes {min_bytes} makes no sweep: use at least 1 byte")
+    if hi < lo:
+        raise MeshscaleError(f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}, which makes no sweep; swap them")
+    if factor < 2:
+        raise MeshscaleError(f"--factor {factor} makes no sweep: use 2 or more")
+    sizes = [lo]
+    while sizes[-1] * factor <= hi:
+        sizes.append(sizes[-1] * factor)
+    return sizes

@@ -11,12 +11,13 @@ import torch
 from meshscale import cli
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives, rank_sweep
-from meshscale.bench.formulas import COLLECTIVES, REDUCING, busbw_factor
+from meshscale.collectives.kinds import KINDS, NAMES as COLLECTIVES, SCHEDULABLE, kind
 from meshscale.execute import WorkerError, launch
 from meshscale.bench.world import World
 from meshscale.results import load_result
 
 SIZES = [64, 4096]  # bytes; divisible by 4 ranks x 4 bytes
+REDUCING = [k.name for k in KINDS if k.reducing]
 
 
 def _sweeps(ctx, specs):
@@ -24,14 +25,16 @@ def _sweeps(ctx, specs):
 
 
 def _specs():
-    specs = [CollectiveSpec(list(COLLECTIVES), SIZES, dtype, "sum", 1, ("out", "in"), 1, 2)
+    specs = [CollectiveSpec(collectives=list(COLLECTIVES), sizes_bytes=SIZES, dtype=dtype, op="sum", root=1,
+                            places=("out", "in"), warmup_iters=1, iters=2)
              for dtype in ("float32", "float16", "bfloat16", "int32")]
-    specs += [CollectiveSpec(list(REDUCING), SIZES[:1], "bfloat16", op, 0, ("out", "in"), 0, 1)
+    specs += [CollectiveSpec(collectives=REDUCING, sizes_bytes=SIZES[:1], dtype="bfloat16", op=op, root=0,
+                             places=("out", "in"), warmup_iters=0, iters=1)
               for op in ("prod", "min", "max")]  # avg: NCCL only (the GPU test)
-    meshscale = [c for c in COLLECTIVES if c != "send_recv"]  # executed as meshscale schedules
-    specs.append(CollectiveSpec(meshscale, SIZES[:1], "float32", "sum", 1, ("out", "in"), 0, 1, impl="meshscale"))
-    specs.append(CollectiveSpec(["all_reduce"], SIZES[:1], "int32", "sum", 0, ("in",), 0, 1, impl="meshscale",
-                                algo="halving_doubling"))
+    specs.append(CollectiveSpec(collectives=list(SCHEDULABLE), sizes_bytes=SIZES[:1], dtype="float32", op="sum", root=1,
+                                places=("out", "in"), warmup_iters=0, iters=1, impl="meshscale"))
+    specs.append(CollectiveSpec(collectives=["all_reduce"], sizes_bytes=SIZES[:1], dtype="int32", op="sum", root=0,
+                                places=("in",), warmup_iters=0, iters=1, impl="meshscale", algo="halving_doubling"))
     return specs
 
 
@@ -49,7 +52,7 @@ def test_every_collective_is_correct_and_uses_the_nccl_tests_factor(world):
         assert row["wrong"] == 0, row
         assert len(row["rank_times_s"]) == world and row["time_s"] == max(row["rank_times_s"])
         assert row["algbw_bytes_per_s"] == pytest.approx(row["size_bytes"] / row["time_s"])
-        factor = busbw_factor(row["collective"], world)
+        factor = kind(row["collective"]).busbw_factor(world)
         assert row["busbw_bytes_per_s"] == pytest.approx(row["algbw_bytes_per_s"] * factor)
 
 
@@ -73,7 +76,8 @@ def _dies_mid_sweep(ctx, spec):
 
 
 def test_rank_killed_mid_sweep_is_named_and_nobody_hangs():
-    spec = CollectiveSpec(["all_reduce", "all_gather"], [1024, 4096, 16384], iters=2, warmup_iters=1)
+    spec = CollectiveSpec(collectives=["all_reduce", "all_gather"], sizes_bytes=[1024, 4096, 16384], iters=2,
+                          warmup_iters=1)
     start = time.monotonic()
     with pytest.raises(WorkerError, match=r"rank 1 died \(exit code 9\) during all_gather 4K out-of-place"):
         launch(_dies_mid_sweep, 3, (spec,), timeout_s=15)
@@ -111,8 +115,9 @@ def test_gpu_sweep_is_correct(cuda_graph, impl):
     if n < 2:
         pytest.skip("needs 2 GPUs")
     collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
-    spec = CollectiveSpec(collectives, [n * 1024, n * (1 << 20)], "bfloat16", "avg" if not cuda_graph else "sum", 0,
-                          ("out", "in"), 2, 5, cuda_graph=cuda_graph, impl=impl)
+    spec = CollectiveSpec(collectives=collectives, sizes_bytes=[n * 1024, n * (1 << 20)], dtype="bfloat16",
+                          op="avg" if not cuda_graph else "sum", root=0, places=("out", "in"), warmup_iters=2, iters=5,
+                          cuda_graph=cuda_graph, impl=impl)
     result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
     assert {r["collective"] for r in result.rows} == set(collectives)
     assert all(r["wrong"] == 0 for r in result.rows)

@@ -1,6 +1,6 @@
 """The 8-GPU paths (issue 8) on 8 CPU workers over Gloo: the DGX-1-sized rank count works end to end."""
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
-from meshscale.bench.formulas import busbw_factor
+from meshscale.collectives.kinds import kind
 from meshscale.bench.world import World
 
 
@@ -12,4 +12,4 @@ def test_collectives_on_eight_workers_are_exact():
     assert {r["collective"] for r in result.rows} == set(spec.collectives)
     for row in result.rows:
         assert row["wrong"] == 0, row
-        assert row["busbw_bytes_per_s"] == row["algbw_bytes_per_s"] * busbw_factor(row["collective"], 8)
+        assert row["busbw_bytes_per_s"] == row["algbw_bytes_per_s"] * kind(row["collective"]).busbw_factor(8)

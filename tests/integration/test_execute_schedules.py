@@ -6,7 +6,8 @@ import torch
 import torch.distributed as dist
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
-from meshscale.collectives.schedule import COLLECTIVES, ROOTED
+from meshscale.collectives.kinds import SCHEDULABLE as COLLECTIVES
+from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.execute import launch
 from meshscale.execute.schedule_runner import run_schedule, schedule_op
@@ -65,7 +66,7 @@ def _check_all(ctx, cases, with_op=False):
     bad, ran = [], 0
     for algorithm, collective, options in cases:
         nbytes, n_in, n_out = _sizes(collective, n)
-        root = n - 1 if collective in ROOTED else 0
+        root = n - 1 if kind(collective).rooted else 0
         try:
             schedule = build(algorithm, collective, list(range(n)), nbytes, topo, root=root, **options)
         except MeshscaleError:

@@ -3,7 +3,8 @@ gives a one-line MeshscaleError."""
 import pytest
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
-from meshscale.collectives.schedule import COLLECTIVES, validate
+from meshscale.collectives.kinds import SCHEDULABLE as COLLECTIVES
+from meshscale.collectives.schedule import validate
 from meshscale.errors import MeshscaleError
 from meshscale.topology import from_dict, load_system
 

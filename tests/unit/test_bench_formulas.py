@@ -3,36 +3,38 @@ import pytest
 import torch
 
 from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case, reduced, values
-from meshscale.bench.collective import CollectiveSpec, sweep_sizes, validate
-from meshscale.bench.formulas import COLLECTIVES, bandwidths, busbw_factor, check_collective
+from meshscale.bench.collective import CollectiveSpec, validate
 from meshscale.bench.harness import reduce_times
 from meshscale.bench.world import World
 from meshscale.collectives.bounds import busbw_bound
+from meshscale.collectives.kinds import NAMES as COLLECTIVES
+from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.topology import load_system, pair_bandwidth
+from meshscale.units import sweep_sizes
 
 
 @pytest.mark.parametrize("n", [2, 4, 8])
 def test_busbw_factors_match_nccl_tests(n):
-    assert busbw_factor("all_reduce", n) == pytest.approx(2 * (n - 1) / n)
+    assert kind("all_reduce").busbw_factor(n) == pytest.approx(2 * (n - 1) / n)
     for c in ("all_gather", "reduce_scatter", "all_to_all", "gather", "scatter"):
-        assert busbw_factor(c, n) == pytest.approx((n - 1) / n)
+        assert kind(c).busbw_factor(n) == pytest.approx((n - 1) / n)
     for c in ("broadcast", "reduce", "send_recv"):
-        assert busbw_factor(c, n) == 1.0
+        assert kind(c).busbw_factor(n) == 1.0
 
 
 def test_bandwidths_reproduce_a_reference_line():
     # nccl-tests 4x H200 all_reduce, 1 GiB in 4535.96 us -> algbw 236.72, busbw 355.08 GB/s
-    algbw, busbw = bandwidths("all_reduce", 1073741824, 4535.96e-6, 4)
+    algbw, busbw = kind("all_reduce").algbw_busbw(1073741824, 4535.96e-6, 4)
     assert algbw / 1e9 == pytest.approx(236.72, abs=0.01)
     assert busbw / 1e9 == pytest.approx(355.08, abs=0.01)
 
 
 def test_collective_names():
-    assert check_collective("alltoall") == "all_to_all"
-    assert check_collective("All-Reduce") == "all_reduce"
+    assert kind("alltoall").name == "all_to_all"
+    assert kind("All-Reduce").name == "all_reduce"
     with pytest.raises(MeshscaleError, match="unknown collective"):
-        check_collective("allreduce2")
+        kind("allreduce2")
 
 
 def test_sweep_sizes():

@@ -2,7 +2,8 @@
 the library lookup fails with a clear error where there is no NCCL, and CPU workers are refused."""
 import pytest
 
-from meshscale.bench.nccl_direct import NCCL_DTYPES, NCCL_OPS, _peer_pattern, load_nccl
+from meshscale.bench.nccl_direct import NCCL_DTYPES, NCCL_OPS, load_nccl
+from meshscale.collectives.kinds import direct_peers, kind
 from meshscale.bench.cases import DTYPES, OPS
 from meshscale.errors import MeshscaleError
 
@@ -12,13 +13,13 @@ def _move(collective, world, root):
     inp = {r: [(r, k) for k in range(world)] for r in range(world)}
     sent = {}  # (src, dst) -> chunk
     for r in range(world):
-        for peer, send_at, _ in _peer_pattern(collective, r, world, root):
+        for peer, send_at, _ in direct_peers(kind(collective), r, world, root):
             if send_at is not None:
                 assert (r, peer) not in sent
                 sent[(r, peer)] = inp[r][send_at]
     out = {r: {} for r in range(world)}
     for r in range(world):
-        for peer, _, recv_at in _peer_pattern(collective, r, world, root):
+        for peer, _, recv_at in direct_peers(kind(collective), r, world, root):
             if recv_at is not None:
                 out[r][recv_at] = sent.pop((peer, r))  # a receive with no matching send raises KeyError
     assert not sent, f"sends nobody receives: {sent}"

@@ -5,7 +5,7 @@ import pytest
 from meshscale.collectives.schedule import Chunk, Schedule, Step, Transfer
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.engine import max_min_rates, run_flows
-from meshscale.simulate.metrics import bus_factor
+from meshscale.collectives.kinds import kind
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import simulate
 from meshscale.topology import from_dict, load_system, system_names
@@ -71,11 +71,11 @@ def test_dependencies_and_reduce_cost_are_respected():
 
 
 def test_bus_factors_follow_nccl_tests():
-    assert bus_factor("all_reduce", 8) == pytest.approx(1.75)
-    assert bus_factor("all_gather", 4) == pytest.approx(0.75)
-    assert bus_factor("broadcast", 8) == 1.0
+    assert kind("all_reduce").busbw_factor(8) == pytest.approx(1.75)
+    assert kind("all_gather").busbw_factor(4) == pytest.approx(0.75)
+    assert kind("broadcast").busbw_factor(8) == 1.0
     with pytest.raises(MeshscaleError):
-        bus_factor("nonsense", 2)
+        kind("nonsense")
 
 
 def test_bad_ranks_give_one_line_errors():

@@ -1,17 +1,17 @@
-"""One function per collective, in the nccl-tests spirit: allocate its buffers for one size, fill them with
-exact small integers, and say what each rank must hold afterwards.
+"""The buffers of one collective at one size on one rank, filled with exact small integers, and what each
+rank must hold afterwards: one function for every collective, read off its record
+(`meshscale.collectives.kinds`): rank r's input is its input units, its output its output units, and an
+output unit must end with the reduction over (or the one value of) the ranks whose input holds it.
 
 Inputs are integers 1..7 (prod: 1 or 2, with exactly one 2 per element across ranks; avg: multiples of the
 rank count), so sums, products and means stay exact in float16, bfloat16, float32 and int32 for up to 36
-ranks. Each element's value depends on its index, the sending rank and (where chunks travel) the chunk, so a
-chunk put in the wrong place is caught too.
+ranks. Each element's value depends on its index, the contributing rank and the unit, so a unit put in the
+wrong place is caught too.
 
-Buffer layout (``inp``, ``out``) per rank, as `meshscale.execute.schedule_runner` expects it too:
-all_reduce / broadcast / reduce: one buffer (``inp is out``: torch.distributed works in place);
-all_gather: inp = own chunk, out = all chunks; reduce_scatter: inp = all chunks, out = own chunk;
-all_to_all: inp = one chunk per destination, out = one chunk per source; gather: inp = own chunk, out = all
-chunks at the root (empty elsewhere); scatter: inp = all chunks at the root (empty elsewhere), out = own chunk;
-send_recv: inp is sent to rank+1, out receives from rank-1.
+Buffer layout (``inp``, ``out``) per rank, as `meshscale.execute.schedule_runner` expects it too: out-of-place,
+``inp`` holds the rank's input units and ``out`` its output units (either may be empty); in place, one tensor
+holds the larger side and the other side is a view of it (``inp is out`` when both are the whole buffer, as
+torch.distributed's all_reduce, broadcast and reduce work in place; a side without units is the whole tensor).
 """
 from __future__ import annotations
 
@@ -20,17 +20,12 @@ from typing import Callable, Optional
 
 import torch
 
-from meshscale.bench.formulas import SPLIT
+from meshscale.collectives.kinds import kind
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16, "int32": torch.int32}
 # nccl-tests' type names, for the table
 DTYPE_LABELS = {"float32": "float", "float16": "half", "bfloat16": "bfloat16", "int32": "int32"}
 OPS = ("sum", "prod", "min", "max", "avg")
-# torch.distributed only has in-place all_reduce, broadcast and reduce, and only out-of-place all_to_all,
-# gather, scatter and send/recv; all_gather and reduce_scatter have both (input = a chunk of the output).
-PLACES = {"all_reduce": ("in",), "broadcast": ("in",), "reduce": ("in",), "all_gather": ("out", "in"),
-          "reduce_scatter": ("out", "in"), "all_to_all": ("out",), "gather": ("out",), "scatter": ("out",),
-          "send_recv": ("out",)}
 
 
 @dataclass
@@ -68,99 +63,41 @@ def reduced(count: int, world: int, dtype: torch.dtype, op: str, device: torch.d
     return acc.to(dtype)
 
 
-def chunk_count(collective: str, size_bytes: int, world: int, elem_bytes: int) -> int:
-    """Elements in one chunk (split collectives) or in the whole buffer (others): nccl-tests' count column."""
-    return size_bytes // elem_bytes // (world if collective in SPLIT else 1)
-
-
 def make_case(collective: str, size_bytes: int, dtype_name: str, op: str, root: int, inplace: bool, rank: int,
               world: int, device: torch.device) -> Case:
     """Buffers, reset and expected result of ``collective`` at ``size_bytes`` for this rank."""
-    dtype = DTYPES[dtype_name]
-    c = chunk_count(collective, size_bytes, world, torch.empty((), dtype=dtype).element_size())
-    return _SETUPS[collective](c, dtype, op, root, inplace, rank, world, device)
+    k, dtype = kind(collective), DTYPES[dtype_name]
+    c = k.count(size_bytes, world, torch.empty((), dtype=dtype).element_size())
+    ins, outs = k.input_units(rank, world, root), k.output_units(rank, world, root)
+    fill_op = op if k.reducing else "sum"  # values of a collective without reduction are plain
+    if inplace:
+        inp, out = _in_place(ins, outs, c, dtype, device)
+    else:
+        inp, out = torch.empty(len(ins) * c, dtype=dtype, device=device), torch.empty(len(outs) * c, dtype=dtype, device=device)
+
+    def reset() -> None:
+        out.zero_()  # first: in place, the input lies in it; a result left from the last run must not pass
+        if ins:
+            inp.copy_(torch.cat([values(rank, c, world, dtype, fill_op, device, salt=u) for u in ins]))
+
+    def expected() -> torch.Tensor:
+        sources = k.sources(world, root)
+        return torch.cat([reduced(c, world, dtype, op, device, salt=u) if k.reducing
+                          else values(min(sources[u]), c, world, dtype, "sum", device, salt=u) for u in outs])
+    return Case(inp, out, reset, out, expected if outs else None)
 
 
-def _empty(n: int, dtype, device) -> torch.Tensor:
-    return torch.empty(n, dtype=dtype, device=device)
+def _in_place(ins: list[int], outs: list[int], c: int, dtype, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """One tensor over the larger side's units (they run contiguously); the other side a view at its units."""
+    whole = max(ins, outs, key=len)
+    buf = torch.empty(len(whole) * c, dtype=dtype, device=device)
 
-
-def _all_reduce(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    buf = _empty(c, dtype, device)
-    return Case(buf, buf, lambda: buf.copy_(values(rank, c, world, dtype, op, device)), buf,
-                lambda: reduced(c, world, dtype, op, device))
-
-
-def _broadcast(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    buf = _empty(c, dtype, device)
-
-    def reset():
-        if rank == root:
-            buf.copy_(values(root, c, world, dtype, "sum", device))
-        else:
-            buf.zero_()
-    return Case(buf, buf, reset, buf, lambda: values(root, c, world, dtype, "sum", device))
-
-
-def _reduce(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    buf = _empty(c, dtype, device)
-    expected = (lambda: reduced(c, world, dtype, op, device)) if rank == root else None  # others: undefined
-    return Case(buf, buf, lambda: buf.copy_(values(rank, c, world, dtype, op, device)), buf, expected)
-
-
-def _all_gather(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    out = _empty(world * c, dtype, device)
-    inp = out[rank * c:(rank + 1) * c] if inplace else _empty(c, dtype, device)
-    return Case(inp, out, lambda: inp.copy_(values(rank, c, world, dtype, "sum", device)), out,
-                lambda: torch.cat([values(r, c, world, dtype, "sum", device) for r in range(world)]))
-
-
-def _reduce_scatter(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    inp = _empty(world * c, dtype, device)
-    out = inp[rank * c:(rank + 1) * c] if inplace else _empty(c, dtype, device)
-
-    def reset():
-        inp.copy_(torch.cat([values(rank, c, world, dtype, op, device, salt=k) for k in range(world)]))
-    return Case(inp, out, reset, out, lambda: reduced(c, world, dtype, op, device, salt=rank))
-
-
-def _all_to_all(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    inp, out = _empty(world * c, dtype, device), _empty(world * c, dtype, device)
-
-    def reset():
-        inp.copy_(torch.cat([values(rank, c, world, dtype, "sum", device, salt=d) for d in range(world)]))
-    return Case(inp, out, reset, out,
-                lambda: torch.cat([values(s, c, world, dtype, "sum", device, salt=rank) for s in range(world)]))
-
-
-def _gather(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    inp, out = _empty(c, dtype, device), _empty(world * c if rank == root else 0, dtype, device)
-    expected = (lambda: torch.cat([values(r, c, world, dtype, "sum", device) for r in range(world)])) if rank == root else None
-    return Case(inp, out, lambda: inp.copy_(values(rank, c, world, dtype, "sum", device)), out, expected)
-
-
-def _scatter(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    inp, out = _empty(world * c if rank == root else 0, dtype, device), _empty(c, dtype, device)
-
-    def reset():
-        if rank == root:
-            inp.copy_(torch.cat([values(r, c, world, dtype, "sum", device, salt=1) for r in range(world)]))
-        out.zero_()
-    return Case(inp, out, reset, out, lambda: values(rank, c, world, dtype, "sum", device, salt=1))
-
-
-def _send_recv(c, dtype, op, root, inplace, rank, world, device) -> Case:
-    inp, out = _empty(c, dtype, device), _empty(c, dtype, device)
-
-    def reset():
-        inp.copy_(values(rank, c, world, dtype, "sum", device))
-        out.zero_()
-    return Case(inp, out, reset, out, lambda: values((rank - 1) % world, c, world, dtype, "sum", device))
-
-
-_SETUPS = {"all_reduce": _all_reduce, "broadcast": _broadcast, "reduce": _reduce, "all_gather": _all_gather,
-           "reduce_scatter": _reduce_scatter, "all_to_all": _all_to_all, "gather": _gather, "scatter": _scatter,
-           "send_recv": _send_recv}
+    def view(units: list[int]) -> torch.Tensor:
+        if not units or units == whole:
+            return buf
+        start = (units[0] - whole[0]) * c
+        return buf[start:start + len(units) * c]
+    return view(ins), view(outs)
 
 
 def count_wrong(case: Case, op: str, world: int) -> int:

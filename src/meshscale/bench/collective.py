@@ -13,24 +13,24 @@ from typing import Any
 
 import torch
 
-from meshscale.bench.cases import DTYPES, OPS, PLACES, chunk_count, count_wrong, make_case
-from meshscale.bench.formulas import COLLECTIVES, REDUCING, ROOTED, SPLIT, bandwidths, check_collective
+from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
 from meshscale.bench.world import World, world_topology
+from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import RankContext, launch
 from meshscale.results import Result, measured
 from meshscale.topology import Topology, to_dict
-from meshscale.units import format_bytes, parse_bytes
+from meshscale.units import format_bytes
 
 
 FIRST_OP_WARMUP = 50
 
 
-@dataclass
+@dataclass(kw_only=True)
 class CollectiveSpec:
-    """What to measure; sizes in bytes as nccl-tests counts them (see `meshscale.bench.formulas`)."""
+    """What to measure; sizes in bytes as nccl-tests counts them (see `meshscale.collectives.kinds`)."""
 
     collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
     sizes_bytes: list[int] = field(default_factory=lambda: [1 << 10])
@@ -47,26 +47,11 @@ class CollectiveSpec:
     algo: str | None = None
 
 
-def sweep_sizes(min_bytes: str | int, max_bytes: str | int, factor: int = 2) -> list[int]:
-    """min, min*factor, ... up to max (inclusive), as nccl-tests -b/-e/-f."""
-    lo, hi = parse_bytes(min_bytes), parse_bytes(max_bytes)
-    if lo < 1:
-        raise MeshscaleError(f"--min-bytes {min_bytes}: must be at least 1 byte")
-    if hi < lo:
-        raise MeshscaleError(f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}; swap them")
-    if factor < 2:
-        raise MeshscaleError(f"--factor {factor}: must be 2 or more")
-    sizes = [lo]
-    while sizes[-1] * factor <= hi:
-        sizes.append(sizes[-1] * factor)
-    return sizes
-
-
 def parse_collectives(names: list[str]) -> list[str]:
     """Canonical collective names; 'all' means every one."""
     if not names or any(n.lower() == "all" for n in names):
-        return list(COLLECTIVES)
-    return [check_collective(n) for n in names]
+        return list(NAMES)
+    return [kind(n).name for n in names]
 
 
 def validate(spec: CollectiveSpec, world: World) -> None:
@@ -80,7 +65,7 @@ def validate(spec: CollectiveSpec, world: World) -> None:
     check_average(spec.average)
     if spec.iters < 1 or spec.warmup_iters < 0:
         raise MeshscaleError("--iters must be >= 1 and --warmup-iters >= 0")
-    if spec.op == "avg" and world.backend == "gloo" and any(c in REDUCING for c in spec.collectives):
+    if spec.op == "avg" and world.backend == "gloo" and any(kind(c).reducing for c in spec.collectives):
         # Gloo rejects ReduceOp.AVG up to torch 2.7 at least, and int32 even in 2.13: refuse it everywhere
         raise MeshscaleError("--op avg needs NCCL (GPUs); Gloo does not average: use --op sum with --cpus")
     if spec.cuda_graph and world.backend != "nccl":
@@ -89,15 +74,16 @@ def validate(spec: CollectiveSpec, world: World) -> None:
         raise MeshscaleError(f"--root {spec.root} is not a rank; use 0..{world.size - 1}")
     elem = DTYPES[spec.dtype].itemsize
     for c in spec.collectives:
-        if c == "send_recv" and world.size < 2:
-            raise MeshscaleError("send_recv needs at least 2 ranks; use --cpus 2 or --gpus 2")
-        if not set(spec.places) & set(PLACES[c]):
-            raise MeshscaleError(f"{c} runs only {'in-place' if PLACES[c] == ('in',) else 'out-of-place'} in "
-                                 f"torch.distributed; use --place both or --place {PLACES[c][0]}")
-        unit = elem * (world.size if c in SPLIT else 1)
+        k = kind(c)
+        if world.size < k.min_ranks:
+            raise MeshscaleError(f"{c} needs at least {k.min_ranks} ranks; use --cpus {k.min_ranks} or --gpus {k.min_ranks}")
+        if not set(spec.places) & set(k.places):
+            raise MeshscaleError(f"{c} runs only {'in-place' if k.places == ('in',) else 'out-of-place'} in "
+                                 f"torch.distributed; use --place both or --place {k.places[0]}")
+        unit = elem * (world.size if k.segmented else 1)
         for size in spec.sizes_bytes:
             if size % unit:
-                what = f"{world.size} ranks x {elem}-byte {spec.dtype}" if c in SPLIT else f"{elem}-byte {spec.dtype}"
+                what = f"{world.size} ranks x {elem}-byte {spec.dtype}" if k.segmented else f"{elem}-byte {spec.dtype}"
                 raise MeshscaleError(f"size {size} B does not split into {what} elements for {c}; "
                                      f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
 
@@ -127,8 +113,9 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
 def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list) -> None:
     n, elem = ctx.world_size, DTYPES[spec.dtype].itemsize
     for collective in spec.collectives:
+        k = kind(collective)
         for size in spec.sizes_bytes:
-            for place in (p for p in ("out", "in") if p in spec.places and p in PLACES[collective]):
+            for place in (p for p in ("out", "in") if p in spec.places and p in k.places):
                 ctx.phase(f"{collective} {format_bytes(size)} {'in-place' if place == 'in' else 'out-of-place'}")
                 case = make_case(collective, size, spec.dtype, spec.op, spec.root, place == "in", ctx.rank, n, ctx.device)
                 if spec.impl == "native":
@@ -136,8 +123,8 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                 elif spec.impl == "nccl":
                     run_op = comm.op(collective, spec.op, spec.root)
                 else:
-                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, ctx.rank, spec.op,
-                                          spec.root, topology)
+                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, spec.op, spec.root,
+                                          topology)
                 case.reset()
                 # the sweep's first op also pays the fresh communicator's connection setup: more warm-up
                 warmup = max(spec.warmup_iters, FIRST_OP_WARMUP) if not rows and ctx.device.type == "cuda" else spec.warmup_iters
@@ -150,11 +137,11 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                     wrong = count_wrong(case, spec.op, n)
                 per_rank = all_ranks([t, wrong], ctx.device)
                 time_s = reduce_times([r[0] for r in per_rank], spec.average)
-                algbw, busbw = bandwidths(collective, size, time_s, n)
+                algbw, busbw = k.algbw_busbw(size, time_s, n)
                 rows.append({
-                    "collective": collective, "size_bytes": size, "count": chunk_count(collective, size, n, elem),
-                    "dtype": spec.dtype, "redop": spec.op if collective in REDUCING else "none",
-                    "root": spec.root if collective in ROOTED else -1, "inplace": place == "in", "time_s": time_s,
+                    "collective": collective, "size_bytes": size, "count": k.count(size, n, elem),
+                    "dtype": spec.dtype, "redop": spec.op if k.reducing else "none",
+                    "root": spec.root if k.rooted else -1, "inplace": place == "in", "time_s": time_s,
                     "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
                     "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
                     "rank_times_s": [r[0] for r in per_rank],

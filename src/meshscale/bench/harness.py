@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import MeshscaleError
+from meshscale.execute.torch_collectives import all_gather_flat
 
 AVERAGE_MODES = {0: "rank 0", 1: "mean over ranks", 2: "fastest rank", 3: "slowest rank"}
 
@@ -110,6 +111,5 @@ def all_ranks(values: list[float], device: torch.device) -> list[list[float]]:
     """Every rank's ``values`` (same length on all), on every rank: row r = rank r's."""
     mine = torch.tensor(values, dtype=torch.float64, device=device)
     every = torch.empty(dist.get_world_size() * len(values), dtype=torch.float64, device=device)
-    gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor  # new name in torch 2.13
-    gather(every, mine)
+    all_gather_flat(every, mine)
     return every.view(dist.get_world_size(), len(values)).tolist()

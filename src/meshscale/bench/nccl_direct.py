@@ -18,6 +18,7 @@ from typing import Callable
 
 import torch
 
+from meshscale.collectives.kinds import CollectiveKind, direct_peers, kind
 from meshscale.errors import MeshscaleError
 
 # nccl.h enums
@@ -107,7 +108,8 @@ class NcclComm:
         built once per buffer pair as ctypes objects and passed to functions without ``argtypes`` (whose
         per-call conversion costs about a microsecond per call), and the stream object is made once per stream.
         """
-        if collective not in _SINGLE_CALLS and collective != "send_recv":
+        k = kind(collective)
+        if k.nccl_function is None and k.reducing:
             raise MeshscaleError(f"--impl nccl has no call for {collective}")
         fast = self.fast
         stream_of, dev = torch._C._cuda_getCurrentRawStream, self.device.index  # an int: the capture stream too
@@ -120,7 +122,7 @@ class NcclComm:
             steps = plans.get(key)
             if steps is None:
                 plans.clear()
-                steps = plans[key] = self._calls(collective, op, root, inp, out)
+                steps = plans[key] = self._calls(k, op, root, inp, out)
             return steps
 
         def run(inp: torch.Tensor, out: torch.Tensor) -> None:
@@ -140,60 +142,34 @@ class NcclComm:
                 self._check(code, collective)
         return run
 
-    def _calls(self, collective: str, op: str, root: int, inp: torch.Tensor, out: torch.Tensor) -> list[tuple[Callable, tuple]]:
-        """(function, ctypes arguments up to the stream) of each C call ``collective`` makes on (inp, out)."""
+    def _calls(self, k: CollectiveKind, op: str, root: int, inp: torch.Tensor, out: torch.Tensor) -> list[tuple[Callable, tuple]]:
+        """(function, ctypes arguments up to the stream) of each C call collective ``k`` makes on (inp, out).
+        NCCL's collective calls all take (sendbuff, recvbuff, count, datatype, [op,] [root,] comm, stream),
+        count being nccl-tests' (one unit: a rank's segment, or the whole buffer)."""
         fast, comm, world = self.fast, self.comm, self.world
         dtype = NCCL_DTYPES.get(out.dtype if out.numel() else inp.dtype)
         if dtype is None:
             raise MeshscaleError(f"--impl nccl has no NCCL type for {out.dtype}")
-        i, o, t, red = inp.data_ptr(), out.data_ptr(), _I(dtype), _I(NCCL_OPS[op])
-        single = self.single_call(collective)
+        i, o, t = inp.data_ptr(), out.data_ptr(), _I(dtype)
+        count = k.unit_elems(self.rank, world, root, inp.numel(), out.numel())
+        single = self.single_call(k)
         if single is not None:
-            count = {"reduce_scatter": out.numel(), "scatter": out.numel(), "all_to_all": inp.numel() // world}
-            args = {"all_reduce": (red,), "broadcast": (_I(root),), "reduce": (red, _I(root)), "reduce_scatter": (red,),
-                    "gather": (_I(root),), "scatter": (_I(root),)}.get(collective, ())
-            return [(single, (_P(i), _P(o), _S(count.get(collective, inp.numel())), t, *args, comm))]
+            extra = ((_I(NCCL_OPS[op]),) if k.reducing else ()) + ((_I(root),) if k.rooted else ())
+            return [(single, (_P(i), _P(o), _S(count), t, *extra, comm))]
         esize = max(inp.element_size(), out.element_size())
-        chunk = (out.numel() if collective in ("scatter", "send_recv") else inp.numel()) // (world if collective == "all_to_all" else 1)
         steps = []
-        for peer, send_at, recv_at in _peer_pattern(collective, self.rank, world, root):
+        for peer, send_at, recv_at in direct_peers(k, self.rank, world, root):
             if send_at is not None:
-                steps.append((fast.ncclSend, (_P(i + send_at * chunk * esize), _S(chunk), t, _I(peer), comm)))
+                steps.append((fast.ncclSend, (_P(i + send_at * count * esize), _S(count), t, _I(peer), comm)))
             if recv_at is not None:
-                steps.append((fast.ncclRecv, (_P(o + recv_at * chunk * esize), _S(chunk), t, _I(peer), comm)))
+                steps.append((fast.ncclRecv, (_P(o + recv_at * count * esize), _S(count), t, _I(peer), comm)))
         return steps
 
-    def single_call(self, collective: str) -> Callable | None:
-        """NCCL's one entry point for ``collective``, or None where it is a group of ncclSend/ncclRecv (send_recv
-        always; all_to_all, gather and scatter before NCCL 2.28, which added ncclAlltoAll, ncclGather and
-        ncclScatter). One C call instead of a group of 2 + 2 x ranks also costs Python one call instead of many."""
-        name = _SINGLE_CALLS.get(collective)
+    def single_call(self, k: CollectiveKind) -> Callable | None:
+        """NCCL's one entry point for collective ``k``, or None where it is a group of ncclSend/ncclRecv
+        (send_recv always; all_to_all, gather and scatter before NCCL 2.28, which added ncclAlltoAll, ncclGather
+        and ncclScatter). One C call instead of a group of 2 + 2 x ranks also costs Python one call, not many."""
         try:
-            return getattr(self.fast, name) if name else None
+            return getattr(self.fast, k.nccl_function) if k.nccl_function else None
         except AttributeError:  # an older library without the symbol
             return None
-
-
-_SINGLE_CALLS = {"all_reduce": "ncclAllReduce", "broadcast": "ncclBroadcast", "reduce": "ncclReduce",
-                 "all_gather": "ncclAllGather", "reduce_scatter": "ncclReduceScatter", "all_to_all": "ncclAlltoAll",
-                 "gather": "ncclGather", "scatter": "ncclScatter"}
-
-
-def _peer_pattern(collective: str, rank: int, world: int, root: int) -> list[tuple[int, int | None, int | None]]:
-    """(peer, chunk index sent from inp or None, chunk index received into out or None) per peer, as
-    nccl-tests' alltoall / gather / scatter / sendrecv groups them."""
-    if collective == "all_to_all":
-        return [(p, p, p) for p in range(world)]
-    if collective == "gather":
-        if rank == root:
-            return [(p, 0 if p == root else None, p) for p in range(world)]
-        return [(root, 0, None)]
-    if collective == "scatter":
-        if rank == root:
-            return [(p, p, 0 if p == root else None) for p in range(world)]
-        return [(root, None, 0)]
-    if collective == "send_recv":
-        if world == 1:
-            return [(0, 0, 0)]
-        return [((rank + 1) % world, 0, None), ((rank - 1) % world, None, 0)]
-    raise MeshscaleError(f"no peer pattern for {collective}")

@@ -55,7 +55,8 @@ def collective(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
-    from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives, sweep_sizes
+    from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives
+    from meshscale.units import sweep_sizes
     from meshscale.bench.tables import collective_tables
     from meshscale.bench.world import resolve_world
 

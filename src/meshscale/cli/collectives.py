@@ -18,7 +18,7 @@ def _setup(collective: str, system: Optional[str], devices: Optional[str], gpus:
     """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
     parameters from the common options."""
     from meshscale.collectives.algorithms.base import check_ranks
-    from meshscale.collectives.schedule import COLLECTIVES
+    from meshscale.collectives.kinds import SCHEDULABLE as COLLECTIVES
     from meshscale.cli.topology import resolve_system
     from meshscale.results import load_result
     from meshscale.simulate import SimParams, calibrate, calibrate_collective
@@ -90,7 +90,8 @@ def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, redu
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)")) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen."""
-    from meshscale.simulate.plan import sim_sweep, sweep_sizes
+    from meshscale.simulate.plan import sim_sweep
+    from meshscale.units import sweep_sizes
 
     topology, ranks, params = _setup(collective, system, devices, gpus, p2p, bench)
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),

@@ -1,6 +1,6 @@
 """The busbw a collective can reach at best on a topology: the `bound` column of `meshscale bench collective`.
 
-busbw (nccl-tests, see `meshscale.bench.formulas`) is normalised so that a bandwidth-optimal algorithm over a
+busbw (nccl-tests, see `meshscale.collectives.kinds`) is normalised so that a bandwidth-optimal algorithm over a
 ring runs at the per-direction bandwidth of the ring's links, whatever the number of ranks. So the bound is a
 per-direction bandwidth, found from the topology as follows (n ranks, S = the nccl-tests size):
 
@@ -25,32 +25,45 @@ from __future__ import annotations
 
 import networkx as nx
 
+from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.topology import Topology, bisection_bandwidth, pair_bandwidth
 from meshscale.topology.queries import FABRICS
 
 _FLOW_UNIT = 1e6  # max-flow on integer MB/s, as in meshscale.topology.queries
-_RING = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce")
+
+
+def _ring(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
+    injection = min(_injection(topology, fabric, names, name) for name in names)
+    return min(injection, float(bisection_bandwidth(topology, names)))
+
+
+def _exchange(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
+    n = len(names)
+    injection = min(_injection(topology, fabric, names, name) for name in names)
+    return min(injection, float(bisection_bandwidth(topology, names)) * 4 * (n - 1) / n ** 2)
+
+
+def _root(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
+    return _injection(topology, fabric, names, root)
+
+
+def _pairs(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
+    return min(pair_bandwidth(topology, a, b) for a, b in zip(names, names[1:] + names[:1]))
+
+
+# a collective's record names its traffic pattern (`CollectiveKind.bound`); see the module docstring
+PATTERNS = {"ring": _ring, "exchange": _exchange, "root": _root, "pairs": _pairs}
 
 
 def busbw_bound(topology: Topology, collective: str, ranks: list[int], root: int = 0) -> float:
     """Upper bound, bytes/s, on the nccl-tests busbw of ``collective`` over the devices with indices ``ranks``
     (rank i on device ``ranks[i]``; ``root`` is a rank). See the module docstring for the reasoning."""
+    pattern = PATTERNS[kind(collective).bound]
     if len(ranks) < 2:
         raise MeshscaleError(f"a bandwidth bound needs at least 2 ranks, got {len(ranks)}")
     names = [topology.device(i) for i in ranks]
-    fabric = _fabric_of(topology, names)
-    if collective == "send_recv":
-        return min(pair_bandwidth(topology, a, b) for a, b in zip(names, names[1:] + names[:1]))
-    if collective in ("gather", "scatter"):
-        return _injection(topology, fabric, names, names[root])
-    injection = min(_injection(topology, fabric, names, name) for name in names)
-    n = len(names)
-    if collective in _RING:
-        return min(injection, float(bisection_bandwidth(topology, names)))
-    if collective == "all_to_all":
-        return min(injection, float(bisection_bandwidth(topology, names)) * 4 * (n - 1) / n ** 2)
-    raise MeshscaleError(f"no bound for collective {collective!r}")
+    return pattern(topology, _fabric_of(topology, names), names, names[root])
 
 
 def _fabric_of(topo: Topology, names: list[str]) -> tuple:

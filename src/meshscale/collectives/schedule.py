@@ -8,26 +8,16 @@ no root).
 
 Logical buffer and chunks. ``chunks`` partition the collective's logical buffer: ``chunks[i].id == i``, in offset
 order, contiguous, covering it exactly. Every rank keeps a working copy of the logical buffer and a chunk sits at
-the same ``offset_bytes`` on every rank. ``nbytes`` follows nccl-tests; with ``seg = nbytes / n``:
-
-- all_reduce, reduce, broadcast: the nbytes tensor itself.
-- reduce_scatter: the full nbytes input; rank r's output is segment r, ``[r*seg, (r+1)*seg)``.
-- all_gather, gather: the gathered nbytes output; rank r's input is segment r.
-- scatter: the root's nbytes input; rank r's output is segment r.
-- all_to_all: ``n * nbytes``: rank s's send buffer (nbytes) at ``s*nbytes``. It is cut into the n*n blocks
-  of ``seg`` bytes, one chunk each, chunk id ``s*n + d``: the block rank s sends to rank d. It lives at offset
-  ``d*seg`` of s's input and lands at offset ``s*seg`` of d's output (see `input_spans` / `output_spans`).
-Chunk sizes are multiples of ``meta["elem_bytes"]`` (default 4) so that an executor can use typed tensors, and
-chunks never straddle a segment.
+the same ``offset_bytes`` on every rank. The buffer's units (the whole buffer, one segment per rank, or for
+all_to_all one block per (sender s, receiver d) pair, chunk id ``s*n + d``), which units each rank's input and
+output are, and so the initial and required states, are the collective's record in
+`meshscale.collectives.kinds`. Chunk sizes are multiples of ``meta["elem_bytes"]`` (default 4) so that an
+executor can use typed tensors, and chunks never straddle a unit.
 
 Symbolic state. ``state[r][c]`` is the set of ranks whose contribution chunk c on rank r holds (empty: nothing
-valid). Initially: for all_reduce, reduce_scatter and reduce every rank holds ``{r}`` for every chunk; for
-all_gather and gather rank r holds ``{r}`` for the chunks of its segment; for broadcast and scatter the root
-holds ``{root}`` for every chunk; for all_to_all rank s holds ``{s}`` for its blocks ``s*n + d``. Required at the
-end: all_reduce: every rank, every chunk = all ranks; reduce_scatter: rank r, chunks of segment r = all ranks;
-reduce: the root, all chunks = all ranks; all_gather: every rank, chunk of segment s = ``{s}``; gather: the same
-at the root; broadcast: every rank, every chunk = ``{root}``; scatter: rank r, chunks of segment r = ``{root}``;
-all_to_all: rank d holds block ``s*n + d`` = ``{s}`` for every s. Other (rank, chunk) pairs are free.
+valid). Initially rank r holds ``{r}`` on the chunks of its input units. Required at the end: on the chunks of
+rank r's output units, the set of ranks whose input holds that unit (every rank for a reduction, the one
+source otherwise). Other (rank, chunk) pairs are free.
 
 Steps. All transfers of a step read the state from before the step (an executor receives into temporaries and
 applies them after the step). ``copy`` replaces ``state[dst][c]`` with ``state[src][c]``; ``reduce`` adds
@@ -43,12 +33,10 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from meshscale.errors import MeshscaleError, check_choice
+from meshscale.collectives.kinds import kind, schedulable
+from meshscale.errors import MeshscaleError
 from meshscale.units import format_bytes
 
-COLLECTIVES = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
-ROOTED = ("broadcast", "reduce", "gather", "scatter")
-SEGMENTED = ("all_gather", "reduce_scatter", "gather", "scatter", "all_to_all")  # nbytes splits into n segments
 OPS = ("copy", "reduce")
 SCHEMA = "meshscale-schedule/1"
 DEFAULT_ELEM_BYTES = 4
@@ -109,51 +97,36 @@ class Schedule:
         return [(i, t) for i, step in enumerate(self.steps) for t in step.transfers]
 
 
-# ---- buffer layout ---------------------------------------------------------------------------------------
+# ---- buffer layout (what each collective is: `meshscale.collectives.kinds`) -------------------------------
 
 def buffer_bytes(collective: str, n: int, nbytes: int) -> int:
     """Size of the logical buffer of a collective over n ranks with nccl-tests size ``nbytes``."""
-    return n * nbytes if collective == "all_to_all" else nbytes
+    return kind(collective).buffer_bytes(n, nbytes)
 
 
-def segment_bytes(collective: str, n: int, nbytes: int) -> int:
-    """Bytes of one rank's segment (one block for all_to_all); the whole buffer for unsegmented collectives."""
-    return nbytes // n if collective in SEGMENTED else nbytes
-
-
-def owner(schedule: Schedule, chunk: Chunk) -> int:
-    """The segment a chunk lies in (for all_to_all: the sender s of block s*n+d)."""
-    if schedule.collective == "all_to_all":
-        return chunk.offset_bytes // schedule.nbytes
-    return chunk.offset_bytes // segment_bytes(schedule.collective, schedule.n, schedule.nbytes)
+def _spans(units: list[int], unit_bytes: int) -> list[tuple[int, int]]:
+    """Units as (offset_bytes, nbytes) pieces in order, neighbouring units merged."""
+    spans: list[tuple[int, int]] = []
+    for u in units:
+        if spans and spans[-1][0] + spans[-1][1] == u * unit_bytes:
+            spans[-1] = (spans[-1][0], spans[-1][1] + unit_bytes)
+        else:
+            spans.append((u * unit_bytes, unit_bytes))
+    return spans
 
 
 def input_spans(schedule: Schedule, rank: int) -> list[tuple[int, int]]:
     """Where rank's input tensor lies in the logical buffer, as (offset_bytes, nbytes) pieces in input order;
     empty when the rank has no input (broadcast/scatter non-roots)."""
-    c, n, nb = schedule.collective, schedule.n, schedule.nbytes
-    seg = segment_bytes(c, n, nb)
-    if c in ("all_reduce", "reduce_scatter", "reduce"):
-        return [(0, nb)]
-    if c in ("all_gather", "gather"):
-        return [(rank * seg, seg)]
-    if c in ("broadcast", "scatter"):
-        return [(0, nb)] if rank == schedule.root else []
-    return [(rank * nb, nb)]  # all_to_all
+    k = kind(schedule.collective)
+    return _spans(k.input_units(rank, schedule.n, schedule.root), k.unit_bytes(schedule.n, schedule.nbytes))
 
 
 def output_spans(schedule: Schedule, rank: int) -> list[tuple[int, int]]:
     """Where rank's output tensor is read from the logical buffer at the end, in output order; empty when the
     rank has no output (reduce/gather non-roots)."""
-    c, n, nb = schedule.collective, schedule.n, schedule.nbytes
-    seg = segment_bytes(c, n, nb)
-    if c in ("all_reduce", "all_gather", "broadcast"):
-        return [(0, nb)]
-    if c in ("reduce", "gather"):
-        return [(0, nb)] if rank == schedule.root else []
-    if c in ("reduce_scatter", "scatter"):
-        return [(rank * seg, seg)]
-    return [(s * nb + rank * seg, seg) for s in range(n)]  # all_to_all: block (s, rank) for every s
+    k = kind(schedule.collective)
+    return _spans(k.output_units(rank, schedule.n, schedule.root), k.unit_bytes(schedule.n, schedule.nbytes))
 
 
 def split_bytes(nbytes: int, parts: int, elem_bytes: int = DEFAULT_ELEM_BYTES, what: str = "buffer") -> list[int]:
@@ -172,16 +145,18 @@ def split_bytes(nbytes: int, parts: int, elem_bytes: int = DEFAULT_ELEM_BYTES, w
 
 def make_chunks(collective: str, n: int, nbytes: int, pieces: int = 1,
                 elem_bytes: int = DEFAULT_ELEM_BYTES) -> list[Chunk]:
-    """The chunk layout of a collective: each of its segments (the whole buffer when unsegmented; each block
-    for all_to_all) cut into ``pieces`` chunks. Chunk ``seg * pieces + p`` is piece p of segment seg."""
-    if collective in SEGMENTED and (nbytes <= 0 or nbytes % (n * elem_bytes)):
+    """The chunk layout of a collective: each unit of its logical buffer (the whole buffer when unsegmented,
+    each segment, each all_to_all block) cut into ``pieces`` chunks. Chunk ``unit * pieces + p`` is piece p of
+    that unit."""
+    k = kind(collective)
+    if k.segmented and (nbytes <= 0 or nbytes % (n * elem_bytes)):
         raise MeshscaleError(f"{collective} of {nbytes} bytes does not split into {n} segments of whole "
                              f"{elem_bytes}-byte elements; use a multiple of {n * elem_bytes} bytes")
-    segments = n * n if collective == "all_to_all" else n if collective in SEGMENTED else 1
-    seg = segment_bytes(collective, n, nbytes)
-    sizes = split_bytes(seg, pieces, elem_bytes, f"{collective} segment" if segments > 1 else collective)
+    units = k.units(n)
+    sizes = split_bytes(k.unit_bytes(n, nbytes), 1 if k.chunk_per_unit else pieces, elem_bytes,
+                        f"{collective} segment" if units > 1 else collective)
     chunks, offset = [], 0
-    for _ in range(segments):
+    for _ in range(units):
         for size in sizes:
             chunks.append(Chunk(len(chunks), offset, size))
             offset += size
@@ -193,73 +168,61 @@ def make_chunks(collective: str, n: int, nbytes: int, pieces: int = 1,
 State = list[list[frozenset]]
 
 
+def unit_of(schedule: Schedule, chunk: Chunk) -> int:
+    """The unit of the logical buffer a chunk lies in (for all_to_all: block s*n+d)."""
+    return chunk.offset_bytes // kind(schedule.collective).unit_bytes(schedule.n, schedule.nbytes)
+
+
 def initial_state(schedule: Schedule) -> State:
-    """``state[r][c]``: the ranks whose contribution chunk c holds on rank r before the first step."""
-    c, n, root = schedule.collective, schedule.n, schedule.root
-    state: State = [[frozenset() for _ in schedule.chunks] for _ in range(n)]
-    for ch in schedule.chunks:
-        for r in range(n):
-            if c in ("all_reduce", "reduce_scatter", "reduce"):
-                state[r][ch.id] = frozenset({r})
-            elif c in ("all_gather", "gather", "all_to_all") and owner(schedule, ch) == r:
-                state[r][ch.id] = frozenset({r})
-            elif c in ("broadcast", "scatter") and r == root:
-                state[r][ch.id] = frozenset({r})
+    """``state[r][c]``: the ranks whose contribution chunk c holds on rank r before the first step: its own,
+    on the chunks of its input units."""
+    k, n = kind(schedule.collective), schedule.n
+    unit = [unit_of(schedule, ch) for ch in schedule.chunks]
+    state: State = []
+    for r in range(n):
+        mine, own = set(k.input_units(r, n, schedule.root)), frozenset({r})
+        state.append([own if u in mine else frozenset() for u in unit])
     return state
 
 
 def required_state(schedule: Schedule) -> dict[tuple[int, int], frozenset]:
-    """The (rank, chunk) -> contributions that must hold after the last step; pairs not listed are free."""
-    c, n, root = schedule.collective, schedule.n, schedule.root
-    everyone = frozenset(range(n))
+    """The (rank, chunk) -> contributions that must hold after the last step: on the chunks of a rank's output
+    units, the ranks whose input holds that unit. Pairs not listed are free."""
+    k, n, root = kind(schedule.collective), schedule.n, schedule.root
+    sources = k.sources(n, root)
+    unit = [unit_of(schedule, ch) for ch in schedule.chunks]
     need: dict[tuple[int, int], frozenset] = {}
-    for ch in schedule.chunks:
-        seg_owner = owner(schedule, ch)
-        if c == "all_reduce":
-            need.update({(r, ch.id): everyone for r in range(n)})
-        elif c == "reduce_scatter":
-            need[(seg_owner, ch.id)] = everyone
-        elif c == "reduce":
-            need[(root, ch.id)] = everyone
-        elif c == "all_gather":
-            need.update({(r, ch.id): frozenset({seg_owner}) for r in range(n)})
-        elif c == "gather":
-            need[(root, ch.id)] = frozenset({seg_owner})
-        elif c == "broadcast":
-            need.update({(r, ch.id): frozenset({root}) for r in range(n)})
-        elif c == "scatter":
-            need[(seg_owner, ch.id)] = frozenset({root})
-        else:  # all_to_all: block s*n+d must reach d
-            need[(ch.id % n, ch.id)] = frozenset({seg_owner})
+    for r in range(n):
+        mine = set(k.output_units(r, n, root))
+        need.update({(r, c): sources[u] for c, u in enumerate(unit) if u in mine})
     return need
 
 
 def _check_shape(s: Schedule) -> None:
     """Structure: names, ranks, chunk layout, transfer fields. Raises on the first problem."""
-    check_choice(s.collective, COLLECTIVES, "collective")
+    ck = schedulable(s.collective)
     n = s.n
     if n < 1 or len(set(s.ranks)) != n:
         raise MeshscaleError(f"schedule ranks {s.ranks} must be a non-empty list of distinct devices")
-    if s.collective in ROOTED:
+    if ck.rooted:
         if s.root is None or not 0 <= s.root < n:
             raise MeshscaleError(f"{s.collective} needs a root rank in 0..{n - 1}, got {s.root}")
     if s.nbytes <= 0:
         raise MeshscaleError(f"schedule size must be positive, got {s.nbytes} bytes")
-    seg = segment_bytes(s.collective, n, s.nbytes)
-    if s.collective in SEGMENTED and s.nbytes % n:
+    if ck.segmented and s.nbytes % n:
         raise MeshscaleError(f"{s.collective} of {s.nbytes} bytes does not split into {n} equal segments; use a multiple of {n}")
+    unit = ck.unit_bytes(n, s.nbytes)
     offset = 0
     for i, ch in enumerate(s.chunks):
         if ch.id != i or ch.offset_bytes != offset or ch.nbytes <= 0:
             raise MeshscaleError(f"chunk {i} ({ch}) breaks the layout: ids 0.., contiguous offsets, positive sizes")
-        if ch.nbytes % s.elem_bytes or (s.collective in SEGMENTED and ch.offset_bytes // seg != (ch.offset_bytes + ch.nbytes - 1) // seg):
+        if ch.nbytes % s.elem_bytes or ch.offset_bytes // unit != (ch.offset_bytes + ch.nbytes - 1) // unit:
             raise MeshscaleError(f"chunk {i} ({ch}) is not whole elements of {s.elem_bytes} bytes inside one segment")
         offset += ch.nbytes
-    if offset != buffer_bytes(s.collective, n, s.nbytes):
-        raise MeshscaleError(f"chunks cover {offset} bytes but the {s.collective} buffer has "
-                             f"{buffer_bytes(s.collective, n, s.nbytes)}")
-    if s.collective == "all_to_all" and len(s.chunks) != n * n:
-        raise MeshscaleError(f"all_to_all needs exactly n*n = {n * n} chunks (one per block), got {len(s.chunks)}")
+    if offset != ck.buffer_bytes(n, s.nbytes):
+        raise MeshscaleError(f"chunks cover {offset} bytes but the {s.collective} buffer has {ck.buffer_bytes(n, s.nbytes)}")
+    if ck.chunk_per_unit and len(s.chunks) != ck.units(n):
+        raise MeshscaleError(f"{s.collective} needs exactly one chunk per block ({ck.units(n)}), got {len(s.chunks)}")
     for k, step in enumerate(s.steps):
         for t in step.transfers:
             where = f"step {k}: transfer {t.src}->{t.dst} chunk {t.chunk}"
@@ -419,12 +382,6 @@ def describe(schedule: Schedule, max_steps: int = 20) -> str:
     return "\n".join(lines)
 
 
-def size_of(schedule: Schedule) -> dict[str, int]:
-    """Counts for summaries: steps, transfers, bytes moved."""
-    flat = schedule.transfers()
-    return {"steps": len(schedule.steps), "transfers": len(flat), "bytes_moved": sum(t.nbytes for _, t in flat)}
-
-
-__all__ = ["COLLECTIVES", "ROOTED", "SEGMENTED", "Chunk", "Transfer", "Step", "Schedule", "buffer_bytes",
-           "segment_bytes", "input_spans", "output_spans", "split_bytes", "initial_state", "required_state",
-           "run_symbolic", "validate", "dependencies", "to_dict", "from_dict", "dumps", "loads", "describe", "make_chunks"]
+__all__ = ["Chunk", "Transfer", "Step", "Schedule", "buffer_bytes", "input_spans", "output_spans", "split_bytes",
+           "make_chunks", "unit_of", "initial_state", "required_state", "run_symbolic", "validate", "dependencies",
+           "to_dict", "from_dict", "dumps", "loads", "describe"]

@@ -318,8 +318,6 @@ def tree_packing(collective: str, ranks: list[int], nbytes: int, topology: Topol
     proportion to its rate, cut into ``pieces`` pipelined pieces."""
     if topology is None:
         raise MeshscaleError("tree_packing needs a topology to pack trees on; give --system or use binomial")
-    if collective not in ("broadcast", "reduce", "all_reduce"):
-        raise MeshscaleError(f"algorithm tree_packing cannot do {collective}; it supports broadcast, reduce, all_reduce")
     n = len(ranks)
     root = check_root(collective, root, n)
     packing = pack_trees(topology, ranks, root, both_directions=collective == "all_reduce")

@@ -14,6 +14,7 @@ from typing import Callable
 import torch
 import torch.distributed as dist
 
+from meshscale.collectives.algorithms import build
 from meshscale.collectives.schedule import Schedule, buffer_bytes, input_spans, output_spans
 from meshscale.errors import MeshscaleError
 
@@ -125,34 +126,33 @@ def _copy_spans(spans: list[tuple[int, int]], elem_size: int, tensor: torch.Tens
         pos += n
 
 
-def run_schedule(schedule: Schedule, inp: torch.Tensor, out: torch.Tensor, group=None) -> None:
-    """Run ``schedule`` on this process (its rank in ``group`` is its schedule rank): one call, no reuse."""
-    rank = dist.get_rank(group)
-    run_plan(plan_rank(schedule, rank, inp.element_size()), inp, out, group)
-
-
-def schedule_op(collective: str, ranks: list[int], nbytes: int, algo: str = "ring", topology=None, *, root: int = 0,
-                params=None, **options) -> Callable[[torch.Tensor, torch.Tensor], None]:
-    """One collective of meshscale's ``algo`` schedule as a callable ``op(tensor_in, tensor_out)`` for this
-    process (its rank in the default group is its schedule rank), e.g. for `bench collective --impl meshscale`.
-    ``algo`` "auto" asks the simulator for the fastest schedule on ``topology``. Tensors are 1-D and
-    contiguous with the sizes of the collective (see `collectives.schedule`); the plan and buffers are built
-    on the first call and reused."""
-    if algo == "auto":
-        from meshscale.simulate.auto import choose  # sibling layer, imported only when asked
-        schedule = choose(topology, collective, ranks, nbytes, params=params, root=root).schedule
-    else:
-        from meshscale.collectives.algorithms import build
-        schedule = build(algo, collective, ranks, nbytes, topology, root=root, **options)
+def schedule_callable(schedule: Schedule, group=None) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """``schedule`` as a callable ``op(tensor_in, tensor_out)`` for this process (its rank in ``group`` is its
+    schedule rank). Tensors are 1-D and contiguous with the sizes of the collective (see
+    `collectives.schedule`); the rank's plan and buffers are built on the first call and reused. ``op.schedule``
+    is the schedule, for callers that report its algorithm or channels."""
     state: dict = {}
 
     def op(tensor_in: torch.Tensor, tensor_out: torch.Tensor) -> None:
         key = (tensor_in.dtype, tensor_in.device)
         if key not in state:
-            plan = plan_rank(schedule, dist.get_rank(), tensor_in.element_size())
+            plan = plan_rank(schedule, dist.get_rank(group), tensor_in.element_size())
             state[key] = (plan, make_buffers(plan, tensor_in.dtype, tensor_in.device))
         plan, buffers = state[key]
-        run_plan(plan, tensor_in, tensor_out, buffers=buffers)
+        run_plan(plan, tensor_in, tensor_out, group, buffers)
 
-    op.schedule = schedule  # for callers that report the algorithm, channels or predicted time
+    op.schedule = schedule
     return op
+
+
+def run_schedule(schedule: Schedule, inp: torch.Tensor, out: torch.Tensor, group=None) -> None:
+    """Run ``schedule`` on this process (its rank in ``group`` is its schedule rank): one call, no reuse."""
+    schedule_callable(schedule, group)(inp, out)
+
+
+def schedule_op(collective: str, ranks: list[int], nbytes: int, algo: str = "ring", topology=None, *, root: int = 0,
+                **options) -> Callable[[torch.Tensor, torch.Tensor], None]:
+    """`schedule_callable` of meshscale's algorithm ``algo`` for ``collective`` over device indices ``ranks``
+    (options as `meshscale.collectives.algorithms.build`). To run the simulator's choice, choose the schedule
+    first (`meshscale.simulate.choose`) and pass it to `schedule_callable`."""
+    return schedule_callable(build(algo, collective, ranks, nbytes, topology, root=root, **options))

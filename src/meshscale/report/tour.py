@@ -19,10 +19,11 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, measured
 
-COLLECTIVES = ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"]
+COLLECTIVES = [k.name for k in KINDS if k.headline]
 
 
 @dataclass
@@ -129,7 +130,7 @@ def _bytes(text: str) -> int:
 def collective_stage(state: TourState) -> dict[str, Result]:
     spec_type = need("meshscale.bench.collective", "CollectiveSpec")
     bench_collectives = need("meshscale.bench.collective", "bench_collectives")
-    from meshscale.bench.collective import sweep_sizes
+    from meshscale.units import sweep_sizes
     s, n = state.settings, state.world.size
     collectives = COLLECTIVES[:2] if s.fast else COLLECTIVES
     if s.fast:

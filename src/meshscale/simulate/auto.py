@@ -6,8 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
-from meshscale.collectives.schedule import COLLECTIVES, Schedule
-from meshscale.errors import MeshscaleError, check_choice
+from meshscale.collectives.kinds import schedulable
+from meshscale.collectives.schedule import Schedule
+from meshscale.errors import MeshscaleError
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
@@ -37,7 +38,7 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
            root: int = 0, algorithms: list[str] | None = None) -> Choice:
     """Simulate the candidates for ``collective`` of ``nbytes`` over ``ranks`` (device indices) and return the
     fastest. ``algorithms`` limits the candidates (default: every registered one that does the collective)."""
-    check_choice(collective, COLLECTIVES, "collective")
+    collective = schedulable(collective).name
     params = params or SimParams()
     names = algorithms or [a for a, algo in ALGORITHMS.items() if collective in algo.collectives]
     skipped: dict[str, str] = {}
@@ -86,15 +87,21 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
     return Choice(results[0][1], results[0][0], [r for r, _ in results], skipped, pruned)
 
 
+def choose_and_simulate(topology: Topology, collective: str, ranks: list[int], nbytes: int,
+                        algorithm: str = "auto", params: SimParams | None = None, root: int = 0, **options) -> Choice:
+    """The schedule of ``algorithm`` with its prediction; "auto": the fastest candidate (`choose`)."""
+    if algorithm == "auto":
+        return choose(topology, collective, ranks, nbytes, params, root)
+    schedule = build(algorithm, collective, ranks, nbytes, topology, root=root, **options)
+    result = simulate(schedule, topology, params)
+    result.detail = f"{algorithm}, {schedule.channels} channel(s)"
+    return Choice(schedule, result, [result])
+
+
 def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
                        params: SimParams | None = None, root: int = 0, **options) -> SimResult:
     """Predicted time and bandwidth of one collective (``algorithm`` "auto": the fastest candidate). Sizes that
     do not split into whole 4-byte elements per rank are rounded up, as frameworks pad gradient buckets."""
     step = 4 * len(ranks)
     nbytes = max(step, -(-int(nbytes) // step) * step)
-    if algorithm == "auto":
-        return choose(topology, collective, ranks, nbytes, params, root).result
-    schedule = build(algorithm, collective, ranks, nbytes, topology, root=root, **options)
-    result = simulate(schedule, topology, params)
-    result.detail = f"{algorithm}, {schedule.channels} channel(s)"
-    return result
+    return choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params, root, **options).result

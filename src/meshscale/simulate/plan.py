@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from meshscale.collectives.algorithms import build
 from meshscale.collectives.bounds import busbw_bound
-from meshscale.collectives.schedule import ROOTED, SEGMENTED, Schedule
+from meshscale.collectives.kinds import kind
+from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate.auto import Choice, choose
+from meshscale.simulate.auto import choose_and_simulate
 from meshscale.simulate.params import SimParams
-from meshscale.simulate.sim import SimResult, simulate
+from meshscale.simulate.sim import SimResult
 from meshscale.topology import Topology
 from meshscale.units import format_bytes, gbps
 
@@ -32,14 +32,7 @@ class Plan:
 def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
          root: int = 0, params: SimParams | None = None) -> Plan:
     """Choose (``algorithm`` "auto") or build the schedule and predict it; raises one-line errors on bad input."""
-    params = params or SimParams()
-    if algorithm == "auto":
-        choice = choose(topology, collective, ranks, nbytes, params, root)
-    else:
-        schedule = build(algorithm, collective, ranks, nbytes, topology, root=root)
-        result = simulate(schedule, topology, params)
-        result.detail = f"{algorithm}, {schedule.channels} channel(s)"
-        choice = Choice(schedule, result, [result])
+    choice = choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params or SimParams(), root)
     try:
         bound = busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None
     except MeshscaleError:
@@ -79,32 +72,21 @@ def format_plan(p: Plan, max_candidates: int = 8) -> str:
     return "\n".join(lines)
 
 
-def sweep_sizes(min_bytes: int, max_bytes: int, factor: int = 2) -> list[int]:
-    """Sizes from min to max, each ``factor`` times the last (nccl-tests' -b -e -f)."""
-    if min_bytes <= 0 or max_bytes < min_bytes or factor < 2:
-        raise MeshscaleError(f"sizes {min_bytes}..{max_bytes} with factor {factor} make no sweep; "
-                             "use 0 < --min-bytes <= --max-bytes and --factor >= 2")
-    sizes, size = [], min_bytes
-    while size <= max_bytes:
-        sizes.append(size)
-        size *= factor
-    return sizes
-
-
 def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list[int], algorithm: str = "auto",
               root: int = 0, params: SimParams | None = None) -> Result:
     """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True).
     Sizes that do not split over the ranks are rounded down to a multiple of 4 bytes per rank (and said so)."""
     params = params or SimParams()
     rows = []
-    step = 4 * len(ranks) if collective in SEGMENTED else 4
+    k, n = kind(collective), len(ranks)
+    step = 4 * n if k.segmented else 4
     for size in sizes:
         nbytes = max(step, size // step * step)
         p = plan(topology, collective, ranks, nbytes, algorithm, root, params)
         r = p.result
-        rows.append({"collective": collective, "size_bytes": nbytes, "count": nbytes // 4 // (len(ranks) if collective in SEGMENTED else 1),
-                     "dtype": "float32", "redop": "sum" if collective in ("all_reduce", "reduce_scatter", "reduce") else "none",
-                     "root": root if collective in ROOTED else -1, "time_s": r.time_s,
+        rows.append({"collective": k.name, "size_bytes": nbytes, "count": k.count(nbytes, n, 4),
+                     "dtype": "float32", "redop": "sum" if k.reducing else "none",
+                     "root": root if k.rooted else -1, "time_s": r.time_s,
                      "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
                      "algorithm": r.detail or r.algorithm, "bound_busbw_bytes_per_s": p.bound_busbw_bytes_per_s,
                      "bottleneck": r.bottleneck.name if r.bottleneck else None})

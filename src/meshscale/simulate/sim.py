@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from meshscale.collectives.kinds import kind
 from meshscale.collectives.schedule import Schedule, dependencies
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.engine import FlowRun, resources, run_flows
-from meshscale.simulate.metrics import algbw, bus_factor
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
 
@@ -149,7 +149,6 @@ def _result(schedule: Schedule, run: FlowRun, params: SimParams) -> SimResult:
         busy = float(run.resource_bytes[j] / run.capacity_bytes_per_s[j])
         links.append(LinkUse(run.resource_names[j], run.resource_kinds[j], float(run.resource_bytes[j]),
                              float(run.capacity_bytes_per_s[j]), busy / time_s if time_s > 0 else 0.0, busy))
-    alg = algbw(schedule.nbytes, time_s) if time_s < float("inf") else 0.0
-    return SimResult(schedule.collective, schedule.algorithm, list(schedule.ranks), schedule.nbytes, time_s, alg,
-                     alg * bus_factor(schedule.collective, schedule.n), links, sum(len(s.transfers) for s in schedule.steps),
-                     schedule.channels, params.source)
+    alg, bus = kind(schedule.collective).algbw_busbw(schedule.nbytes, time_s, schedule.n)
+    return SimResult(schedule.collective, schedule.algorithm, list(schedule.ranks), schedule.nbytes, time_s, alg, bus,
+                     links, sum(len(s.transfers) for s in schedule.steps), schedule.channels, params.source)

@@ -25,14 +25,11 @@ import torch.distributed as dist
 import torch.nn as nn
 
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.execute.torch_collectives import all_gather_flat, reduce_scatter_flat
 from meshscale.train.config import MODES, AllreduceOptions, DdpOptions, PsOptions
 from meshscale.train.timing import Clock
 
 WIRE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-
-# torch 2.13 renamed the tensor collectives (the old names warn); 2.11 on the GPU machines has only the old ones.
-_all_gather = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-_reduce_scatter = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
 
 
 def flat_params(params) -> torch.Tensor:
@@ -229,7 +226,7 @@ class PSExchange(Exchange):
         self.flat_grad.div_(self.workers)
         if not self.dedicated:
             grad = torch.empty_like(self.owned)
-            _reduce_scatter(grad, self.flat_grad)
+            reduce_scatter_flat(grad, self.flat_grad)
             self.owned.grad = grad
             return
         for slot, server in enumerate(self.server_ranks):
@@ -245,7 +242,7 @@ class PSExchange(Exchange):
         gathered = torch.empty_like(self.flat_grad)
         # from a copy: the next update may change the owned slice while this pull is in flight
         if not self.dedicated:
-            works = [_all_gather(gathered, self.owned.detach().clone(), async_op=True)]
+            works = [all_gather_flat(gathered, self.owned.detach().clone(), async_op=True)]
         else:
             if self.owned is not None:
                 self._slice(gathered, self.slot).copy_(self.owned.detach())

@@ -10,7 +10,8 @@ from typing import Callable
 
 from meshscale.collectives.algorithms import chain, dbtree, direct, halving_doubling, hierarchical, ring, tree
 from meshscale.collectives.algorithms.base import check_ranks
-from meshscale.collectives.schedule import COLLECTIVES, Schedule
+from meshscale.collectives.kinds import schedulable
+from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import Topology
 
@@ -57,7 +58,7 @@ def build(algorithm: str, collective: str, ranks: list[int], nbytes: int, topolo
           **options) -> Schedule:
     """The schedule of ``algorithm`` for ``collective`` over ``ranks`` (device indices of ``topology``; any
     distinct integers when it is None). Raises MeshscaleError with a one-line reason when it does not apply."""
-    check_choice(collective, COLLECTIVES, "collective")
+    collective = schedulable(collective).name
     check_choice(algorithm, ALGORITHMS, "algorithm")
     algo = ALGORITHMS[algorithm]
     if collective not in algo.collectives:

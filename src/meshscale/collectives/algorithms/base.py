@@ -7,8 +7,8 @@ from collections import defaultdict
 
 import networkx as nx
 
-from meshscale.collectives.schedule import (DEFAULT_ELEM_BYTES, ROOTED, Chunk, Schedule, Step, Transfer,
-                                            make_chunks, validate)
+from meshscale.collectives.kinds import kind
+from meshscale.collectives.schedule import DEFAULT_ELEM_BYTES, Chunk, Schedule, Step, Transfer, make_chunks, validate
 from meshscale.errors import MeshscaleError
 from meshscale.topology import Topology
 
@@ -32,7 +32,7 @@ class Builder:
         if elem_bytes != DEFAULT_ELEM_BYTES:
             meta["elem_bytes"] = elem_bytes
         s = Schedule(collective, algorithm, list(ranks), nbytes, self.chunks, steps,
-                     root if collective in ROOTED else None, channels, meta)
+                     root if kind(collective).rooted else None, channels, meta)
         validate(s)  # an algorithm bug must never reach the simulator or a GPU
         return s
 
@@ -52,7 +52,7 @@ def check_ranks(ranks: list[int], topology: Topology | None) -> list[int]:
 
 
 def check_root(collective: str, root: int, n: int) -> int:
-    if collective in ROOTED and not 0 <= root < n:
+    if kind(collective).rooted and not 0 <= root < n:
         raise MeshscaleError(f"root rank {root} is outside 0..{n - 1}; give the root as a rank position")
     return root
 
@@ -73,17 +73,22 @@ def rotate(order: list[int], first: int) -> list[int]:
     return order[i:] + order[:i]
 
 
+def rooted_line(collective: str, order: list[int], root: int) -> list[int]:
+    """``order`` as a line along which a rooted collective's data flows: from the root first when the root
+    sends (broadcast, scatter), to the root last when it receives (reduce, gather)."""
+    line = rotate(order, root)
+    return line if kind(collective).from_root else line[1:] + [root]
+
+
 def layout(collective: str, n: int, nbytes: int, blocks: int, pieces: int, elem_bytes: int):
     """Chunks and their ids by block: ``ids[b][k]`` are the chunks of block b for channel/part k of ``pieces``.
-    Segmented collectives have n blocks (their segments); others cut the buffer into ``blocks`` blocks."""
-    if collective == "all_to_all":
-        chunks = make_chunks(collective, n, nbytes, 1, elem_bytes)
-        return chunks, [[c.id] for c in chunks]
-    if collective in ("all_gather", "reduce_scatter", "gather", "scatter"):
-        chunks = make_chunks(collective, n, nbytes, pieces, elem_bytes)
-        blocks = n
-    else:
-        chunks = make_chunks(collective, n, nbytes, blocks * pieces, elem_bytes)
+    A collective whose buffer has several units (segments, all_to_all blocks) has one block per unit; others
+    cut the buffer into ``blocks`` blocks."""
+    k = kind(collective)
+    units = k.units(n)
+    if units > 1:
+        blocks, pieces = units, 1 if k.chunk_per_unit else pieces
+    chunks = make_chunks(collective, n, nbytes, blocks * pieces if units == 1 else pieces, elem_bytes)
     return chunks, [[b * pieces + q for q in range(pieces)] for b in range(blocks)]
 
 
@@ -119,9 +124,4 @@ def host_groups(ranks: list[int], topology: Topology | None) -> list[list[int]]:
     return list(groups.values())
 
 
-def unsupported(algorithm: str, collective: str, supported: tuple[str, ...]) -> MeshscaleError:
-    return MeshscaleError(f"algorithm {algorithm} cannot do {collective}; it supports {', '.join(supported)}")
-
-
-__all__ = ["Builder", "check_ranks", "check_root", "positions", "rotate", "layout", "is_switched", "host_groups",
-           "unsupported"]
+__all__ = ["Builder", "check_ranks", "check_root", "positions", "rotate", "layout", "is_switched", "host_groups"]

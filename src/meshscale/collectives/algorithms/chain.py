@@ -2,7 +2,8 @@
 approaches N/B for many pieces whatever the length (DOMAIN.md). Also the rooted phases of the ring algorithm."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate, unsupported
+from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rooted_line
+from meshscale.collectives.kinds import kind
 
 SUPPORTS = ("broadcast", "reduce", "all_reduce", "gather", "scatter", "all_gather", "reduce_scatter")
 
@@ -50,15 +51,11 @@ def chain(collective: str, ranks: list[int], nbytes: int, topology, *, order=Non
           pieces: int = 1, elem_bytes: int = 4, **_):
     """Pipelined chain along ``order`` (device indices; default the rank order rotated to the root).
     all_reduce = reduce down the chain, then broadcast back; all_gather / reduce_scatter go through the end."""
-    if collective not in SUPPORTS:
-        raise unsupported("chain", collective, SUPPORTS)
     n = len(ranks)
     root = check_root(collective, root, n)
     line = positions(ranks, order)
-    if collective in ("broadcast", "scatter"):
-        line = rotate(line, root)
-    elif collective in ("reduce", "gather"):  # data flows to the root: put it last
-        line = rotate(line, root)[1:] + [root]
+    if kind(collective).rooted:
+        line = rooted_line(collective, line, root)
     chunks, ids = layout(collective, n, nbytes, 1, pieces, elem_bytes)
     bld = Builder(chunks)
     every = [c for block in ids for c in block]

@@ -3,7 +3,7 @@ count) or shifted by one (odd count) so most ranks are inner nodes in one tree a
 tree carries half the buffer, in pieces pipelined up (reduce) and down (broadcast) the tree."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, unsupported
+from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions
 
 SUPPORTS = ("all_reduce", "broadcast", "reduce")
 
@@ -71,8 +71,6 @@ def tree_bcast(b: Builder, start: int, parent: dict[int, int], chunks: list[int]
 def double_binary_tree(collective: str, ranks: list[int], nbytes: int, topology, *, order=None, root: int = 0,
                        pieces: int = 1, elem_bytes: int = 4, **_):
     """Two trees over the ranks other than ``root`` (all_reduce: rank 0), each with half the buffer."""
-    if collective not in SUPPORTS:
-        raise unsupported("double_binary_tree", collective, SUPPORTS)
     n = len(ranks)
     root = check_root(collective, root, n)
     others = [p for p in positions(ranks, order) if p != root]

@@ -4,7 +4,7 @@ the one-shot: everyone reads everyone's buffer). ``two_shot`` all_reduce: a dire
 sums one block), then a direct all-gather of the sums, moving 2(n-1)/n of the buffer per rank, not n-1."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, is_switched, layout, unsupported
+from meshscale.collectives.algorithms.base import Builder, check_root, is_switched, layout
 from meshscale.errors import MeshscaleError
 
 SUPPORTS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -65,9 +65,7 @@ def direct(collective: str, ranks: list[int], nbytes: int, topology, *, root: in
     return bld.schedule(collective, algorithm, ranks, nbytes, root, elem_bytes=elem_bytes)
 
 
-def _need_switch(name: str, collective: str, ranks: list[int], topology) -> None:
-    if collective != "all_reduce":
-        raise unsupported(name, collective, ("all_reduce",))
+def _need_switch(name: str, ranks: list[int], topology) -> None:
     switched, why = is_switched(ranks, topology)
     if not switched:
         raise MeshscaleError(f"{name} needs ranks that talk through a switch, but {why}; use ring or a tree")
@@ -75,13 +73,13 @@ def _need_switch(name: str, collective: str, ranks: list[int], topology) -> None
 
 def one_shot(collective: str, ranks: list[int], nbytes: int, topology, **options):
     """The one-shot all_reduce of switched systems: every rank adds in every other rank's buffer."""
-    _need_switch("one_shot", collective, ranks, topology)
+    _need_switch("one_shot", ranks, topology)
     return direct(collective, ranks, nbytes, topology, **{**options, "algorithm": "one_shot"})
 
 
 def two_shot(collective: str, ranks: list[int], nbytes: int, topology, *, pieces: int = 1, elem_bytes: int = 4, **_):
     """Two-shot all_reduce: direct reduce-scatter of n blocks, then direct all-gather of the sums."""
-    _need_switch("two_shot", collective, ranks, topology)
+    _need_switch("two_shot", ranks, topology)
     n = len(ranks)
     chunks, ids = layout(collective, n, nbytes, n, pieces, elem_bytes)
     bld = Builder(chunks)

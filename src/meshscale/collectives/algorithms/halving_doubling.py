@@ -4,7 +4,7 @@ of two, the standard pre/post step: the first 2r ranks (r = n - 2^floor(log2 n))
 its data into the even one before and gets the result back after."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate, unsupported
+from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate
 from meshscale.collectives.algorithms.tree import binomial_gather, binomial_scatter
 
 SUPPORTS = ("all_reduce", "reduce_scatter", "all_gather", "broadcast", "reduce")
@@ -66,8 +66,6 @@ def _pairs(b: Builder, step: int, pairs: list[tuple[int, int]], chunks_of, op: s
 def halving_doubling(collective: str, ranks: list[int], nbytes: int, topology, *, order=None, root: int = 0,
                      pieces: int = 1, elem_bytes: int = 4, **_):
     """Rabenseifner's algorithm; broadcast = binomial scatter + all-gather, reduce = reduce-scatter + gather."""
-    if collective not in SUPPORTS:
-        raise unsupported("halving_doubling", collective, SUPPORTS)
     n = len(ranks)
     root = check_root(collective, root, n)
     base = positions(ranks, order)

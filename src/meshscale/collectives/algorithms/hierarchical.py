@@ -9,6 +9,7 @@ from __future__ import annotations
 from meshscale.collectives.algorithms.base import Builder, check_root, host_groups, layout, rotate
 from meshscale.collectives.algorithms.ring import ring_all_gather, ring_reduce_scatter
 from meshscale.collectives.algorithms.tree import binomial_bcast, binomial_gather, binomial_reduce, binomial_scatter
+from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 
 SUPPORTS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
@@ -39,8 +40,7 @@ def hierarchical(collective: str, ranks: list[int], nbytes: int, topology, *, gr
     n = len(ranks)
     root = check_root(collective, root, n)
     parts = _groups(ranks, topology, groups)
-    lead = [root if root in g else g[0] for g in parts] if collective in ("broadcast", "reduce", "gather", "scatter") \
-        else [g[0] for g in parts]
+    lead = [root if root in g and kind(collective).rooted else g[0] for g in parts]
     members = [rotate(g, l) for g, l in zip(parts, lead)]  # leader first
     G, sizes = len(parts), {len(g) for g in parts}
     meta = {"groups": [[ranks[p] for p in g] for g in members]}

@@ -4,9 +4,8 @@ each other one step apart (pipelining). Several rings (channels) each carry thei
 by side; `bidirectional` adds each ring reversed. Rooted collectives run as a pipelined chain along the ring."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate
+from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rooted_line
 from meshscale.collectives.algorithms.chain import chain_bcast, chain_gather, chain_reduce, chain_scatter
-from meshscale.errors import MeshscaleError
 
 SUPPORTS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "gather", "scatter", "all_to_all")
 
@@ -79,17 +78,15 @@ def ring(collective: str, ranks: list[int], nbytes: int, topology, *, rings=None
             ring_reduce_scatter(bld, 0, order, by_pos, k)
         elif collective == "all_gather":
             ring_all_gather(bld, 0, order, by_pos, k)
-        elif collective == "broadcast":
-            chain_bcast(bld, 0, rotate(order, root), every, k)
-        elif collective == "reduce":
-            chain_reduce(bld, 0, rotate(order, root)[1:] + [root], every, k)
-        elif collective == "gather":
-            line = rotate(order, root)[1:] + [root]
-            chain_gather(bld, 0, line, [mine[p] for p in line], k)
-        elif collective == "scatter":
-            line = rotate(order, root)
-            chain_scatter(bld, 0, line, [mine[p] for p in line], k)
-        else:
-            raise MeshscaleError(f"ring cannot do {collective}; it supports {', '.join(SUPPORTS)}")
+        else:  # rooted: a pipelined chain along the ring
+            line = rooted_line(collective, order, root)
+            if collective == "broadcast":
+                chain_bcast(bld, 0, line, every, k)
+            elif collective == "reduce":
+                chain_reduce(bld, 0, line, every, k)
+            elif collective == "gather":
+                chain_gather(bld, 0, line, [mine[p] for p in line], k)
+            else:  # scatter
+                chain_scatter(bld, 0, line, [mine[p] for p in line], k)
     meta = {"rings": [[ranks[p] for p in o] for o in orders], "pieces": pieces}
     return bld.schedule(collective, "ring", ranks, nbytes, root, channels, meta, elem_bytes)

@@ -3,7 +3,7 @@ each rank that has the data passes it 2^k places further (broadcast, scatter), a
 gather. Virtual rank v is ``order[v]`` with the root at v = 0. Pieces of a buffer follow one round apart."""
 from __future__ import annotations
 
-from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate, unsupported
+from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rotate
 
 SUPPORTS = ("broadcast", "reduce", "gather", "scatter", "all_reduce", "all_gather", "reduce_scatter")
 
@@ -62,8 +62,6 @@ def binomial(collective: str, ranks: list[int], nbytes: int, topology, *, order=
              pieces: int = 1, elem_bytes: int = 4, **_):
     """Binomial tree rooted at rank ``root`` over ``order`` (device indices; default the rank order).
     all_reduce = reduce + broadcast, all_gather = gather + broadcast, reduce_scatter = reduce + scatter."""
-    if collective not in SUPPORTS:
-        raise unsupported("binomial", collective, SUPPORTS)
     n = len(ranks)
     root = check_root(collective, root, n)
     tree = rotate(positions(ranks, order), root)
