@@ -47,8 +47,8 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
     for note in plan.notes:
         typer.echo(f"  note: {note}")
     if plot:
-        from meshscale.predict.plots import tree_plot
-        typer.echo(f"wrote {tree_plot(plan, plot)}")
+        from meshscale.topology.draw import draw_fat_tree
+        typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
     if json_out:
         Result("cluster", [figures], True, {"node": node, "link": link, "nics": nics, "gpudirect": gpudirect}).save(json_out)
         typer.echo(f"wrote {json_out}")
@@ -106,8 +106,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     else:
         _print(rows, title, bool(compare))
         if plot:
-            from meshscale.predict.plots import scaling_plot
-            typer.echo(f"wrote {scaling_plot(rows, plot, title)}")
+            from meshscale import plots
+            typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out:
         prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link).save(json_out)
         typer.echo(f"wrote {json_out}")
