@@ -1,17 +1,7 @@
 """bench CLI: bad input is one line on stderr and exit code 2; wrong results give exit code 1."""
-import sys
-
 import pytest
 
-from meshscale import cli
 from meshscale.results import Result
-
-
-def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["meshscale", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    return exit_info.value.code, capsys.readouterr()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -26,18 +16,20 @@ def _run(monkeypatch, capsys, *args):
     (["--impl", "nccl", "--cpus", "2"], "--impl nccl calls NCCL directly and needs GPUs"),
     (["--impl", "mpi", "--cpus", "2"], "use native, meshscale or nccl"),
 ])
-def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
-    code, out = _run(monkeypatch, capsys, "bench", "collective", *args)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    out = cli("bench", "collective", *args)
+    code = out.exit_code
     assert code == 2
-    lines = out.err.strip().splitlines()
+    lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error: ") and message in lines[0]
 
 
-def test_wrong_results_exit_1(monkeypatch, capsys):
+def test_wrong_results_exit_1(monkeypatch, cli):
     row = {"collective": "all_reduce", "size_bytes": 8, "count": 2, "dtype": "float32", "redop": "sum", "root": -1,
            "inplace": True, "time_s": 1e-5, "algbw_bytes_per_s": 8e5, "busbw_bytes_per_s": 8e5, "wrong": 1,
            "bound_busbw_bytes_per_s": None}
     fake = Result("bench-collective", [row], meta={"world_size": 2, "backend": "gloo", "average": 3})
     monkeypatch.setattr("meshscale.bench.collective.bench_collectives", lambda *a, **k: fake)
-    code, out = _run(monkeypatch, capsys, "bench", "collective", "--cpus", "2")
-    assert code == 1 and "wrong" in out.err
+    out = cli("bench", "collective", "--cpus", "2")
+    code = out.exit_code
+    assert code == 1 and "wrong" in out.stderr

@@ -1,7 +1,5 @@
 """Performance model: profile interpolation, buckets and overlap, exchange algorithms, scaling rows, CLI errors."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -107,23 +105,18 @@ def test_bad_input_is_one_line(bad):
     assert "\n" not in str(info.value)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from meshscale.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_cli_predict_json_and_errors(tmp_path):
+def test_cli_predict_json_and_errors(tmp_path, cli_process):
     out = tmp_path / "p.json"
-    done = _cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out))
+    done = cli_process("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out))
     assert done.returncode == 0 and "PREDICTED" in done.stdout
     data = json.loads(out.read_text())
     assert data["kind"] == "predict" and data["predicted"] is True and len(data["rows"]) == 2
-    bad = _cli("predict", "--model", "resnet50", "--gpus", "16")
+    bad = cli_process("predict", "--model", "resnet50", "--gpus", "16")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "error" in bad.stderr
     scale = Result("scale", [{"world_size": 2, "mode": "weak", "batch_per_rank": 64,
                               "throughput_samples_per_s": 300.0}], meta={"model": "resnet50"})
     scale.save(tmp_path / "s.json")
-    done = _cli("predict", "--from", str(tmp_path / "s.json"), "--system", "dgx1-p100")
+    done = cli_process("predict", "--from", str(tmp_path / "s.json"), "--system", "dgx1-p100")
     assert done.returncode == 0 and "%" in done.stdout
-    bad = _cli("cluster", "--nodes", "129", "--levels", "2")
+    bad = cli_process("cluster", "--nodes", "129", "--levels", "2")
     assert bad.returncode == 2 and "--levels 3" in bad.stderr
