@@ -1,4 +1,4 @@
-"""The reference catalog: every system loads, round-trips through JSON, and has the wiring DOMAIN.md states."""
+"""The reference catalog: every system loads, round-trips through JSON, and has the wiring NVIDIA documents."""
 import itertools
 import json
 
@@ -104,7 +104,7 @@ def test_dgx_station_is_all_to_all(catalog):
 def test_figure_10_pcie_tree(catalog):
     topo = catalog["pcie-4gpu"]
     assert relation(topo, 0, 1) == "PIX" and relation(topo, 0, 2) == "PHB"
-    # seed 000: 0->2 then (0->1, 2->3) has no contention; (0->2, 1->3) both climb switch A's uplink
+    # DGX-1 whitepaper, figure 10: 0->2 then (0->1, 2->3) has no contention; (0->2, 1->3) both climb switch A's uplink
     assert shared_links(topo, (0, 2), (1, 3))
     assert not shared_links(topo, (0, 1), (2, 3))
     assert pair_bandwidth(topo, 0, 3) == pytest.approx(15.754e9, rel=1e-3)
