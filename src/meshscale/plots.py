@@ -143,7 +143,7 @@ def scale_result_chart(result: Result) -> Figure:
 def heatmaps(grids: list[Grid], title: str = "") -> Figure:
     """The grids side by side, each with its colour bar and every value written in its cell."""
     n = max(len(g.labels) for g in grids)
-    fig = Figure(figsize=((1.4 + 0.6 * n) * len(grids), 1.0 + 0.55 * n))
+    fig = Figure(figsize=((1.6 + 0.6 * n) * len(grids), 1.2 + 0.55 * n), layout="constrained")
     for k, grid in enumerate(grids):
         _heatmap(fig, fig.add_subplot(1, len(grids), k + 1), grid)
     if title:
