@@ -22,7 +22,7 @@ import torch
 from rich.console import Console
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
-from meshscale.bench.heatmap import plot_p2p
+from meshscale.plots import p2p_chart, save
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.tables import collective_tables, p2p_tables
 from meshscale.bench.world import World
@@ -136,7 +136,7 @@ def main() -> int:
     from meshscale.units import parse_bytes
     p2p = bench_p2p(P2PSpec(parse_bytes(args.p2p_size), iters=10, latency_iters=200), World(args.gpus, "nccl"))
     p2p.save(args.outdir / "p2p.json")
-    plot_p2p(p2p, args.outdir / "p2p.png")
+    save(p2p_chart(p2p), args.outdir / "p2p.png")
     p2p_console = Console(width=200, record=True)
     for table in p2p_tables(p2p):
         p2p_console.print(table)

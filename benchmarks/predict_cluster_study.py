@@ -4,7 +4,7 @@ a plot. Run: python benchmarks/predict_cluster_study.py docs/results"""
 import sys
 from pathlib import Path
 
-from meshscale.predict.plots import scaling_plot
+from meshscale.plots import rows_scaling_chart, save
 from meshscale.predict.scaling import Job, predict_cluster, profile_for
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
@@ -30,6 +30,7 @@ for name, batch in (("resnet50", 32), ("gpt-small", 4)):
                          < 0.5 * (b["nodes"] / a["nodes"] - 1)), "scales to 124")
             cells = " | ".join(f"{r['throughput_samples_per_s']:,.0f} ({r['efficiency']:.0%})" for r in got)
             lines.append(f"| {name} | {link} x{nics} | {algorithm} | {cells} | {stop} |")
-    scaling_plot(rows, out / f"cluster-study-{name}.png", f"{name} on DGX-1 P100 clusters, {batch}/GPU weak")
+    save(rows_scaling_chart(rows, f"{name} on DGX-1 P100 clusters, {batch}/GPU weak", predicted=True),
+         out / f"cluster-study-{name}.png")
 (out / "cluster-study-table.md").write_text("\n".join(lines) + "\n")
 print("\n".join(lines))

@@ -12,6 +12,7 @@ import platform
 import socket
 import time
 from dataclasses import asdict, dataclass, field
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -76,9 +77,8 @@ def provenance() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:
         except Exception:
             software["nccl"] = None
     try:
-        from importlib.metadata import version
         software["meshscale"] = version("meshscale")
-    except Exception:
+    except PackageNotFoundError:  # run from a source tree, not installed
         software["meshscale"] = None
     env = {k: v for k, v in sorted(os.environ.items()) if k.startswith(ENV_PREFIXES)}
     return machine, software, env

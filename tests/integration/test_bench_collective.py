@@ -2,13 +2,11 @@
 file, a rank killed mid-sweep, and bad input (one line, exit 2). One launch runs a whole mini-sweep."""
 import json
 import os
-import sys
 import time
 
 import pytest
 import torch
 
-from meshscale import cli
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives, rank_sweep
 from meshscale.collectives.kinds import KINDS, NAMES as COLLECTIVES, SCHEDULABLE, kind
@@ -84,15 +82,12 @@ def test_rank_killed_mid_sweep_is_named_and_nobody_hangs():
     assert time.monotonic() - start < 15
 
 
-def test_cli_json_result_schema(tmp_path, monkeypatch, capsys):
+def test_cli_json_result_schema(tmp_path, cli):
     out = tmp_path / "ar.json"
-    monkeypatch.setattr(sys, "argv", ["meshscale", "bench", "collective", "all_reduce", "all_to_all", "--cpus", "2",
-                                      "-b", "1K", "-e", "2K", "-n", "2", "-w", "1", "--json", str(out)])
-    try:
-        cli.main()
-    except SystemExit as exit_info:
-        assert exit_info.code in (0, None)
-    printed = capsys.readouterr().out
+    run = cli("bench", "collective", "all_reduce", "all_to_all", "--cpus", "2",
+              "-b", "1K", "-e", "2K", "-n", "2", "-w", "1", "--json", str(out))
+    assert run.exit_code == 0
+    printed = run.stdout
     assert "all_reduce" in printed and "busbw" in printed and "wrote" in printed
     result = load_result(out)
     assert result.kind == "bench-collective" and not result.predicted

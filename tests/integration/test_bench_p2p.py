@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from meshscale.bench.heatmap import plot_p2p
+from meshscale.plots import p2p_chart, save
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.tables import p2p_tables
 from meshscale.bench.world import World
@@ -26,7 +26,7 @@ def test_cpu_workers_every_pair_and_mode(tmp_path):
     assert result.meta["modes"] == ["unidirectional", "bidirectional", "latency"]
     saved = load_result(result.save(tmp_path / "p2p.json"))
     assert saved.kind == "bench-p2p" and saved.rows == result.rows
-    png = plot_p2p(saved, tmp_path / "p2p.png")
+    png = save(p2p_chart(saved), tmp_path / "p2p.png")
     assert png.read_bytes()[:4] == b"\x89PNG"
     assert len(p2p_tables(saved)) == 3
 

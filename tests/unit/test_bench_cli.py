@@ -1,18 +1,8 @@
 """bench CLI: bad input is one line on stderr and exit code 2; wrong results give exit code 1."""
-import sys
-
 import pytest
 
-from meshscale import cli
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-
-
-def _run(monkeypatch, capsys, *args):
-    monkeypatch.setattr(sys, "argv", ["meshscale", *args])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main()
-    return exit_info.value.code, capsys.readouterr()
 
 
 @pytest.mark.parametrize("args, message", [
@@ -27,24 +17,25 @@ def _run(monkeypatch, capsys, *args):
     (["--impl", "nccl", "--cpus", "2"], "--impl nccl calls NCCL directly and needs GPUs"),
     (["--impl", "mpi", "--cpus", "2"], "use native, meshscale or nccl"),
 ])
-def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
-    code, out = _run(monkeypatch, capsys, "bench", "collective", *args)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    out = cli("bench", "collective", *args)
+    code = out.exit_code
     assert code == 2
-    lines = out.err.strip().splitlines()
+    lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error: ") and message in lines[0]
 
 
-def test_wrong_results_exit_1(monkeypatch, capsys):
+def test_wrong_results_exit_1(monkeypatch, cli):
     row = {"collective": "all_reduce", "size_bytes": 8, "count": 2, "dtype": "float32", "redop": "sum", "root": -1,
            "inplace": True, "time_s": 1e-5, "algbw_bytes_per_s": 8e5, "busbw_bytes_per_s": 8e5, "wrong": 1,
            "bound_busbw_bytes_per_s": None}
     fake = Result("bench-collective", [row], meta={"world_size": 2, "backend": "gloo", "average": 3})
     monkeypatch.setattr("meshscale.bench.collective.bench_collectives", lambda *a, **k: fake)
-    code, out = _run(monkeypatch, capsys, "bench", "collective", "--cpus", "2")
-    assert code == 1 and "wrong" in out.err
+    out = cli("bench", "collective", "--cpus", "2")
+    assert out.exit_code == 1 and "wrong" in out.stderr
 
 
-def _spec_of(monkeypatch, capsys, command, *args):
+def _spec_of(monkeypatch, cli, command, *args):
     """The spec `bench <command>` hands to the benchmark (stopped there with a one-line error)."""
     seen = {}
 
@@ -53,8 +44,8 @@ def _spec_of(monkeypatch, capsys, command, *args):
         raise MeshscaleError("stopped by the test")
     name = "meshscale.bench.collective.bench_collectives" if command == "collective" else "meshscale.bench.p2p.bench_p2p"
     monkeypatch.setattr(name, fake)
-    code, out = _run(monkeypatch, capsys, "bench", command, "--cpus", "2", *args)
-    assert code == 2 and "stopped by the test" in out.err
+    out = cli("bench", command, "--cpus", "2", *args)
+    assert out.exit_code == 2 and "stopped by the test" in out.stderr
     return seen["spec"]
 
 
@@ -70,13 +61,13 @@ def _spec_of(monkeypatch, capsys, command, *args):
     (["-b", "8", "-e", "64", "-f", "8", "-o", "max", "-d", "int32", "-n", "3", "-w", "1"],
      {"sizes_bytes": [8, 64], "op": "max", "dtype": "int32", "iters": 3, "warmup_iters": 1}),
 ])
-def test_nccl_tests_short_flags(monkeypatch, capsys, args, expected):
-    spec = _spec_of(monkeypatch, capsys, "collective", *args)
+def test_nccl_tests_short_flags(monkeypatch, cli, args, expected):
+    spec = _spec_of(monkeypatch, cli, "collective", *args)
     assert {k: getattr(spec, k) for k in expected} == expected
 
 
-def test_p2p_size(monkeypatch, capsys):
-    assert _spec_of(monkeypatch, capsys, "p2p", "--size", "1M").size_bytes == 1 << 20
+def test_p2p_size(monkeypatch, cli):
+    assert _spec_of(monkeypatch, cli, "p2p", "--size", "1M").size_bytes == 1 << 20
 
 
 @pytest.mark.parametrize("args, message", [
@@ -84,6 +75,6 @@ def test_p2p_size(monkeypatch, capsys):
     (["p2p", "-g", "8"], "--gpus 8: this machine has 0 GPUs"),
     (["collective", "-c", "-1", "--cpus", "2"], "--check and --cuda-graph take 0"),
 ])
-def test_short_gpus_and_bad_counts(monkeypatch, capsys, args, message):
-    code, out = _run(monkeypatch, capsys, "bench", *args)
-    assert code == 2 and message in out.err
+def test_short_gpus_and_bad_counts(cli, args, message):
+    out = cli("bench", *args)
+    assert out.exit_code == 2 and message in out.stderr

@@ -1,29 +1,16 @@
 """`meshscale plan` and `meshscale sim`: output, files, and one-line errors with exit code 2."""
 import json
-import sys
 
 import pytest
 
-from meshscale import cli
 from meshscale.results import load_result
 
 
-def _run(monkeypatch, capsys, *args):
-    """(exit code, stdout, stderr) of one CLI call; success returns without SystemExit."""
-    monkeypatch.setattr(sys, "argv", ["meshscale", *args])
-    try:
-        cli.main()
-        code = 0
-    except SystemExit as exc:
-        code = exc.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
-def test_plan_explains_the_choice(monkeypatch, capsys, tmp_path):
+def test_plan_explains_the_choice(cli, tmp_path):
     svg, js, sched = tmp_path / "plan.svg", tmp_path / "plan.json", tmp_path / "schedule.json"
-    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--devices", "0,1,2,3,7",
-                        "--bytes", "64M", "--svg", str(svg), "--json", str(js), "--schedule", str(sched))
+    run = cli("plan", "all_reduce", "--system", "dgx1-p100", "--devices", "0,1,2,3,7",
+              "--bytes", "64M", "--svg", str(svg), "--json", str(js), "--schedule", str(sched))
+    code, out = run.exit_code, run.stdout
     assert code == 0
     for word in ("algorithm:", "predicted:", "busbw", "bottleneck:", "bound:", "candidates"):
         assert word in out
@@ -33,10 +20,11 @@ def test_plan_explains_the_choice(monkeypatch, capsys, tmp_path):
     assert json.loads(sched.read_text())["collective"] == "all_reduce"
 
 
-def test_sim_sweep_rows_match_bench_keys(monkeypatch, capsys, tmp_path):
+def test_sim_sweep_rows_match_bench_keys(cli, tmp_path):
     js = tmp_path / "sim.json"
-    code, out, _ = _run(monkeypatch, capsys, "sim", "all_gather", "--system", "dgx1-v100", "--devices", "0,1,2,3",
-                        "--min-bytes", "1K", "--max-bytes", "1M", "--factor", "32", "--json", str(js))
+    run = cli("sim", "all_gather", "--system", "dgx1-v100", "--devices", "0,1,2,3",
+              "--min-bytes", "1K", "--max-bytes", "1M", "--factor", "32", "--json", str(js))
+    code, out = run.exit_code, run.stdout
     assert code == 0 and "busbw" in out
     result = load_result(js)
     assert result.kind == "sim" and result.predicted
@@ -61,31 +49,33 @@ def test_sim_sweep_rows_match_bench_keys(monkeypatch, capsys, tmp_path):
     (["sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "2M", "--max-bytes", "1M"], "no sweep"),
     (["plan", "all_reduce", "--system", "dgx1-p100", "--p2p", "/nonexistent/p2p.json"], "cannot read"),
 ])
-def test_bad_input_is_one_line_and_exit_2(monkeypatch, capsys, args, message):
-    code, _, err = _run(monkeypatch, capsys, *args)
+def test_bad_input_is_one_line_and_exit_2(cli, args, message):
+    run = cli(*args)
+    code, err = run.exit_code, run.stderr
     assert code == 2
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and message in lines[0], err
 
 
-def test_gpus_counts_the_first_devices(monkeypatch, capsys, tmp_path):
+def test_gpus_counts_the_first_devices(cli, tmp_path):
     first, listed = tmp_path / "first.json", tmp_path / "listed.json"
     args = ("sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "1M", "--max-bytes", "1M")
-    assert _run(monkeypatch, capsys, *args, "--gpus", "4", "--json", str(first))[0] == 0
-    assert _run(monkeypatch, capsys, *args, "--devices", "0,1,2,3", "--json", str(listed))[0] == 0
+    assert cli(*args, "--gpus", "4", "--json", str(first)).exit_code == 0
+    assert cli(*args, "--devices", "0,1,2,3", "--json", str(listed)).exit_code == 0
     assert load_result(first).rows == load_result(listed).rows
-    code, out, _ = _run(monkeypatch, capsys, "plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "3", "--bytes", "1M")
-    assert code == 0 and "dgx1-p100 devices [0, 1, 2]" in out
+    run = cli("plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "3", "--bytes", "1M")
+    assert run.exit_code == 0 and "dgx1-p100 devices [0, 1, 2]" in run.stdout
 
 
-def test_plan_calibrated_from_p2p(monkeypatch, capsys, tmp_path):
+def test_plan_calibrated_from_p2p(cli, tmp_path):
     from meshscale.results import Result
     rows = [{"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "unidirectional", "bandwidth_bytes_per_s": 5e9, "latency_s": None}
             for a in range(4) for b in range(4) if a != b]
     p2p = Result("bench-p2p", rows).save(tmp_path / "p2p.json")
     args = ("plan", "broadcast", "--system", "pcie-4gpu", "--bytes", "64M")
-    _, default, _ = _run(monkeypatch, capsys, *args)
-    code, calibrated, _ = _run(monkeypatch, capsys, *args, "--p2p", str(p2p))
+    default = cli(*args).stdout
+    run = cli(*args, "--p2p", str(p2p))
+    code, calibrated = run.exit_code, run.stdout
     assert code == 0 and "calibrated from bench p2p" in calibrated
 
     def busbw(text):

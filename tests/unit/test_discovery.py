@@ -12,136 +12,7 @@ from meshscale.topology.discover import discover
 from meshscale.topology.nvml_discovery import LEVEL_RELATION, NoGPU, nvml_topology
 from meshscale.topology.text import relation_matrix
 
-
-class NVMLError(Exception):
-    pass
-
-
-class NVMLError_NotSupported(NVMLError):
-    pass
-
-
-class NVMLError_InvalidArgument(NVMLError):
-    pass
-
-
-class FakeNVML:
-    """The pynvml functions discovery calls, answering from a description. Handles are GPU indices (ints), MIG
-    handles are (gpu, slot) tuples. ``paths[i]`` is GPU i's chain (cpu, host bridge, upper switch, leaf switch):
-    common-ancestor levels are derived from it, so they are consistent like a real PCIe tree."""
-
-    NVMLError = NVMLError
-    NVML_NVLINK_MAX_LINKS = 18
-    NVML_FEATURE_ENABLED = 1
-    NVML_DEVICE_MIG_ENABLE = 1
-    NVML_NVLINK_CAP_P2P_SUPPORTED = 0
-
-    def __init__(self, name, paths, nvlinks=None, unsupported=(), pcie=(4, 16), mig=None, nvlink_version=6):
-        self.name, self.paths = name, paths
-        self.nvlinks = nvlinks  # {gpu: [(remote bus id, remote type), ...]} or None for no NVLink
-        self.unsupported = set(unsupported)
-        self.pcie, self.mig, self.nvlink_version = pcie, mig or {}, nvlink_version
-        self.initialized = 0
-
-    def __getattribute__(self, name):
-        if name.startswith("nvml") and name in object.__getattribute__(self, "unsupported"):
-            def unsupported(*args):
-                raise NVMLError_NotSupported(name)
-            return unsupported
-        return object.__getattribute__(self, name)
-
-    def nvmlInit(self):
-        self.initialized += 1
-
-    def nvmlShutdown(self):
-        self.initialized -= 1
-
-    def nvmlSystemGetDriverVersion(self):
-        return b"570.133.20"
-
-    def nvmlSystemGetCudaDriverVersion(self):
-        return 12080
-
-    def nvmlDeviceGetCount(self):
-        return len(self.paths)
-
-    def nvmlDeviceGetHandleByIndex(self, i):
-        return i
-
-    def nvmlDeviceGetName(self, h):
-        return f"{self.name} MIG 1g.10gb" if isinstance(h, tuple) else self.name
-
-    def nvmlDeviceGetUUID(self, h):
-        return f"MIG-{h[0]}-{h[1]}" if isinstance(h, tuple) else f"GPU-0000000{h}-1111-2222-3333-444444444444"
-
-    def nvmlDeviceGetPciInfo(self, h):
-        return SimpleNamespace(busId=f"00000000:{0x18 + h:02X}:00.0".encode())
-
-    def nvmlDeviceGetMemoryInfo(self, h):
-        return SimpleNamespace(total=(10 << 30) if isinstance(h, tuple) else (80 << 30))
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h):
-        return 1 if h == len(self.paths) - 1 else self.pcie[0]  # the last GPU idles at gen 1
-
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h):
-        return self.pcie[1]
-
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h):
-        return self.pcie[0]
-
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h):
-        return self.pcie[1]
-
-    def nvmlDeviceGetNumaNodeId(self, h):
-        return int(self.paths[h][0][-1])
-
-    def nvmlDeviceGetCpuAffinity(self, h, words):
-        socket = int(self.paths[h][0][-1])
-        return [((1 << 8) - 1) << (8 * socket)] + [0] * (words - 1)  # 8 cores per socket
-
-    def nvmlDeviceGetMigMode(self, h):
-        return [1, 1] if h in self.mig else [0, 0]
-
-    def nvmlDeviceGetMaxMigDeviceCount(self, h):
-        return 7
-
-    def nvmlDeviceGetMigDeviceHandleByIndex(self, h, k):
-        if k >= self.mig.get(h, 0):
-            raise NVMLError("Not Found")
-        return (h, k)
-
-    def nvmlDeviceGetTopologyCommonAncestor(self, a, b):
-        pa, pb = self.paths[a], self.paths[b]
-        shared = next((k for k in range(4) if pa[k] != pb[k]), 4)  # length of the common prefix
-        return {0: 50, 1: 40, 2: 30, 3: 20, 4: 10}[shared]
-
-    def nvmlDeviceGetP2PStatus(self, a, b, cap):
-        return 0 if self.paths[a][0] == self.paths[b][0] else 1  # CNS across sockets
-
-    def _link(self, h, link):
-        if self.nvlinks is None:
-            raise NVMLError_NotSupported("no NVLink")
-        if link >= len(self.nvlinks[h]):
-            raise NVMLError_InvalidArgument("no such link")
-        return self.nvlinks[h][link]
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        self._link(h, link)
-        return 1
-
-    def nvmlDeviceGetNvLinkRemotePciInfo(self, h, link):
-        return SimpleNamespace(busId=self._link(h, link)[0].encode())
-
-    def nvmlDeviceGetNvLinkRemoteDeviceType(self, h, link):
-        return self._link(h, link)[1]
-
-    def nvmlDeviceGetNvLinkVersion(self, h, link):
-        self._link(h, link)
-        return self.nvlink_version
-
-    def nvmlDeviceGetNvLinkCapability(self, h, link, cap):
-        self._link(h, link)
-        return 1
+from conftest import FakeNVML, NVMLError
 
 
 SWITCH_BUSES = [f"00000000:{b:02X}:00.0" for b in (0xA0, 0xA1, 0xA2, 0xA3)]
@@ -152,7 +23,8 @@ def nvswitch_machine(gpus=4, **kw):
     paths = [(f"c{g // 2}", f"hb{g // 2}", f"up{g}", f"leaf{g}") for g in range(gpus)]
     split = [bus for bus, n in zip(SWITCH_BUSES, (5, 4, 4, 5)) for _ in range(n)]
     nvlinks = {g: [(bus, 2) for bus in split] for g in range(gpus)}
-    return FakeNVML("NVIDIA H100 80GB HBM3", paths, nvlinks, **kw)
+    kw.setdefault("name", "NVIDIA H100 80GB HBM3")
+    return FakeNVML.machine(paths=paths, nvlinks=nvlinks, **kw)
 
 
 PCIE_PATHS = [  # (cpu, host bridge, upper switch, leaf switch) per GPU: every level of nvidia-smi appears
@@ -197,15 +69,14 @@ def test_remote_type_unsupported_still_finds_the_switches():
 
 
 def test_unknown_model_takes_generation_from_the_nvml_version_enum():
-    fake = nvswitch_machine(nvlink_version=4)  # NVML_NVLINK_VERSION_3_0
-    fake.name = "NVIDIA Future GPU"
+    fake = nvswitch_machine(nvlink_version=4, name="NVIDIA Future GPU")  # NVML_NVLINK_VERSION_3_0
     topo = nvml_topology(fake, sm_counts={})
     assert topo.nodes["gpu0"].attrs["nvlink_generation"] == 3
     assert topo.nodes["gpu0"].attrs["nvlink_version_nvml"] == 4
 
 
 def test_pcie_machine_relations_match_nvml_levels():
-    fake = FakeNVML("Tesla P100-PCIE-16GB", PCIE_PATHS, pcie=(3, 16))
+    fake = FakeNVML.machine("Tesla P100-PCIE-16GB", paths=PCIE_PATHS, nvlinks=None, pcie=(3, 16), pcie_now={7: (1, 16)})
     topo = nvml_topology(fake, sm_counts={})
     assert not topo.nodes_of("nvswitch") and all(topo.nvlink_count(g) == 0 for g in topo.gpus())
     assert len(topo.nodes_of("cpu")) == 2
@@ -237,7 +108,7 @@ def test_direct_nvlinks_are_bonded_into_counts():
     for (a, b), n in pairs.items():
         nvlinks[a] += [(bus[b], 0)] * n
         nvlinks[b] += [(bus[a], 0)] * n
-    topo = nvml_topology(FakeNVML("Tesla V100-SXM2-16GB", paths, nvlinks, nvlink_version=2), sm_counts={})
+    topo = nvml_topology(FakeNVML.machine("Tesla V100-SXM2-16GB", paths=paths, nvlinks=nvlinks, nvlink_version=2), sm_counts={})
     for (a, b), n in pairs.items():
         assert relation(topo, a, b) == f"NV{n}"
         assert pair_bandwidth(topo, a, b) >= n * 25e9
@@ -258,7 +129,7 @@ def test_a_driver_that_supports_little_gives_a_partial_valid_topology():
                 "nvmlDeviceGetCurrPcieLinkWidth", "nvmlDeviceGetMaxPcieLinkGeneration", "nvmlDeviceGetMaxPcieLinkWidth",
                 "nvmlDeviceGetCpuAffinity", "nvmlDeviceGetNumaNodeId", "nvmlDeviceGetMigMode", "nvmlDeviceGetP2PStatus",
                 "nvmlDeviceGetNvLinkState", "nvmlDeviceGetUUID", "nvmlSystemGetCudaDriverVersion"}
-    fake = FakeNVML("Some GPU", PCIE_PATHS[:2], unsupported=optional)
+    fake = FakeNVML.machine("Some GPU", paths=PCIE_PATHS[:2], nvlinks=None, unsupported=optional)
     topo = nvml_topology(fake, sm_counts={})
     assert len(topo.gpus()) == 2 and topo.nodes_of("cpu")
     assert set(topo.attrs["nvml_unsupported"]) >= optional - {"nvmlDeviceGetNumaNodeId"}
@@ -266,23 +137,16 @@ def test_a_driver_that_supports_little_gives_a_partial_valid_topology():
     assert pair_bandwidth(topo, 0, 1) > 0
 
 
-@pytest.mark.parametrize("fake", [nvswitch_machine(), FakeNVML("Tesla P100-PCIE-16GB", PCIE_PATHS)])
+@pytest.mark.parametrize("fake", [nvswitch_machine(), FakeNVML.machine("Tesla P100-PCIE-16GB", paths=PCIE_PATHS, nvlinks=None)])
 def test_discovered_topology_round_trips_through_json(fake):
     topo = nvml_topology(fake, sm_counts={})
     assert from_dict(json.loads(dumps(topo))) == topo
 
 
-class BrokenNVML:
-    NVMLError = NVMLError
-
-    def nvmlInit(self):
-        raise NVMLError("Driver Not Loaded")
-
-
 def test_no_nvml_gives_cpu_topology_and_a_one_line_notice():
     with pytest.raises(NoGPU):
-        nvml_topology(BrokenNVML())
-    found = discover(workers=3, nvml=BrokenNVML())
+        nvml_topology(FakeNVML.machine(init_error="Driver Not Loaded"))
+    found = discover(workers=3, nvml=FakeNVML.machine(init_error="Driver Not Loaded"))
     assert found.topology.device_kind == "worker" and len(found.topology.devices()) == 3
     assert "no NVIDIA GPU" in found.notice and "Driver Not Loaded" in found.notice
     assert "\n" not in found.notice
@@ -290,7 +154,7 @@ def test_no_nvml_gives_cpu_topology_and_a_one_line_notice():
 
 def test_zero_gpus_is_no_gpu():
     with pytest.raises(NoGPU, match="no GPU"):
-        nvml_topology(FakeNVML("x", []), sm_counts={})
+        nvml_topology(FakeNVML.machine("x", gpus=0), sm_counts={})
 
 
 def test_discover_on_this_machine_never_raises():
@@ -312,7 +176,7 @@ def test_known_models_get_catalog_facts_and_nvml_wins():
     gpu = topo.nodes["gpu0"].attrs
     assert gpu["memory_bandwidth_bytes_per_s"] == pytest.approx(3.35e12) and gpu["bf16_flops"] > 0
     assert gpu["sm_count"] == 130 and gpu["facts_from"] == "catalog hgx-h100"
-    unknown = FakeNVML("Mystery GPU", PCIE_PATHS[:2])
+    unknown = FakeNVML.machine("Mystery GPU", paths=PCIE_PATHS[:2], nvlinks=None)
     assert "fp32_flops" not in nvml_topology(unknown, sm_counts={}).nodes["gpu0"].attrs
 
 
@@ -346,6 +210,8 @@ def test_real_machine_matches_nvidia_smi():
 
 def test_unknown_remote_type_is_decided_by_the_bus_id():
     fake = nvswitch_machine()
-    fake.nvlinks = {g: [(bus, 0xFF) for bus, _ in links] for g, links in fake.nvlinks.items()}
+    for gpu in fake.gpus:
+        for link in gpu["links"]:
+            link["remote_type"] = 0xFF
     topo = nvml_topology(fake, sm_counts={})
     assert len(topo.nodes_of("nvswitch")) == 4 and all(topo.nvlink_count(g) == 18 for g in topo.gpus())

@@ -1,7 +1,5 @@
 """Performance model: profile interpolation, buckets and overlap, exchange algorithms, scaling rows, CLI errors."""
 import json
-import subprocess
-import sys
 
 import pytest
 
@@ -129,46 +127,41 @@ def test_bad_input_is_one_line(bad):
     assert "\n" not in str(info.value)
 
 
-def _cli(*args):
-    return subprocess.run([sys.executable, "-c", "from meshscale.cli import main; main()", *args],
-                          capture_output=True, text=True, timeout=120)
-
-
-def test_cli_predict_json_and_errors(tmp_path):
+def test_cli_predict_json_and_errors(tmp_path, cli_process):
     out = tmp_path / "p.json"
-    done = _cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out))
+    done = cli_process("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out))
     assert done.returncode == 0 and "PREDICTED" in done.stdout
     data = json.loads(out.read_text())
     assert data["kind"] == "predict" and data["predicted"] is True and len(data["rows"]) == 2
-    bad = _cli("predict", "--model", "resnet50", "--gpus", "16")
+    bad = cli_process("predict", "--model", "resnet50", "--gpus", "16")
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "error" in bad.stderr
     scale = Result("scale", [{"world_size": 2, "mode": "weak", "batch_per_rank": 64,
                               "throughput_samples_per_s": 300.0}], meta={"model": "resnet50"})
     scale.save(tmp_path / "s.json")
-    done = _cli("predict", "--from", str(tmp_path / "s.json"), "--system", "dgx1-p100")
+    done = cli_process("predict", "--from", str(tmp_path / "s.json"), "--system", "dgx1-p100")
     assert done.returncode == 0 and "%" in done.stdout
-    bad = _cli("cluster", "--nodes", "129", "--levels", "2")
+    bad = cli_process("cluster", "--nodes", "129", "--levels", "2")
     assert bad.returncode == 2 and "--levels 3" in bad.stderr
 
 
-def _rates(tmp_path, *args):
+def _rates(cli, tmp_path, *args):
     out = tmp_path / "p.json"
-    done = _cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out), *args)
-    assert done.returncode == 0, done.stderr
+    done = cli("predict", "--model", "resnet50", "--gpus", "1,8", "--json", str(out), *args)
+    assert done.exit_code == 0, done.stderr
     return [(r["variant"], r["world_size"], r["throughput_samples_per_s"]) for r in json.loads(out.read_text())["rows"]]
 
 
-def test_cli_predict_modes_algo_overlap_and_global_batch(tmp_path):
-    ddp = _rates(tmp_path)
-    assert _rates(tmp_path, "--mode", "ddp", "--algo", "ring", "--overlap") == ddp  # the defaults
-    assert _rates(tmp_path, "--no-overlap")[-1][2] < ddp[-1][2]
-    assert _rates(tmp_path, "--mode", "ps-sync")[-1][2] < ddp[-1][2]
-    strong = _rates(tmp_path, "--strong", "--global-batch", "64")
+def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
+    ddp = _rates(cli, tmp_path)
+    assert _rates(cli, tmp_path, "--mode", "ddp", "--algo", "ring", "--overlap") == ddp  # the defaults
+    assert _rates(cli, tmp_path, "--no-overlap")[-1][2] < ddp[-1][2]
+    assert _rates(cli, tmp_path, "--mode", "ps-sync")[-1][2] < ddp[-1][2]
+    strong = _rates(cli, tmp_path, "--strong", "--global-batch", "64")
     assert strong[-1][2] < ddp[-1][2]
-    compared = _rates(tmp_path, "--compare", "algorithms")
+    compared = _rates(cli, tmp_path, "--compare", "algorithms")
     assert [v for v, n, _ in compared if n == 8] == ["ring", "hierarchical", "ps-sync"]
-    assert [v for v, n, _ in _rates(tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
-    assert [v for v, n, _ in _rates(tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]
+    assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
+    assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -180,6 +173,6 @@ def test_cli_predict_modes_algo_overlap_and_global_batch(tmp_path):
     (["--global-batch", "64"], "--global-batch is for --strong"),
     (["--mode", "ps-sync", "--compare", "algorithms"], "use --mode ddp or allreduce"),
 ])
-def test_cli_predict_bad_exchange_is_one_line(args, message):
-    bad = _cli("predict", "--model", "resnet50", "--gpus", "1,8", *args)
-    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr
+def test_cli_predict_bad_exchange_is_one_line(cli, args, message):
+    bad = cli("predict", "--model", "resnet50", "--gpus", "1,8", *args)
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr

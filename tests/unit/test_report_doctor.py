@@ -9,33 +9,10 @@ import pytest
 
 from meshscale.report.doctor import DoctorEnv, run_doctor
 
+from conftest import FakeNVML
+
 GIB = 1 << 30
 VERSIONS = {"torch": "2.11.0", "cuda": "12.8", "nccl": "2.28.9", "cuda_devices": 8, "gloo": True}
-
-
-class FakeNvml:
-    """Just enough of pynvml: GPUs with a model name, NVLink states, P2P status and PCIe link figures."""
-
-    NVML_NVLINK_MAX_LINKS = 18
-
-    def __init__(self, name="NVIDIA H200", n=8, links_up=18, down=None, p2p_bad=(), pcie=(5, 5, 16, 16)):
-        self.name, self.n, self.links_up, self.down, self.p2p_bad, self.pcie = name, n, links_up, down or {}, p2p_bad, pcie
-
-    def nvmlSystemGetDriverVersion(self): return "570.86.15"
-    def nvmlDeviceGetCount(self): return self.n
-    def nvmlDeviceGetHandleByIndex(self, i): return i
-    def nvmlDeviceGetName(self, h): return self.name.encode()  # older pynvml returns bytes
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        if link >= self.links_up:
-            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
-        return 0 if link < self.down.get(h, 0) else 1
-
-    def nvmlDeviceGetP2PStatus(self, a, b, caps): return 5 if (a, b) in self.p2p_bad else 0
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h): return self.pcie[0]
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h): return self.pcie[1]
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h): return self.pcie[2]
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h): return self.pcie[3]
 
 
 def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memlock=-1, ib=False, versions=VERSIONS):
@@ -61,7 +38,7 @@ def by_name(checks):
 
 
 def test_healthy_gpu_machine_passes(tmp_path):
-    checks = run_doctor(fake_env(tmp_path, FakeNvml(), ib=True))
+    checks = run_doctor(fake_env(tmp_path, FakeNVML.machine(), ib=True))
     assert not [c for c in checks if c.status in ("warn", "fail")], [vars(c) for c in checks]
     found = by_name(checks)
     assert "8 GPU(s)" in found["gpus"].message and "NVIDIA H200" in found["gpus"].message
@@ -78,7 +55,7 @@ def test_no_driver_warns_and_still_checks_the_rest(tmp_path):
 
 
 def test_a_link_down_fails_with_a_fix(tmp_path):
-    checks = run_doctor(fake_env(tmp_path, FakeNvml(name="Tesla V100-SXM2-32GB", links_up=6, down={2: 1})))
+    checks = run_doctor(fake_env(tmp_path, FakeNVML.machine("Tesla V100-SXM2-32GB", nvlinks=6, links_down={2: 1})))
     found = by_name(checks)
     assert found["nvlink GPU2"].status == "fail" and "5 of 6" in found["nvlink GPU2"].message
     assert "nvidia-smi nvlink" in found["nvlink GPU2"].fix
@@ -86,7 +63,7 @@ def test_a_link_down_fails_with_a_fix(tmp_path):
 
 
 def test_pcie_cards_have_no_expected_link_count(tmp_path):
-    checks = run_doctor(fake_env(tmp_path, FakeNvml(name="Tesla P100-PCIE-16GB", n=4, links_up=0)))
+    checks = run_doctor(fake_env(tmp_path, FakeNVML.machine("Tesla P100-PCIE-16GB", gpus=4, nvlinks=0)))
     assert by_name(checks)["nvlink GPU0"].status == "info"
 
 
@@ -102,7 +79,8 @@ def test_missing_shm_fails(tmp_path):
 
 
 def test_p2p_pcie_and_memlock_problems(tmp_path):
-    env = fake_env(tmp_path, FakeNvml(n=4, p2p_bad={(0, 3)}, pcie=(3, 4, 8, 16)), memlock=64 << 10, ib=True)
+    env = fake_env(tmp_path, FakeNVML.machine(gpus=4, p2p={(0, 3): 5}, pcie=(4, 16),
+                                                  pcie_now=dict.fromkeys(range(4), (3, 8))), memlock=64 << 10, ib=True)
     found = by_name(run_doctor(env))
     assert found["p2p"].status == "warn" and "GPU0-GPU3" in found["p2p"].message
     assert found["pcie GPU1"].status == "warn" and "x8 of x16" in found["pcie GPU1"].message
@@ -123,7 +101,7 @@ def test_nccl_knobs_are_explained(tmp_path):
 
 
 def test_cpu_torch_on_gpu_machine_fails(tmp_path):
-    env = fake_env(tmp_path, FakeNvml(), versions=dict(VERSIONS, cuda=None, cuda_devices=0))
+    env = fake_env(tmp_path, FakeNVML.machine(), versions=dict(VERSIONS, cuda=None, cuda_devices=0))
     assert by_name(run_doctor(env))["torch-cuda"].status == "fail"
 
 
@@ -133,7 +111,7 @@ def test_down_infiniband_port_warns(tmp_path):
 
 
 def test_a_broken_check_is_a_line_not_a_traceback(tmp_path):
-    nvml = FakeNvml()
+    nvml = FakeNVML.machine()
     nvml.nvmlDeviceGetP2PStatus = lambda *a: 1 / 0
     found = by_name(run_doctor(fake_env(tmp_path, nvml)))
     assert found["p2p"].status == "warn" and "could not run" in found["p2p"].message
@@ -145,37 +123,10 @@ def test_real_machine_runs(tmp_path):
     assert all(c.status in ("pass", "warn", "fail", "info") for c in checks)
 
 
-class DumpNvml(FakeNvml):
-    """NVML as recorded on the real 2x H200 machine (tests/fixtures/nvml_h200x2.json)."""
-
-    def __init__(self, dump):
-        self.dump = dump
-        self.n = len(dump["gpus"])
-
-    def nvmlSystemGetDriverVersion(self): return self.dump["driver"]
-    def nvmlDeviceGetName(self, h): return self.dump["gpus"][h]["name"]
-
-    def nvmlDeviceGetNvLinkState(self, h, link):
-        links = {l["link"]: l for l in self.dump["gpus"][h]["links"]}
-        if link not in links:
-            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
-        return links[link]["state"]
-
-    def nvmlDeviceGetP2PStatus(self, a, b, caps):
-        # the dump's READ entry failed (nvidia-ml-py defines that constant as a tuple); WRITE was recorded
-        return self.dump["gpus"][a]["p2p"][str(b)]["NVML_P2P_CAPS_INDEX_WRITE"]
-
-    def nvmlDeviceGetCurrPcieLinkGeneration(self, h): return self.dump["gpus"][h]["pcie_gen_cur"]
-    def nvmlDeviceGetMaxPcieLinkGeneration(self, h): return self.dump["gpus"][h]["pcie_gen_max"]
-    def nvmlDeviceGetCurrPcieLinkWidth(self, h): return self.dump["gpus"][h]["pcie_width_cur"]
-    def nvmlDeviceGetMaxPcieLinkWidth(self, h): return self.dump["gpus"][h]["pcie_width_max"]
-
-
 def test_real_h200_machine_dump_is_healthy(tmp_path):
-    import json
-    dump = json.loads((Path(__file__).resolve().parents[1] / "fixtures" / "nvml_h200x2.json").read_text())
-    found = by_name(run_doctor(fake_env(tmp_path, DumpNvml(dump), versions=dict(VERSIONS, cuda_devices=2))))
-    assert found["driver"].message.startswith(f"NVIDIA driver {dump['driver']}")
+    nvml = FakeNVML.from_dump()
+    found = by_name(run_doctor(fake_env(tmp_path, nvml, versions=dict(VERSIONS, cuda_devices=2))))
+    assert found["driver"].message.startswith(f"NVIDIA driver {nvml.driver}")
     assert "2 GPU(s): NVIDIA H200" in found["gpus"].message
     assert found["nvlink GPU0"].message == found["nvlink GPU1"].message == "18 of 18 NVLinks up"
     assert found["p2p"].status == "pass" and found["pcie GPU0"].status == "pass"

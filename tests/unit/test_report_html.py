@@ -5,9 +5,7 @@ import re
 from pathlib import Path
 
 import pytest
-from typer.testing import CliRunner
 
-from meshscale.cli import app
 from meshscale.errors import MeshscaleError
 from meshscale.report.html import load_sources, render
 from meshscale.results import load_result
@@ -45,9 +43,8 @@ def test_a_subset_of_results_gives_a_subset_of_figures():
     assert "plot-scaling" in page and "plot-busbw" not in page and "plot-p2p" not in page
 
 
-def test_cli_report_and_errors(tmp_path):
-    runner = CliRunner()
-    out = runner.invoke(app, ["report", str(FIXTURES / "collective.json"), str(FIXTURES / "sim.json"), "--output", str(tmp_path / "r")])
+def test_cli_report_and_errors(tmp_path, cli):
+    out = cli("report", str(FIXTURES / "collective.json"), str(FIXTURES / "sim.json"), "--output", str(tmp_path / "r"))
     assert out.exit_code == 0, out.output
     assert "plot-busbw-all-reduce" in (tmp_path / "r" / "index.html").read_text()
     empty = tmp_path / "empty"

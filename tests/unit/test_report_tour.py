@@ -1,11 +1,11 @@
-"""Tour mechanics with stand-in stages: results saved as they finish, missing pieces and failures noted,
+"""Tour mechanics with stand-in stages: results saved as they finish, skipped stages and failures noted,
 Ctrl-C keeps what finished, the report is written from what exists."""
 from __future__ import annotations
 
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
-from meshscale.report.tour import Missing, Stage, TourSettings, need, run_tour
+from meshscale.report.tour import Skipped, Stage, TourSettings, run_tour
 from meshscale.results import load_result
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "report"
@@ -19,8 +19,8 @@ def _load(stem):
     return lambda state: {stem: load_result(FIXTURES / f"{stem}.json")}
 
 
-def _missing(state):
-    raise Missing("meshscale.nothing.here")
+def _skipped(state):
+    raise Skipped("needs two ranks")
 
 
 def _fails(state):
@@ -31,14 +31,15 @@ def _interrupt(state):
     raise KeyboardInterrupt
 
 
-def test_stages_save_results_and_the_report_says_what_is_missing(tmp_path):
-    stages = (_stage("topology", _load("topology")), _stage("p2p", _missing), _stage("scale", _fails),
+def test_stages_save_results_and_the_report_says_what_was_skipped(tmp_path):
+    stages = (_stage("topology", _load("topology")), _stage("p2p", _skipped), _stage("scale", _fails),
               _stage("collective", _load("collective")))
     outcome = run_tour(tmp_path, TourSettings(fast=True), stages)
-    assert [s.status for s in outcome.stages] == ["done", "missing", "failed", "done"]
+    assert [s.status for s in outcome.stages] == ["done", "skipped", "failed", "done"]
     assert {p.name for p in tmp_path.glob("*.json")} == {"topology.json", "collective.json", "tour.json"}
     page = outcome.index.read_text()
-    assert "meshscale.nothing.here is not in this build" in page and "boom during all_reduce" in page
+    assert "p2p: needs two ranks; skipped" in page and "boom during all_reduce" in page
+    assert "not in this build" not in page
     assert 'id="plot-busbw-all-reduce"' in page
     tour = load_result(tmp_path / "tour.json")
     assert tour.kind == "tour" and [r["name"] for r in tour.rows] == ["topology", "p2p", "scale", "collective"]
@@ -51,16 +52,6 @@ def test_ctrl_c_keeps_what_finished(tmp_path):
     assert [s.status for s in outcome.stages] == ["done", "interrupted", "not run"]
     assert (tmp_path / "collective.json").exists() and not (tmp_path / "scale.json").exists()
     assert 'id="plot-busbw-all-reduce"' in outcome.index.read_text()
-
-
-def test_need_names_the_missing_piece():
-    assert need("meshscale.units", "parse_bytes")("1K") == 1024
-    try:
-        need("meshscale.units", "no_such_function")
-    except Missing as exc:
-        assert str(exc) == "meshscale.units.no_such_function"
-    else:
-        raise AssertionError("need() accepted a missing function")
 
 
 def test_ctrl_c_seen_by_the_ranks_first_still_stops_the_tour(tmp_path):

@@ -1,6 +1,4 @@
 """System files: a good user file loads; every malformed case is refused naming the file and the entry."""
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -86,25 +84,19 @@ def test_unknown_system_lists_the_valid_names(tmp_path):
         load_system(str(tmp_path / "absent.yaml"))
 
 
-def test_cli_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path):
+def test_cli_refuses_a_bad_file_with_one_line_and_exit_2(tmp_path, cli_process):
     path = write(tmp_path, GOOD.replace("kind: nvlink, count: 2", "kind: warp, count: 2"), "bad.yaml")
-    code = "import sys; from meshscale.cli import main; sys.argv[0] = 'meshscale'; main()"
-    proc = subprocess.run([sys.executable, "-c", code, "topo", "--system", str(path)],
-                          capture_output=True, text=True, timeout=120)
+    proc = cli_process("topo", "--system", str(path))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("meshscale: error:") and "bad.yaml" in lines[0]
     assert "Traceback" not in proc.stderr and proc.stdout == ""
 
 
-def test_topo_json_written_by_the_cli_loads_again(tmp_path):
-    from typer.testing import CliRunner
-
-    from meshscale.cli import app
-
+def test_topo_json_written_by_the_cli_loads_again(tmp_path, cli):
     out = tmp_path / "h200.json"
-    result = CliRunner().invoke(app, ["topo", "--system", "hgx-h200", "--format", "json", "--output", str(out)])
+    result = cli("topo", "--system", "hgx-h200", "--format", "json", "--output", str(out))
     assert result.exit_code == 0 and out.exists()
     assert load(out) == load_system("hgx-h200")
-    result = CliRunner().invoke(app, ["topo", "--system", "hgx-h200", "--format", "json", "--output", str(tmp_path / "no" / "x.json")])
-    assert result.exit_code != 0 and "cannot write" in str(result.exception)
+    result = cli("topo", "--system", "hgx-h200", "--format", "json", "--output", str(tmp_path / "no" / "x.json"))
+    assert result.exit_code != 0 and "cannot write" in result.stderr

@@ -6,15 +6,6 @@ import torch
 
 from meshscale.cli import main
 
-
-def _run(argv, monkeypatch, capsys):
-    monkeypatch.setattr(sys, "argv", ["meshscale", *argv])
-    with pytest.raises(SystemExit) as exit_info:
-        main()
-    err = capsys.readouterr().err.strip()
-    return exit_info.value.code, err
-
-
 @pytest.mark.parametrize("argv, message", [
     (["train", "--model", "nope"], "unknown model 'nope'"),
     (["train", "--data", "/no/such/folder"], "data folder /no/such/folder does not exist"),
@@ -26,15 +17,17 @@ def _run(argv, monkeypatch, capsys):
     (["train", "--ps-servers", "1", "--cpus", "2"], "needs --mode ps-sync or ps-async"),
     (["train", "--mode", "ps-sync", "--ps-servers", "2", "--cpus", "2"], "at least one worker left"),
 ])
-def test_bad_input_is_one_line_and_exit_2(argv, message, monkeypatch, capsys):
-    code, err = _run(argv, monkeypatch, capsys)
+def test_bad_input_is_one_line_and_exit_2(argv, message, cli):
+    run = cli(*argv)
+    code, err = run.exit_code, run.stderr.strip()
     assert code == 2
     assert err.startswith("meshscale: error: ") and message in err and "\n" not in err
 
 
 @pytest.mark.skipif(torch.cuda.device_count() >= 8, reason="this machine has 8 GPUs")
-def test_more_gpus_than_the_machine_has(monkeypatch, capsys):
-    code, err = _run(["scale", "--gpus", "1,8", "--weak", "--batch", "4"], monkeypatch, capsys)
+def test_more_gpus_than_the_machine_has(cli):
+    run = cli("scale", "--gpus", "1,8", "--weak", "--batch", "4")
+    code, err = run.exit_code, run.stderr.strip()
     assert code == 2 and "--gpus 8: this machine has" in err and "\n" not in err
 
 

@@ -128,9 +128,9 @@ def test_scaling_configurations():
 
 def test_scaling_plot_is_written(tmp_path):
     from meshscale.results import Result
-    from meshscale.train.plot import plot_scaling
+    from meshscale.plots import save, scale_result_chart
     rows = [{"world_size": n, "throughput_samples_per_s": 100.0 * n * 0.9 ** (n > 1), "speedup": n * 0.9 ** (n > 1)}
             for n in (1, 2, 4)]
-    path = plot_scaling(Result("scale", rows, meta={"model": "m", "mode": "ddp", "scaling": "weak", "batch": 8}),
-                        tmp_path / "s.png")
+    path = save(scale_result_chart(Result("scale", rows, meta={"model": "m", "mode": "ddp", "scaling": "weak", "batch": 8})),
+                tmp_path / "s.png")
     assert path.read_bytes()[:4] == b"\x89PNG"

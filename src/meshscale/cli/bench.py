@@ -96,7 +96,7 @@ def p2p(
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here"),
 ) -> None:
     """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
-    from meshscale.bench.heatmap import plot_p2p
+    from meshscale import plots
     from meshscale.bench.p2p import P2PSpec, bench_p2p
     from meshscale.bench.tables import p2p_tables
     from meshscale.bench.world import resolve_world
@@ -117,7 +117,7 @@ def p2p(
     if json_path:
         typer.echo(f"wrote {result.save(json_path)}")
     if plot:
-        typer.echo(f"wrote {plot_p2p(result, plot)}")
+        typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
 
 
 def register(app: typer.Typer) -> None:

@@ -33,7 +33,7 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
         "nodes": nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
         "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
         "node_peak_bits_per_s": plan.node_peak_bits_per_s, "node_bandwidth_bytes_per_s": plan.node_bandwidth_bytes_per_s,
-        "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_seed000_bytes_per_s,
+        "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_whitepaper_bytes_per_s,
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
     }
     typer.echo(f"{nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {nics}x {plan.net.name.upper()} per node, "
@@ -45,14 +45,14 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
     typer.echo(f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)")
     typer.echo(f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
                f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction")
-    typer.echo(f"  bisection:       {plan.bisection_seed000_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
+    typer.echo(f"  bisection:       {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
                f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate")
     typer.echo(f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)")
     for note in plan.notes:
         typer.echo(f"  note: {note}")
     if plot:
-        from meshscale.predict.plots import tree_plot
-        typer.echo(f"wrote {tree_plot(plan, plot)}")
+        from meshscale.topology.draw import draw_fat_tree
+        typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
     if json_out:
         Result("cluster", [figures], True, {"node": node, "link": link, "nics": nics, "gpudirect": gpudirect}).save(json_out)
         typer.echo(f"wrote {json_out}")
@@ -121,8 +121,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     else:
         _print(rows, title, bool(compare))
         if plot:
-            from meshscale.predict.plots import scaling_plot
-            typer.echo(f"wrote {scaling_plot(rows, plot, title)}")
+            from meshscale import plots
+            typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out:
         prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link).save(json_out)
         typer.echo(f"wrote {json_out}")

@@ -84,7 +84,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="r
     from meshscale.report.tour import TourSettings, run_tour
     outcome = run_tour(output, TourSettings(full=full, fast=fast, cpus=cpus, timeout_s=timeout_s))
     for stage in outcome.stages:
-        style = {"done": "green", "missing": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
+        style = {"done": "green", "skipped": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
         Console(highlight=False, width=160).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")
     typer.echo(f"wrote {outcome.index} (open it in a browser; the JSON of every stage is beside it)")
     if outcome.interrupted:

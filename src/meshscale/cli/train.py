@@ -98,7 +98,7 @@ def scale(
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)"),
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
-    from meshscale.train.plot import plot_scaling
+    from meshscale import plots
     from meshscale.train.runner import notices
     from meshscale.train.scale import scale as run_scale
 
@@ -120,7 +120,7 @@ def scale(
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")
     if plot:
-        typer.echo(f"wrote {plot_scaling(result, plot)}")
+        typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
 
 
 _LABELS = {"world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",

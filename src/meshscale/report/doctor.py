@@ -1,6 +1,7 @@
-"""`meshscale doctor`: the checks seed 003's troubleshooting section and common failures point at, each a
-pass/warn/fail/info line with its fix. Every check takes a `DoctorEnv` (paths, environment, NVML module,
-limits), so tests fake a machine with no driver, a link down or a small /dev/shm; works with no GPU."""
+"""`meshscale doctor`: the checks that NCCL troubleshooting advice (the "GPU & CUDA multi-machine
+communication" write-up, 2020) and common failures point at, each a pass/warn/fail/info line with its fix.
+Every check takes a `DoctorEnv` (paths, environment, NVML module, limits), so tests fake a machine with no
+driver, a link down or a small /dev/shm; works with no GPU."""
 from __future__ import annotations
 
 import os

@@ -1,6 +1,6 @@
 """Which figures a set of results yields: topology, P2P heatmaps, busbw curves per collective (measured,
 predicted, bound), scaling bars with speedup lines, each with its verdict. Pure assembly; drawing is in
-plots.py, judging in verdicts.py, the page in html.py."""
+meshscale.plots (and topology.draw), judging in verdicts.py, the page in html.py."""
 from __future__ import annotations
 
 import re
@@ -8,18 +8,16 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
-from meshscale.report import plots
-from meshscale.report.plots import Series
+from meshscale import plots
+from meshscale.plots import Series
 from meshscale.report.verdicts import (Verdict, collective_verdict, hints, is_cpu_run, p2p_verdict, scaling_verdict,
                                        small_message_note, topology_verdict)
 from meshscale.results import Result
+from meshscale.topology.draw import topology_figure
 from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
 from meshscale.topology.text import relation_matrix, summary
 from meshscale.topology.schema import from_dict
-from meshscale.units import gbps
 
 SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
 
@@ -64,7 +62,8 @@ def topology_of(sources: list[Source]) -> Topology | None:
 
 
 def topology_section(topo: Topology) -> Section:
-    plot = Plot(_slug("topology", topo.name), summary(topo), plots.topology_plot(topo, _slug("topology", topo.name)),
+    pid = _slug("topology", topo.name)
+    plot = Plot(pid, summary(topo), plots.to_svg(topology_figure(topo), pid),
                 topology_verdict(topo), "per-pair relation as `nvidia-smi topo -m` prints it, and the line rate of "
                 "the best route", relation_matrix(topo))
     return Section("Topology", [plot])
@@ -96,29 +95,22 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
         for mode, rows in by_mode.items():
             ends = sorted({r["src"] for r in rows} | {r["dst"] for r in rows}, key=lambda x: (str(type(x)), x))
             names, labels = zip(*(_device(topo, x) for x in ends))
-            bandwidth = np.full((len(ends), len(ends)), np.nan)
-            latency = np.full_like(bandwidth, np.nan)
-            for r in rows:
-                i, j = ends.index(r["src"]), ends.index(r["dst"])
-                bandwidth[i, j] = gbps(r.get("bandwidth_bytes_per_s") or np.nan)
-                latency[i, j] = (r.get("latency_s") or np.nan) * 1e6
             both = 2 if str(mode).startswith("bi") else 1
             pair_rate = _staged_rate if mode == "staged" else pair_bandwidth
             rate_of = {(a, b): both * pair_rate(topo, na, nb) for a, na in zip(ends, names)
                        for b, nb in zip(ends, names) if na and nb and na != nb}
-            if np.isfinite(bandwidth).any():
-                verdict = p2p_verdict(rows, rate_of, hints(s.result.env, topo, cpu))
-                if cpu and verdict.level in ("warn", "bad"):
-                    verdict = Verdict("info", verdict.text.split(" — ")[0] + " — expected for CPU workers over Gloo "
-                                      "(the line rate is an assumed shared-memory rate)")
-                pid = _slug("p2p", s.label, mode, "bandwidth")
-                section.plots.append(Plot(pid, f"P2P bandwidth, {mode} ({s.label})",
-                                          plots.heatmap(bandwidth, list(labels), f"P2P {mode}: GB/s", "GB/s", pid), verdict))
-            if np.isfinite(latency).any():
-                pid = _slug("p2p", s.label, mode, "latency")
-                section.plots.append(Plot(pid, f"P2P latency, {mode} ({s.label})",
-                                          plots.heatmap(latency, list(labels), f"P2P {mode}: latency, us", "us", pid, "{:.0f}"),
-                                          Verdict("info", "small-message latency per pair; outliers point at a longer route")))
+            for grid in plots.p2p_grids(rows, mode, ends, list(labels)):
+                measure = "latency" if grid.low_is_good else "bandwidth"
+                if grid.low_is_good:
+                    verdict = Verdict("info", "small-message latency per pair; outliers point at a longer route")
+                else:
+                    verdict = p2p_verdict(rows, rate_of, hints(s.result.env, topo, cpu))
+                    if cpu and verdict.level in ("warn", "bad"):
+                        verdict = Verdict("info", verdict.text.split(" — ")[0] + " — expected for CPU workers over "
+                                          "Gloo (the line rate is an assumed shared-memory rate)")
+                pid = _slug("p2p", s.label, mode, measure)
+                section.plots.append(Plot(pid, f"P2P {measure}, {mode} ({s.label})",
+                                          plots.to_svg(plots.heatmaps([grid]), pid), verdict))
     return section
 
 
@@ -168,7 +160,7 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                 series.append(Series(f"predicted {s.label}, {algo}", *_curve(part, "busbw_bytes_per_s"), "predicted"))
         verdict = verdict or Verdict("info", "prediction only: no measurement of this collective to compare with")
         pid = _slug("busbw", name)
-        section.plots.append(Plot(pid, name, plots.busbw_plot(f"{name}: busbw", series, pid), verdict))
+        section.plots.append(Plot(pid, name, plots.to_svg(plots.busbw_chart(f"{name}: busbw", series), pid), verdict))
     return section
 
 
@@ -226,9 +218,10 @@ def scaling_section(sources: list[Source]) -> Section:
                 for label, part in _split(s, rows).items():
                     part = sorted(part, key=lambda r: r["world_size"])
                     x = [r["world_size"] for r in part]
-                    bars.append(Series(f"{style} {label}", x, [r["throughput_samples_per_s"] for r in part], style))
+                    bars.append(Series(f"{style} {label} (samples/s)", x, [r["throughput_samples_per_s"] for r in part],
+                                       style))
                     if all(r.get("speedup") is not None for r in part):
-                        speedups.append(Series(f"{style} {label}", x, [r["speedup"] for r in part], style))
+                        speedups.append(Series(f"{style} {label} (speedup)", x, [r["speedup"] for r in part], style))
                 if style == "measured" and rows and verdict is None:
                     first = next(iter(_split(s, rows).values()))
                     cpu = is_cpu_run(s.result.meta, s.result.machine)
@@ -240,16 +233,16 @@ def scaling_section(sources: list[Source]) -> Section:
                     if parts:
                         pid = _slug("breakdown", group, mode)
                         worlds = sorted(r["world_size"] for r in rows)
-                        extra.append(Plot(pid, f"{group}: {mode} scaling, step time", plots.breakdown_plot(
-                            f"{mode} scaling: step time breakdown ({s.label})", worlds, parts, pid),
-                            Verdict("info", "compute, communication and data loading per step")))
+                        chart = plots.breakdown_chart(f"{mode} scaling: step time breakdown ({s.label})", worlds, parts)
+                        extra.append(Plot(pid, f"{group}: {mode} scaling, step time", plots.to_svg(chart, pid),
+                                          Verdict("info", "compute, communication and data loading per step")))
             if verdict is None:
                 last = [r for s in members for r in s.result.rows if r["mode"] == mode and r.get("efficiency") is not None]
                 verdict = scaling_verdict(last, []) if last else Verdict("info", "prediction only")
                 verdict = Verdict("info", f"predicted: {verdict.text.split(' — ')[0]}")
             pid = _slug("scaling", group, mode)
             title = f"{group}: {mode} scaling"
-            section.plots.append(Plot(pid, title, plots.scaling_plot(title, bars, speedups, pid), verdict))
+            section.plots.append(Plot(pid, title, plots.to_svg(plots.scaling_chart(title, bars, speedups), pid), verdict))
             section.plots.extend(extra)
     return section
 

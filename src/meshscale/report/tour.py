@@ -2,11 +2,10 @@
 
 Stages run in order (discover, bench p2p, bench collective, scale, simulate, predict), each saving its JSON
 into the directory as soon as it finishes; the report is written at the end from whatever exists, so Ctrl-C or
-a failing stage still leaves a page. A stage whose library piece is not in this build says so and is skipped.
+a failing stage still leaves a page. A stage that cannot run on this machine says why in one line and is skipped.
 """
 from __future__ import annotations
 
-import importlib
 import math
 import signal
 import sys
@@ -19,9 +18,27 @@ from typing import Any, Callable
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
+from meshscale.bench.collective import CollectiveSpec, bench_collectives
+from meshscale.bench.p2p import P2PSpec, bench_p2p
+from meshscale.bench.world import resolve_world
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
+from meshscale.predict.against_measured import compare_scale
+from meshscale.predict.profile import ComputeProfile
+from meshscale.predict.scaling import Job
+from meshscale.predict.whitepaper import reproduce
+from meshscale.report.doctor import run_doctor
+from meshscale.report.figures import Source
+from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured
+from meshscale.simulate import predict_collective
+from meshscale.simulate.link_fit import calibrate
+from meshscale.topology import subset, to_dict
+from meshscale.topology.discover import discover
+from meshscale.train.config import TrainConfig
+from meshscale.train.models import get_model
+from meshscale.train.scale import scale
+from meshscale.units import parse_bytes, sweep_sizes
 
 COLLECTIVES = [k.name for k in KINDS if k.headline]
 
@@ -53,8 +70,8 @@ class TourState:
         return self.world is not None and self.world.backend == "nccl"
 
 
-class Missing(Exception):
-    """A library piece this stage needs is not in this build."""
+class Skipped(Exception):
+    """This stage cannot run on this machine; the message says why (e.g. "needs two ranks")."""
 
 
 @dataclass
@@ -68,7 +85,7 @@ class Stage:
 @dataclass
 class StageOutcome:
     name: str
-    status: str  # done, missing, failed, interrupted, not run
+    status: str  # done, skipped, failed, interrupted, not run
     seconds: float
     note: str = ""
 
@@ -80,19 +97,8 @@ class TourOutcome:
     interrupted: bool = False
 
 
-def need(module: str, name: str) -> Any:
-    """``module.name`` if this build has it, else `Missing` naming it."""
-    try:
-        return getattr(importlib.import_module(module), name)
-    except (ImportError, AttributeError):
-        raise Missing(f"{module}.{name}") from None
-
-
 # ---- stages ------------------------------------------------------------------------------------------------
 def discover_stage(state: TourState) -> dict[str, Result]:
-    resolve_world = need("meshscale.bench.world", "resolve_world")
-    from meshscale.topology import subset, to_dict
-    from meshscale.topology.discover import discover
     state.world = resolve_world(None, state.settings.cpus)  # all GPUs over NCCL, else CPU workers over Gloo
     found = discover(state.world.size if state.world.backend == "gloo" else None)
     topo = found.topology
@@ -106,31 +112,20 @@ def discover_stage(state: TourState) -> dict[str, Result]:
 
 def doctor_stage(state: TourState) -> dict[str, Result]:
     """`meshscale doctor`'s checks, so the shared page carries the driver, links, knobs and versions."""
-    from meshscale.report.doctor import run_doctor
     return {"doctor": measured("doctor", [vars(c) for c in run_doctor()])}
 
 
 def p2p_stage(state: TourState) -> dict[str, Result]:
     if state.world.size < 2:
-        raise Missing("a second rank (P2P needs two devices)")
-    bench_p2p = need("meshscale.bench.p2p", "bench_p2p")
-    spec_type = need("meshscale.bench.p2p", "P2PSpec")
+        raise Skipped("needs two ranks")
     s = state.settings
     size = "64M" if s.full else ("256K" if s.fast else ("16M" if not state.gpu else "256M"))
-    spec = spec_type(size_bytes=_bytes(size), iters=3, warmup_iters=1, latency_iters=10) if s.fast else \
-        spec_type(size_bytes=_bytes(size), iters=20 if s.full else 10)
+    spec = P2PSpec(size_bytes=parse_bytes(size), iters=3, warmup_iters=1, latency_iters=10) if s.fast else \
+        P2PSpec(size_bytes=parse_bytes(size), iters=20 if s.full else 10)
     return {"p2p": bench_p2p(spec, state.world, s.timeout_s)}
 
 
-def _bytes(text: str) -> int:
-    from meshscale.units import parse_bytes
-    return parse_bytes(text)
-
-
 def collective_stage(state: TourState) -> dict[str, Result]:
-    spec_type = need("meshscale.bench.collective", "CollectiveSpec")
-    bench_collectives = need("meshscale.bench.collective", "bench_collectives")
-    from meshscale.units import sweep_sizes
     s, n = state.settings, state.world.size
     collectives = COLLECTIVES[:2] if s.fast else COLLECTIVES
     if s.fast:
@@ -141,20 +136,18 @@ def collective_stage(state: TourState) -> dict[str, Result]:
         sizes, iters = (sweep_sizes("64K", "1G", 4), 20) if state.gpu else (sweep_sizes("4K", "4M", 4), 5)
     unit = 4 * n * 8  # every size must split into n float32 chunks
     sizes = sorted({max(unit, size // unit * unit) for size in sizes})
-    spec = spec_type(collectives=list(collectives), sizes_bytes=sizes, places=("out", "in"), warmup_iters=2 if s.fast else 5,
-                     iters=iters)
+    spec = CollectiveSpec(collectives=list(collectives), sizes_bytes=sizes, places=("out", "in"), warmup_iters=2 if s.fast else 5,
+                          iters=iters)
     return {"collective": bench_collectives(spec, state.world, s.timeout_s)}
 
 
 def scale_stage(state: TourState) -> dict[str, Result]:
     """Weak and strong scaling of a model sized to the hardware (small CNN on CPU workers, ResNet-50 on
     GPUs) over 1, 2, 4 ... ranks, as one "scale" result with mode weak / strong."""
-    scale = need("meshscale.train.scale", "scale")
-    config = need("meshscale.train.config", "TrainConfig")
     s = state.settings
     steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
     batch = 64 if state.gpu else 16
-    cfg = config(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
+    cfg = TrainConfig(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
                  steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s)
     worlds = _world_sizes(state.world.size)
     step = math.lcm(*worlds)
@@ -179,10 +172,8 @@ def _world_sizes(n: int) -> list[int]:
 def sim_stage(state: TourState) -> dict[str, Result]:
     """The simulator's prediction of every collective and size the sweep measured (calibrated from bench p2p
     when it ran), with its fastest algorithm, as a "sim" result."""
-    predict_collective = need("meshscale.simulate", "predict_collective")
     params = None
     if "p2p" in state.results:
-        from meshscale.simulate.link_fit import calibrate
         try:
             params = calibrate(state.topology, state.results["p2p"])
         except MeshscaleError as exc:
@@ -193,7 +184,7 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
     ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
     if len(ranks) < 2:
-        raise Missing("a second rank (collectives need two devices)")
+        raise Skipped("needs two ranks")
     rows = []
     for collective in sorted({r["collective"] for r in measured_rows}) or COLLECTIVES:
         for size in sizes:
@@ -208,11 +199,11 @@ def sim_stage(state: TourState) -> dict[str, Result]:
 
 
 def whitepaper_results() -> dict[str, Result]:
-    """Seed 000 figures 5 and 6 (ResNet-50 on 8 P100: DGX-1 NVLink vs a PCIe server, as NVIDIA measured
-    them, 1-GPU bar about 200 img/s) and meshscale's prediction of the same bars, as two scaling results."""
-    reproduce = need("meshscale.predict.whitepaper", "reproduce")
+    """Figures 5 and 6 of the NVIDIA DGX-1 System Architecture whitepaper (ResNet-50 on 8 P100: DGX-1 NVLink vs
+    a PCIe server, as NVIDIA measured them, 1-GPU bar about 200 img/s) and meshscale's prediction of the same
+    bars, as two scaling results."""
     names = ("DGX-1 NVLink", "PCIe server")
-    one_gpu = 200.0  # DOMAIN.md: both figures imply about 200 img/s on one P100
+    one_gpu = 200.0  # both figures imply about 200 img/s on one P100
     published, predicted = [], []
     for mode in ("weak", "strong"):
         figure = reproduce(mode)
@@ -224,7 +215,7 @@ def whitepaper_results() -> dict[str, Result]:
                              "speedup": value / one_gpu, "efficiency": value / one_gpu / 8})
     group = "DGX-1 whitepaper reference: ResNet-50 on 8 P100"
     return {"whitepaper": Result("scale", published, False, {"group": group, "label": "whitepaper",
-                                                             "source": "seed 000 figures 5 and 6"}),
+                                                             "source": "NVIDIA DGX-1 whitepaper, figures 5 and 6"}),
             "whitepaper-predicted": Result("predict", predicted, True, {"group": group, "label": "meshscale",
                                                                        "source": "meshscale.predict.whitepaper"})}
 
@@ -232,16 +223,12 @@ def whitepaper_results() -> dict[str, Result]:
 def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
     """meshscale's prediction of this machine's scale run, point by point: the compute profile is the run's own
     1-rank steps, the exchange is simulated on ``topo`` (with ``params`` calibrated from bench p2p)."""
-    compare_scale = need("meshscale.predict.against_measured", "compare_scale")
-    job_type = need("meshscale.predict.scaling", "Job")
-    profile_type = need("meshscale.predict.profile", "ComputeProfile")
-    get_model = need("meshscale.train.models", "get_model")
     ones = {r["batch_per_rank"]: r["step_time_s"] for r in scale.rows if r["world_size"] == 1 and r.get("step_time_s")}
     if not ones:
         raise MeshscaleError("the scale run has no 1-rank step to take the compute profile from")
     model = scale.meta.get("model", "small-cnn")
-    profile = profile_type(list(ones), list(ones.values()), source="the tour's 1-rank steps")
-    job = job_type(model, get_model(model).params, profile, max(ones), True)
+    profile = ComputeProfile(list(ones), list(ones.values()), source="the tour's 1-rank steps")
+    job = Job(model, get_model(model).params, profile, max(ones), True)
     rows = compare_scale(scale, job, topo, params)
     out = []
     for mode in sorted({r["mode"] for r in rows}):
@@ -262,7 +249,7 @@ def predict_stage(state: TourState) -> dict[str, Result]:
     if "scale" in state.results:
         try:
             out["predict"] = machine_prediction(state.results["scale"], state.topology, state.sim_params)
-        except (Missing, MeshscaleError) as exc:
+        except MeshscaleError as exc:
             state.notes.append(f"this machine's scaling prediction is skipped: {exc}")
     return out
 
@@ -284,9 +271,6 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
              console: Console | None = None) -> TourOutcome:
     """Run every stage, save each result as ``out_dir/<name>.json``, then write ``out_dir/index.html``.
     Ctrl-C stops the stage that runs and keeps what finished."""
-    from meshscale.report.html import write_report
-    from meshscale.report.figures import Source
-
     settings = settings or TourSettings()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -321,7 +305,9 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
         progress.update(overall, eta="")
     notes = list(state.notes)
     for o in outcomes:
-        if o.status != "done":
+        if o.status == "skipped":
+            notes.append(f"{o.name}: {o.note}; skipped")
+        elif o.status != "done":
             notes.append(f"{o.name}: {o.status} — {o.note}")
     rows = [vars(o) for o in outcomes]
     tour = measured("tour", rows, settings=vars(settings), notes=notes)
@@ -349,8 +335,8 @@ def _run_stage(stage: Stage, state: TourState, progress: Progress, task: Any, es
             result.save(state.out_dir / f"{name}.json")
             state.results[name] = result
         status, note = "done", ""
-    except Missing as exc:
-        status, note = "missing", f"{exc} is not in this build yet; skipped"
+    except Skipped as exc:
+        status, note = "skipped", str(exc)
     except KeyboardInterrupt:
         status, note = "interrupted", _INTERRUPTED
     except MeshscaleError as exc:
@@ -394,7 +380,6 @@ def _release_gpu_cache() -> None:
 
 
 def _empty_report(out: Path, heading: str, notes: list[str]) -> Path:
-    from meshscale.report.html import render
     page = out / "index.html"
     page.write_text(render([], heading, notes))
     return page

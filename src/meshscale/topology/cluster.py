@@ -4,14 +4,14 @@
 bisection, worst-case latency); `build_cluster` turns the plan into a `Topology` (node names prefixed
 ``n<k>/``, device indices global: node * gpus + local) for the routing queries on small clusters.
 
-Assumptions, after seed 000 section 3.3 and table 1:
+Assumptions, after the NVIDIA DGX-1 System Architecture whitepaper (2017), section 3.3 and table 1:
 - a level-1 (leaf) switch takes as many systems as fit with as many up-links as down-links (non-blocking;
   fewer up-links with ``oversubscription`` > 1): 36-port EDR switches -> 4 DGX-1 x 4 ports = 16 down + 16 up;
-- every level uses the same number of ports per switch as a leaf (the seed: "each level of the fat tree has
+- every level uses the same number of ports per switch as a leaf (the whitepaper: "each level of the fat tree has
   the same number of links"), so a level-2 switch links 32 leaves: 32 leaves x 4 = 128 systems, 16 level-2
   switches; beyond that a third level (pods of half as many leaves, the other half of the ports going up);
 - InfiniBand latency 1.01 us system to system plus 0.09 us per EDR switch hop; Ethernet figures chosen so
-  that the 3-hop worst case is the seed's 5 us.
+  that the 3-hop worst case is the whitepaper's 5 us.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class NetLink:
     radix: int                    # ports of a typical switch
     switch_latency_s: float       # per switch hop
     system_latency_s: float       # NIC to NIC, both NIC links together, without the switches
-    whitepaper_encoding: float    # seed 000 counts IB bisection as nominal x 64/66 (table 1, note a)
+    whitepaper_encoding: float    # the DGX-1 whitepaper counts IB bisection as nominal x 64/66 (table 1, note a)
 
 
 NET_LINKS = {
@@ -88,9 +88,9 @@ class ClusterPlan:
     switches: list[int]           # per level, level 1 first
     max_nodes: int                # largest cluster this many levels can hold
     node_bandwidth_bytes_per_s: float       # one node into the network, per direction
-    node_peak_bits_per_s: float             # nominal, both directions (seed 000: 800 Gb/s)
+    node_peak_bits_per_s: float             # nominal, both directions (DGX-1 whitepaper: 800 Gb/s)
     bisection_bytes_per_s: float            # per direction, at the ports' data rate (halves of whole leaves)
-    bisection_seed000_bytes_per_s: float    # both directions, seed 000's formula (6,012 GB/s)
+    bisection_whitepaper_bytes_per_s: float  # both directions, the DGX-1 whitepaper's formula (6,012 GB/s)
     switch_hops: int                        # worst case
     latency_s: float                        # worst case, node to node
     notes: list[str] = field(default_factory=list)
@@ -155,13 +155,13 @@ def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
     node_bw = spec.nics * net.bandwidth_bytes_per_s
     half = spec.nodes // 2
     bisection = half * node_bw / (spec.oversubscription if levels > 1 else 1.0)
-    seed000 = spec.nodes * spec.nics * 2 * net.nominal_gbits * 1e9 * net.whitepaper_encoding / 8 * 0.5
-    seed000 /= spec.oversubscription if levels > 1 else 1.0
+    whitepaper = spec.nodes * spec.nics * 2 * net.nominal_gbits * 1e9 * net.whitepaper_encoding / 8 * 0.5
+    whitepaper /= spec.oversubscription if levels > 1 else 1.0
     notes = []
     if not spec.gpudirect:
         notes.append("GPUDirect RDMA off: GPU traffic is staged through host memory (NICs hang off the CPUs)")
     return ClusterPlan(spec, node_topo, net, levels, per_leaf, radix, ports, down, up, switches, max_nodes,
-                       node_bw, 2 * spec.nics * net.nominal_gbits * 1e9, bisection, seed000,
+                       node_bw, 2 * spec.nics * net.nominal_gbits * 1e9, bisection, whitepaper,
                        hops if spec.nodes > 1 else 0,
                        (net.system_latency_s + hops * net.switch_latency_s) if spec.nodes > 1 else 0.0, notes)
 

@@ -1,4 +1,4 @@
-"""A diagram of a topology (SVG or PNG, matplotlib's Agg canvas, no pyplot state).
+"""Drawings of a topology and of a cluster's fat tree (meshscale.plots' look: Agg canvas, no pyplot state).
 
 Layout: a node's ``pos`` attr ([x, y]) wins. Otherwise the rank devices come first: the DGX-1 hybrid cube-mesh
 as two squares with their diagonals (the second square mirrored so that the cube edges between them are short),
@@ -15,8 +15,11 @@ from collections import defaultdict
 from pathlib import Path
 
 import networkx as nx
+from matplotlib.figure import Figure
 
+from meshscale import plots
 from meshscale.errors import MeshscaleError
+from meshscale.topology.cluster import ClusterPlan
 from meshscale.topology.model import DEVICE_KINDS, Topology
 
 NODE_STYLE = {  # kind -> (face colour, edge colour)
@@ -34,34 +37,71 @@ MIN_GAP = 0.9  # smallest horizontal distance between two nodes of one layer
 
 def draw(topology: Topology, path: str | Path) -> Path:
     """Write a diagram of ``topology`` to ``path`` (.svg or .png) and return the path."""
-    from matplotlib import rc_context
-    from matplotlib.figure import Figure
-
     path = Path(path)
     if path.suffix.lower() not in (".svg", ".png"):
         raise MeshscaleError(f"cannot draw {path}: use a .svg or .png file name")
+    return plots.save(topology_figure(topology), path)
+
+
+@plots.styled
+def topology_figure(topology: Topology) -> Figure:
+    """The diagram of ``topology``: devices, switches, CPUs, NICs and every link, styled by kind."""
     if not topology.nodes:
         raise MeshscaleError(f"nothing to draw: {topology.name} has no nodes")
     pos = layout(topology)
     xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
     width, height = max(xs) - min(xs) + 2, max(ys) - min(ys) + 2
     scale = min(1.3, 24 / width, 20 / height)
-    with rc_context({"svg.fonttype": "none"}):  # keep SVG text as text (searchable, selectable)
-        fig = Figure(figsize=(max(6.0, width * scale), max(4.0, height * scale + 0.8)))
-        ax = fig.add_subplot()
-        _draw_links(ax, topology, pos)
-        _draw_nodes(ax, topology, pos)
-        ax.set_xlim(min(xs) - 1, max(xs) + 1)
-        ax.set_ylim(min(ys) - 1, max(ys) + 1)
-        ax.set_aspect("equal")
-        ax.axis("off")
-        ax.set_title(topology.title or topology.name, fontsize=11)
-        _legend(ax, topology)
-        try:
-            fig.savefig(path, dpi=110, bbox_inches="tight")
-        except OSError as exc:
-            raise MeshscaleError(f"cannot write {path} ({exc.strerror}); choose a writable path") from None
-    return path
+    fig = Figure(figsize=(max(6.0, width * scale), max(4.0, height * scale + 0.8)))
+    ax = fig.add_subplot()
+    _draw_links(ax, topology, pos)
+    _draw_nodes(ax, topology, pos)
+    ax.set_xlim(min(xs) - 1, max(xs) + 1)
+    ax.set_ylim(min(ys) - 1, max(ys) + 1)
+    ax.set_aspect("equal")
+    ax.axis("off")
+    ax.set_title(topology.title or topology.name, fontsize=11)
+    _legend(ax, topology)
+    return fig
+
+
+def draw_fat_tree(plan: ClusterPlan, path: str | Path) -> Path:
+    """Write the drawing of a cluster's fat tree to ``path`` (png, svg or pdf by suffix)."""
+    return plots.save(fat_tree_figure(plan), path)
+
+
+@plots.styled
+def fat_tree_figure(plan: ClusterPlan) -> Figure:
+    """The fat tree: switches per level as rows of boxes, nodes under their leaves (dense meshes are thinned)."""
+    fig = Figure(figsize=(12, 2 + 1.3 * plan.levels))
+    ax = fig.add_subplot()
+    n_nodes = plan.spec.nodes
+
+    def xs(count: int) -> list[float]:
+        return [(i + 0.5) / count for i in range(count)]
+
+    rows = [("nodes", n_nodes)] + [(f"level {k + 1}", c) for k, c in enumerate(plan.switches)]
+    pos = {name: xs(count) for name, count in rows}
+    leaves = pos["level 1"]
+    for k, x in enumerate(pos["nodes"]):
+        ax.plot([x, leaves[k // plan.nodes_per_leaf]], [0, 1], lw=0.3, color="grey")
+    for level in range(2, plan.levels + 1):
+        lower, upper = pos[f"level {level - 1}"], pos[f"level {level}"]
+        step = max(1, len(lower) * len(upper) // 600)  # thin very dense meshes
+        for i, a in enumerate(lower):
+            for j, b in enumerate(upper):
+                if (i + j) % step == 0:
+                    ax.plot([a, b], [level - 1, level], lw=0.2, color="tab:blue")
+    for y, (name, count) in enumerate(rows):
+        ax.scatter(pos[name], [y] * count, s=12 if name == "nodes" else 30, marker="s",
+                   color="tab:green" if name == "nodes" else "tab:blue", zorder=3)
+        ax.text(-0.02, y, f"{name}: {count}", ha="right", va="center", fontsize=8)
+    ax.set_xlim(-0.2, 1.02)
+    ax.axis("off")
+    ax.set_title(f"{n_nodes} x {plan.node_topology.name}, {plan.spec.nics}x {plan.net.name.upper()}: "
+                 f"{plan.levels}-level fat tree, bisection {plan.bisection_bytes_per_s * 2 / 1e9:,.0f} GB/s "
+                 f"(both directions), worst latency {plan.latency_s * 1e6:.2f} us", fontsize=9)
+    return fig
 
 
 # ---- layout ------------------------------------------------------------------------------------------

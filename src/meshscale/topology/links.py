@@ -1,7 +1,7 @@
 """Link bandwidth from first principles: signalling rate x lanes x line-code efficiency.
 
 All results are bytes per second in one direction. Sources: PCI-SIG base specs, NVIDIA NVLink generations,
-InfiniBand Trade Association lane rates (see DOMAIN.md for the figures the tests check).
+InfiniBand Trade Association lane rates (docs/references.md lists them).
 """
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def ethernet_bandwidth(gbits: float) -> float:
 
 def qpi_bandwidth(gt_per_s: float = QPI_DEFAULT_GT_S, links: int = 2) -> float:
     """QPI/UPI bytes/s per direction: GT/s x 2 bytes x links. Xeon E5-2698 v4: 9.6 GT/s x 2 B x 2 links = 38.4e9
-    raw; DOMAIN.md quotes about 25.6e9 usable, which the catalog states explicitly."""
+    raw; about 25.6e9 is usable in practice, which the catalog states explicitly."""
     if gt_per_s <= 0 or links < 1:
         raise MeshscaleError("QPI/UPI needs a positive GT/s and at least one link")
     return gt_per_s * 1e9 * 2 * links

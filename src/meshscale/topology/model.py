@@ -20,7 +20,7 @@ LINK_KINDS = ("pcie", "nvlink", "qpi", "upi", "infiniband", "ethernet", "shm")
 
 # Default one-way latency per hop, seconds; a link may set its own. Rough public figures: NVLink and PCIe
 # P2P about a microsecond per hop as seen by a copy engine, the inter-socket link less, InfiniBand 1.01 us
-# system to system (seed 000 section 3.3) split over the two NIC links.
+# system to system (NVIDIA DGX-1 System Architecture whitepaper, section 3.3) split over the two NIC links.
 DEFAULT_LATENCY_S = {
     "nvlink": 0.7e-6,
     "pcie": 1.0e-6,

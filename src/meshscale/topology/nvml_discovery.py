@@ -70,10 +70,7 @@ def nvml_topology(nvml=None, sm_counts: dict[str, int] | None = None) -> Topolog
     ``sm_counts`` maps GPU UUID -> SM count (default: the catalog for known models, else torch, which starts
     CUDA in this process and so is asked only when needed). Raises `NoGPU` when there is none."""
     if nvml is None:
-        try:
-            import pynvml as nvml
-        except ImportError:
-            raise NoGPU("nvidia-ml-py is not installed") from None
+        import pynvml as nvml
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, or an OSError from ctypes

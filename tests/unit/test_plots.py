@@ -1,0 +1,85 @@
+"""meshscale.plots: each chart kind once, as inline SVG for the report or a PNG/SVG/PDF file for --plot."""
+import json
+from pathlib import Path
+
+import pytest
+
+from meshscale import plots
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result, load_result
+from meshscale.topology.cluster import ClusterSpec, plan_cluster
+from meshscale.topology.draw import draw_fat_tree
+
+FIXTURES = Path(__file__).parents[1] / "fixtures"
+ROWS = [{"world_size": n, "throughput_samples_per_s": 100.0 * n * 0.9 ** (n > 1), "speedup": n * 0.9 ** (n > 1)}
+        for n in (1, 2, 4)]
+
+
+def texts(fig):
+    """Every title, axis label, tick label and legend entry of a figure."""
+    out = [fig._suptitle.get_text()] if fig._suptitle else []
+    for ax in fig.axes:
+        out += [ax.get_title(), ax.get_xlabel(), ax.get_ylabel(), *(t.get_text() for t in ax.get_xticklabels())]
+        if ax.get_legend():
+            out += [t.get_text() for t in ax.get_legend().get_texts()]
+    return out
+
+
+def test_scale_result_chart_keeps_the_train_figure_s_words():
+    fig = plots.scale_result_chart(Result("scale", ROWS, meta={"model": "m", "mode": "ddp", "scaling": "weak",
+                                                              "batch": 8, "device": "cpu"}))
+    words = texts(fig)
+    assert "m ddp: weak scaling, 8 per worker" in words and "workers" in words and "samples/s" in words
+    assert {"throughput", "speedup", "ideal"} <= set(words)
+
+
+def test_predicted_chart_says_so_and_has_one_group_per_variant():
+    rows = [dict(r, variant=v) for v in ("edr ring", "10gbe ring") for r in ROWS]
+    words = texts(plots.rows_scaling_chart(rows, "resnet50", predicted=True))
+    assert "resnet50 (PREDICTED)" in words and "samples/s (predicted)" in words
+    assert {"edr ring throughput", "10gbe ring speedup", "10gbe ring throughput"} <= set(words)
+    assert "ideal" not in words
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".pdf", b"%PDF"), (".svg", b"<?xml")])
+def test_save_writes_the_format_of_the_suffix(tmp_path, suffix, magic):
+    path = plots.save(plots.rows_scaling_chart(ROWS, "t"), tmp_path / "sub" / f"s{suffix}")
+    assert path.read_bytes().startswith(magic)
+
+
+def test_save_refuses_an_unknown_suffix_and_an_unwritable_place(tmp_path):
+    fig = plots.rows_scaling_chart(ROWS, "t")
+    with pytest.raises(MeshscaleError, match=r"use a \.png or \.svg or \.pdf file name"):
+        plots.save(fig, tmp_path / "s.jpeg")
+    (tmp_path / "file").write_text("")
+    with pytest.raises(MeshscaleError, match="cannot write"):
+        plots.save(fig, tmp_path / "file" / "s.png")
+
+
+def test_p2p_chart_has_a_panel_per_mode_and_measure():
+    result = load_result(FIXTURES / "p2p_h200x2.json")
+    fig = plots.p2p_chart(result)
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == ["P2P unidirectional: GB/s", "P2P staged: GB/s", "P2P latency: latency, us",
+                      "P2P bidirectional: GB/s"]
+    assert fig._suptitle.get_text().endswith("(nccl)")
+    with pytest.raises(MeshscaleError, match="nothing|no bandwidth"):
+        plots.p2p_chart(Result("bench-p2p", [{"src": 0, "dst": 1, "mode": "latency", "latency_s": None}]))
+
+
+def test_to_svg_is_an_inline_element_with_the_id():
+    svg = plots.to_svg(plots.busbw_chart("all_reduce: busbw", [plots.Series("measured", [1024, 2048], [1e9, 2e9])]),
+                       "plot-x")
+    assert svg.startswith('<svg id="plot-x" class="plot" role="img"') and "all_reduce: busbw" in svg
+
+
+def test_fat_tree_drawing_is_written(tmp_path):
+    plan = plan_cluster(ClusterSpec("dgx1-p100", 124, 4, "edr"))
+    path = draw_fat_tree(plan, tmp_path / "tree.svg")
+    assert "fat tree" in path.read_text() and "level 1:" in path.read_text()
+
+
+def test_report_and_bench_draw_the_same_p2p_grid():
+    data = json.loads((FIXTURES / "p2p_h200x2.json").read_text())
+    grids = plots.p2p_grids(data["rows"], "latency", ["gpu0", "gpu1"], ["GPU0", "GPU1"])
+    assert len(grids) == 1 and grids[0].low_is_good and grids[0].matrix[0, 1] == pytest.approx(41.98, abs=0.01)
