@@ -1,4 +1,4 @@
-"""The 8-GPU paths (issue 8) on 8 CPU workers over Gloo: the DGX-1-sized rank count works end to end."""
+"""The 8-GPU paths on 8 CPU workers over Gloo: the DGX-1-sized rank count works end to end."""
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.collectives.kinds import kind
 from meshscale.bench.world import World

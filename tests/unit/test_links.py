@@ -4,7 +4,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.topology import links
 
 
-def test_pcie_generations_match_domain_figures():
+def test_pcie_generations_match_the_published_figures():
     assert links.pcie_bandwidth(3, 16) == pytest.approx(15.754e9, rel=1e-4)
     assert links.pcie_bandwidth(2, 8) == pytest.approx(4e9)
     assert links.pcie_bandwidth(4, 16) == pytest.approx(31.5e9, rel=1e-3)

@@ -1,4 +1,4 @@
-"""The flow-level simulator: fair sharing, latency, dependencies, seed 000 figure 10, busbw factors."""
+"""The flow-level simulator: fair sharing, latency, dependencies, the DGX-1 whitepaper's figure 10, busbw factors."""
 import numpy as np
 import pytest
 
@@ -14,7 +14,7 @@ MIB = 1 << 20
 
 
 def pcie_4gpu():
-    """Seed 000 figure 10: one CPU, switch A with GPU0+GPU1, switch B with GPU2+GPU3 (PCIe 3.0 x16)."""
+    """DGX-1 whitepaper, figure 10: one CPU, switch A with GPU0+GPU1, switch B with GPU2+GPU3 (PCIe 3.0 x16)."""
     if "pcie-4gpu" in system_names():
         return load_system("pcie-4gpu")
     return from_dict({

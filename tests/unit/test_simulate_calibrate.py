@@ -10,7 +10,7 @@ from meshscale.topology import load_system, relation
 
 
 def p2p_rows(topo, same_switch_bps, cross_qpi_bps, latency_s):
-    """Rows as `bench p2p` writes them: seed 003's figures, by nvidia-smi relation of the pair."""
+    """Rows as `bench p2p` writes them: the figures of "GPU & CUDA multi-machine communication", by nvidia-smi relation of the pair."""
     rows = []
     for a in range(8):
         for b in range(8):

@@ -1,4 +1,4 @@
-"""What the simulator must show (issue 4): DGX-1 and PCIe-server busbw in the published ranges, and `auto`
+"""What the simulator must show: DGX-1 and PCIe-server busbw in the published ranges, and `auto`
 never slower than the best single ring, far faster where no NVLink ring exists."""
 import itertools
 
@@ -15,7 +15,7 @@ MIB = 1 << 20
 
 @pytest.mark.parametrize("system, low, high", [("dgx1-p100", 60e9, 80e9), ("pcie-8gpu-2socket", 8e9, 13e9)])
 def test_all_reduce_256m_busbw_in_published_range(system, low, high):
-    # whitepaper: over 60 GB/s on DGX-1 P100 (4 links x 20 GB/s); seed 003: about 10 GB/s over PCIe
+    # whitepaper: over 60 GB/s on DGX-1 P100 (4 links x 20 GB/s); "GPU & CUDA multi-machine communication": about 10 GB/s over PCIe
     topo = load_system(system)
     result = predict_collective(topo, "all_reduce", list(range(8)), 256 * MIB)
     assert low <= result.busbw_bytes_per_s <= high, (result.detail, result.busbw_bytes_per_s)

@@ -40,7 +40,7 @@ class CollectiveSpec:
     places: tuple[str, ...] = ("out", "in")
     warmup_iters: int = 5
     iters: int = 20
-    average: int = 3
+    average: int = 1  # nccl-tests' default: the mean over ranks
     check: bool = True
     cuda_graph: bool = False
     impl: str = "native"
@@ -51,7 +51,10 @@ def parse_collectives(names: list[str]) -> list[str]:
     """Canonical collective names; 'all' means every one."""
     if not names or any(n.lower() == "all" for n in names):
         return list(NAMES)
-    return [kind(n).name for n in names]
+    try:
+        return [kind(n).name for n in names]
+    except MeshscaleError as unknown:
+        raise MeshscaleError(f"{unknown} (or 'all')") from None
 
 
 def validate(spec: CollectiveSpec, world: World) -> None:

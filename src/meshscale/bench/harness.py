@@ -5,8 +5,9 @@ replayed from one CUDA graph). CPU: a barrier, then the wall clock around ``iter
 its own time per op; `reduce_times` turns them into the one reported figure.
 
 nccl-tests' ``-a/--average`` (src/common.cu): 0 = rank 0's time, 1 = the mean over ranks (its default),
-2 = the minimum, 3 = the maximum. meshscale uses the same codes but defaults to 3, the slowest rank: an
-operation is over only when its last rank is done. Pass ``--average 1`` to compare with published numbers.
+2 = the minimum, 3 = the maximum. meshscale uses the same codes and the same default (1), so its figures compare
+with published nccl-tests tables; ``--average 3`` reports the slowest rank (an operation is over only when its
+last rank is done).
 """
 from __future__ import annotations
 
@@ -20,26 +21,19 @@ from meshscale.errors import MeshscaleError
 from meshscale.execute.torch_collectives import all_gather_flat
 
 AVERAGE_MODES = {0: "rank 0", 1: "mean over ranks", 2: "fastest rank", 3: "slowest rank"}
+_REDUCE = {0: lambda t: t[0], 1: lambda t: sum(t) / len(t), 2: min, 3: max}
 
 
 def check_average(average: int) -> int:
     """Validate an --average code."""
     if average not in AVERAGE_MODES:
-        raise MeshscaleError(f"--average {average} is not a mode; use 0 (rank 0), 1 (mean), 2 (min) or 3 (max, default)")
+        raise MeshscaleError(f"--average {average} is not a mode; use 0 (rank 0), 1 (mean, default), 2 (min) or 3 (max)")
     return average
 
 
 def reduce_times(times_s: list[float], average: int) -> float:
-    """One time from the per-rank times (index = rank), by nccl-tests' --average code."""
-    if average == 0:
-        return times_s[0]
-    if average == 1:
-        return sum(times_s) / len(times_s)
-    if average == 2:
-        return min(times_s)
-    if average == 3:
-        return max(times_s)
-    raise MeshscaleError(f"unknown --average code {average}; use 0, 1, 2 or 3")
+    """One time from the per-rank times (index = rank), by nccl-tests' --average code (see `check_average`)."""
+    return _REDUCE[check_average(average)](times_s)
 
 
 def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 # Share of the line rate (per direction) that a bulk GPU-to-GPU copy achieves, per link kind. NVLink: NCCL
-# rings reach about 80% (DGX-1 P100: 4 links x 20 GB/s -> "over 60 GB/s"). PCIe: seed 003 measured 10.59 of
+# rings reach about 80% (DGX-1 P100: 4 links x 20 GB/s -> "over 60 GB/s"). PCIe: "GPU & CUDA multi-machine communication" measured 10.59 of
 # 15.75 GB/s between two GPUs under one switch (0.67); across QPI the CPUs' P2P forwarding costs more.
 DEFAULT_EFFICIENCY = {
     "nvlink": 0.8,

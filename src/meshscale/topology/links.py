@@ -43,14 +43,20 @@ QPI_DEFAULT_GT_S = 9.6  # Xeon E5 v4: 9.6 GT/s -> 19.2 GB/s per direction... see
 UPI_DEFAULT_GT_S = 10.4
 
 
+def lane_bandwidth(what: str, rates: dict, rate, widths, width: int) -> float:
+    """Bytes/s per direction of a serial link: lane rate (Gb/s or GT/s) x encoding efficiency x lanes / 8. PCIe and
+    InfiniBand are both counted this way; ``what`` names the link kind in the one-line error."""
+    if rate not in rates:
+        raise MeshscaleError(f"unknown {what} rate {rate!r}: use one of {', '.join(map(str, rates))}")
+    if width not in widths:
+        raise MeshscaleError(f"unknown {what} width {width}: use one of {list(widths)}")
+    per_lane, efficiency = rates[rate]
+    return per_lane * 1e9 * efficiency * width / 8
+
+
 def pcie_bandwidth(generation: int, width: int) -> float:
     """PCIe bytes/s per direction: GT/s x lanes x encoding / 8 (PCIe 3.0 x16 = 15.754e9)."""
-    if generation not in PCIE_GENERATIONS:
-        raise MeshscaleError(f"unknown PCIe generation {generation}: use one of {sorted(PCIE_GENERATIONS)}")
-    if width not in PCIE_WIDTHS:
-        raise MeshscaleError(f"unknown PCIe width x{width}: use one of {list(PCIE_WIDTHS)}")
-    gt_per_s, efficiency = PCIE_GENERATIONS[generation]
-    return gt_per_s * 1e9 * efficiency * width / 8
+    return lane_bandwidth("PCIe generation", PCIE_GENERATIONS, generation, PCIE_WIDTHS, width)
 
 
 def nvlink_bandwidth(generation: int, count: int = 1) -> float:
@@ -64,13 +70,7 @@ def nvlink_bandwidth(generation: int, count: int = 1) -> float:
 
 def infiniband_bandwidth(rate: str, width: int = 4) -> float:
     """InfiniBand data bytes/s per direction: lane rate x encoding x width / 8 (EDR 4x = 100 Gb/s = 12.5e9)."""
-    key = rate.lower()
-    if key not in INFINIBAND_RATES:
-        raise MeshscaleError(f"unknown InfiniBand rate {rate!r}: use one of {', '.join(INFINIBAND_RATES)}")
-    if width not in INFINIBAND_WIDTHS:
-        raise MeshscaleError(f"unknown InfiniBand width {width}x: use one of {list(INFINIBAND_WIDTHS)}")
-    gbit_per_lane, efficiency = INFINIBAND_RATES[key]
-    return gbit_per_lane * 1e9 * efficiency * width / 8
+    return lane_bandwidth("InfiniBand", INFINIBAND_RATES, rate.lower(), INFINIBAND_WIDTHS, width)
 
 
 def ethernet_bandwidth(gbits: float) -> float:

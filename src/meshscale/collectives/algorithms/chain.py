@@ -1,5 +1,5 @@
 """Pipelined chain: the buffer cut into pieces that flow down a line of ranks, one hop per step, so the time
-approaches N/B for many pieces whatever the length (DOMAIN.md). Also the rooted phases of the ring algorithm."""
+approaches N/B for many pieces whatever the length (NVIDIA DGX-1 whitepaper, section 4.4). Also the rooted phases of the ring algorithm."""
 from __future__ import annotations
 
 from meshscale.collectives.algorithms.base import Builder, check_root, layout, positions, rooted_line

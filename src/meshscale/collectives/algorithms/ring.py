@@ -1,6 +1,6 @@
-"""Ring algorithms (DOMAIN.md): reduce-scatter in n-1 steps (position j sends block j-i-1 to j+1, which adds
-it), then all-gather in n-1 steps (received blocks replace local ones). Blocks are cut into pieces that follow
-each other one step apart (pipelining). Several rings (channels) each carry their share of every block, side
+"""Ring algorithms (Thakur, Rabenseifner and Gropp 2005; NVIDIA DGX-1 whitepaper, section 4.4): reduce-scatter
+in n-1 steps (position j sends block j-i-1 to j+1, which adds it), then all-gather in n-1 steps (received
+blocks replace local ones). Blocks are cut into pieces that follow each other one step apart (pipelining). Several rings (channels) each carry their share of every block, side
 by side; `bidirectional` adds each ring reversed. Rooted collectives run as a pipelined chain along the ring."""
 from __future__ import annotations
 
