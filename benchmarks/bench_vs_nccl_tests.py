@@ -25,7 +25,7 @@ from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.plots import p2p_chart, save
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.tables import collective_tables, p2p_tables
-from meshscale.bench.world import World
+from meshscale.execute.world import World
 from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.units import sweep_sizes

@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 
 from meshscale.bench.p2p import P2PSpec, bench_p2p
-from meshscale.bench.world import resolve_world, world_topology
+from meshscale.bench.world_topology import world_topology
+from meshscale.execute.world import resolve_world
 from meshscale.collectives.algorithms import build
 from meshscale.collectives.kinds import kind
 from meshscale.execute import launch

@@ -5,7 +5,7 @@ import torch
 from meshscale.plots import p2p_chart, save
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.bench.tables import p2p_tables
-from meshscale.bench.world import World
+from meshscale.execute.world import World
 from meshscale.errors import MeshscaleError
 from meshscale.results import load_result
 

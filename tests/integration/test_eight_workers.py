@@ -1,7 +1,7 @@
 """The 8-GPU paths on 8 CPU workers over Gloo: the DGX-1-sized rank count works end to end."""
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.collectives.kinds import kind
-from meshscale.bench.world import World
+from meshscale.execute.world import World
 
 
 def test_collectives_on_eight_workers_are_exact():

@@ -5,7 +5,7 @@ import torch
 from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case, reduced, values
 from meshscale.bench.collective import CollectiveSpec, validate
 from meshscale.bench.harness import reduce_times
-from meshscale.bench.world import World
+from meshscale.execute.world import World
 from meshscale.collectives.bounds import busbw_bound
 from meshscale.collectives.kinds import NAMES as COLLECTIVES
 from meshscale.collectives.kinds import kind

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 from meshscale.bench.harness import time_op
-from meshscale.bench.world import resolve_world, visible_indices, world_topology
+from meshscale.bench.world_topology import visible_indices, world_topology
 from meshscale.errors import MeshscaleError
-from meshscale.execute.world import World, resolve_sweep
+from meshscale.execute.world import World, resolve_sweep, resolve_world
 
 
 def _no_torchrun(monkeypatch):

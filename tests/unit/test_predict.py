@@ -8,7 +8,7 @@ from meshscale.predict.comm_fit import fit_comm_scale
 from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step import FUSION_BYTES, buckets, exchange_buckets, exposed_exchange_s, per_rank_batch
+from meshscale.predict.step_time import FUSION_BYTES, buckets, exchange_buckets, exposed_exchange_s, per_rank_batch
 from meshscale.results import Result
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec

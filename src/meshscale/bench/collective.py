@@ -16,7 +16,8 @@ import torch
 from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
-from meshscale.bench.world import World, world_topology
+from meshscale.bench.world_topology import world_topology
+from meshscale.execute.world import World
 from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import RankContext, launch

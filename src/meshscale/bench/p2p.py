@@ -18,7 +18,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshscale.bench.world import World, world_topology
+from meshscale.bench.world_topology import world_topology
+from meshscale.execute.world import World
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, launch
 from meshscale.results import Result, measured

@@ -58,7 +58,7 @@ def collective(
     from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives
     from meshscale.units import sweep_sizes
     from meshscale.bench.tables import collective_tables
-    from meshscale.bench.world import resolve_world
+    from meshscale.execute.world import resolve_world
 
     if place not in PLACE_CHOICES:
         raise MeshscaleError(f"--place {place!r}: use both, out or in")
@@ -99,7 +99,7 @@ def p2p(
     from meshscale import plots
     from meshscale.bench.p2p import P2PSpec, bench_p2p
     from meshscale.bench.tables import p2p_tables
-    from meshscale.bench.world import resolve_world
+    from meshscale.execute.world import resolve_world
     from meshscale.units import parse_bytes
 
     world = resolve_world(gpus, cpus)

@@ -10,7 +10,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.predict.against_measured import compare_scale
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step import MODES
+from meshscale.predict.step_time import MODES
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
 from meshscale.topology import load_system

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
 from meshscale.predict.profile import ComputeProfile, flops_profile
-from meshscale.predict.step import StepPrediction, check_mode, per_rank_batch, predict_step, scaling_rows
+from meshscale.predict.step_time import StepPrediction, check_mode, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology

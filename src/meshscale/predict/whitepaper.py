@@ -20,7 +20,7 @@ from meshscale.predict.comm_fit import fit_comm_scale
 from meshscale.predict.exchange_cost import Exchange, system_fabric
 from meshscale.predict.profile import ComputeProfile, linear_profile
 from meshscale.predict.scaling import profile_for
-from meshscale.predict.step import per_rank_batch, predict_step
+from meshscale.predict.step_time import per_rank_batch, predict_step
 from meshscale.simulate.params import SimParams
 from meshscale.topology import load_system
 

@@ -20,7 +20,7 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.bench.p2p import P2PSpec, bench_p2p
-from meshscale.bench.world import resolve_world
+from meshscale.execute.world import resolve_world
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
 from meshscale.predict.against_measured import compare_scale

@@ -3,12 +3,9 @@ from __future__ import annotations
 
 import os
 
-from meshscale.execute.world import World, resolve_world
+from meshscale.execute.world import World
 from meshscale.topology import Topology, subset
 from meshscale.topology.discover import discover
-
-__all__ = ["World", "resolve_world", "visible_indices", "world_topology"]
-
 
 def world_topology(world: World) -> Topology | None:
     """The topology of the devices the ranks use (rank i on CUDA device i), or None when it cannot be known
