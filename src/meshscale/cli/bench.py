@@ -17,6 +17,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from meshscale.collectives.kinds import NAMES
 from meshscale.errors import MeshscaleError
 
 # nccl-tests' -G N captures all iterations in one graph and launches it N times; meshscale times one op per launch
@@ -33,7 +34,7 @@ def _is_rank0() -> bool:
 
 @bench_app.command("collective")
 def collective(
-    collectives: Optional[List[str]] = typer.Argument(None, help="all_reduce (default), all_gather, reduce_scatter, broadcast, reduce, all_to_all, gather, scatter, send_recv, or all"),
+    collectives: Optional[List[str]] = typer.Argument(None, help=f"{', '.join(NAMES)}, or all (the default: every one)"),
     min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)"),
     max_bytes: str = typer.Option("1M", "--max-bytes", "-e", help="largest size"),
     factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),

@@ -9,21 +9,20 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.errors import MeshscaleError, check_choice
+from meshscale.collectives.kinds import SCHEDULABLE, schedulable
+from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
-def _setup(collective: str, system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
+def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
            bench: Optional[Path] = None):
     """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
     parameters from the common options."""
     from meshscale.collectives.algorithms.base import check_ranks
-    from meshscale.collectives.kinds import SCHEDULABLE as COLLECTIVES
     from meshscale.cli.topology import resolve_system
     from meshscale.results import load_result
     from meshscale.simulate import SimParams, calibrate, calibrate_collective
 
-    check_choice(collective, COLLECTIVES, "collective")
     topology, notice = resolve_system(system)
     if notice:
         typer.echo(notice, err=True)
@@ -48,7 +47,7 @@ def _setup(collective: str, system: Optional[str], devices: Optional[str], gpus:
     return topology, ranks, params
 
 
-def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
+def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
          devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
          gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
@@ -63,7 +62,8 @@ def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, red
     """Choose the algorithm for one collective and explain it: channels, predicted time and busbw, bottleneck, bound."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
-    topology, ranks, params = _setup(collective, system, devices, gpus, p2p, bench)
+    collective = schedulable(collective).name
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params)
     typer.echo(format_plan(p))
     if schedule_json:
@@ -77,7 +77,7 @@ def plan(collective: str = typer.Argument(..., help="all_reduce, all_gather, red
         typer.echo(f"wrote {draw_plan(p, svg)}")
 
 
-def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, reduce_scatter, broadcast, reduce, gather, scatter, all_to_all"),
+def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
         devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3 (default: all)"),
         gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
@@ -93,7 +93,8 @@ def sim(collective: str = typer.Argument(..., help="all_reduce, all_gather, redu
     from meshscale.simulate.plan import sim_sweep
     from meshscale.units import sweep_sizes
 
-    topology, ranks, params = _setup(collective, system, devices, gpus, p2p, bench)
+    collective = schedulable(collective).name
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params)
     table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({params.source})")

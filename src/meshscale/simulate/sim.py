@@ -46,10 +46,6 @@ class SimResult:
     def bottleneck(self) -> LinkUse | None:
         return self.links[0] if self.links else None
 
-    @property
-    def bound_s(self) -> float:
-        """Lower bound on the time of this schedule: its busiest resource working at full effective rate."""
-        return self.links[0].busy_s if self.links else 0.0
 
 
 def flow_inputs(schedule: Schedule, topo: Topology) -> tuple[list, list, np.ndarray, np.ndarray, list[list[int]]]:

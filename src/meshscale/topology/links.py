@@ -35,8 +35,6 @@ INFINIBAND_RATES = {
 }
 INFINIBAND_WIDTHS = (1, 2, 4, 8, 12)
 
-# Ethernet: the nominal rate already is the data rate (the line code runs faster).
-ETHERNET_GBITS = (1, 10, 25, 40, 50, 100, 200, 400, 800)
 
 # QPI / UPI: per direction, from Intel's GT/s x 2 bytes per transfer (a 20-lane link carries 16 data bits).
 QPI_DEFAULT_GT_S = 9.6  # Xeon E5 v4: 9.6 GT/s -> 19.2 GB/s per direction... see qpi_bandwidth
