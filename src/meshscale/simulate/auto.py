@@ -99,9 +99,13 @@ def choose_and_simulate(topology: Topology, collective: str, ranks: list[int], n
 
 
 def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
-                       params: SimParams | None = None, root: int = 0, **options) -> SimResult:
+                       params: SimParams | None = None, root: int = 0, *, nccl_version: str | None = None,
+                       nccl_algo: str | None = None, proto: str | None = None, **options) -> SimResult:
     """Predicted time and bandwidth of one collective (``algorithm`` "auto": the fastest candidate). Sizes that
-    do not split into whole 4-byte elements per rank are rounded up, as frameworks pad gradient buckets."""
+    do not split into whole 4-byte elements per rank are rounded up, as frameworks pad gradient buckets.
+    ``nccl_version``, ``nccl_algo`` (ring, tree, nvls, nvls_tree, collnet) and ``proto`` (LL, LL128, Simple)
+    describe the NCCL whose behaviour to predict (its version; an algorithm or protocol forced as NCCL_ALGO /
+    NCCL_PROTO force them); the NCCL cost model that reads them is being written, meanwhile they are ignored."""
     step = 4 * len(ranks)
     nbytes = max(step, -(-int(nbytes) // step) * step)
     return choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params, root, **options).result
