@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# all_reduce and all_gather, 1 KiB - 1 GiB (factor 4, as the reference tables), with NCCL's algorithm and protocol
+# forced (NCCL_ALGO x NCCL_PROTO) and once at NCCL's own choice with NCCL's tuning and graph log, on every GPU of
+# this machine, NCCL called directly (--impl nccl). The JSON results feed the validation corpus
+# (scripts/corpus_from_nccl_tests.py reads nccl-tests text; these are meshscale results of the same columns).
+#   bash benchmarks/nccl_forced_sweeps.sh OUTDIR
+set -u
+OUTDIR="${1:-/tmp/nccl-forced}"
+mkdir -p "$OUTDIR"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
+python3 -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' | tee "$OUTDIR/versions.txt"
+sweep() {  # name collective env...
+  local name=$1 coll=$2; shift 2
+  env "$@" timeout 150 python3 -m meshscale bench collective "$coll" --impl nccl -g "$GPUS" -b 1K -e 1G -f 4 \
+    --json "$OUTDIR/$name.json" > "$OUTDIR/$name.txt" 2>&1
+  echo "$name: exit $? $(grep -c '^│ ' "$OUTDIR/$name.txt") rows"
+}
+sweep all_reduce-default all_reduce NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
+sweep all_gather-default all_gather NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
+for algo in Ring Tree; do
+  for proto in LL LL128 Simple; do
+    sweep "all_reduce-$algo-$proto" all_reduce NCCL_ALGO=$algo NCCL_PROTO=$proto
+  done
+done
+for proto in LL LL128 Simple; do
+  sweep "all_gather-Ring-$proto" all_gather NCCL_ALGO=Ring NCCL_PROTO=$proto
+done
