@@ -17,13 +17,17 @@ sweep() {  # name collective env...
     --json "$OUTDIR/$name.json" > "$OUTDIR/$name.txt" 2>&1
   echo "$name: exit $? $(grep -c '^│ ' "$OUTDIR/$name.txt") rows"
 }
-sweep all_reduce-default all_reduce NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
-sweep all_gather-default all_gather NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
-for algo in Ring Tree; do
+if [ -z "${NO_DEFAULT:-}" ]; then
+  sweep all_reduce-default all_reduce NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
+  sweep all_gather-default all_gather NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
+fi
+# Forced per function (NCCL >= 2.24 syntax): the harness's own all-gather of per-rank times must stay free to run,
+# and AllGather has no Tree.
+for algo in ${ALGOS:-Ring Tree}; do
   for proto in LL LL128 Simple; do
-    sweep "all_reduce-$algo-$proto" all_reduce NCCL_ALGO=$algo NCCL_PROTO=$proto
+    sweep "all_reduce-$algo-$proto" all_reduce "NCCL_ALGO=allreduce:$algo" "NCCL_PROTO=allreduce:$proto"
   done
 done
-for proto in LL LL128 Simple; do
-  sweep "all_gather-Ring-$proto" all_gather NCCL_ALGO=Ring NCCL_PROTO=$proto
+for proto in ${AG_PROTOS:-LL LL128 Simple}; do
+  sweep "all_gather-Ring-$proto" all_gather "NCCL_ALGO=allgather:Ring" "NCCL_PROTO=allgather:$proto"
 done
