@@ -19,7 +19,7 @@ loaded = time.perf_counter()
 result = validate(measurements, args.algo)
 took = time.perf_counter() - start
 summary = result.meta["summary"]
-distinct = len({(m.system, m.gpus, m.collective, m.size_bytes, m.nccl_version, m.algo, m.proto, m.nvls)
+distinct = len({(m.system, m.gpus, m.collective, m.size_bytes, m.nccl_version, m.algo, m.proto, m.nvls, m.gpus_per_thread)
                 for m in measurements})
 print(f"validate, model {args.algo}: {len(measurements)} rows ({distinct} distinct predictions) in {took:.2f} s "
       f"(corpus load {loaded - start:.2f} s); target under 30 s")

@@ -5,7 +5,7 @@
 
 Every collective and size of FILE becomes two rows, out-of-place and in-place (the time as printed, busbw when
 nccl-tests printed a non-zero one). The NCCL version comes from the header (`nccl-library=22809` -> 2.28.9)
-unless given; the GPU count from the `Rank` lines, else nThread x nGpus. `--env` records the environment of the
+unless given; the GPU count from the `Rank` lines, else nThread x nGpus; the GPUs one thread drives from nGpus. `--env` records the environment of the
 run: NCCL_ALGO / NCCL_PROTO become the forced algorithm / protocol, NCCL_NVLS_ENABLE=0 marks NVLS off. Rows
 already in the corpus (same system, GPUs, collective, size, placement and source) are not added twice. The
 corpus is checked after writing (`meshscale.predict.validate.load_corpus`).
@@ -44,7 +44,8 @@ def parse(text: str, collective: str | None = None) -> list[dict]:
     """One dict per measurement in nccl-tests output: collective, gpus, size_bytes, inplace, time_us, busbw_GBps,
     dtype, nccl_version, tests_version. Several tests in one file are told apart by their start lines."""
     found: list[dict] = []
-    state = {"collective": collective, "version": "", "tests": "", "threads_gpus": None, "ranks": set()}
+    state = {"collective": collective, "version": "", "tests": "", "threads_gpus": None, "per_thread": None,
+             "ranks": set()}
     for line in text.splitlines():
         if line.startswith("# nccl-tests version"):
             state["tests"] = line.split()[3]
@@ -56,6 +57,7 @@ def parse(text: str, collective: str | None = None) -> list[dict]:
             state["ranks"] = set()
         elif (shape := re.match(r"#\s*nThread (\d+) nGpus (\d+)", line)) is not None:
             state["threads_gpus"] = int(shape.group(1)) * int(shape.group(2))
+            state["per_thread"] = int(shape.group(2))
         elif (rank := re.match(r"#\s+Rank\s+(\d+)", line)) is not None:
             state["ranks"].add(int(rank.group(1)))
         elif not line.startswith("#") and line.split()[:1] and line.split()[0].isdigit():
@@ -80,6 +82,7 @@ def _measurements(tokens: list[str], state: dict) -> list[dict]:
                      "size_bytes": int(tokens[0]), "inplace": inplace, "time_us": groups[start],
                      "busbw_GBps": groups[start + 2] if busbw and busbw > 0 else "",
                      "dtype": DTYPES.get(tokens[2], tokens[2]), "nccl_version": state["version"],
+                     "gpus_per_thread": state["per_thread"] or "",
                      "tests_version": state["tests"]})
     return rows
 
@@ -101,7 +104,7 @@ def corpus_rows(measured: list[dict], system: str, source: str, env: dict[str, s
                      "busbw_GBps": m["busbw_GBps"], "dtype": m["dtype"],
                      "nccl_version": version or m["nccl_version"],
                      "algo": algo if "," not in algo else "", "proto": proto if "," not in proto else "", "nvls": nvls,
-                     "source": source, "note": "; ".join(d for d in described if d)})
+                     "gpus_per_thread": m["gpus_per_thread"], "source": source, "note": "; ".join(d for d in described if d)})
     return rows
 
 

@@ -28,7 +28,7 @@ def _script():
 def _row(**cells) -> dict:
     base = {"system": "hgx-h200", "gpus": "2", "nodes": "1", "collective": "all_reduce", "size_bytes": "1024",
             "inplace": "0", "time_us": "10", "busbw_GBps": "", "dtype": "float32", "nccl_version": "2.28.9",
-            "algo": "", "proto": "", "nvls": "off", "source": "a test", "note": ""}
+            "algo": "", "proto": "", "nvls": "off", "gpus_per_thread": "2", "source": "a test", "note": ""}
     return {**base, **cells}
 
 
@@ -62,7 +62,7 @@ def test_shipped_corpus_loads_and_every_row_is_valid():
     own = [m for m in rows if m.source.startswith("benchmarks/reference/")]
     assert len(own) == 2 * 6 * 11 * 2
     assert {m.collective for m in own} == {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "broadcast", "send_recv"}
-    assert all(m.nvls == "off" and m.nccl_version == "2.28.9" for m in own)
+    assert all(m.nvls == "off" and m.nccl_version == "2.28.9" and m.gpus_per_thread == m.gpus for m in own)
     assert {m.size_class for m in rows} == {"below 1 MiB", "1 MiB and up"}
 
 
@@ -93,7 +93,8 @@ def test_shipped_rows_are_what_the_script_makes_of_the_reference_files(tmp_path)
         source = f"benchmarks/reference/nccl-tests-h200x{n}.txt"
         made += script.corpus_rows(script.parse((ROOT / source).read_text()), "hgx-h200", source,
                                    {"NCCL_NVLS_ENABLE": "0"})
-    keys = ("gpus", "collective", "size_bytes", "inplace", "time_us", "busbw_GBps", "nccl_version", "nvls")
+    keys = ("gpus", "collective", "size_bytes", "inplace", "time_us", "busbw_GBps", "nccl_version", "nvls",
+            "gpus_per_thread")
     assert [tuple(str(r[k]) for k in keys) for r in made] == [tuple(r[k] for k in keys) for r in shipped]
 
 
@@ -109,6 +110,7 @@ def test_shipped_rows_are_what_the_script_makes_of_the_reference_files(tmp_path)
     ({"gpus": "16"}, "gpus 16: 1 x hgx-h200 has only 8"),
     ({"inplace": "maybe"}, "inplace 'maybe' must be 0"),
     ({"proto": "LL256"}, "proto 'LL256' is not one of"),
+    ({"gpus_per_thread": "0"}, "gpus_per_thread '0' must be positive"),
 ])
 def test_bad_row_is_one_line_naming_file_and_row(cli, tmp_path, cells, message):
     corpus = _write(tmp_path / "bad.csv", [_row(), _row(**cells)])
@@ -134,7 +136,7 @@ def _small_corpus(tmp_path) -> Path:
         _row(size_bytes="4096", time_us="20", algo="ring", proto="LL", nvls=""),
         _row(size_bytes="2097152", time_us="100"),
         _row(system="dgx-a100", gpus="8", size_bytes="8388608", time_us="", busbw_GBps="175", nccl_version="",
-             nvls="on"),
+             nvls="on", gpus_per_thread=""),
     ])
 
 
@@ -164,9 +166,10 @@ def test_summary_math_and_what_the_model_is_asked(tmp_path, monkeypatch):
     assert len(model.calls) == 4
     first, forced, _, a100 = model.calls
     assert first == {"collective": "all_reduce", "ranks": [0, 1], "nbytes": 1024, "algorithm": "nccl",
-                     "nccl_version": "2.28.9", "nvls": False}
+                     "nccl_version": "2.28.9", "nvls": False, "gpus_per_thread": 2}
     assert forced["nccl_algo"] == "ring" and forced["proto"] == "LL" and "nvls" not in forced
-    assert a100["ranks"] == list(range(8)) and a100["nccl_version"] is None and "nvls" not in a100
+    assert a100["ranks"] == list(range(8)) and a100["nccl_version"] is None
+    assert "nvls" not in a100 and "gpus_per_thread" not in a100
 
 
 def test_within_bounds_passes_and_a_row_the_model_cannot_do_fails(tmp_path, monkeypatch):
@@ -249,7 +252,7 @@ def test_script_reads_older_tables_and_appends_once(tmp_path):
             "--env", "NCCL_PROTO=Simple", "--env", "NCCL_ALGO=Ring", "--corpus", str(corpus)]
     assert script.main(args) == 0 and script.main(args) == 0  # the second run adds nothing
     rows = load_corpus(corpus)
-    assert len(rows) == 4 and {(m.algo, m.proto, m.nvls) for m in rows} == {("Ring", "Simple", "")}
+    assert len(rows) == 4 and {(m.algo, m.proto, m.nvls, m.gpus_per_thread) for m in rows} == {("Ring", "Simple", "", 1)}
     assert script.main([str(log), "--system", "dgx-9000", "--source", "x", "--collective", "all_reduce",
                         "--corpus", str(tmp_path / "other.csv")]) == 2
 

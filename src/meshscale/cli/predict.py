@@ -170,10 +170,12 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
     for s in summary["by_system"]:
         per_system.add_row(s["system"], s["size_class"], str(s["rows"]), f"{s['geomean_abs_error']:.1%}",
                            f"{s['worst_times_off']:.2f}x")
-    console.print(per_system)
+    if per_system.row_count:
+        console.print(per_system)
     for name, c in summary["classes"].items():
-        figure = "no rows" if c["geomean_abs_error"] is None else f"{c['geomean_abs_error']:.1%}"
-        console.print(f"{name:>13}: geomean |error| {figure} over {c['rows']} rows (bound {c['bound']:.0%}) "
+        figure = ("no rows predicted" if c["geomean_abs_error"] is None
+                  else f"geomean |error| {c['geomean_abs_error']:.1%} over {c['rows']} rows")
+        console.print(f"{name:>13}: {figure} (bound {c['bound']:.0%}) "
                       + ("ok" if c["passed"] else "[bold red]OUT OF BOUNDS[/]"))
     if summary["worst_times_off"] is not None:
         console.print(f"    worst row: row {summary['worst_row']}, {summary['worst_times_off']:.2f}x off "

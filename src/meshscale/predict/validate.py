@@ -4,7 +4,8 @@ The corpus is a CSV file (``corpus/collectives.csv`` in this package; its source
 ``SOURCES.md``), one measurement a row: a system (a catalog name, or a system file relative to the corpus),
 the GPU count (the first ``gpus`` devices), the collective, nccl-tests' size, in-place or not, the time in
 microseconds and/or nccl-tests' busbw in GB/s, and what is known of NCCL (version; an algorithm or protocol
-forced with NCCL_ALGO / NCCL_PROTO; NVLS disabled or not).
+forced with NCCL_ALGO / NCCL_PROTO; NVLS disabled or not) and how many GPUs one host thread drove (nccl-tests
+-g N launches them one after another).
 
 Error of a row: predicted time / measured time - 1 (positive: the model is slower than the measurement). A row
 given as busbw only is turned into a time with nccl-tests' formula (time = size x busbw factor / busbw), so
@@ -30,7 +31,7 @@ from meshscale.topology import Topology
 from meshscale.topology.catalog import load_system, system_names
 
 CORPUS_COLUMNS = ("system", "gpus", "nodes", "collective", "size_bytes", "inplace", "time_us", "busbw_GBps",
-                  "dtype", "nccl_version", "algo", "proto", "nvls", "source", "note")
+                  "dtype", "nccl_version", "algo", "proto", "nvls", "gpus_per_thread", "source", "note")
 REQUIRED = ("system", "gpus", "nodes", "collective", "size_bytes", "inplace", "source")
 NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet", "collnet_direct", "collnet_chain", "pat")
 NCCL_PROTOS = ("ll", "ll128", "simple")
@@ -65,6 +66,7 @@ class Measurement:
     algo: str
     proto: str
     nvls: str
+    gpus_per_thread: int | None
     source: str
     note: str
 
@@ -126,6 +128,7 @@ def _measurement(raw: dict[str, str], row: int, systems: _Systems, multi_node: b
     size_bytes = _positive(cell["size_bytes"], "size_bytes", integer=True)
     if cell["inplace"] not in ("0", "1"):
         raise MeshscaleError(f"inplace {cell['inplace']!r} must be 0 (out-of-place) or 1 (in-place)")
+    per_thread = _positive(cell["gpus_per_thread"], "gpus_per_thread", integer=True) if cell["gpus_per_thread"] else None
     if cell["nccl_version"] and not re.fullmatch(r"\d+\.\d+(\.\d+)?", cell["nccl_version"]):
         raise MeshscaleError(f"nccl_version {cell['nccl_version']!r} is not a version like 2.28.9")
     topology = systems(cell["system"])
@@ -142,7 +145,7 @@ def _measurement(raw: dict[str, str], row: int, systems: _Systems, multi_node: b
     return Measurement(row, cell["system"], gpus, nodes, collective.name, size_bytes, cell["inplace"] == "1", time_s,
                        basis, cell["dtype"], cell["nccl_version"], _choice(cell["algo"], "algo", NCCL_ALGOS),
                        _choice(cell["proto"], "proto", NCCL_PROTOS), _choice(cell["nvls"], "nvls", ("on", "off")),
-                       cell["source"], cell["note"])
+                       per_thread, cell["source"], cell["note"])
 
 
 def load_corpus(path: str | Path | None = None, multi_node: bool = False) -> list[Measurement]:
@@ -179,6 +182,8 @@ def _predict_time_s(m: Measurement, topology: Topology, algorithm: str) -> tuple
         nccl["proto"] = m.proto
     if m.nvls == "off":
         nccl["nvls"] = False
+    if m.gpus_per_thread:
+        nccl["gpus_per_thread"] = m.gpus_per_thread
     result = predict_collective(topology, m.collective, ranks, m.size_bytes, algorithm=algorithm, **nccl)
     return result.time_s, str(getattr(result, "detail", "") or "")
 
@@ -224,7 +229,7 @@ def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: s
     cache: dict[tuple, tuple[float, str] | str] = {}
     rows = []
     for m in measurements:
-        key = (m.system, m.gpus, m.collective, m.size_bytes, m.nccl_version, m.algo, m.proto, m.nvls)
+        key = (m.system, m.gpus, m.collective, m.size_bytes, m.nccl_version, m.algo, m.proto, m.nvls, m.gpus_per_thread)
         if key not in cache:
             try:
                 cache[key] = _predict_time_s(m, systems(m.system), algorithm)
