@@ -19,7 +19,8 @@ from typing import Any
 from meshscale.errors import MeshscaleError
 
 SCHEMA = "meshscale-result/1"
-KINDS = ("topology", "bench-collective", "bench-p2p", "sim", "plan", "train", "scale", "predict", "cluster", "doctor", "tour")
+KINDS = ("topology", "bench-collective", "bench-p2p", "sim", "plan", "train", "scale", "predict", "cluster", "doctor", "tour",
+         "validate")
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "GLOO_", "MASTER_", "WORLD_SIZE")
 

@@ -128,7 +128,71 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         typer.echo(f"wrote {json_out}")
 
 
+WORST_ROWS_SHOWN = 10  # rows `validate` lists without --all
+
+
+def _percent(value: Optional[float]) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="only the rows of this system"),
+             collective: Optional[str] = typer.Option(None, "--collective", help="only the rows of this collective"),
+             corpus: Optional[Path] = typer.Option(None, "--corpus", help="a corpus CSV (default: the one meshscale ships)"),
+             algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
+             show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
+             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)")) -> None:
+    """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
+    import math
+    import sys
+
+    from meshscale.predict.validate import validate_corpus
+    from meshscale.units import format_bytes
+
+    result = validate_corpus(corpus, system, collective, algo)
+    summary = result.meta["summary"]
+    rows = sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])) if r["ratio"] else -math.inf)
+    shown = rows if show_all else rows[:WORST_ROWS_SHOWN]
+    table = Table(title=f"{'every row' if show_all else f'{len(shown)} worst rows'} of {summary['rows']} "
+                        f"({Path(result.meta['corpus']).name}, model {algo}) - PREDICTED vs measured")
+    for c in ("row", "system", "GPUs", "collective", "size", "place", "measured", "predicted", "error", "source"):
+        table.add_column(c, justify="right" if c in ("row", "GPUs", "size", "measured", "predicted", "error") else "left")
+    for r in sorted(shown, key=lambda r: r["row"]) if show_all else shown:
+        measured = f"{r['measured_time_s'] * 1e6:,.1f} us" + (" (busbw)" if r["basis"] == "busbw" else "")
+        predicted = "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s'] * 1e6:,.1f} us"
+        table.add_row(str(r["row"]), r["system"], str(r["gpus"]), r["collective"], format_bytes(r["size_bytes"]),
+                      "in" if r["inplace"] else "out", measured, predicted,
+                      _percent(r["error"]) if r["ratio"] else f"[red]{r['problem'][:60]}[/]", r["source"][-48:])
+    console = Console(width=160)
+    console.print(table)
+    per_system = Table(title="geomean |error| per system and size class")
+    for c in ("system", "size class", "rows", "geomean |error|", "worst (times off)"):
+        per_system.add_column(c, justify="left" if c in ("system", "size class") else "right")
+    for s in summary["by_system"]:
+        per_system.add_row(s["system"], s["size_class"], str(s["rows"]), f"{s['geomean_abs_error']:.1%}",
+                           f"{s['worst_times_off']:.2f}x")
+    if per_system.row_count:
+        console.print(per_system)
+    for name, c in summary["classes"].items():
+        figure = ("no rows predicted" if c["geomean_abs_error"] is None
+                  else f"geomean |error| {c['geomean_abs_error']:.1%} over {c['rows']} rows")
+        console.print(f"{name:>13}: {figure} (bound {c['bound']:.0%}) "
+                      + ("ok" if c["passed"] else "[bold red]OUT OF BOUNDS[/]"))
+    if summary["worst_times_off"] is not None:
+        console.print(f"    worst row: row {summary['worst_row']}, {summary['worst_times_off']:.2f}x off "
+                      f"(bound {summary['worst_bound']:g}x)")
+    if summary["unpredicted"]:
+        first = next(r for r in result.rows if r["ratio"] is None)
+        console.print(f"[bold red]{summary['unpredicted']} row(s) not predicted[/], e.g. row {first['row']}: {first['problem']}")
+    console.print(f"({summary['error_definition']})")
+    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
+    if json_out:
+        console.print(f"wrote {result.save(json_out)}")
+    if not summary["passed"]:
+        sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
     app.command()(cluster)
     app.command()(predict)
+    app.command()(validate)

@@ -1,0 +1,268 @@
+"""`meshscale validate`: the collective cost model against a corpus of measured nccl-tests figures.
+
+The corpus is a CSV file (``corpus/collectives.csv`` in this package; its sources are listed beside it in
+``SOURCES.md``), one measurement a row: a system (a catalog name, or a system file relative to the corpus),
+the GPU count (the first ``gpus`` devices), the collective, nccl-tests' size, in-place or not, the time in
+microseconds and/or nccl-tests' busbw in GB/s, and what is known of NCCL (version; an algorithm or protocol
+forced with NCCL_ALGO / NCCL_PROTO; NVLS disabled or not) and how many GPUs one host thread drove (nccl-tests
+-g N launches them one after another).
+
+Error of a row: predicted time / measured time - 1 (positive: the model is slower than the measurement). A row
+given as busbw only is turned into a time with nccl-tests' formula (time = size x busbw factor / busbw), so
+that the ratio is the busbw ratio inverted. Per size class the figure is the geometric mean of each row's
+distance from the measurement, exp(mean |ln(predicted / measured)|) - 1: a row 10% fast and a row 10% slow
+count alike, and one outlier cannot hide behind rows of the other sign.
+"""
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import asdict, dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from meshscale.collectives.kinds import kind
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result
+from meshscale.simulate import predict_collective
+from meshscale.topology import Topology
+from meshscale.topology.catalog import load_system, system_names
+
+CORPUS_COLUMNS = ("system", "gpus", "nodes", "collective", "size_bytes", "inplace", "time_us", "busbw_GBps",
+                  "dtype", "nccl_version", "algo", "proto", "nvls", "gpus_per_thread", "source", "note")
+REQUIRED = ("system", "gpus", "nodes", "collective", "size_bytes", "inplace", "source")
+NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet", "collnet_direct", "collnet_chain", "pat")
+NCCL_PROTOS = ("ll", "ll128", "simple")
+SMALL_BYTES = 1 << 20  # the size classes: below 1 MiB (latency-bound), and 1 MiB and up
+SIZE_CLASSES = ("below 1 MiB", "1 MiB and up")
+BOUNDS = {"below 1 MiB": 0.25, "1 MiB and up": 0.08}  # geomean |error| allowed per size class
+WORST_RATIO = 2.0  # no row predicted more than this many times off, either way
+ERROR_DEFINITION = ("error = predicted time / measured time - 1 (busbw-only rows: time from nccl-tests' busbw "
+                    "formula); geomean |error| = exp(mean |ln(predicted / measured)|) - 1")
+
+
+def corpus_path() -> Path:
+    """The corpus shipped with meshscale."""
+    return Path(str(resources.files("meshscale.predict") / "corpus" / "collectives.csv"))
+
+
+@dataclass(frozen=True)
+class Measurement:
+    """One corpus row, checked. ``time_s`` is measured, or derived from busbw when ``basis`` is "busbw"."""
+
+    row: int
+    system: str
+    gpus: int
+    nodes: int
+    collective: str
+    size_bytes: int
+    inplace: bool
+    time_s: float
+    basis: str
+    dtype: str
+    nccl_version: str
+    algo: str
+    proto: str
+    nvls: str
+    gpus_per_thread: int | None
+    source: str
+    note: str
+
+    @property
+    def size_class(self) -> str:
+        return SIZE_CLASSES[self.size_bytes >= SMALL_BYTES]
+
+
+def _positive(text: str, what: str, integer: bool = False) -> float | int:
+    try:
+        value = int(text) if integer else float(text)
+    except ValueError:
+        raise MeshscaleError(f"{what} {text!r} is not a {'whole number' if integer else 'number'}") from None
+    if not value > 0 or (not integer and not math.isfinite(value)):
+        raise MeshscaleError(f"{what} {text!r} must be positive")
+    return value
+
+
+def _choice(text: str, what: str, allowed: tuple[str, ...]) -> str:
+    if text and text.lower() not in allowed:
+        raise MeshscaleError(f"{what} {text!r} is not one of {', '.join(allowed)} (or blank)")
+    return text
+
+
+class _Systems:
+    """Topologies of the corpus's systems, loaded once each; system files are read relative to the corpus."""
+
+    def __init__(self, corpus: Path):
+        self.corpus = corpus
+        self.loaded: dict[str, Topology] = {}
+
+    def __call__(self, system: str) -> Topology:
+        if system not in self.loaded:
+            if system in system_names():
+                self.loaded[system] = load_system(system)
+            elif "/" in system or system.endswith((".yaml", ".yml", ".json")):
+                path = self.corpus.parent / system
+                if not path.exists():
+                    raise MeshscaleError(f"system file {system} not found next to the corpus")
+                self.loaded[system] = load_system(str(path))
+            else:
+                raise MeshscaleError(f"unknown system {system!r}; use a catalog name ({', '.join(system_names())}) "
+                                     "or a system file relative to the corpus")
+        return self.loaded[system]
+
+
+def _measurement(raw: dict[str, str], row: int, systems: _Systems, multi_node: bool) -> Measurement:
+    cell = {k: (raw.get(k) or "").strip() for k in CORPUS_COLUMNS}
+    for name in REQUIRED:
+        if not cell[name]:
+            raise MeshscaleError(f"missing {name}")
+    if not cell["time_us"] and not cell["busbw_GBps"]:
+        raise MeshscaleError("missing time_us and busbw_GBps (give at least one)")
+    gpus = _positive(cell["gpus"], "gpus", integer=True)
+    nodes = _positive(cell["nodes"], "nodes", integer=True)
+    if nodes > 1 and not multi_node:
+        raise MeshscaleError(f"nodes {nodes}: multi-node rows are not validated yet (keep them in a separate file)")
+    collective = kind(cell["collective"])
+    size_bytes = _positive(cell["size_bytes"], "size_bytes", integer=True)
+    if cell["inplace"] not in ("0", "1"):
+        raise MeshscaleError(f"inplace {cell['inplace']!r} must be 0 (out-of-place) or 1 (in-place)")
+    per_thread = _positive(cell["gpus_per_thread"], "gpus_per_thread", integer=True) if cell["gpus_per_thread"] else None
+    if cell["nccl_version"] and not re.fullmatch(r"\d+\.\d+(\.\d+)?", cell["nccl_version"]):
+        raise MeshscaleError(f"nccl_version {cell['nccl_version']!r} is not a version like 2.28.9")
+    topology = systems(cell["system"])
+    have = len(topology.devices()) * nodes
+    if gpus > have:
+        raise MeshscaleError(f"gpus {gpus}: {nodes} x {cell['system']} has only {have}")
+    if cell["time_us"]:
+        time_s, basis = _positive(cell["time_us"], "time_us") * 1e-6, "time"
+        if cell["busbw_GBps"]:
+            _positive(cell["busbw_GBps"], "busbw_GBps")
+    else:
+        busbw = _positive(cell["busbw_GBps"], "busbw_GBps") * 1e9
+        time_s, basis = size_bytes * collective.busbw_factor(gpus) / busbw, "busbw"
+    return Measurement(row, cell["system"], gpus, nodes, collective.name, size_bytes, cell["inplace"] == "1", time_s,
+                       basis, cell["dtype"], cell["nccl_version"], _choice(cell["algo"], "algo", NCCL_ALGOS),
+                       _choice(cell["proto"], "proto", NCCL_PROTOS), _choice(cell["nvls"], "nvls", ("on", "off")),
+                       per_thread, cell["source"], cell["note"])
+
+
+def load_corpus(path: str | Path | None = None, multi_node: bool = False) -> list[Measurement]:
+    """Every row of a corpus file, checked; a bad row is a one-line error naming the file and the row.
+    Rows of several nodes are refused unless ``multi_node`` (the model validated here is one node's)."""
+    path = Path(path) if path is not None else corpus_path()
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise MeshscaleError(f"{path}: cannot read ({exc.strerror})") from None
+    reader = csv.DictReader(text.splitlines())
+    missing = [c for c in REQUIRED + ("time_us", "busbw_GBps") if c not in (reader.fieldnames or [])]
+    if missing:
+        raise MeshscaleError(f"{path}: not a corpus file (no column {', '.join(missing)}); "
+                             f"its columns are {','.join(CORPUS_COLUMNS)}")
+    systems = _Systems(path)
+    rows = []
+    for number, raw in enumerate(reader, start=1):
+        try:
+            rows.append(_measurement(raw, number, systems, multi_node))
+        except MeshscaleError as exc:
+            raise MeshscaleError(f"{path}, row {number} (line {reader.line_num}): {exc}") from None
+    if not rows:
+        raise MeshscaleError(f"{path}: no rows")
+    return rows
+
+
+def _predict_time_s(m: Measurement, topology: Topology, algorithm: str) -> tuple[float, str]:
+    ranks = [topology.nodes[d].index for d in topology.devices()[:m.gpus]]
+    nccl: dict[str, Any] = {"nccl_version": m.nccl_version or None}
+    if m.algo:  # only what NCCL was forced to do: otherwise the model makes NCCL's own choice
+        nccl["nccl_algo"] = m.algo.lower()
+    if m.proto:
+        nccl["proto"] = m.proto
+    if m.nvls == "off":
+        nccl["nvls"] = False
+    if m.gpus_per_thread:
+        nccl["gpus_per_thread"] = m.gpus_per_thread
+    result = predict_collective(topology, m.collective, ranks, m.size_bytes, algorithm=algorithm, **nccl)
+    return result.time_s, str(getattr(result, "detail", "") or "")
+
+
+def _geomean_abs_error(log_ratios: list[float]) -> float | None:
+    return math.exp(sum(abs(x) for x in log_ratios) / len(log_ratios)) - 1 if log_ratios else None
+
+
+def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    predicted = [r for r in rows if r["ratio"] is not None]
+    classes = {}
+    for name in SIZE_CLASSES:
+        logs = [math.log(r["ratio"]) for r in predicted if r["size_class"] == name]
+        geomean = _geomean_abs_error(logs)
+        classes[name] = {"rows": len(logs), "geomean_abs_error": geomean, "bound": BOUNDS[name],
+                         "passed": geomean is None or geomean <= BOUNDS[name]}
+    worst = max(predicted, key=lambda r: abs(math.log(r["ratio"])), default=None)
+    worst_off = max(worst["ratio"], 1 / worst["ratio"]) if worst else None
+    by_system = []
+    for system in sorted({r["system"] for r in rows}):
+        for name in SIZE_CLASSES:
+            logs = [math.log(r["ratio"]) for r in predicted if r["system"] == system and r["size_class"] == name]
+            if logs:
+                by_system.append({"system": system, "size_class": name, "rows": len(logs),
+                                  "geomean_abs_error": _geomean_abs_error(logs),
+                                  "worst_times_off": math.exp(max(abs(x) for x in logs))})
+    unpredicted = [r for r in rows if r["ratio"] is None]
+    passed = (all(c["passed"] for c in classes.values()) and not unpredicted
+              and (worst_off is None or worst_off <= WORST_RATIO))
+    return {"rows": len(rows), "classes": classes, "worst_row": worst["row"] if worst else None,
+            "worst_times_off": worst_off, "worst_bound": WORST_RATIO, "unpredicted": len(unpredicted),
+            "by_system": by_system, "passed": passed, "error_definition": ERROR_DEFINITION}
+
+
+def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: str | Path | None = None,
+             filters: dict[str, Any] | None = None) -> Result:
+    """Predict every measurement (identical predictions once) and compare; a Result of kind "validate" whose
+    meta["summary"] holds the per-class geomeans, the worst row and the pass/fail against the bounds. A row
+    the model cannot predict (MeshscaleError) carries the reason and fails the whole."""
+    if not measurements:
+        raise MeshscaleError("no corpus rows to validate (the filters left none)")
+    systems = _Systems(Path(corpus) if corpus else corpus_path())
+    cache: dict[tuple, tuple[float, str] | str] = {}
+    rows = []
+    for m in measurements:
+        key = (m.system, m.gpus, m.collective, m.size_bytes, m.nccl_version, m.algo, m.proto, m.nvls, m.gpus_per_thread)
+        if key not in cache:
+            try:
+                cache[key] = _predict_time_s(m, systems(m.system), algorithm)
+            except MeshscaleError as exc:
+                cache[key] = str(exc)
+        found = cache[key]
+        predicted_s, detail = found if isinstance(found, tuple) else (None, "")
+        ratio = predicted_s / m.time_s if predicted_s and math.isfinite(predicted_s) else None
+        rows.append({**{k: v for k, v in asdict(m).items() if k != "time_s"}, "size_class": m.size_class,
+                     "measured_time_s": m.time_s, "predicted_time_s": predicted_s,
+                     "ratio": ratio, "error": None if ratio is None else ratio - 1, "model": detail,
+                     "problem": "" if ratio is not None else (found if isinstance(found, str) else
+                                                              f"predicted time {predicted_s}")})
+    meta = {"corpus": str(corpus or corpus_path()), "algorithm": algorithm, "filters": filters or {},
+            "summary": _summary(rows)}
+    return Result("validate", rows, True, meta)
+
+
+def validate_corpus(corpus: str | Path | None = None, system: str | None = None, collective: str | None = None,
+                    algorithm: str = "nccl") -> Result:
+    """Load a corpus (default: the shipped one), keep the rows of ``system`` / ``collective`` when given, and
+    validate them."""
+    measurements = load_corpus(corpus)
+    if collective:
+        collective = kind(collective).name
+    chosen = [m for m in measurements if (not system or m.system == system)
+              and (not collective or m.collective == collective)]
+    if not chosen:
+        have = sorted({m.system for m in measurements})
+        raise MeshscaleError(f"no corpus rows for system {system or 'any'} and collective {collective or 'any'}; "
+                             f"the corpus has {', '.join(have)}")
+    return validate(chosen, algorithm, corpus, {"system": system, "collective": collective})
+
+
+__all__ = ["BOUNDS", "CORPUS_COLUMNS", "Measurement", "WORST_RATIO", "corpus_path", "load_corpus", "validate",
+           "validate_corpus"]
