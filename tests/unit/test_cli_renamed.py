@@ -37,6 +37,8 @@ def test_old_spelling_is_one_line_and_exit_2(monkeypatch, capsys, key):
     (["predict", "--algorithm=ps"], "meshscale predict: --algorithm ps is now --mode ps-sync"),
     (["predict", "--algorithm", "hierarchical"], "meshscale predict: --algorithm is now --algo"),
     (["predict", "--batch", "64", "--strong"], "meshscale predict: --batch with --strong is now --global-batch"),
+    (["predict", "--no-overlap"], "meshscale predict: --no-overlap is now --framework cntk-2016"),
+    (["predict", "--comm-scale", "2.95"], "meshscale predict: --comm-scale removed: a free multiplier"),
     (["bench", "collective", "--cuda-graph", "--cpus", "2"], "meshscale bench collective: --cuda-graph is now"),
     (["doctor", "-o", "d.json"], "meshscale doctor: -o is now --json"),
 ])
@@ -53,7 +55,7 @@ def test_hint_names_what_was_typed(argv, hint):
     ["bench", "p2p", "--size", "16M", "-n", "3"],
     ["topo", "--system", "dgx1-p100", "--format", "json", "--output", "t.json"],
     ["predict", "--algo", "hierarchical", "--mode", "ps-sync", "--batch", "8", "--system", "dgx1-p100"],
-    ["predict", "--strong", "--global-batch", "64", "--no-overlap"],
+    ["predict", "--strong", "--global-batch", "64", "--framework", "cntk-2016", "--wire", "fp32"],
     ["report", "r.json", "--output", "out"],
     ["doctor", "--json", "d.json"],
     ["tour", "--output", "t", "--timeout-s", "60"],

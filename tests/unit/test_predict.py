@@ -4,11 +4,12 @@ import json
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.comm_fit import fit_comm_scale
 from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
+from meshscale.predict.frameworks import FRAMEWORKS, buckets, resolve_framework
+from meshscale.predict.gradient_tensors import resnet50_tensors
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step_time import FUSION_BYTES, buckets, exchange_buckets, exposed_exchange_s, per_rank_batch
+from meshscale.predict.step_time import exposed_exchange_s, per_rank_batch
 from meshscale.results import Result
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
@@ -33,7 +34,7 @@ def test_profile_from_train_result():
 
 
 def test_buckets_cover_gradients():
-    sizes = buckets(100 << 20)
+    sizes = buckets(100 << 20, 1 << 20, 25 << 20)
     assert sizes[0] == 1 << 20 and sum(sizes) == 100 << 20 and max(sizes) == 25 << 20
 
 
@@ -47,23 +48,38 @@ def test_overlap_hides_all_but_the_tail():
     assert 0.1 < slow < 0.4
 
 
-def test_each_mode_exchanges_its_own_buckets():
-    gradient = 100 << 20
-    assert exchange_buckets(gradient, "ddp", True) == buckets(gradient)
-    assert exchange_buckets(gradient, "allreduce", True) == [FUSION_BYTES, gradient - FUSION_BYTES]
-    assert exchange_buckets(gradient, "ddp", False) == [gradient]
+def test_each_framework_exchanges_its_own_calls():
+    tensors = resnet50_tensors()
+    assert len(tensors) == 161 and sum(tensors) == 25_557_032
+    gradient = 4 * sum(tensors)
+    assert FRAMEWORKS["ddp"].exchange_sizes(tensors) == buckets(gradient, 1 << 20, 25 << 20)
+    assert FRAMEWORKS["horovod"].exchange_sizes(tensors) == [64 << 20, gradient - (64 << 20)]
+    assert sum(FRAMEWORKS["ddp"].exchange_sizes(tensors, "bf16")) == gradient / 2
+    cntk = FRAMEWORKS["cntk-2016"].exchange_sizes(tensors)
+    # one all-reduce per matrix over 32 KiB (53 of them), and one for the 108 small ones packed together
+    assert len(cntk) == 54 and sum(cntk) == gradient and cntk[-1] == 4 * sum(t for t in tensors if 4 * t <= 32 << 10)
+    assert not FRAMEWORKS["cntk-2016"].overlap and FRAMEWORKS["cntk-2016"].nccl_version == "1.6"
+    assert all(f.source for f in FRAMEWORKS.values())
+
+
+def test_mode_and_framework_resolve_to_one_exchange():
+    assert resolve_framework(None, None) == ("ddp", FRAMEWORKS["ddp"])
+    assert resolve_framework("allreduce", None) == ("allreduce", FRAMEWORKS["horovod"])
+    assert resolve_framework("allreduce", "horovod") == ("allreduce", FRAMEWORKS["horovod"])
+    assert resolve_framework(None, "cntk-2016")[1] is FRAMEWORKS["cntk-2016"]
+    assert resolve_framework("ps-sync", None) == ("ps-sync", None)
 
 
 def test_modes_as_train_names_them():
     topo = load_system("dgx1-p100")
     rate = {}
-    for mode, overlap in (("ddp", True), ("allreduce", True), ("ddp", False), ("ps-sync", True)):
-        rows = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, mode=mode, overlap=overlap), topo, [8])
-        rate[mode, overlap] = rows[0]["throughput_samples_per_s"]
+    for mode, framework in (("ddp", None), ("allreduce", None), ("allreduce", FRAMEWORKS["cntk-2016"]), ("ps-sync", None)):
+        rows = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, mode=mode, framework=framework), topo, [8])
+        rate[framework.name if framework else mode] = rows[0]["throughput_samples_per_s"]
         assert rows[0]["exchange_mode"] == mode
-    assert rate["ddp", False] < rate["ddp", True]  # no overlap: the whole exchange is exposed
-    assert rate["ps-sync", True] < rate["ddp", False]  # one server's links carry every gradient
-    assert rows[0]["algorithm"] == "ps"
+    assert rate["cntk-2016"] < rate["ddp"]  # no overlap: the whole exchange is exposed
+    assert rate["ps-sync"] < rate["cntk-2016"]  # one server's links carry every gradient
+    assert rows[0]["algorithm"] == "ps" and rows[0]["framework"] == "parameter server"
 
 
 def test_nvlink_faster_than_pcie_and_ps_slowest():
@@ -106,10 +122,31 @@ def test_cluster_prediction_ethernet_scales_worse():
     assert eth[-1]["efficiency"] < ib[-1]["efficiency"]
 
 
-def test_fit_comm_scale_recovers_a_known_scale():
-    truth = [100 / (1 + 2.5 * c) for c in (0.1, 0.3)]
-    scale = fit_comm_scale(lambda s: [100 / (1 + s * c) for c in (0.1, 0.3)], truth)
-    assert scale == pytest.approx(2.5, rel=1e-3)
+def test_documented_profile_for_resnet50_on_p100():
+    sxm2, pcie = load_system("dgx1-p100"), load_system("pcie-8gpu-2socket")
+    profile = profile_for(sxm2, None, 1.0, model="resnet50")
+    assert 64 / profile.step_time(64) == pytest.approx(200.0)  # the whitepaper's one-GPU bar
+    assert profile.step_time(8) / 8 > 1.5 * profile.step_time(64) / 64  # small batches are slower per image
+    assert profile_for(pcie, None, 1.0, model="resnet50").step_time(64) == pytest.approx(0.32 * 10.6 / 9.3)
+    assert "FLOPs" in profile_for(sxm2, None, 1e9, model="gpt-small").source
+
+
+def test_exchange_passes_the_framework_nccl_version(monkeypatch):
+    import meshscale.simulate as simulate
+    seen = []
+    real = simulate.predict_collective
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs.get("nccl_version"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(simulate, "predict_collective", spy)
+    job = Job("resnet50", 25_557_032, PROFILE, 64, framework=FRAMEWORKS["cntk-2016"], mode="allreduce")
+    job.step(job.exchange(system_fabric(load_system("dgx1-p100"), 2)), 64)
+    assert seen and set(seen) == {"1.6"}
+    job = Job("resnet50", 25_557_032, PROFILE, 64)
+    job.exchange(system_fabric(load_system("dgx1-p100"), 2)).allreduce_s(1 << 20)
+    assert seen[-1] is None
 
 
 @pytest.mark.parametrize("bad", [
@@ -120,6 +157,10 @@ def test_fit_comm_scale_recovers_a_known_scale():
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="ps-async"),
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="sync"),
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, algorithm="ps"),
+    lambda: Job("resnet50", 25_557_032, PROFILE, 64, wire="int8"),
+    lambda: resolve_framework(None, "tensorflow"),
+    lambda: resolve_framework("ddp", "cntk-2016"),
+    lambda: resolve_framework("ps-sync", "ddp"),
 ])
 def test_bad_input_is_one_line(bad):
     with pytest.raises(MeshscaleError) as info:
@@ -153,14 +194,17 @@ def _rates(cli, tmp_path, *args):
 
 def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
     ddp = _rates(cli, tmp_path)
-    assert _rates(cli, tmp_path, "--mode", "ddp", "--algo", "ring", "--overlap") == ddp  # the defaults
-    assert _rates(cli, tmp_path, "--no-overlap")[-1][2] < ddp[-1][2]
+    assert _rates(cli, tmp_path, "--mode", "ddp", "--algo", "ring", "--framework", "ddp") == ddp  # the defaults
+    cntk = _rates(cli, tmp_path, "--framework", "cntk-2016")
+    assert cntk[-1][2] < ddp[-1][2]
+    assert _rates(cli, tmp_path, "--framework", "cntk-2016", "--wire", "bf16")[-1][2] > cntk[-1][2]  # half the bytes
     assert _rates(cli, tmp_path, "--mode", "ps-sync")[-1][2] < ddp[-1][2]
     strong = _rates(cli, tmp_path, "--strong", "--global-batch", "64")
     assert strong[-1][2] < ddp[-1][2]
     compared = _rates(cli, tmp_path, "--compare", "algorithms")
     assert [v for v, n, _ in compared if n == 8] == ["ring", "hierarchical", "ps-sync"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
+    assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "frameworks") if n == 8] == ["ddp", "horovod", "cntk-2016"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]
 
 
@@ -172,6 +216,10 @@ def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
     (["--strong"], "--strong needs --global-batch"),
     (["--global-batch", "64"], "--global-batch is for --strong"),
     (["--mode", "ps-sync", "--compare", "algorithms"], "use --mode ddp or allreduce"),
+    (["--framework", "caffe"], "unknown framework 'caffe'; use one of ddp, horovod, cntk-2016"),
+    (["--mode", "ddp", "--framework", "horovod"], "give --framework alone"),
+    (["--mode", "ps-sync", "--framework", "ddp"], "parameter server"),
+    (["--wire", "int4"], "unknown wire precision"),
 ])
 def test_cli_predict_bad_exchange_is_one_line(cli, args, message):
     bad = cli("predict", "--model", "resnet50", "--gpus", "1,8", *args)

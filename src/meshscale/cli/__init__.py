@@ -37,7 +37,11 @@ RENAMED: dict[tuple[str, ...], str] = {
     ("doctor", "-o"): _JSON, ("doctor", "--output"): _JSON,
     ("predict", "--algorithm ps"): "--mode ps-sync",
     ("predict", "--algorithm"): "--algo (ring or hierarchical)",
-    ("predict", "--mode sync"): "--no-overlap (the whole exchange after backward)",
+    ("predict", "--mode sync"): "--framework cntk-2016 (the whole exchange after backward)",
+    ("predict", "--no-overlap"): "--framework cntk-2016 (the framework says whether the exchange overlaps backward)",
+    ("predict", "--overlap"): "--framework ddp or horovod (the framework says whether the exchange overlaps backward)",
+    ("predict", "--comm-scale"): "removed: a free multiplier of exchange times is a fit; calibrate the links with "
+                                 "--p2p or --bench",
     ("predict", "--batch with --strong"): "--global-batch (--batch is per GPU, for --weak)",
 }
 RENAMED.update(getattr(train, "RENAMED_TRAIN", {}))

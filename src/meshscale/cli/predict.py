@@ -60,12 +60,14 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
 
 def _print(rows: list[dict], title: str, compare: bool) -> None:
     table = Table(title=f"{title} - PREDICTED")
-    cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency", "comm share"]
+    cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency",
+                                               "compute ms", "exchange ms", "exposed ms", "comm share"]
     for c in cols:
         table.add_column(c, justify="left" if c == "variant" else "right")
     for r in rows:
         cells = [str(r["world_size"]), str(r["nodes"]), str(r["batch_per_rank"]), f"{r['throughput_samples_per_s']:,.1f}",
-                 f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['comm_share']:.0%}"]
+                 f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
+                 f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
     Console(width=140).print(table)
 
@@ -80,17 +82,21 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
             batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)"),
             global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)"),
-            mode: str = typer.Option("ddp", "--mode", help="as in train: ddp (DDP buckets, overlapped with backward), "
-                                     "allreduce (64 MiB fused buckets, overlapped), ps-sync (modelled as one parameter "
-                                     "server in host memory, after backward); ps-async is not modelled"),
+            mode: Optional[str] = typer.Option(None, "--mode", help="the train mode predicted: ddp (default), allreduce "
+                                               "(its exchange: --framework horovod), ps-sync (modelled as one parameter "
+                                               "server in host memory, after backward); ps-async is not modelled"),
+            framework: Optional[str] = typer.Option(None, "--framework", help="how gradients are exchanged: ddp (25 MiB "
+                                                    "buckets overlapped with backward), horovod (64 MiB fusion, overlapped), "
+                                                    "cntk-2016 (one all-reduce per gradient after backward, NCCL 1.6); "
+                                                    "default: the --mode's"),
+            wire: Optional[str] = typer.Option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the framework's)"),
             algo: str = typer.Option("ring", "--algo", help="all-reduce algorithm: ring or hierarchical"),
-            overlap: bool = typer.Option(True, "--overlap/--no-overlap", help="--no-overlap: the whole exchange after backward, in one buffer"),
-            profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json)"),
+            profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json); "
+                                                   "default: a documented one for the model and GPU, else FLOPs"),
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
-            comm_scale: float = typer.Option(1.0, "--comm-scale", help="multiply exchange times (a calibration)"),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
-            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | links | nvlink-pcie | SYS1,SYS2,..."),
+            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
@@ -105,11 +111,13 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     rows, job, measured = predict_rows(PredictRequest(
         model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
-        gpudirect=gpudirect, batch_per_gpu=batch, global_batch=global_batch, mode=mode, algo=algo, overlap=overlap,
-        profile=profile, compute_efficiency=efficiency, comm_scale=comm_scale, p2p=p2p, bench=bench, compare=compare,
+        gpudirect=gpudirect, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
+        algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
         measured=from_result))
     model = job.model
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
+    if compare != "frameworks":
+        title += f", {job.framework.name if job.framework else 'parameter server'}"
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):

@@ -115,15 +115,15 @@ def ring_alpha_beta_s(topo: Topology, ranks: list[int], nbytes: float, params: S
 
 
 class Exchange:
-    """Exchange times on one fabric by one route (``EXCHANGES``). ``comm_scale`` multiplies every time (a
-    calibration of the achieved communication speed, 1.0 = as simulated). Intra-node times are cached per size."""
+    """Exchange times on one fabric by one route (``EXCHANGES``), as the NCCL of ``nccl_version`` would run
+    them (None: the collective model's default). Intra-node times are cached per size."""
 
-    def __init__(self, fabric: Fabric, algorithm: str = "ring", comm_scale: float = 1.0,
-                 params: SimParams | None = None, intra: str = "simulator"):
+    def __init__(self, fabric: Fabric, algorithm: str = "ring", params: SimParams | None = None,
+                 intra: str = "simulator", nccl_version: str | None = None):
         check_choice(algorithm, EXCHANGES, "exchange")
         if intra not in ("simulator", "alpha-beta"):
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
-        self.fabric, self.algorithm, self.comm_scale, self.intra = fabric, algorithm, comm_scale, intra
+        self.fabric, self.algorithm, self.intra, self.nccl_version = fabric, algorithm, intra, nccl_version
         self.params = params or SimParams()
         self._cache: dict[float, float] = {}
         self.source = ""
@@ -140,10 +140,12 @@ class Exchange:
                 self._cache[nbytes] = ring_alpha_beta_s(self.fabric.node, ranks, nbytes, self.params)
             else:
                 from meshscale.simulate import predict_collective
-                algorithm = "ring" if self.algorithm == "ring" else "auto"
                 self.source = "collectives simulator"
+                # a given NCCL version: that NCCL's own choice (its rings, its protocols), not ours
+                options = ({"nccl_version": self.nccl_version} if self.nccl_version else
+                           {"algorithm": "ring" if self.algorithm == "ring" else "auto"})
                 self._cache[nbytes] = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes),
-                                                         algorithm=algorithm, params=self.params).time_s
+                                                         params=self.params, **options).time_s
         return self._cache[nbytes]
 
     def _node_ring_bandwidth(self, nbytes: float) -> float:
@@ -168,13 +170,13 @@ class Exchange:
         if f.world_size < 2 or nbytes <= 0:
             return 0.0
         if self.algorithm == "ps":
-            return self.comm_scale * self.ps_s(nbytes)
+            return self.ps_s(nbytes)
         if f.nodes == 1:
-            return self.comm_scale * self.intra_allreduce_s(nbytes)
+            return self.intra_allreduce_s(nbytes)
         n = f.nodes
         if self.algorithm == "hierarchical":
             inter = 2 * (n - 1) * f.net_latency_s + 2 * (n - 1) / n * nbytes / f.net_bandwidth_bytes_per_s
-            return self.comm_scale * (self.intra_allreduce_s(nbytes) + inter)
+            return self.intra_allreduce_s(nbytes) + inter
         p = f.world_size
         bandwidth = min(self._node_ring_bandwidth(nbytes), f.net_bandwidth_bytes_per_s)
-        return self.comm_scale * (2 * (p - 1) * f.net_latency_s + 2 * (p - 1) / p * nbytes / bandwidth)
+        return 2 * (p - 1) * f.net_latency_s + 2 * (p - 1) / p * nbytes / bandwidth

@@ -1,8 +1,8 @@
 """Compute time of one training step on one GPU as a function of the per-GPU batch.
 
 A profile is a few measured (batch, step time) points, from `meshscale train --profile-batches` (a Result of
-kind "train" with meta.profile true), or a line built from the model's FLOPs and the GPU's rate at a stated
-efficiency. Between points it interpolates linearly; outside it extends the line through the two nearest
+kind "train" with meta.profile true), a documented one (`documented_profile`), or a line built from the model's
+FLOPs and the GPU's rate at a stated efficiency. Between points it interpolates linearly; outside it extends the line through the two nearest
 points, so the fixed per-step cost that makes small batches inefficient is kept.
 """
 from __future__ import annotations
@@ -56,6 +56,35 @@ class ComputeProfile:
 def linear_profile(per_sample_s: float, fixed_s: float, batches=(1, 8, 64, 256), **kw) -> ComputeProfile:
     """A profile t(b) = fixed_s + b x per_sample_s, sampled at ``batches``."""
     return ComputeProfile(list(batches), [fixed_s + b * per_sample_s for b in batches], **kw)
+
+
+# ResNet-50 on one Tesla P100 SXM2 in FP32. The rate at batch 64 is the DGX-1 whitepaper's one-GPU bar
+# (figures 5 and 6, CNTK: about 200 img/s). How the step time falls with the batch is taken from TensorFlow's
+# published benchmarks on the same GPU (tensorflow.org/performance/benchmarks, DGX-1, ResNet-50, synthetic data,
+# 2017): 219 img/s at batch 64 and 195 at batch 32, a line t(b) = fixed + b x per-image whose fixed part (36 ms:
+# launches, per-layer work that does not shrink with the batch, the update) is what makes small batches slow.
+P100_RESNET50_IMAGES_PER_S = 200.0
+P100_TENSORFLOW_RESNET50_IMAGES_PER_S = {64: 219.0, 32: 195.0}
+P100_FP32_FLOPS = 10.6e12
+
+
+def p100_resnet50_profile() -> ComputeProfile:
+    """The documented single-P100 ResNet-50 profile: 200 img/s at batch 64, TensorFlow's fixed step cost."""
+    (b1, r1), (b2, r2) = sorted(P100_TENSORFLOW_RESNET50_IMAGES_PER_S.items())
+    fixed_s = b1 / r1 - b1 * (b2 / r2 - b1 / r1) / (b2 - b1)
+    per_sample_s = (64 / P100_RESNET50_IMAGES_PER_S - fixed_s) / 64
+    return linear_profile(per_sample_s, fixed_s, gpu_model="Tesla P100-SXM2-16GB", gpu_flops=P100_FP32_FLOPS,
+                          source="documented P100 ResNet-50 profile (DGX-1 whitepaper 1-GPU rate, TensorFlow "
+                                 "benchmarks' batch dependence)",
+                          notes=[f"compute: documented P100 ResNet-50, {P100_RESNET50_IMAGES_PER_S:.0f} img/s at batch 64, "
+                                 f"{fixed_s * 1e3:.1f} ms fixed + {per_sample_s * 1e3:.2f} ms per image"])
+
+
+def documented_profile(model: str, gpu_model: str) -> ComputeProfile | None:
+    """A published profile of ``model`` on a GPU of ``gpu_model``'s family (rescaled later to its FP32 rate)."""
+    if model == "resnet50" and "P100" in gpu_model:
+        return p100_resnet50_profile()
+    return None
 
 
 def flops_profile(flops_per_sample: float, gpu_flops: float, efficiency: float = 0.4, fixed_s: float = 0.005,

@@ -8,18 +8,19 @@ from pathlib import Path
 
 from meshscale.errors import MeshscaleError
 from meshscale.predict.against_measured import compare_scale
+from meshscale.predict.frameworks import FRAMEWORKS, MODES, resolve_framework
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step_time import MODES
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
-COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps-sync"), "modes": MODES, "links": ("edr", "10gbe"),
-                   "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
-COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "links": "link"}  # the rest compare systems
+COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
+                   "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
+COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework",
+                 "links": "link"}  # the rest compare systems
 
 
 @dataclass(kw_only=True)
@@ -35,12 +36,12 @@ class PredictRequest:
     gpudirect: bool = True
     batch_per_gpu: int = 64                  # weak scaling
     global_batch: int | None = None          # strong scaling when given
-    mode: str = "ddp"                        # `meshscale train`'s modes
+    mode: str | None = None                  # `meshscale train`'s modes (None: the framework's, else ddp)
+    framework: str | None = None             # how gradients are exchanged (None: the mode's)
+    wire: str | None = None                  # what gradients travel as (None: the framework's)
     algo: str = "ring"                       # the all-reduce algorithm
-    overlap: bool = True                     # False: the whole exchange after backward
     profile: Path | None = None
     compute_efficiency: float = 0.4
-    comm_scale: float = 1.0
     p2p: Path | None = None
     bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
     compare: str | None = None
@@ -51,13 +52,18 @@ class PredictRequest:
         return self.global_batch is None
 
 
-def _exchange_of(variant: str, req: PredictRequest) -> tuple[str, str]:
-    """(mode, algorithm) of one variant of an exchange comparison: a mode name, or an all-reduce algorithm."""
+def _exchange_of(variant: str, kind: str, req: PredictRequest) -> tuple[str | None, str | None, str]:
+    """(mode, framework, algorithm) of one variant: a mode, a framework or an all-reduce algorithm compared,
+    the request's own otherwise."""
+    if kind == "framework":
+        return None, variant, req.algo
+    if kind != "exchange":
+        return req.mode, req.framework, req.algo
     if variant in MODES:
-        return variant, req.algo
+        return variant, None, req.algo
     if req.mode == "ps-sync":
         raise MeshscaleError(f"--compare with algorithm {variant} compares all-reduces; use --mode ddp or allreduce")
-    return req.mode, variant
+    return req.mode, req.framework, variant
 
 
 def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
@@ -83,10 +89,11 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         params = calibrate(topo, p2p) if p2p else None
         if bench:
             params = calibrate_collective(topo, bench, params or SimParams())
-        mode, algorithm = _exchange_of(variant, req) if kind == "exchange" else (req.mode, req.algo)
-        job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency),
+        asked_mode, asked_framework, algorithm = _exchange_of(variant, kind, req)
+        mode, framework = resolve_framework(asked_mode, asked_framework)
+        job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
                   req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
-                  comm_scale=req.comm_scale, overlap=req.overlap)
+                  framework=framework, wire=req.wire)
         if measured:
             found = compare_scale(measured, job, topo, params)
         elif req.nodes:

@@ -5,21 +5,24 @@ from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
-from meshscale.predict.profile import ComputeProfile, flops_profile
-from meshscale.predict.step_time import StepPrediction, check_mode, per_rank_batch, predict_step, scaling_rows
+from meshscale.predict.frameworks import (FRAMEWORKS, MODE_FRAMEWORK, NCCL_LINK_EFFICIENCY, WIRE_BYTES, Framework,
+                                          check_mode)
+from meshscale.predict.gradient_tensors import gradient_tensors
+from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile
+from meshscale.predict.step_time import StepPrediction, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
 from meshscale.topology.cluster import ClusterSpec
 
-BYTES_PER_GRADIENT = 4  # FP32 gradients, as DDP all-reduces them by default
+PS_WIRE = "fp32"  # a parameter server receives the gradients as they are
 
 
 @dataclass
 class Job:
-    """What to predict: a model (gradient size), its compute profile, how it is scaled (``batch`` per GPU when
-    ``weak``, else in all) and exchanged (``mode`` as in `meshscale train`, the all-reduce ``algorithm``, and
-    whether the exchange overlaps backward)."""
+    """What to predict: a model (its gradient tensors), its compute profile, how it is scaled (``batch`` per GPU
+    when ``weak``, else in all) and exchanged (``mode`` as in `meshscale train`, the all-reduce ``algorithm``,
+    and the ``framework`` whose exchange it is: default the mode's; ``wire`` overrides the framework's wire)."""
 
     model: str
     params: int
@@ -28,8 +31,9 @@ class Job:
     weak: bool = True
     algorithm: str = "ring"
     mode: str = "ddp"
-    comm_scale: float = 1.0
-    overlap: bool = True
+    framework: Framework | None = None
+    wire: str | None = None
+    tensor_params: list[int] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -37,21 +41,39 @@ class Job:
         if self.algorithm == "ps":
             raise MeshscaleError("a parameter server is a mode, not an all-reduce algorithm: use --mode ps-sync")
         check_choice(self.algorithm, ALLREDUCE_ALGORITHMS, "all-reduce algorithm")
-
-    @property
-    def gradient_bytes(self) -> int:
-        return self.params * BYTES_PER_GRADIENT
+        if self.wire is not None:
+            check_choice(self.wire, WIRE_BYTES, "wire precision")
+        if self.framework is None and self.mode != "ps-sync":
+            self.framework = FRAMEWORKS[MODE_FRAMEWORK[self.mode]]
+        if self.tensor_params is None:
+            self.tensor_params = gradient_tensors(self.model, self.params)
 
     @property
     def route(self) -> str:
         """How one exchange travels: the all-reduce algorithm, or "ps" (through a server) in mode ps-sync."""
         return "ps" if self.mode == "ps-sync" else self.algorithm
 
+    @property
+    def overlap(self) -> bool:
+        return bool(self.framework and self.framework.overlap)
+
+    def exchange_sizes(self) -> list[float]:
+        """Bytes of each exchange of one step: the framework's all-reduces, or one push to the server."""
+        if self.framework is None:
+            return [float(self.params * WIRE_BYTES[self.wire or PS_WIRE])]
+        return self.framework.exchange_sizes(self.tensor_params, self.wire)
+
     def exchange(self, fabric: Fabric, params: SimParams | None = None) -> Exchange:
-        return Exchange(fabric, self.route, self.comm_scale, params)
+        """The exchange on ``fabric``: link rates from ``params`` (a calibration), else those published for the
+        framework's NCCL version, else the collective model's defaults."""
+        version = self.framework.nccl_version if self.framework else None
+        if params is None and version in NCCL_LINK_EFFICIENCY:
+            params = SimParams(source=f"published NCCL {version} link rates")
+            params.efficiency.update(NCCL_LINK_EFFICIENCY[version])
+        return Exchange(fabric, self.route, params, nccl_version=version)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
-        return predict_step(self.profile, exchange, self.gradient_bytes, batch_per_rank, self.mode, self.overlap)
+        return predict_step(self.profile, exchange, self.exchange_sizes(), batch_per_rank, self.overlap)
 
 
 def gpu_flops(topo: Topology) -> float | None:
@@ -62,10 +84,12 @@ def gpu_flops(topo: Topology) -> float | None:
 
 
 def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample: float | None,
-                efficiency: float = 0.4) -> ComputeProfile:
-    """The compute profile on ``topo``'s GPU: a measured one (rescaled by the FP32 rate when it was taken on a
-    GPU of another rate), else one from the model's FLOPs. A one-line error when neither is possible."""
+                efficiency: float = 0.4, model: str = "") -> ComputeProfile:
+    """The compute profile on ``topo``'s GPU: a measured one, else a documented one for ``model`` on that GPU's
+    family (either rescaled by the FP32 rate when taken on a GPU of another rate), else one from the model's
+    FLOPs. A one-line error when none is possible."""
     target = gpu_flops(topo)
+    profile = profile or documented_profile(model, topo.gpu_model)
     if profile is None:
         if not flops_per_sample:
             raise MeshscaleError("the model has no profile and no FLOPs per sample; pass --profile profile.json")
@@ -83,7 +107,8 @@ def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = 
               for fabric in fabrics]
     base = job.step(job.exchange(Fabric(fabrics[0].node, 1), params), job.batch)
     return scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
-                        algorithm=job.route, exchange_mode=job.mode)
+                        algorithm=job.route, exchange_mode=job.mode,
+                        framework=job.framework.name if job.framework else "parameter server")
 
 
 def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:
@@ -102,5 +127,7 @@ def prediction_result(rows: list[dict], job: Job, **meta) -> Result:
     notes = job.notes + job.profile.notes
     return Result("predict", rows, True, {"model": job.model, "batch": job.batch, "weak": job.weak,
                                           "algorithm": job.route, "exchange_mode": job.mode, "overlap": job.overlap,
-                                          "comm_scale": job.comm_scale, "profile": job.profile.source,
+                                          "framework": job.framework.name if job.framework else None,
+                                          "framework_source": job.framework.source if job.framework else None,
+                                          "profile": job.profile.source,
                                           "notes": notes, **meta})

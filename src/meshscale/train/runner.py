@@ -93,12 +93,15 @@ def train(cfg: TrainConfig) -> Result:
 
 def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     """Time per step on ONE device for each per-device batch size (fresh process each): rows with
-    batch_per_rank and step_time_s, meta.profile = True (the predictor's input)."""
+    batch_per_rank and step_time_s, meta.profile = True (the predictor's input). Timed as the scaled runs are
+    (``timing`` off): no device sync inside the window, one at each end; the step time is the window's mean, so
+    there is no compute / data split (None)."""
     rows = []
     for b in batches:
-        one = replace(cfg, world=1, batch_per_rank=b, checkpoint=CheckpointOptions(), logging=LogOptions())
+        one = replace(cfg, world=1, batch_per_rank=b, timing=False, checkpoint=CheckpointOptions(), logging=LogOptions())
         s = summarize(one, run(one))
-        rows.append({"batch_per_rank": b, "step_time_s": s["step_time_s"], "compute_s": s["compute_s"],
-                     "data_s": s["data_s"], "samples_per_s": s["samples_per_s"]})
+        rate = s["samples_per_s"]
+        rows.append({"batch_per_rank": b, "step_time_s": b / rate if rate else None, "compute_s": s["compute_s"],
+                     "data_s": s["data_s"], "samples_per_s": rate})
     return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
-                    config=asdict(cfg))
+                    timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)))
