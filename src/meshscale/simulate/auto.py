@@ -108,7 +108,7 @@ def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: i
     from meshscale.simulate.params import DEFAULT_EFFICIENCY
 
     scale = 1.0
-    if params is not None and params.source != "defaults":
+    if params is not None:
         link = nccl_model.analyse(topology, list(ranks), nccl_version).ring.link
         kind_name = "nvlink" if link == "nvlink" else "pcie"
         scale = params.efficiency_of(kind_name) / DEFAULT_EFFICIENCY[kind_name]

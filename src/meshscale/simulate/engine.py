@@ -77,7 +77,7 @@ class _Resources:
         r = route(self.topo, src, dst)
         row = np.zeros(len(self.names))
         for path in r.paths:
-            share = path.bandwidth_bytes_per_s / r.bandwidth_bytes_per_s * _p2p_overhead(self.topo, path.nodes)
+            share = path.bandwidth_bytes_per_s / r.bandwidth_bytes_per_s * p2p_overhead(self.topo, path.nodes)
             # parallel links of one hop split the path's flow by their bandwidth
             for u, v in zip(path.nodes, path.nodes[1:]):
                 hop = [(i, d) for i, d in path.directed_links if {self.topo.links[i].a, self.topo.links[i].b} == {u, v}]
@@ -94,12 +94,13 @@ class _Resources:
         return self.keys[k]
 
 
-def _p2p_overhead(topo: Topology, nodes: tuple[str, ...]) -> float:
-    """Link load per byte of a peer-to-peer path: each Intel CPU root complex it crosses forwards GPU P2P
-    traffic in 64-byte TLPs, which costs 1.2x the bandwidth (NCCL's INTEL_P2P_OVERHEAD, src/graph/topo.h)."""
-    intel = sum(1 for n in nodes[1:-1] if topo.nodes[n].kind == "cpu"
-                and re.search(r"intel|xeon", str(topo.nodes[n].attrs.get("model", "")), re.IGNORECASE))
-    return INTEL_P2P_OVERHEAD ** intel
+def p2p_overhead(topo: Topology, nodes: tuple[str, ...]) -> float:
+    """Link load per byte of a peer-to-peer path: through an Intel CPU (root complex, and QPI/UPI to the other
+    socket) GPU P2P traffic moves in 64-byte TLPs, which costs 1.2x the bandwidth (NCCL's INTEL_P2P_OVERHEAD,
+    src/graph/topo.h)."""
+    intel = any(topo.nodes[n].kind == "cpu" and re.search(r"intel|xeon", str(topo.nodes[n].attrs.get("model", "")),
+                                                          re.IGNORECASE) for n in nodes[1:-1])
+    return INTEL_P2P_OVERHEAD if intel else 1.0
 
 
 def _reduce_rate(topo: Topology, dev: str, params: SimParams) -> float:

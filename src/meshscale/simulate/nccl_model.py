@@ -341,7 +341,7 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
     cpu = cpu_class(cpus[0]) if cpus else _data()["cpu_class_default"]
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
     multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
-    nvls = bool(nvs) and len(local) > 1 and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
+    nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
     inter = 0.0
     if len(nodes) > 1:
         k = _node_of(topo, local[0])

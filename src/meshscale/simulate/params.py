@@ -17,10 +17,9 @@ DEFAULT_EFFICIENCY = {
     "shm": 0.8,
 }
 
-# GPU peer-to-peer traffic through an Intel CPU's root complex travels in 64-byte TLPs and costs this much of
-# each link's bandwidth per root complex crossed (NCCL src/graph/topo.h INTEL_P2P_OVERHEAD(bw) = bw*6/5).
-# Crossing both sockets (QPI/UPI) goes through two: GPU & CUDA multi-machine communication measured 9.15
-# GB/s across QPI against 10.59 under one PCIe switch.
+# GPU peer-to-peer traffic through an Intel CPU (its root complex, and QPI/UPI to the other socket) travels in
+# 64-byte TLPs and costs this much of each link's bandwidth (NCCL src/graph/topo.h INTEL_P2P_OVERHEAD(bw) =
+# bw*6/5). "GPU & CUDA multi-machine communication" measured 9.15 GB/s across QPI, 10.59 under one switch.
 INTEL_P2P_OVERHEAD = 1.2
 
 # Per-message software overhead (launch, handshake, flag polling) added to a route's hop latency, per kind of
