@@ -13,9 +13,10 @@ from meshscale.topology import load_system, relation
 MIB = 1 << 20
 
 
-@pytest.mark.parametrize("system, low, high", [("dgx1-p100", 60e9, 80e9), ("pcie-8gpu-2socket", 8e9, 13e9)])
+@pytest.mark.parametrize("system, low, high", [("dgx1-p100", 60e9, 80e9), ("pcie-8gpu-2socket", 5e9, 8e9)])
 def test_all_reduce_256m_busbw_in_published_range(system, low, high):
-    # whitepaper: over 60 GB/s on DGX-1 P100 (4 links x 20 GB/s); "GPU & CUDA multi-machine communication": about 10 GB/s over PCIe
+    # whitepaper: over 60 GB/s on DGX-1 P100 (4 links x 20 GB/s); "GPU & CUDA multi-machine communication":
+    # NCCL rings over 5 GB/s across QPI (8 GPUs of two sockets), about 10 GB/s on the 4 GPUs of one
     topo = load_system(system)
     result = predict_collective(topo, "all_reduce", list(range(8)), 256 * MIB)
     assert low <= result.busbw_bytes_per_s <= high, (result.detail, result.busbw_bytes_per_s)
@@ -71,7 +72,7 @@ def test_auto_beats_the_best_single_ring_on_every_subset(system):
 def test_p100_subset_without_nvlink_ring():
     topo = load_system("dgx1-p100")
     devices = [0, 1, 2, 3, 7]
-    auto = predict_collective(topo, "all_reduce", devices, 256 * MIB)
+    auto = predict_collective(topo, "all_reduce", devices, 256 * MIB, algorithm="auto")
     ring = simulate(build("ring", "all_reduce", devices, 256 * MIB, topo, rings=[best_ring(topo, devices).order]), topo)
     assert any("pcie" in l.name for l in ring.links[:2])  # the single ring's bottleneck is a PCIe link
     assert auto.busbw_bytes_per_s >= 1.5 * ring.busbw_bytes_per_s

@@ -47,6 +47,18 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
     return topology, ranks, params
 
 
+NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
+NCCL_PROTO_HELP = "force NCCL's protocol as NCCL_PROTO does: LL, LL128, Simple"
+NCCL_VERSION_HELP = "NCCL version whose cost model to use (default 2.28; 2.20, 2.18, 2.7, 1.6 families)"
+NVLS_HELP = "NVLink SHARP on or off (NCCL_NVLS_ENABLE); default: on where the NVSwitches multicast"
+
+
+def _nccl_options(nccl_algo: Optional[str], proto: Optional[str], nccl_version: Optional[str], nvls: Optional[bool]) -> dict:
+    """The NCCL description given on the command line (only what was given: the model's defaults stand for the rest)."""
+    given = {"nccl_algo": nccl_algo, "proto": proto, "nccl_version": nccl_version, "nvls": nvls}
+    return {k: v for k, v in given.items() if v is not None}
+
+
 def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
          devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
@@ -56,15 +68,21 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          root: int = typer.Option(0, "--root", "-r", help="root rank (position among the devices) of rooted collectives"),
          p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
          bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
+         nccl_algo: Optional[str] = typer.Option(None, "--nccl-algo", help=NCCL_ALGO_HELP),
+         proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
+         nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
+         nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)"),
          schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here"),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)")) -> None:
-    """Choose the algorithm for one collective and explain it: channels, predicted time and busbw, bottleneck, bound."""
+    """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
+    bottleneck, bound), beside what NCCL would pick and take."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
     topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
-    p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params)
+    p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
+                  **_nccl_options(nccl_algo, proto, nccl_version, nvls))
     typer.echo(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
@@ -84,20 +102,27 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size"),
         max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size"),
         factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
-        algo: str = typer.Option("auto", "--algo", help="auto (fastest predicted per size) or an algorithm name"),
+        algo: str = typer.Option("nccl", "--algo", help="nccl: NCCL's cost model and its pick per size; auto: "
+                                 "meshscale's fastest schedule by flow simulation; or a meshscale algorithm name"),
+        nccl_algo: Optional[str] = typer.Option(None, "--nccl-algo", help=NCCL_ALGO_HELP),
+        proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
+        nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
+        nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives"),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)")) -> None:
-    """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen."""
+    """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
+    (by default NCCL's pick: algorithm/protocol and channels)."""
     from meshscale.simulate.plan import sim_sweep
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
     topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
-                       algo, root, params)
-    table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({params.source})")
+                       algo, root, params, **_nccl_options(nccl_algo, proto, nccl_version, nvls))
+    how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"
+    table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({how}; {params.source})")
     for col in ("size(B)", "count", "type", "redop", "root", "time(us)", "algbw GB/s", "busbw GB/s", "bound GB/s", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in result.rows:

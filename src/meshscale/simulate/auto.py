@@ -1,12 +1,13 @@
-"""The `auto` algorithm: simulate every algorithm that applies (with a few pipeline depths) and take the
-fastest, like NCCL's tuner. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling)
-win for small messages; bandwidth-optimal ones (rings over disjoint links, packed trees) for large ones."""
+"""Predicting one collective: by NCCL's cost model (`predict_collective`'s default, see `nccl_model`) or by
+meshscale's schedules. The `auto` schedule simulates every algorithm that applies (with a few pipeline depths)
+and takes the fastest. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling) win
+for small messages; bandwidth-optimal ones (rings over disjoint links, packed trees) for large ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
-from meshscale.collectives.kinds import schedulable
+from meshscale.collectives.kinds import kind, schedulable
 from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.params import SimParams
@@ -98,14 +99,42 @@ def choose_and_simulate(topology: Topology, collective: str, ranks: list[int], n
     return Choice(schedule, result, [result])
 
 
-def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
+def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: int, params: SimParams | None = None,
+                root: int = 0, *, nccl_version: str | None = None, nccl_algo: str | None = None,
+                proto: str | None = None, nvls: bool | None = None, gpus_per_thread: int = 1) -> SimResult:
+    """NCCL's cost model (`nccl_model.predict`) as a `SimResult`. Calibrated ``params`` scale its bandwidth by
+    the measured link efficiency over the default one, for the link kind its rings use."""
+    from meshscale.simulate import nccl_model
+    from meshscale.simulate.params import DEFAULT_EFFICIENCY
+
+    scale = 1.0
+    if params is not None:
+        link = nccl_model.analyse(topology, list(ranks), nccl_version).ring.link
+        kind_name = "nvlink" if link == "nvlink" else "pcie"
+        scale = params.efficiency_of(kind_name) / DEFAULT_EFFICIENCY[kind_name]
+    p = nccl_model.predict(topology, collective, ranks, nbytes, nccl_version=nccl_version, nccl_algo=nccl_algo,
+                           proto=proto, nvls=nvls, root=root, gpus_per_thread=gpus_per_thread,
+                           bandwidth_scale=scale)
+    alg, bus = kind(p.collective).algbw_busbw(nbytes, p.time_s, len(ranks))
+    return SimResult(p.collective, f"nccl-{p.algo}", list(ranks), nbytes, p.time_s, alg, bus, channels=p.channels,
+                     params_source=params.source if params else "defaults", detail=p.detail)
+
+
+def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "nccl",
                        params: SimParams | None = None, root: int = 0, *, nccl_version: str | None = None,
-                       nccl_algo: str | None = None, proto: str | None = None, **options) -> SimResult:
-    """Predicted time and bandwidth of one collective (``algorithm`` "auto": the fastest candidate). Sizes that
-    do not split into whole 4-byte elements per rank are rounded up, as frameworks pad gradient buckets.
-    ``nccl_version``, ``nccl_algo`` (ring, tree, nvls, nvls_tree, collnet) and ``proto`` (LL, LL128, Simple)
-    describe the NCCL whose behaviour to predict (its version; an algorithm or protocol forced as NCCL_ALGO /
-    NCCL_PROTO force them); the NCCL cost model that reads them is being written, meanwhile they are ignored."""
+                       nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None,
+                       gpus_per_thread: int = 1, **options) -> SimResult:
+    """Predicted time and bandwidth of one collective. ``algorithm`` "nccl" (default): NCCL's cost model, what
+    NCCL would pick and how long it takes (``nccl_version``, default 2.28; ``nccl_algo`` (ring, tree, nvls,
+    nvls_tree, collnet_direct, collnet_chain, pat) and ``proto`` (LL, LL128, Simple) forced as NCCL_ALGO /
+    NCCL_PROTO force them; ``nvls`` False as NCCL_NVLS_ENABLE=0; ``gpus_per_thread``: GPUs one host thread
+    drives, as nccl-tests -g). "auto": the fastest meshscale schedule by flow simulation; any other name: that
+    schedule. GPU-less topologies (CPU workers) fall back to "auto". Sizes that do not split into whole 4-byte
+    elements per rank are rounded up, as frameworks pad gradient buckets."""
     step = 4 * len(ranks)
     nbytes = max(step, -(-int(nbytes) // step) * step)
+    if algorithm == "nccl" and topology.device_kind == "gpu":
+        return nccl_result(topology, collective, ranks, nbytes, params, root, nccl_version=nccl_version,
+                           nccl_algo=nccl_algo, proto=proto, nvls=nvls, gpus_per_thread=gpus_per_thread)
+    algorithm = "auto" if algorithm == "nccl" else algorithm
     return choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params, root, **options).result

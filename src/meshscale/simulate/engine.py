@@ -14,12 +14,13 @@ the same few sets thousands of times).
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass
 
 import numpy as np
 
 from meshscale.simulate.params import (DEFAULT_CPU_REDUCE_BYTES_PER_S, DEFAULT_GPU_REDUCE_BYTES_PER_S,
-                                       SimParams)
+                                       INTEL_P2P_OVERHEAD, SimParams)
 from meshscale.topology import Topology, route
 
 # A flow with less than this share of its bytes left finishes at the current event: flows of parallel channels
@@ -76,7 +77,7 @@ class _Resources:
         r = route(self.topo, src, dst)
         row = np.zeros(len(self.names))
         for path in r.paths:
-            share = path.bandwidth_bytes_per_s / r.bandwidth_bytes_per_s
+            share = path.bandwidth_bytes_per_s / r.bandwidth_bytes_per_s * p2p_overhead(self.topo, path.nodes)
             # parallel links of one hop split the path's flow by their bandwidth
             for u, v in zip(path.nodes, path.nodes[1:]):
                 hop = [(i, d) for i, d in path.directed_links if {self.topo.links[i].a, self.topo.links[i].b} == {u, v}]
@@ -91,6 +92,15 @@ class _Resources:
         self.keys[k] = len(self.rows)
         self.rows.append(row)
         return self.keys[k]
+
+
+def p2p_overhead(topo: Topology, nodes: tuple[str, ...]) -> float:
+    """Link load per byte of a peer-to-peer path: through an Intel CPU (root complex, and QPI/UPI to the other
+    socket) GPU P2P traffic moves in 64-byte TLPs, which costs 1.2x the bandwidth (NCCL's INTEL_P2P_OVERHEAD,
+    src/graph/topo.h)."""
+    intel = any(topo.nodes[n].kind == "cpu" and re.search(r"intel|xeon", str(topo.nodes[n].attrs.get("model", "")),
+                                                          re.IGNORECASE) for n in nodes[1:-1])
+    return INTEL_P2P_OVERHEAD if intel else 1.0
 
 
 def _reduce_rate(topo: Topology, dev: str, params: SimParams) -> float:

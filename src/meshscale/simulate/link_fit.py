@@ -3,7 +3,7 @@
 A `bench p2p` result (kind "bench-p2p") has rows with ``src``, ``dst`` (device indices), ``mode``,
 ``bandwidth_bytes_per_s`` and ``latency_s``. Each pair's route tells which link kinds it crosses:
 - efficiency of a kind = median over the pairs whose route uses only that kind of measured / route bandwidth
-  (capped at 1); kinds seen only on mixed routes (PCIe through QPI) get what their bottleneck link implies
+  (capped at 1), the TLP overhead of P2P through an Intel CPU counted as load; kinds seen only on mixed routes (PCIe through QPI) get what their bottleneck link implies
   once the pure kinds are known;
 - latency: measured = message latency of the route's slowest link kind + scale x the route's hop latency,
   fitted by least squares (scale >= 0).
@@ -21,6 +21,7 @@ import numpy as np
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.simulate.auto import predict_collective
+from meshscale.simulate.engine import p2p_overhead
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 
@@ -41,6 +42,7 @@ def calibrate(topo: Topology, p2p: Result, base: SimParams | None = None) -> Sim
         links = [topo.links[i] for p in r.paths for i, _ in p.directed_links]
         kinds = {l.kind for l in links}
         if bandwidth:
+            bandwidth *= p2p_overhead(topo, r.paths[0].nodes)  # what the links carried, TLP overhead included
             if len(kinds) == 1:
                 pure[kinds.pop()].append(bandwidth / r.bandwidth_bytes_per_s)
             else:

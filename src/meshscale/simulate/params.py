@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 # Share of the line rate (per direction) that a bulk GPU-to-GPU copy achieves, per link kind. NVLink: NCCL
 # rings reach about 80% (DGX-1 P100: 4 links x 20 GB/s -> "over 60 GB/s"). PCIe: "GPU & CUDA multi-machine communication" measured 10.59 of
-# 15.75 GB/s between two GPUs under one switch (0.67); across QPI the CPUs' P2P forwarding costs more.
+# 15.75 GB/s between two GPUs under one switch (0.67); crossing a CPU costs more (INTEL_P2P_OVERHEAD).
 DEFAULT_EFFICIENCY = {
     "nvlink": 0.8,
     "pcie": 0.7,
@@ -16,6 +16,11 @@ DEFAULT_EFFICIENCY = {
     "ethernet": 0.9,
     "shm": 0.8,
 }
+
+# GPU peer-to-peer traffic through an Intel CPU (its root complex, and QPI/UPI to the other socket) travels in
+# 64-byte TLPs and costs this much of each link's bandwidth (NCCL src/graph/topo.h INTEL_P2P_OVERHEAD(bw) =
+# bw*6/5). "GPU & CUDA multi-machine communication" measured 9.15 GB/s across QPI, 10.59 under one switch.
+INTEL_P2P_OVERHEAD = 1.2
 
 # Per-message software overhead (launch, handshake, flag polling) added to a route's hop latency, per kind of
 # the route's slowest link; "default" for kinds not named. NCCL's small-message floor is a few us per step.

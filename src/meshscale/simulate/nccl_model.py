@@ -1,0 +1,677 @@
+"""NCCL's own cost model, applied to a meshscale topology: what NCCL would pick for a collective and how long
+it would take.
+
+NCCL (src/graph/tuning.cc) predicts ``time = latency + nBytes / bandwidth`` for every algorithm (ring, tree,
+NVLS, ...) and protocol (LL, LL128, Simple) and runs the fastest. Its inputs come from the topology search
+(src/graph/search.cc): per-channel bandwidth and the number of channels (rings) it could lay over the links.
+This module derives those inputs from a `Topology` the way NCCL does (compute capability from the GPU model,
+NVLink bandwidth per link by generation, PCI width x rate, the CPU-to-CPU link by CPU generation, the speed
+ladders and channel duplication), then evaluates NCCL's formulas with the constants of ``nccl_tuning.yaml``.
+
+The choice is NCCL's (argmin of its own estimates). The predicted time adds what NCCL's estimate leaves out
+but a run shows: channels shed for small messages (enqueue.cc), the traffic an NVLS all-reduce really moves
+over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N).
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from functools import lru_cache
+from importlib import resources
+
+import yaml
+
+from meshscale.collectives.kinds import kind
+from meshscale.errors import MeshscaleError
+from meshscale.topology import Topology, route
+
+PROTOCOLS = ("LL", "LL128", "Simple")
+ALGORITHMS = ("ring", "tree", "nvls", "nvls_tree", "collnet_direct", "collnet_chain", "pat")
+P2P = "p2p"  # point-to-point collectives (all_to_all, gather, scatter, send_recv): grouped ncclSend/ncclRecv
+DEFAULT_VERSION = "2.28"
+PATH_TYPES = ("NVL", "PIX", "PXB", "PHB", "SYS")  # NCCL's path types inside a node, nearest first
+_ARCH = {70: "volta", 80: "ampere", 90: "hopper", 100: "blackwell"}
+_ALGO_SPELLINGS = {"nvlstree": "nvls_tree", "collnetdirect": "collnet_direct", "collnetchain": "collnet_chain",
+                   "collnet": "collnet_direct"}
+_RING_ONLY = ("broadcast", "reduce")
+_P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send_recv")
+DFS_VISIT_LIMIT = 20_000  # ring search effort per ring (NCCL's search has a time limit too)
+
+
+# ---- constants --------------------------------------------------------------------------------------------
+
+@lru_cache(maxsize=1)
+def _data() -> dict:
+    with resources.files("meshscale.simulate").joinpath("nccl_tuning.yaml").open() as f:
+        return yaml.safe_load(f)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(base[k], v) if isinstance(v, dict) and isinstance(base.get(k), dict) else v
+    return out
+
+
+def families() -> list[str]:
+    """The NCCL version families the data file describes, oldest first."""
+    return sorted(_data()["families"], key=_version_key)
+
+
+def _version_key(text: str) -> tuple[int, ...]:
+    return tuple(int(x) for x in re.findall(r"\d+", text)[:2])
+
+
+@lru_cache(maxsize=None)
+def constants(version: str | None = None) -> dict:
+    """The constants of the family ``version`` belongs to (the newest family not newer than it; default 2.28),
+    inherited entries merged in; ``family`` and ``source`` say which."""
+    fams = _data()["families"]
+    text = str(version or DEFAULT_VERSION).strip().lstrip("v")
+    if not re.match(r"^\d+(\.\d+)*", text):
+        raise MeshscaleError(f"NCCL version {version!r} is not a version number; use e.g. 2.28, 2.18.5 or 1.6")
+    want = _version_key(text)
+    fitting = [f for f in fams if _version_key(f) <= want]
+    if not fitting:
+        raise MeshscaleError(f"no NCCL constants for version {version}; known families: {', '.join(families())}")
+    family = max(fitting, key=_version_key)
+
+    def resolved(name: str) -> dict:
+        entry = fams[name]
+        return _merge(resolved(entry["inherit"]), entry) if "inherit" in entry else dict(entry)
+
+    merged = resolved(family)
+    merged["family"] = family
+    return merged
+
+
+def _first_match(table: list, text: str, default):
+    for pattern, value in table:
+        if re.search(pattern, text or "", re.IGNORECASE):
+            return value
+    return default
+
+
+def gpu_sm(model: str) -> int:
+    """Compute capability x10 of a GPU model name (H100 -> 90), as NCCL reads it from the device."""
+    return int(_first_match(_data()["gpu_sm"], model, _data()["gpu_sm_default"]))
+
+
+def cpu_class(model: str) -> str:
+    """NCCL's CPU class (bdw, skl, srp, erp, amd, p9, arm) of a CPU model name."""
+    return str(_first_match(_data()["cpu_class"], model, _data()["cpu_class_default"]))
+
+
+def host_launch_s() -> float:
+    """Seconds a host thread spends issuing one GPU's collective (see the data file)."""
+    return float(_data()["host_launch_us_per_gpu"]) * 1e-6
+
+
+# ---- what NCCL derives from the topology ------------------------------------------------------------------
+
+@dataclass
+class Graph:
+    """A channel graph as NCCL's search leaves it: channels, GB/s per channel, the farthest path type used."""
+
+    channels: int
+    bw_gbps: float
+    path_type: str = "NVL"
+    same_channels: bool = True
+    orders: list[list[str]] = field(default_factory=list)
+
+    @property
+    def link(self) -> str:
+        return "nvlink" if self.path_type == "NVL" else "pci"
+
+    @property
+    def total_gbps(self) -> float:
+        return self.channels * self.bw_gbps
+
+
+@dataclass
+class System:
+    """What NCCL knows when it tunes: GPU generation, ranks and nodes, the ring graph, NVLS, CPU vendor."""
+
+    sm: int
+    n_ranks: int
+    n_nodes: int
+    ring: Graph
+    nvls: bool  # NVSwitch multicast joins the ranks of a node
+    cpu: str
+    inter_gbps: float = 0.0  # network bandwidth of one node, all NICs (several nodes only)
+    pair_gbps: dict = field(default_factory=dict)  # (src, dst) -> NCCL path bandwidth, GB/s
+
+    @property
+    def ppn(self) -> float:
+        return self.n_ranks / self.n_nodes
+
+    @property
+    def arch(self) -> str:
+        return _ARCH[max(k for k in _ARCH if k <= max(self.sm, 70))]
+
+    @property
+    def hw(self) -> str:
+        return "net" if self.n_nodes > 1 else self.ring.link
+
+
+def _pci_gbps(link, c: dict) -> float:
+    rate = c["pci_rate_per_lane"].get(link.generation or 3, 60)
+    return (link.width or 16) * rate / 80 * (link.count or 1)
+
+
+@dataclass
+class _PairPath:
+    path_type: str
+    uses: list  # (resource key, consumption per unit of channel bandwidth)
+
+
+def _pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
+    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it."""
+    nv = c["nvlink_bw_per_link"].get(sm, c["nvlink_bw_per_link"][80 if sm >= 80 else 70])
+    direct = [l for l in topo.links_between(a, b) if l.kind == "nvlink"]
+    if direct:
+        key = ("nvl", a, b)
+        capacity[key] = sum(l.count for l in direct) * nv
+        return _PairPath("NVL", [(key, 1.0)])
+    r = route(topo, a, b)
+    if r.fabric == "nvlink":  # through NVSwitches: a's links into the switches, b's links out of them
+        for g, way in ((a, "out"), (b, "in")):
+            capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
+                                            if topo.nodes[l.other(g)].kind == "nvswitch") * nv
+        return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
+    if r.fabric != "pcie":
+        return None
+    path = r.paths[0]
+    cpus = [n for n in path.nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    switches = [n for n in path.nodes[1:-1] if topo.nodes[n].kind == "pcie_switch"]
+    path_type = "SYS" if len(cpus) >= 2 else "PHB" if cpus else "PIX" if len(switches) <= 1 else "PXB"
+    intel = bool(cpus) and all(cpu_class(topo.nodes[x].attrs.get("model", "")) in ("bdw", "skl", "srp", "erp")
+                               for x in cpus)
+    uses = []
+    for i, d in path.directed_links:
+        link = topo.links[i]
+        key = ("link", i, d)
+        if link.kind in ("qpi", "upi"):
+            capacity[key] = c["inter_cpu_bw"][cpu_class(topo.nodes[link.a].attrs.get("model", ""))]
+            uses.append((key, 1.0))
+        else:
+            capacity[key] = _pci_gbps(link, c) if link.kind == "pcie" else link.bandwidth_bytes_per_s / 1e9
+            # P2P through an Intel root complex: 64 B TLPs cost 1.2x the link (search.cc, PHB paths)
+            uses.append((key, c["intel_p2p_overhead"] if path_type == "PHB" and intel else 1.0))
+    return _PairPath(path_type, uses)
+
+
+def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int]):
+    """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
+    nearest path types first). Each ring is yielded with its resources taken; they are given back after."""
+    n = len(names)
+
+    def fits(u, v):
+        p = paths.get((u, v))
+        return p is not None and all(left[k] >= speed * f - 1e-9 for k, f in p.uses)
+
+    def take(u, v, sign):
+        for k, f in paths[(u, v)].uses:
+            left[k] -= sign * speed * f
+
+    order = [names[0]]
+
+    def dfs():
+        budget[0] -= 1
+        if budget[0] < 0:
+            return
+        u = order[-1]
+        if len(order) == n:
+            if fits(u, names[0]):
+                take(u, names[0], 1)
+                yield list(order)
+                take(u, names[0], -1)
+            return
+        rest = [v for v in names if v not in order and (u, v) in paths]
+        rest.sort(key=lambda v: (PATH_TYPES.index(paths[(u, v)].path_type),
+                                 -min(left[k] / f for k, f in paths[(u, v)].uses)))
+        for v in rest:
+            if fits(u, v):
+                take(u, v, 1)
+                order.append(v)
+                yield from dfs()
+                order.pop()
+                take(u, v, -1)
+
+    yield from dfs()
+
+
+def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int) -> list[list[str]]:
+    """As many rings at ``speed`` as fit together (NCCL's search backtracks over channels too, within a time
+    limit); stops at the bound the busiest GPU's links set."""
+    out: dict = {}
+    for (a, _), p in paths.items():
+        for k, _f in p.uses[:1]:
+            out.setdefault(a, set()).add(k)
+    bound = min(limit, min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values()))
+    left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
+
+    def rec():
+        if len(rings) > len(best[0]):
+            best[0] = list(rings)
+        if len(rings) >= bound or budget[0] <= 0:
+            return
+        for ring in _cycles(names, paths, left, speed, budget):
+            rings.append(ring)
+            rec()
+            rings.pop()
+            if len(best[0]) >= bound or budget[0] <= 0:
+                return
+
+    rec()
+    return best[0]
+
+
+def ring_graph(topo: Topology, names: list[str], c: dict, sm: int) -> Graph:
+    """The ring graph NCCL's search finds over the GPUs ``names`` of one node: NVLink-only rings if any exist
+    (else rings over PCIe / the CPU link), at the fastest speed of the ladder that gives the most bandwidth
+    (nChannels x speed), then channel duplication."""
+    if len(names) == 1:
+        return Graph(1, 0.0)
+    capacity: dict = {}
+    paths = {}
+    for a in names:
+        for b in names:
+            if a != b:
+                p = _pair_path(topo, a, b, c, sm, capacity)
+                if p is not None:
+                    paths[(a, b)] = p
+    ladders = c["speed_ladder_intra"]
+    ladder = ladders.get("sm100" if sm >= 100 else "sm90" if sm >= 90 else "default", ladders["default"])
+    for allowed in (("NVL",), PATH_TYPES):
+        usable = {k: p for k, p in paths.items() if p.path_type in allowed}
+        if not usable:
+            continue
+        best: tuple[int, float, list] = (0, 0.0, [])
+        per_gpu = {a: max((min(capacity[k] / f for k, f in p.uses) for (s, _), p in usable.items() if s == a), default=0)
+                   for a in names}
+        max_bw = max(per_gpu.values())
+        total_bw = max(sum(capacity[k] for k in {p.uses[0][0] for (s, _), p in usable.items() if s == a}) for a in names)
+        first = None
+        for speed in [s for s in ladder if s <= max_bw + 1e-9]:
+            if first is not None and speed / first <= 0.49:
+                break
+            rings = _pack_rings(names, usable, capacity, speed, c["search_max_channels"])
+            if rings and len(rings) * speed > best[0] * best[1] + 1e-9:
+                best = (len(rings), speed, rings)
+            if rings and first is None:
+                first = speed
+            if best[0] * best[1] >= total_bw - 1e-9:
+                break
+        if best[0]:
+            nch, bw, rings = best
+            worst = max((paths[(u, v)].path_type for r in rings for u, v in zip(r, r[1:] + r[:1])), key=PATH_TYPES.index)
+            same = all(r == rings[0] for r in rings)
+            if bw >= c["duplicate_min_bw"] and not (sm > 80 and bw < c["duplicate_sm90_max_bw"] and nch > 4):
+                dup = min(2 * nch, c["max_channels"])
+                bw, nch = bw / math.ceil(dup / nch), dup
+            return Graph(nch, bw, worst, same, rings)
+    raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
+
+
+def _node_of(topo: Topology, name: str) -> int:
+    return int(topo.nodes[name].attrs.get("node", 0))
+
+
+def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> System:
+    """What NCCL derives from ``topo`` for ``ranks`` (device indices); memoized on the topology."""
+    c = constants(version)
+    memo = ("meshscale.nccl_model", tuple(ranks), c["family"])
+    if memo in topo.route_cache:
+        return topo.route_cache[memo]
+    names = [topo.device(r) for r in ranks]
+    if len(set(names)) != len(names):
+        raise MeshscaleError(f"device list {list(ranks)} repeats a device; give each GPU once")
+    if topo.device_kind != "gpu":
+        raise MeshscaleError(f"{topo.name} has no GPUs; NCCL's model applies to GPUs only")
+    sms = {gpu_sm(topo.nodes[n].attrs.get("model", "")) for n in names}
+    sm = min(sms)
+    nodes: dict[int, list[str]] = {}
+    for n in names:
+        nodes.setdefault(_node_of(topo, n), []).append(n)
+    local = next(iter(nodes.values()))
+    graph = ring_graph(topo, local, c, sm)
+    cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
+    cpu = cpu_class(cpus[0]) if cpus else _data()["cpu_class_default"]
+    nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
+    multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
+    nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
+    inter = 0.0
+    if len(nodes) > 1:
+        k = _node_of(topo, local[0])
+        nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == k]
+        inter = sum(l.bandwidth_bytes_per_s for n in nics for l in topo.links_of(n)
+                    if l.kind in ("infiniband", "ethernet")) / 1e9 or c["net_bw_default"]
+    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter)
+    if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
+        system.pair_gbps["mixed_sm"] = True
+    topo.route_cache[memo] = system
+    return system
+
+
+# ---- NCCL's estimate --------------------------------------------------------------------------------------
+
+def _row(table: dict, s: System) -> list[float]:
+    return table.get(s.arch, table.get("ampere"))
+
+
+def _index2(s: System) -> int:
+    return s.n_nodes - 1 if s.n_nodes <= 2 else 2
+
+
+def enabled(s: System, c: dict, collective: str, algo: str, proto: str, nvls: bool) -> bool:
+    """Whether NCCL would consider ``algo``/``proto`` for ``collective`` on ``s`` (hardware and version)."""
+    if algo not in c["algorithms"] or proto not in c["protocols"]:
+        return False
+    if collective in _RING_ONLY and algo != "ring":
+        return False
+    if collective in ("all_gather", "reduce_scatter") and algo not in ("ring", "nvls", "pat", "collnet_direct"):
+        return False
+    if collective == "all_reduce" and algo == "pat":
+        return False
+    if algo in ("nvls", "nvls_tree") and (proto != "Simple" or not (s.nvls and nvls)):
+        return False
+    if algo == "nvls_tree" and s.n_nodes == 1:
+        return False
+    if algo == "nvls" and s.n_nodes > 1 and c.get("nvls_multinode_needs_collnet"):
+        return False
+    if algo.startswith("collnet"):  # needs a network that reduces (SHARP); no catalog system has one
+        return False
+    if algo == "pat" and (s.ppn != 1 or s.n_nodes < 2):
+        return False
+    if algo == "tree" and s.n_ranks < 2:
+        return False
+    if proto == "LL128":
+        sms = c.get("ll128_sms")
+        ok = (s.sm in sms) if sms else s.sm >= c["ll128_min_sm"]
+        if not ok or s.ring.path_type != "NVL" or s.pair_gbps.get("mixed_sm"):
+            return False
+    return True
+
+
+def _nsteps(collective: str, n: int) -> int:
+    return 2 * (n - 1) if collective == "all_reduce" else n - 1 if collective in ("all_gather", "reduce_scatter") else n
+
+
+def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, channels: float | None = None,
+                  nvls_traffic: bool = False) -> float:
+    """NCCL's algorithm bandwidth (GB/s) for ``algo``/``proto``: per-channel graph bandwidth x channels with its
+    protocol factors and caps, converted from bus to algorithm bandwidth. ``channels`` (default: the graph's)
+    evaluates it for fewer channels; ``nvls_traffic`` replaces NCCL's NVLS all-reduce credit by the traffic an
+    NVLS all-reduce moves over each GPU's links (used for the predicted time, not for the choice)."""
+    g = s.ring
+    nch = g.channels if channels is None else channels
+    n, i2 = s.n_ranks, _index2(s)
+    bw = g.bw_gbps
+    if s.n_nodes > 1:  # the network carries every channel once per node
+        bw = min(bw, s.inter_gbps / g.channels)
+    if algo in ("nvls", "nvls_tree"):
+        nch_nvls = c["nvls_channels"] * (nch / g.channels)
+        per_ch = g.total_gbps / c["nvls_channels"]
+        eff = c["nvls_efficiency"][s.arch]
+        if nvls_traffic and collective == "all_reduce":
+            # multimem reduce reads each GPU's buffer once and returns its share; the multicast store sends the
+            # share once and brings back the others: size * (n+1)/n per GPU link and direction
+            return nch_nvls * per_ch * eff * s.ppn / (s.ppn + 1)
+        if c["nvls_algbw_rule"] == "2.20":
+            return nch_nvls * per_ch * (5 / 6)
+        intra = per_ch * eff * (c["nvls_channels"] - 1) / c["nvls_channels"]
+        intra *= 2.0 if collective == "all_reduce" else (s.ppn - 1) / s.ppn
+        if algo == "nvls_tree":
+            intra = min(intra, _row(c["per_channel_max_nvls_tree_bw"], s)[i2] or intra)
+        bus = nch_nvls * intra
+        if collective in ("all_gather", "reduce_scatter"):
+            return bus
+        return bus * n / _nsteps(collective, n)
+    bus = nch * bw
+    if c.get("sm80_bus_bw_cap") and s.sm == 80:
+        bus = min(bus, c["sm80_bus_bw_cap"])
+    if algo == "ring" and proto == "LL":
+        if c.get("ring_ll_factor_v27"):
+            bus *= 0.25 if (s.n_nodes > 1 or collective in ("all_reduce", "reduce")) else 1 / 3
+        else:
+            row = c["ll_max_bw"][s.arch] if s.n_nodes == 1 else c["ll_max_bw"]["net_amd" if s.cpu == "amd" else "net_intel"]
+            bus = min(row[i2], bus * c["ring_ll_factor"])
+    if algo == "ring" and proto == "LL128":
+        bus = min(bus * c["ring_ll128_factor"], nch * _row(c["per_channel_max_ring_ll128_bw"], s)[i2])
+    if algo == "tree":
+        if collective == "all_reduce":
+            bus = min(bus * c["tree_factor"], nch * _row(c["per_channel_max_tree_bw"], s)[i2])
+        if proto == "LL":
+            bus = min(bus / c["tree_ll_divisor"], _row(c["ll_max_bw"], s)[i2])
+        if proto == "LL128":
+            f = c["tree_ll128_factor_one_node"] if s.n_nodes == 1 else c["tree_ll128_factor_multi_node"]
+            bus = min(bus * f, nch * _row(c["per_channel_max_tree_ll128_bw"], s)[i2])
+    if algo == "pat":
+        bus *= c["pat_factor"]
+    if algo != "ring" and collective in ("all_gather", "reduce_scatter"):
+        return bus
+    return bus * (n / _nsteps(collective, n) if algo == "ring" else 0.5)
+
+
+def latency_us(s: System, c: dict, collective: str, algo: str, proto: str) -> float:
+    """NCCL's latency (us) of one ``algo``/``proto`` call of ``collective`` on ``s``."""
+    base = c["base_latency_us"][algo][proto]
+    hw = c["hw_latency_us"]
+    intra = hw[s.ring.link].get(algo, {}).get(proto, 0.0)
+    net = hw["net"]
+    inter = (net["tree"] if s.ppn == 1 else net.get(algo, {})).get(proto, 0.0)
+    n, nodes = s.n_ranks, s.n_nodes
+    nsteps = _nsteps(collective, n)
+    if algo == "ring":
+        step = hw[s.hw]["ring"][proto]
+        if collective in _RING_ONLY:
+            if s.ring.same_channels:
+                return base + step
+            return base + nsteps * (hw[s.hw]["tree"]["Simple"] if proto == "Simple" else step)
+        if nodes > 1:
+            overhead = c["net_overhead_us"]["amd" if s.cpu == "amd" else "intel"] * (3 if proto == "Simple" else 1)
+            intra = max(intra, overhead)
+        inter_steps = 0 if nodes == 1 else 2 * (nodes - 1) if collective == "all_reduce" else nodes - 1
+        return base + (nsteps - inter_steps) * intra + inter_steps * inter
+    log_nodes = int(math.log2(nodes))
+    if algo == "tree":
+        return base + 2 * ((n // nodes - 1) * intra + log_nodes * inter)
+    if algo == "nvls":
+        return intra + (inter if nodes > 1 else 0.0)
+    if algo == "nvls_tree":
+        return base + intra + 2 * log_nodes * inter
+    if algo == "pat":
+        return base + log_nodes * inter / 3.5 + n * 2.8
+    if algo == "collnet_direct":
+        return base + 2 * (min(1, n // nodes - 1) * intra + (n // nodes - 1) * 0.4) + inter
+    return base + 2 * (n // nodes - 1) * intra + inter
+
+
+def nccl_time_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int) -> float:
+    """``ncclTopoGetAlgoTime``: latency + nBytes / bandwidth, with its size corrections; -1 when disabled."""
+    bw = bus_bandwidth(s, c, collective, algo, proto)
+    if bw <= 0:
+        return -1.0
+    lat = latency_us(s, c, collective, algo, proto)
+    log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
+    if algo == "tree" and 0 <= log_size < 23 and (collective == "all_reduce" or c["tree_correction_all_collectives"]):
+        bw *= c["tree_correction"][proto][log_size]
+    if algo == "ring" and proto == "Simple" and s.n_nodes > 1 and collective == "all_reduce" \
+            and nbytes / (s.ring.channels * s.n_ranks) >= 64:
+        lat *= c["ring_plateau_factor"]["below_sm80" if s.sm < 80 else "sm80_and_up"]
+    return lat + nbytes / (1000 * bw)
+
+
+# ---- what a run takes -------------------------------------------------------------------------------------
+
+@dataclass
+class Estimate:
+    """One algorithm x protocol: NCCL's own estimate and the predicted time."""
+
+    algo: str
+    proto: str
+    nccl_time_s: float
+    time_s: float
+    channels: int
+
+
+@dataclass
+class NcclPrediction:
+    """NCCL's choice for one collective and the predicted time; ``candidates`` fastest (by NCCL) first."""
+
+    collective: str
+    ranks: list[int]
+    nbytes: int
+    algo: str
+    proto: str
+    channels: int
+    time_s: float
+    nccl_time_s: float
+    family: str
+    system: System
+    candidates: list[Estimate] = field(default_factory=list)
+    host_bound: bool = False
+
+    @property
+    def detail(self) -> str:
+        if self.algo == P2P:
+            text = f"nccl p2p/Simple, {self.channels} channels"
+        else:
+            text = f"nccl {self.algo}/{self.proto}, {self.channels} channels"
+        return text + (" (host launch bound)" if self.host_bound else "")
+
+
+def comm_channels(s: System, c: dict, algo: str) -> int:
+    """Channels the communicator runs: the graph's, doubled at setup (connect.cc), NVLS its own count."""
+    if algo in ("nvls", "nvls_tree"):
+        return c["nvls_channels"]
+    return min(2 * s.ring.channels, c["max_channels"])
+
+
+def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int:
+    """Channels a call of ``nbytes`` runs on: NCCL sheds channels while nBytes < nc * nThreads * threshold."""
+    nc = comm_channels(s, c, algo)
+    nt = c["max_threads"][proto]
+    thr = c["thread_threshold_bytes"][proto] * (s.n_ranks if algo == "ring" and proto == "LL" else 1)
+    while nbytes < nc * nt * thr:
+        if nc >= 2:
+            nc -= 1
+        elif nt % 128 == 0:
+            nt //= 2
+        else:
+            break
+    return nc
+
+
+def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
+    nc = channels_used(s, c, algo, proto, nbytes)
+    share = nc / comm_channels(s, c, algo)
+    bw = bus_bandwidth(s, c, collective, algo, proto, s.ring.channels * share, nvls_traffic=True) * scale
+    if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
+        log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
+        if 0 <= log_size < 23:
+            bw *= c["tree_correction"][proto][log_size]
+    return latency_us(s, c, collective, algo, proto) + nbytes / (1000 * bw), nc
+
+
+def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
+            scale: float) -> float:
+    """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's share of the graph
+    bandwidth and over each pair's path."""
+    n = len(ranks)
+    lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
+    names = [topo.device(r) for r in ranks]
+    per_gpu = s.ring.total_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
+
+    def pair(a: str, b: str) -> float:
+        return min(per_gpu, _pair_gbps(topo, s, c, a, b) * scale)
+
+    if collective == "send_recv":
+        return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1])))
+    block = nbytes / n
+    if collective == "all_to_all":
+        worst = max(block / pair(a, b) for a in names for b in names if a != b)
+        return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+    hub = names[root]
+    worst = max(block / (pair(hub, b) if collective == "scatter" else pair(b, hub)) for b in names if b != hub)
+    return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+
+
+def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
+    key = (a, b)
+    if key not in s.pair_gbps:
+        if _node_of(topo, a) != _node_of(topo, b):
+            s.pair_gbps[key] = s.inter_gbps
+        else:
+            capacity: dict = {}
+            p = _pair_path(topo, a, b, c, s.sm, capacity)
+            s.pair_gbps[key] = min(capacity[k] / f for k, f in p.uses) if p else 0.1
+    return s.pair_gbps[key]
+
+
+def normalize_algo(name: str | None) -> str | None:
+    """NCCL_ALGO spellings (Ring, NVLS, NVLSTree, CollNetDirect...) -> this module's names; None stays None."""
+    if name is None:
+        return None
+    key = name.strip().lower().replace("-", "_")
+    key = _ALGO_SPELLINGS.get(key.replace("_", ""), key)
+    if key not in ALGORITHMS:
+        raise MeshscaleError(f"unknown NCCL algorithm {name!r}; use one of {', '.join(ALGORITHMS)}")
+    return key
+
+
+def normalize_proto(name: str | None) -> str | None:
+    """NCCL_PROTO spellings (ll, ll128, simple) -> LL, LL128, Simple; None stays None."""
+    if name is None:
+        return None
+    for p in PROTOCOLS:
+        if name.strip().lower() == p.lower():
+            return p
+    raise MeshscaleError(f"unknown NCCL protocol {name!r}; use one of {', '.join(PROTOCOLS)}")
+
+
+def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, nccl_version: str | None = None,
+            nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None, root: int = 0,
+            gpus_per_thread: int = 1, bandwidth_scale: float = 1.0) -> NcclPrediction:
+    """NCCL's choice and the predicted time of ``collective`` of ``nbytes`` (the nccl-tests size) over ``ranks``.
+    ``nccl_algo`` / ``proto`` force them as NCCL_ALGO / NCCL_PROTO do; ``nvls`` False turns NVLink SHARP off
+    (NCCL_NVLS_ENABLE=0; default: on where the switches multicast); ``gpus_per_thread`` is how many GPUs one
+    host thread drives (nccl-tests -g); ``bandwidth_scale`` scales every bandwidth (a calibration)."""
+    collective = kind(collective).name
+    c = constants(nccl_version)
+    s = analyse(topo, list(ranks), nccl_version)
+    algo_forced, proto_forced = normalize_algo(nccl_algo), normalize_proto(proto)
+    nbytes = int(nbytes)
+    host_us = host_launch_s() * 1e6 * max(1, gpus_per_thread)
+    if len(ranks) < 2:
+        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_us * 1e-6, 0.0, c["family"], s)
+    if collective in _P2P_COLLECTIVES:
+        t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
+        chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, comm_channels(s, c, "ring"))
+        candidates = [chosen]
+    else:
+        candidates = []
+        for a in ALGORITHMS:
+            if algo_forced and a != algo_forced:
+                continue
+            for p in PROTOCOLS:
+                if proto_forced and p != proto_forced:
+                    continue
+                if not enabled(s, c, collective, a, p, nvls is not False):
+                    continue
+                est = nccl_time_us(s, c, collective, a, p, nbytes)
+                if est < 0:
+                    continue
+                t, nc = _predicted_us(s, c, collective, a, p, nbytes, bandwidth_scale)
+                candidates.append(Estimate(a, p, est * 1e-6, t * 1e-6, nc))
+        if not candidates:
+            what = "/".join(x for x in (algo_forced, proto_forced) if x) or "any algorithm"
+            raise MeshscaleError(f"NCCL {c['family']} cannot run {collective} with {what} on {topo.name} "
+                                 f"devices {list(ranks)} (the hardware or the version does not offer it)")
+        candidates.sort(key=lambda e: e.nccl_time_s)
+        chosen = candidates[0]
+    time_s = max(chosen.time_s, host_us * 1e-6)
+    return NcclPrediction(collective, list(ranks), nbytes, chosen.algo, chosen.proto, chosen.channels, time_s,
+                          chosen.nccl_time_s, c["family"], s, candidates, host_bound=host_us * 1e-6 > chosen.time_s)
