@@ -110,7 +110,7 @@ def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list
                      "algorithm": r.detail or r.algorithm, "bound_busbw_bytes_per_s": bound,
                      "bottleneck": r.bottleneck.name if r.bottleneck else None})
     meta = {"system": topology.name, "ranks": list(ranks), "world_size": len(ranks),
-            "algorithm": "nccl" if model == "nccl" else algorithm, "model": model, "params": params.source,
+            "algorithm": algorithm, "params": params.source,
             **{k: v for k, v in nccl.items() if v is not None}}
     return Result("sim", rows, predicted=True, meta=meta)
 
