@@ -1,4 +1,5 @@
-"""Append the rows of an nccl-tests output file to the measurement corpus `meshscale validate` checks against.
+"""Append the rows of an nccl-tests output file (or of a `meshscale bench collective --json` result) to the
+measurement corpus `meshscale validate` checks against.
 
     python scripts/corpus_from_nccl_tests.py FILE --system hgx-h200 --source benchmarks/reference/nccl-tests-h200x2.txt \
         --env NCCL_NVLS_ENABLE=0 [--gpus N] [--nccl-version 2.28.9] [--note TEXT] [--corpus CSV] [--dry-run]
@@ -8,7 +9,9 @@ nccl-tests printed a non-zero one). The NCCL version comes from the header (`ncc
 unless given; the GPU count from the `Rank` lines, else nThread x nGpus; the GPUs one thread drives from nGpus. `--env` records the environment of the
 run: NCCL_ALGO / NCCL_PROTO become the forced algorithm / protocol, NCCL_NVLS_ENABLE=0 marks NVLS off. Rows
 already in the corpus (same system, GPUs, collective, size, placement and source) are not added twice. The
-corpus is checked after writing (`meshscale.predict.validate.load_corpus`).
+corpus is checked after writing (`meshscale.predict.validate.load_corpus`). A `.json` FILE is a meshscale
+bench result (one process per GPU; give --nccl-version); NCCL_ALGO=allreduce:Tree style values (forced for one
+function, NCCL >= 2.24) record the algorithm or protocol forced for that function.
 """
 from __future__ import annotations
 
@@ -87,23 +90,45 @@ def _measurements(tokens: list[str], state: dict) -> list[dict]:
     return rows
 
 
+def parse_meshscale(result_path: Path) -> list[dict]:
+    """Measurements of a `meshscale bench collective --json` result, in `parse`'s keys (one GPU per process)."""
+    from meshscale.results import load_result
+
+    result = load_result(result_path)
+    if result.kind != "bench-collective":
+        raise MeshscaleError(f"{result_path}: a {result.kind} result; give a bench-collective one")
+    gpus = int(result.meta.get("world_size") or 0)
+    return [{"collective": r["collective"], "size_bytes": int(r["size_bytes"]), "inplace": int(bool(r["inplace"])),
+             "time_us": round(r["time_s"] * 1e6, 3), "busbw_GBps": round(r["busbw_bytes_per_s"] / 1e9, 3),
+             "dtype": r["dtype"], "nccl_version": "", "gpus": gpus, "gpus_per_thread": 1,
+             "tests_version": None, "tool": "meshscale bench collective --impl nccl"} for r in result.rows]
+
+
+def _forced(value: str) -> str:
+    """The algorithm or protocol an NCCL_ALGO / NCCL_PROTO value forces: 'Tree' or 'allreduce:Tree' (one function);
+    blank for a list, which forces nothing single."""
+    value = value.split(":", 1)[1] if value.count(":") == 1 and ";" not in value else value
+    return "" if "," in value or ":" in value else value
+
+
 def corpus_rows(measured: list[dict], system: str, source: str, env: dict[str, str], nodes: int = 1,
                 gpus: int | None = None, version: str | None = None, note: str = "") -> list[dict]:
     """Corpus rows (CORPUS_COLUMNS) of parsed measurements on ``system``, run with environment ``env``."""
-    algo, proto = env.get("NCCL_ALGO", ""), env.get("NCCL_PROTO", "")
+    algo, proto = _forced(env.get("NCCL_ALGO", "")), _forced(env.get("NCCL_PROTO", ""))
     nvls = {"0": "off", "1": "on"}.get(env.get("NCCL_NVLS_ENABLE", ""), "")
     knobs = " ".join(f"{k}={v}" for k, v in sorted(env.items()))
     rows = []
     for m in measured:
         if not m["gpus"] and not gpus:
             raise MeshscaleError("the file gives no GPU count (no nThread/nGpus or Rank lines); give --gpus")
-        described = [f"nccl-tests {m['tests_version']}" if m["tests_version"] else "nccl-tests",
+        tool = m.get("tool") or (f"nccl-tests {m['tests_version']}" if m["tests_version"] else "nccl-tests")
+        described = [tool,
                      "in-place" if m["inplace"] else "out-of-place", knobs, note]
         rows.append({"system": system, "gpus": gpus or m["gpus"], "nodes": nodes, "collective": m["collective"],
                      "size_bytes": m["size_bytes"], "inplace": m["inplace"], "time_us": m["time_us"],
                      "busbw_GBps": m["busbw_GBps"], "dtype": m["dtype"],
                      "nccl_version": version or m["nccl_version"],
-                     "algo": algo if "," not in algo else "", "proto": proto if "," not in proto else "", "nvls": nvls,
+                     "algo": algo, "proto": proto, "nvls": nvls,
                      "gpus_per_thread": m["gpus_per_thread"], "source": source, "note": "; ".join(d for d in described if d)})
     return rows
 
@@ -127,7 +152,7 @@ def append(corpus: Path, rows: list[dict]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("file", type=Path, help="nccl-tests output")
+    parser.add_argument("file", type=Path, help="nccl-tests output, or a meshscale bench collective JSON result")
     parser.add_argument("--system", required=True, help="catalog system (or a system file relative to the corpus)")
     parser.add_argument("--source", required=True, help="where the figures come from: a URL, a paper table, a repo path")
     parser.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -145,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         parser.error("--env takes NAME=VALUE")
     try:
-        measured = parse(args.file.read_text(), kind(args.collective).name if args.collective else None)
+        measured = parse_meshscale(args.file) if args.file.suffix == ".json" else \
+            parse(args.file.read_text(), kind(args.collective).name if args.collective else None)
         rows = corpus_rows(measured, args.system, args.source, env, args.nodes, args.gpus, args.nccl_version, args.note)
         if args.dry_run:
             writer = csv.DictWriter(sys.stdout, fieldnames=CORPUS_COLUMNS, lineterminator="\n")

@@ -82,10 +82,6 @@ FRAMEWORKS = {
 }
 MODE_FRAMEWORK = {f.mode: name for name, f in FRAMEWORKS.items() if f.mode}  # ddp -> ddp, allreduce -> horovod
 
-# What NCCL 1.x achieved per link kind in published measurements (not from any training figure): rings over
-# NVLink on DGX-1 P100 "over 60 GB/s" of 80 (DGX-1 whitepaper, section 4.4); about 10 GB/s over PCIe 3.0 x16
-# (15.75 GB/s) and "over 5 GB/s" across QPI (25.6 GB/s) (the NCCL article in the seed documents).
-NCCL_LINK_EFFICIENCY = {"1.6": {"nvlink": 0.75, "pcie": 0.63, "qpi": 0.2}}
 
 
 def resolve_framework(mode: str | None, framework: str | None) -> tuple[str, Framework | None]:

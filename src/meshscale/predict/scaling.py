@@ -5,7 +5,7 @@ from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
-from meshscale.predict.frameworks import (FRAMEWORKS, MODE_FRAMEWORK, NCCL_LINK_EFFICIENCY, WIRE_BYTES, Framework,
+from meshscale.predict.frameworks import (FRAMEWORKS, MODE_FRAMEWORK, WIRE_BYTES, Framework,
                                           check_mode)
 from meshscale.predict.gradient_tensors import gradient_tensors
 from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile
@@ -64,12 +64,9 @@ class Job:
         return self.framework.exchange_sizes(self.tensor_params, self.wire)
 
     def exchange(self, fabric: Fabric, params: SimParams | None = None) -> Exchange:
-        """The exchange on ``fabric``: link rates from ``params`` (a calibration), else those published for the
-        framework's NCCL version, else the collective model's defaults."""
+        """The exchange on ``fabric``: the NCCL cost model of the framework's NCCL version, refined by ``params``
+        (a calibration) when given."""
         version = self.framework.nccl_version if self.framework else None
-        if params is None and version in NCCL_LINK_EFFICIENCY:
-            params = SimParams(source=f"published NCCL {version} link rates")
-            params.efficiency.update(NCCL_LINK_EFFICIENCY[version])
         return Exchange(fabric, self.route, params, nccl_version=version)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
