@@ -12,6 +12,7 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.predict import validate as validation
 from meshscale.predict.validate import CORPUS_COLUMNS, corpus_path, load_corpus, validate_corpus
+from meshscale.results import Result
 from meshscale.topology.catalog import system_names
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -269,3 +270,26 @@ def test_model_holds_on_the_whole_corpus():
     assert classes["below 1 MiB"]["geomean_abs_error"] <= 0.25, report
     assert summary["worst_times_off"] <= 2.0, (summary["worst_row"], summary["worst_times_off"])
     assert summary["passed"]
+
+
+def test_one_run_against_its_prediction_and_its_report_section():
+    from meshscale.report.figures import Source, validate_section
+    from meshscale.predict.validate import validate_run
+    measured = Result("bench-collective", [
+        {"collective": "all_reduce", "size_bytes": 1024, "inplace": False, "time_s": 20e-6},
+        {"collective": "all_reduce", "size_bytes": 1 << 30, "inplace": False, "time_s": 4e-3},
+        {"collective": "all_gather", "size_bytes": 4096, "inplace": False, "time_s": 10e-6}],  # no prediction
+        meta={"world_size": 4})
+    predicted = Result("sim", [{"collective": "all_reduce", "size_bytes": 1024, "time_s": 10e-6, "algorithm": "nccl ring/LL"},
+                               {"collective": "all_reduce", "size_bytes": 1 << 30, "time_s": 4.2e-3}],
+                       True, {"system": "hgx-h200"})
+    result = validate_run(measured, predicted)
+    assert result.kind == "validate" and [r["size_class"] for r in result.rows] == ["below 1 MiB", "1 MiB and up"]
+    summary = result.meta["summary"]
+    assert summary["classes"]["below 1 MiB"]["geomean_abs_error"] == pytest.approx(1.0)  # 2x off
+    assert summary["classes"]["1 MiB and up"]["geomean_abs_error"] == pytest.approx(0.05)
+    assert not summary["passed"] and summary["worst_times_off"] == pytest.approx(2.0)
+    table = validate_section(Source("validate", result)).table
+    assert [r["within"] for r in table] == ["no", "yes", "yes"] and "this run" in validate_section(Source("v", result)).title
+    with pytest.raises(MeshscaleError, match="no measured size"):
+        validate_run(measured, Result("sim", [], True, {}))

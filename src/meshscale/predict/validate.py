@@ -248,6 +248,31 @@ def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: s
     return Result("validate", rows, True, meta)
 
 
+def validate_run(measured: Result, predicted: Result) -> Result:
+    """The same comparison for one run: a `bench collective` result against the model's prediction of the same
+    collectives and sizes (a "sim" result, e.g. the tour's); a Result of kind "validate" like `validate`'s."""
+    model = {(r["collective"], r["size_bytes"]): r for r in predicted.rows}
+    system = str(predicted.meta.get("system", "this machine"))
+    world = int(measured.meta.get("world_size") or 0)
+    rows = []
+    for i, r in enumerate(measured.rows, 1):
+        p = model.get((r["collective"], r["size_bytes"]))
+        if p is None or not r.get("time_s"):
+            continue
+        ratio = p["time_s"] / r["time_s"] if p.get("time_s") else None
+        rows.append({"row": i, "system": system, "gpus": world, "collective": r["collective"],
+                     "size_bytes": r["size_bytes"], "inplace": r.get("inplace"),
+                     "size_class": SIZE_CLASSES[r["size_bytes"] >= SMALL_BYTES], "measured_time_s": r["time_s"],
+                     "predicted_time_s": p.get("time_s"), "ratio": ratio,
+                     "error": None if ratio is None else ratio - 1, "model": p.get("algorithm", ""),
+                     "problem": "" if ratio is not None else "no prediction"})
+    if not rows:
+        raise MeshscaleError("no measured size has a prediction to compare with")
+    meta = {"corpus": "this run", "algorithm": predicted.meta.get("algorithm", "nccl"), "filters": {},
+            "summary": _summary(rows)}
+    return Result("validate", rows, True, meta)
+
+
 def validate_corpus(corpus: str | Path | None = None, system: str | None = None, collective: str | None = None,
                     algorithm: str = "nccl") -> Result:
     """Load a corpus (default: the shipped one), keep the rows of ``system`` / ``collective`` when given, and
@@ -265,4 +290,4 @@ def validate_corpus(corpus: str | Path | None = None, system: str | None = None,
 
 
 __all__ = ["BOUNDS", "CORPUS_COLUMNS", "Measurement", "WORST_RATIO", "corpus_path", "load_corpus", "validate",
-           "validate_corpus"]
+           "validate_corpus", "validate_run"]

@@ -271,6 +271,24 @@ def train_runs_as_scale(sources: list[Source]) -> Source | None:
                                        first.env))
 
 
+def validate_section(source: Source) -> Section:
+    """The model's error against measurements (`meshscale validate` of the corpus, or of this run's sweep): the
+    geometric-mean |error| per size class against its bound, and the worst row."""
+    summary = source.result.meta.get("summary", {})
+    table = [{"size class": name, "rows": c["rows"],
+              "geomean |error|": "-" if c["geomean_abs_error"] is None else f"{100 * c['geomean_abs_error']:.1f}%",
+              "bound": f"{100 * c['bound']:.0f}%", "within": "-" if not c["rows"] else ("yes" if c["passed"] else "no")}
+             for name, c in summary.get("classes", {}).items()]
+    worst = next((r for r in source.result.rows if r.get("row") == summary.get("worst_row")), None)
+    if worst:
+        table.append({"size class": "worst row", "rows": 1,
+                      "geomean |error|": f"{worst['collective']} {worst['size_bytes']} B: {100 * worst['error']:+.1f}%",
+                      "bound": f"{summary['worst_bound']:.0f}x", "within": "yes" if summary["worst_times_off"] <= summary["worst_bound"] else "no"})
+    where = source.result.meta.get("corpus", "")
+    return Section(f"Model against measurement ({'this run' if where == 'this run' else 'the corpus'}): "
+                   "geomean |error| per size class", table=table)
+
+
 def sections(sources: list[Source]) -> list[Section]:
     """Every section the results support, in reading order; kinds with no figure are listed as tables."""
     by_kind = defaultdict(list)
@@ -287,6 +305,8 @@ def sections(sources: list[Source]) -> list[Section]:
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
+    for s in by_kind["validate"]:
+        out.append(validate_section(s))
     for s in by_kind["doctor"]:
         out.append(Section("Doctor: driver, links, shared memory, NCCL knobs, network, versions", table=s.result.rows))
     return out

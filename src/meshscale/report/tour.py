@@ -20,12 +20,14 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
 from meshscale.bench.p2p import P2PSpec, bench_p2p
-from meshscale.execute.world import resolve_world
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
+from meshscale.execute.launch import NCCL_SAFETY_ENV
+from meshscale.execute.world import resolve_world
 from meshscale.predict.against_measured import compare_scale
 from meshscale.predict.profile import ComputeProfile
 from meshscale.predict.scaling import Job
+from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.report.doctor import run_doctor
 from meshscale.report.figures import Source
@@ -170,8 +172,10 @@ def _world_sizes(n: int) -> list[int]:
 
 
 def sim_stage(state: TourState) -> dict[str, Result]:
-    """The simulator's prediction of every collective and size the sweep measured (calibrated from bench p2p
-    when it ran), with its fastest algorithm, as a "sim" result."""
+    """The model's prediction of every collective and size the sweep measured, as a "sim" result: on GPUs NCCL's
+    cost model (what NCCL picks, NVLS off as meshscale runs NCCL), on CPU workers the fastest schedule by flow
+    simulation; calibrated from this run's bench p2p when it ran. With a measured sweep, also the model's
+    error against it ("validate", as `meshscale validate` reports the corpus)."""
     params = None
     if "p2p" in state.results:
         try:
@@ -185,17 +189,22 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
     if len(ranks) < 2:
         raise Skipped("needs two ranks")
+    # meshscale starts NCCL with NVLink SHARP off (NCCL_SAFETY_ENV): predict what was measured
+    nccl = {"nvls": NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0"} if state.topology.device_kind == "gpu" else {}
     rows = []
     for collective in sorted({r["collective"] for r in measured_rows}) or COLLECTIVES:
         for size in sizes:
-            r = predict_collective(state.topology, collective, ranks, size, params=params)
+            r = predict_collective(state.topology, collective, ranks, size, params=params, **nccl)
             rows.append({"collective": collective, "size_bytes": size, "time_s": r.time_s,
                          "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
                          "algorithm": r.algorithm})
     state.sim_params = params
     meta = {"system": state.topology.name, "label": "simulator", "ranks": ranks,
             "params": params.source if params else "defaults"}
-    return {"sim": Result("sim", rows, True, meta)}
+    sim = Result("sim", rows, True, meta)
+    if "collective" not in state.results:
+        return {"sim": sim}
+    return {"sim": sim, "validate": validate_run(state.results["collective"], sim)}
 
 
 def whitepaper_results() -> dict[str, Result]:
@@ -261,7 +270,7 @@ STAGES = (
     Stage("collective", "bench collective sweep", lambda s: (300 if s.gpu else 120) if s.settings.full else (60 if s.gpu else 20),
           collective_stage),
     Stage("scale", "scale run (weak and strong)", lambda s: 180 if s.settings.full else (90 if s.gpu else 60), scale_stage),
-    Stage("sim", "simulator predictions", lambda s: 5, sim_stage),
+    Stage("sim", "model predictions and their error", lambda s: 5, sim_stage),
     Stage("predict", "scaling predictions and the DGX-1 reference", lambda s: 5, predict_stage),
 )
 
