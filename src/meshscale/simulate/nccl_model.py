@@ -10,7 +10,8 @@ ladders and channel duplication), then evaluates NCCL's formulas with the consta
 
 The choice is NCCL's (argmin of its own estimates). The predicted time adds what NCCL's estimate leaves out
 but a run shows: channels shed for small messages (enqueue.cc), the traffic an NVLS all-reduce really moves
-over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N).
+over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N). Trees use
+their own graph (chains, search.cc), as NCCL's tuning reads graphs[algorithm].
 """
 from __future__ import annotations
 
@@ -106,6 +107,15 @@ def cpu_class(model: str) -> str:
 def host_launch_s() -> float:
     """Seconds a host thread spends issuing one GPU's collective (see the data file)."""
     return float(_data()["host_launch_us_per_gpu"]) * 1e-6
+
+
+def host_bound_s(device_s: float, gpus_per_thread: int) -> float:
+    """Time per call when one host thread issues the collective on ``gpus_per_thread`` GPUs one after another:
+    the collective cannot start before the last GPU's kernel is issued, (G-1) launches after the first, and
+    the thread cannot issue calls faster than G launches each. One GPU per thread: its launch overlaps the
+    previous call."""
+    g = max(1, gpus_per_thread)
+    return max(g * host_launch_s(), (g - 1) * host_launch_s() + device_s)
 
 
 # ---- what NCCL derives from the topology ------------------------------------------------------------------
@@ -670,9 +680,9 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
     s = analyse(topo, list(ranks), nccl_version)
     algo_forced, proto_forced = normalize_algo(nccl_algo), normalize_proto(proto)
     nbytes = int(nbytes)
-    host_us = host_launch_s() * 1e6 * max(1, gpus_per_thread)
     if len(ranks) < 2:
-        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_us * 1e-6, 0.0, c["family"], s)
+        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_bound_s(0.0, gpus_per_thread),
+                              0.0, c["family"], s)
     if collective in _P2P_COLLECTIVES:
         t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
         chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, comm_channels(s, c, "ring"))
@@ -698,6 +708,7 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                                  f"devices {list(ranks)} (the hardware or the version does not offer it)")
         candidates.sort(key=lambda e: e.nccl_time_s)
         chosen = candidates[0]
-    time_s = max(chosen.time_s, host_us * 1e-6)
+    time_s = host_bound_s(chosen.time_s, gpus_per_thread)
     return NcclPrediction(collective, list(ranks), nbytes, chosen.algo, chosen.proto, chosen.channels, time_s,
-                          chosen.nccl_time_s, c["family"], s, candidates, host_bound=host_us * 1e-6 > chosen.time_s)
+                          chosen.nccl_time_s, c["family"], s, candidates,
+                          host_bound=max(1, gpus_per_thread) * host_launch_s() > chosen.time_s)
