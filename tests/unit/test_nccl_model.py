@@ -116,10 +116,65 @@ def test_host_thread_driving_several_gpus_sets_a_floor():
     topo = load_system("hgx-h200")
     one = predict_collective(topo, "all_reduce", [0, 1, 2, 3], 1024)
     four = predict_collective(topo, "all_reduce", [0, 1, 2, 3], 1024, gpus_per_thread=4)
-    assert four.time_s == pytest.approx(4 * nccl_model.host_launch_s()) and four.time_s > one.time_s
+    device = one.time_s  # one GPU per thread: the launch overlaps the previous call
+    assert four.time_s == pytest.approx(max(4 * nccl_model.host_launch_s(), 3 * nccl_model.host_launch_s() + device))
+    assert four.time_s > one.time_s + 2 * nccl_model.host_launch_s()
+    big = predict_collective(topo, "all_reduce", [0, 1, 2, 3], GIB, gpus_per_thread=4)
+    alone = predict_collective(topo, "all_reduce", [0, 1, 2, 3], GIB)
+    assert big.time_s - alone.time_s == pytest.approx(3 * nccl_model.host_launch_s())
+
+
+def test_host_launch_reproduces_its_source():
+    """nccl-tests issue #123: all_reduce_perf -g G, Ring, 1 channel, 8 B on a DGX A100: 10.0 us (G=2) .. 33.7 (G=8)."""
+    topo = load_system("dgx-a100")
+    measured_us = {2: 10.0, 4: 16.88, 6: 25.2, 8: 33.7}
+    for g, t_us in measured_us.items():
+        p = nccl_model.predict(topo, "all_reduce", list(range(g)), 8, nccl_algo="ring", proto="LL", gpus_per_thread=g)
+        assert p.time_s * 1e6 == pytest.approx(t_us, rel=0.1), g
 
 
 def test_schedule_algorithms_still_work():
     topo = load_system("dgx1-v100")
     ring = predict_collective(topo, "all_reduce", list(range(8)), 64 << 20, algorithm="ring")
     assert ring.algorithm == "ring" and ring.transfers > 0
+
+
+# NCCL 2.28.9's own tuning table (NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING, NVLS off) on 2 and 4 H200 of an HGX
+# H200: latency (us) / algorithm bandwidth (GB/s) per collective, algorithm and protocol, as NCCL printed it.
+NCCL_PRINTED_H200 = {
+    2: {("broadcast", "ring"): [(7.2, 141.0), (15.9, 331.2), (11.8, 360.0)],
+        ("all_gather", "ring"): [(7.2, 282.0), (15.9, 662.4), (11.8, 720.0)],
+        ("reduce_scatter", "ring"): [(7.2, 282.0), (15.9, 662.4), (11.8, 720.0)],
+        ("all_reduce", "ring"): [(7.8, 141.0), (17.8, 331.2), (15.2, 360.0)],
+        ("all_reduce", "tree"): [(8.0, 61.1), (16.5, 180.6), (16.4, 232.2)]},
+    4: {("broadcast", "ring"): [(7.2, 141.0), (15.9, 331.2), (11.8, 360.0)],
+        ("all_gather", "ring"): [(8.4, 188.0), (19.7, 441.6), (18.6, 480.0)],
+        ("reduce_scatter", "ring"): [(8.4, 188.0), (19.7, 441.6), (18.6, 480.0)],
+        ("all_reduce", "ring"): [(10.2, 94.0), (25.4, 220.8), (28.8, 240.0)],
+        ("all_reduce", "tree"): [(10.4, 43.6), (21.5, 128.8), (32.4, 165.6)]},
+}
+
+
+@pytest.mark.parametrize("n_gpus", [2, 4])
+def test_reproduces_nccl_printed_tuning_table_on_h200(n_gpus):
+    topo = load_system("hgx-h200")
+    s = nccl_model.analyse(topo, list(range(n_gpus)), "2.28.9")
+    c = nccl_model.constants("2.28.9")
+    assert (s.ring.channels, s.ring.bw_gbps) == (12, 30.0)  # "Pattern 4, nChannels 12, bw 30"
+    assert nccl_model.comm_channels(s, c, "ring") == 24  # "24 coll channels"
+    for (collective, algo), row in NCCL_PRINTED_H200[n_gpus].items():
+        for proto, (lat_us, bw_gbps) in zip(nccl_model.PROTOCOLS, row):
+            assert nccl_model.enabled(s, c, collective, algo, proto, nvls=False)
+            assert nccl_model.latency_us(s, c, collective, algo, proto) == pytest.approx(lat_us, rel=0.02)
+            assert nccl_model.bus_bandwidth(s, c, collective, algo, proto) == pytest.approx(bw_gbps, rel=0.02)
+    assert not nccl_model.enabled(s, c, "all_gather", "tree", "Simple", nvls=False)
+
+
+def test_tree_graph_follows_nccl_search_on_h200():
+    """2 GPUs: chains 0->1 and 1->0 at 60 GB/s fill the ring's 12 channels ("Pattern 1, nChannels 12, bw 60,
+    sameChannels 0"); 4 GPUs: fewer chains at 60, duplicated to 12 x 30 ("nChannels 12, bw 30")."""
+    topo = load_system("hgx-h200")
+    two = nccl_model.analyse(topo, [0, 1], "2.28.9").tree
+    assert (two.channels, two.bw_gbps, two.same_channels) == (12, 60, False)
+    four = nccl_model.analyse(topo, [0, 1, 2, 3], "2.28.9").tree
+    assert (four.channels, four.bw_gbps) == (12, 30)

@@ -10,7 +10,8 @@ ladders and channel duplication), then evaluates NCCL's formulas with the consta
 
 The choice is NCCL's (argmin of its own estimates). The predicted time adds what NCCL's estimate leaves out
 but a run shows: channels shed for small messages (enqueue.cc), the traffic an NVLS all-reduce really moves
-over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N).
+over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N). Trees use
+their own graph (chains, search.cc), as NCCL's tuning reads graphs[algorithm].
 """
 from __future__ import annotations
 
@@ -108,6 +109,15 @@ def host_launch_s() -> float:
     return float(_data()["host_launch_us_per_gpu"]) * 1e-6
 
 
+def host_bound_s(device_s: float, gpus_per_thread: int) -> float:
+    """Time per call when one host thread issues the collective on ``gpus_per_thread`` GPUs one after another:
+    the collective cannot start before the last GPU's kernel is issued, (G-1) launches after the first, and
+    the thread cannot issue calls faster than G launches each. One GPU per thread: its launch overlaps the
+    previous call."""
+    g = max(1, gpus_per_thread)
+    return max(g * host_launch_s(), (g - 1) * host_launch_s() + device_s)
+
+
 # ---- what NCCL derives from the topology ------------------------------------------------------------------
 
 @dataclass
@@ -141,6 +151,7 @@ class System:
     cpu: str
     inter_gbps: float = 0.0  # network bandwidth of one node, all NICs (several nodes only)
     pair_gbps: dict = field(default_factory=dict)  # (src, dst) -> NCCL path bandwidth, GB/s
+    tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
 
     @property
     def ppn(self) -> float:
@@ -202,9 +213,10 @@ def _pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict)
     return _PairPath(path_type, uses)
 
 
-def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int]):
+def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
     """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
-    nearest path types first). Each ring is yielded with its resources taken; they are given back after."""
+    nearest path types first); ``closed`` False: chains (a tree's intra-node pattern), from any first GPU.
+    Each ring is yielded with its resources taken; they are given back after."""
     n = len(names)
 
     def fits(u, v):
@@ -215,13 +227,16 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
         for k, f in paths[(u, v)].uses:
             left[k] -= sign * speed * f
 
-    order = [names[0]]
+    order: list[str] = []
 
     def dfs():
         budget[0] -= 1
         if budget[0] < 0:
             return
         u = order[-1]
+        if len(order) == n and not closed:
+            yield list(order)
+            return
         if len(order) == n:
             if fits(u, names[0]):
                 take(u, names[0], 1)
@@ -239,17 +254,22 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
                 order.pop()
                 take(u, v, -1)
 
-    yield from dfs()
+    for first in (names if not closed else names[:1]):
+        order.append(first)
+        yield from dfs()
+        order.pop()
 
 
-def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int) -> list[list[str]]:
-    """As many rings at ``speed`` as fit together (NCCL's search backtracks over channels too, within a time
-    limit); stops at the bound the busiest GPU's links set."""
+def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
+                closed: bool = True) -> list[list[str]]:
+    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
+    channels too, within a time limit); stops at the bound the busiest GPU's links set."""
     out: dict = {}
     for (a, _), p in paths.items():
         for k, _f in p.uses[:1]:
             out.setdefault(a, set()).add(k)
-    bound = min(limit, min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values()))
+    sends = min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values())
+    bound = min(limit, sends if closed else sends * len(names) // max(1, len(names) - 1))
     left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
 
     def rec():
@@ -257,7 +277,7 @@ def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, lim
             best[0] = list(rings)
         if len(rings) >= bound or budget[0] <= 0:
             return
-        for ring in _cycles(names, paths, left, speed, budget):
+        for ring in _cycles(names, paths, left, speed, budget, closed):
             rings.append(ring)
             rec()
             rings.pop()
@@ -272,6 +292,18 @@ def ring_graph(topo: Topology, names: list[str], c: dict, sm: int) -> Graph:
     """The ring graph NCCL's search finds over the GPUs ``names`` of one node: NVLink-only rings if any exist
     (else rings over PCIe / the CPU link), at the fastest speed of the ladder that gives the most bandwidth
     (nChannels x speed), then channel duplication."""
+    return _search_graph(topo, names, c, sm, closed=True, limit=c["search_max_channels"], dup_limit=c["max_channels"])
+
+
+def tree_graph(topo: Topology, names: list[str], c: dict, sm: int, ring: Graph) -> Graph:
+    """The tree graph of one node (search.cc, balanced-tree pattern): chains through ``names``, at most as many
+    as the ring graph has channels (init.cc sets the tree's maxChannels to the ring's nChannels); a chain
+    crosses n-1 links, so a perfect graph carries totalBw * n / (n-1)."""
+    return _search_graph(topo, names, c, sm, closed=False, limit=ring.channels, dup_limit=ring.channels)
+
+
+def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bool, limit: int,
+                  dup_limit: int) -> Graph:
     if len(names) == 1:
         return Graph(1, 0.0)
     capacity: dict = {}
@@ -293,23 +325,26 @@ def ring_graph(topo: Topology, names: list[str], c: dict, sm: int) -> Graph:
                    for a in names}
         max_bw = max(per_gpu.values())
         total_bw = max(sum(capacity[k] for k in {p.uses[0][0] for (s, _), p in usable.items() if s == a}) for a in names)
+        if not closed:
+            total_bw *= len(names) / (len(names) - 1)
         first = None
         for speed in [s for s in ladder if s <= max_bw + 1e-9]:
             if first is not None and speed / first <= 0.49:
                 break
-            rings = _pack_rings(names, usable, capacity, speed, c["search_max_channels"])
+            rings = _pack_rings(names, usable, capacity, speed, limit, closed)
             if rings and len(rings) * speed > best[0] * best[1] + 1e-9:
                 best = (len(rings), speed, rings)
             if rings and first is None:
                 first = speed
-            if best[0] * best[1] >= total_bw - 1e-9:
+            if best[0] * best[1] >= total_bw - 1e-9 or best[0] >= limit:
                 break
         if best[0]:
             nch, bw, rings = best
-            worst = max((paths[(u, v)].path_type for r in rings for u, v in zip(r, r[1:] + r[:1])), key=PATH_TYPES.index)
+            hops = [(u, v) for r in rings for u, v in zip(r, r[1:] + (r[:1] if closed else []))]
+            worst = max((paths[h].path_type for h in hops), key=PATH_TYPES.index)
             same = all(r == rings[0] for r in rings)
             if bw >= c["duplicate_min_bw"] and not (sm > 80 and bw < c["duplicate_sm90_max_bw"] and nch > 4):
-                dup = min(2 * nch, c["max_channels"])
+                dup = min(2 * nch, dup_limit)
                 bw, nch = bw / math.ceil(dup / nch), dup
             return Graph(nch, bw, worst, same, rings)
     raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
@@ -348,7 +383,8 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
         nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == k]
         inter = sum(l.bandwidth_bytes_per_s for n in nics for l in topo.links_of(n)
                     if l.kind in ("infiniband", "ethernet")) / 1e9 or c["net_bw_default"]
-    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter)
+    tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
+    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree)
     if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
         system.pair_gbps["mixed_sm"] = True
     topo.route_cache[memo] = system
@@ -399,20 +435,20 @@ def _nsteps(collective: str, n: int) -> int:
     return 2 * (n - 1) if collective == "all_reduce" else n - 1 if collective in ("all_gather", "reduce_scatter") else n
 
 
-def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, channels: float | None = None,
+def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, share: float = 1.0,
                   nvls_traffic: bool = False) -> float:
     """NCCL's algorithm bandwidth (GB/s) for ``algo``/``proto``: per-channel graph bandwidth x channels with its
-    protocol factors and caps, converted from bus to algorithm bandwidth. ``channels`` (default: the graph's)
-    evaluates it for fewer channels; ``nvls_traffic`` replaces NCCL's NVLS all-reduce credit by the traffic an
+    protocol factors and caps, converted from bus to algorithm bandwidth. ``share`` (default 1) evaluates it
+    on that fraction of the channels; ``nvls_traffic`` replaces NCCL's NVLS all-reduce credit by the traffic an
     NVLS all-reduce moves over each GPU's links (used for the predicted time, not for the choice)."""
-    g = s.ring
-    nch = g.channels if channels is None else channels
+    g = s.tree if algo == "tree" and s.tree is not None else s.ring  # tuning.cc reads graphs[algo]
+    nch = g.channels * share
     n, i2 = s.n_ranks, _index2(s)
     bw = g.bw_gbps
     if s.n_nodes > 1:  # the network carries every channel once per node
         bw = min(bw, s.inter_gbps / g.channels)
     if algo in ("nvls", "nvls_tree"):
-        nch_nvls = c["nvls_channels"] * (nch / g.channels)
+        nch_nvls = c["nvls_channels"] * share
         per_ch = g.total_gbps / c["nvls_channels"]
         eff = c["nvls_efficiency"][s.arch]
         if nvls_traffic and collective == "all_reduce":
@@ -568,7 +604,7 @@ def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
-    bw = bus_bandwidth(s, c, collective, algo, proto, s.ring.channels * share, nvls_traffic=True) * scale
+    bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
     if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
@@ -644,9 +680,9 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
     s = analyse(topo, list(ranks), nccl_version)
     algo_forced, proto_forced = normalize_algo(nccl_algo), normalize_proto(proto)
     nbytes = int(nbytes)
-    host_us = host_launch_s() * 1e6 * max(1, gpus_per_thread)
     if len(ranks) < 2:
-        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_us * 1e-6, 0.0, c["family"], s)
+        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_bound_s(0.0, gpus_per_thread),
+                              0.0, c["family"], s)
     if collective in _P2P_COLLECTIVES:
         t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
         chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, comm_channels(s, c, "ring"))
@@ -672,6 +708,7 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                                  f"devices {list(ranks)} (the hardware or the version does not offer it)")
         candidates.sort(key=lambda e: e.nccl_time_s)
         chosen = candidates[0]
-    time_s = max(chosen.time_s, host_us * 1e-6)
+    time_s = host_bound_s(chosen.time_s, gpus_per_thread)
     return NcclPrediction(collective, list(ranks), nbytes, chosen.algo, chosen.proto, chosen.channels, time_s,
-                          chosen.nccl_time_s, c["family"], s, candidates, host_bound=host_us * 1e-6 > chosen.time_s)
+                          chosen.nccl_time_s, c["family"], s, candidates,
+                          host_bound=max(1, gpus_per_thread) * host_launch_s() > chosen.time_s)
