@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Two "nodes" on one 2-GPU host: two torchrun agents (--nnodes 2, one GPU each) with NCCL forced onto its socket
+# transport over loopback (no P2P, no shared memory, no InfiniBand), so the GPUs talk over a real network path.
+# Measures all_reduce 1 MiB - 512 MiB and ResNet-50 / GPT-small weak scaling (1 GPU, then the two nodes), plus
+# the one-GPU profiles a prediction needs.
+#   bash benchmarks/emulated_two_node.sh OUTDIR
+set -u
+OUTDIR="${1:-/tmp/two-node}"
+mkdir -p "$OUTDIR"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+NET="NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 NCCL_IB_DISABLE=1 NCCL_SOCKET_IFNAME=lo"
+PORT=29517
+two_nodes() {  # name, meshscale arguments...
+  local name=$1; shift
+  PORT=$((PORT + 1))
+  for node in 0 1; do
+    env $NET CUDA_VISIBLE_DEVICES=$node MESHSCALE_HOSTNAME=node$node timeout 300 python3 -m torch.distributed.run \
+      --nnodes 2 --nproc-per-node 1 --node-rank $node --master-addr 127.0.0.1 --master-port $PORT \
+      -m meshscale "$@" > "$OUTDIR/$name.node$node.txt" 2>&1 &
+  done
+  wait
+  echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
+}
+two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
+for model in resnet50 gpt-small; do
+  batch=$([ $model = resnet50 ] && echo 128 || echo 16)
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 --batch $batch \
+    --steps 40 --timing-warmup 10 --no-timing --json "$OUTDIR/$model-1gpu.json" > "$OUTDIR/$model-1gpu.txt" 2>&1
+  echo "$model 1 GPU: $(grep -i 'samples/s\|throughput' "$OUTDIR/$model-1gpu.txt" | tail -1)"
+  two_nodes "$model-2nodes" train --model $model --precision bf16 --batch $batch --steps 40 --timing-warmup 10 \
+    --no-timing --json "$OUTDIR/$model-2nodes.json"
+  CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 \
+    --profile-batches $((batch / 2)),$batch --steps 20 --timing-warmup 5 --json "$OUTDIR/$model-profile.json" \
+    > "$OUTDIR/$model-profile.txt" 2>&1
+done
