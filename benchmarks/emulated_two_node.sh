@@ -3,7 +3,7 @@
 # transport over loopback (no P2P, no shared memory, no InfiniBand), so the GPUs talk over a real network path.
 # Measures all_reduce 1 MiB - 512 MiB and ResNet-50 / GPT-small weak scaling (1 GPU, then the two nodes), plus
 # the one-GPU profiles a prediction needs.
-#   bash benchmarks/emulated_two_node.sh OUTDIR
+#   bash benchmarks/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
 set -u
 OUTDIR="${1:-/tmp/two-node}"
 mkdir -p "$OUTDIR"
@@ -23,7 +23,7 @@ two_nodes() {  # name, meshscale arguments...
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
 two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
-for model in resnet50 gpt-small; do
+for model in ${MODELS-resnet50 gpt-small}; do
   batch=$([ $model = resnet50 ] && echo 128 || echo 16)
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 --batch $batch \
     --steps 40 --timing-warmup 10 --no-timing --json "$OUTDIR/$model-1gpu.json" > "$OUTDIR/$model-1gpu.txt" 2>&1

@@ -71,3 +71,19 @@ def test_cpu_time_op_is_per_iteration_and_after_warmup():
     per_op = time_op(lambda: (calls.append(1), time.sleep(0.01)), torch.device("cpu"), lambda: barriers.append(1), 2, 3)
     assert len(calls) == 5 and barriers == [1]
     assert 0.01 <= per_op < 0.5
+
+
+def test_ranks_beyond_the_visible_gpus_have_no_local_topology(monkeypatch):
+    """Two torchrun agents on one host, one GPU each (CUDA_VISIBLE_DEVICES=0 and 1): NVML still sees both GPUs,
+    but this process's two ranks are not both here, so there is no local topology to bound them with."""
+    from types import SimpleNamespace
+
+    from meshscale.bench import world_topology as wt
+    from meshscale.topology import load_system
+    two = load_system("hgx-h200")
+    two = wt.subset(two, [0, 1])
+    monkeypatch.setattr(wt, "discover", lambda workers=None: SimpleNamespace(topology=two))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert wt.world_topology(World(2, "nccl")) is None
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
+    assert len(wt.world_topology(World(2, "nccl")).devices()) == 2

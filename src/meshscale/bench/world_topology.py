@@ -17,6 +17,8 @@ def world_topology(world: World) -> Topology | None:
     indices = [found.nodes[d].index for d in devices]
     if world.backend == "nccl":
         indices = visible_indices(os.environ.get("CUDA_VISIBLE_DEVICES"), indices)
+    if len(indices) < world.size:  # fewer GPUs visible here than ranks: the others are on other hosts
+        return None
     if indices[: world.size] == [found.nodes[d].index for d in devices]:
         return found
     return subset(found, indices[: world.size])
