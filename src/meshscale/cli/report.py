@@ -36,11 +36,14 @@ def _figure_text(figure: str, value: float) -> str:
 def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"),
             b: Path = typer.Argument(..., help="the new run of the same command"),
             threshold: float = typer.Option(5.0, "--threshold", "-t", help="percent drop that counts as a regression", callback=checked(Range(0, 99.999))),
-            show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops")) -> None:
-    """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold."""
+            show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops"),
+            allow_missing: bool = typer.Option(False, "--allow-missing", help="rows or figures of A missing (or NaN) "
+                                               "in B do not fail the comparison")) -> None:
+    """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold, or when B
+    lacks rows or figures A has (unless --allow-missing)."""
     from meshscale.report.regression import compare as run_compare
     from meshscale.results import load_result
-    result = run_compare(load_result(a), load_result(b), threshold)
+    result = run_compare(load_result(a), load_result(b), threshold, allow_missing)
     table = Table(title=f"{b.name} against {a.name} ({result.kind}, threshold {threshold:g}%)")
     for col in ("row", "figure", "A", "B", "B/A", ""):
         table.add_column(col, justify="right" if col in ("A", "B", "B/A") else "left")
@@ -55,8 +58,14 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
     for what, rows in (("only in A", result.only_a), ("only in B", result.only_b), ("wrong results in B", result.wrong)):
         if rows:
             console.print(f"{len(rows)} row(s) {what}: " + "; ".join(" ".join(map(str, r.values())) for r in rows[:5]))
+    if result.missing:
+        console.print(f"{len(result.missing)} figure(s) of A missing or not a number in B: "
+                      + "; ".join(f"{' '.join(map(str, k.values()))} {f}" for k, f in result.missing[:5]))
+    if result.incomplete:
+        console.print("B is incomplete against A: " + ("allowed by --allow-missing" if allow_missing
+                                                       else "a failure (pass --allow-missing to accept it)"))
     console.print(f"{len(result.dropped)} of {len(result.changes)} figures dropped by more than {threshold:g}%"
-                  + ("" if result.failed else ": no regression"))
+                  + ("" if result.failed else ": no regression"), highlight=False)
     if result.failed:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
