@@ -57,7 +57,11 @@ def _check_resume(options: dict) -> None:
     if not options[("checkpoint", "resume")] or not directory:
         return
     from meshscale.train.checkpoint import latest_step
-    step, steps = latest_step(directory), options[("steps",)]
+    try:
+        step, steps = latest_step(directory), options[("steps",)]
+    except (OSError, ValueError):
+        raise MeshscaleError(f"--resume: {directory}/latest is not a readable step number; resume from a "
+                             "complete checkpoint folder") from None
     if step is not None and steps <= step:
         raise MeshscaleError(f"--resume: the checkpoint in {directory} is at step {step} and --steps {steps} is not "
                              f"beyond it; give --steps more than {step} (steps count in all, also when resuming)")
