@@ -100,7 +100,7 @@ def count_list(text_value: Any, where: str, lo: int = 1, hi: int | None = None) 
     values = [number(int(p), where, lo, hi, integer=True) for p in parts]
     twice = sorted({v for v in values if values.count(v) > 1})
     if twice:
-        raise MeshscaleError(f"{where}: {', '.join(map(str, twice))} given more than once; list each count once")
+        raise MeshscaleError(f"{where}: repeats {', '.join(map(str, twice))}; list each value once")
     return values
 
 
