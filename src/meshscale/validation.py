@@ -225,11 +225,11 @@ def check_output_dir(path: str | Path | None, option: str) -> Path | None:
 def _check_folder(folder: Path, option: str, path: Path) -> None:
     folder = folder if str(folder) else Path(".")
     if not folder.exists():
-        raise MeshscaleError(f"{option} {path}: folder {folder} does not exist; create it or choose another path")
+        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} does not exist; create it or choose another path")
     if not folder.is_dir():
-        raise MeshscaleError(f"{option} {path}: {folder} is not a folder; choose another path")
+        raise MeshscaleError(f"{option} {path}: cannot write, {folder} is not a folder; choose another path")
     if not os.access(folder, os.W_OK | os.X_OK):
-        raise MeshscaleError(f"{option} {path}: folder {folder} is not writable; choose another path")
+        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} is not writable; choose another path")
 
 
 def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], Any]) -> Path:
