@@ -16,7 +16,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, check_choice
+from meshscale.validation import atomic_write, load_structured, mapping, number, sequence
 
 SCHEMA = "meshscale-result/1"
 KINDS = ("topology", "bench-collective", "bench-p2p", "sim", "plan", "train", "scale", "predict", "cluster", "doctor", "tour",
@@ -41,26 +42,60 @@ class Result:
     def save(self, path: str | Path) -> Path:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2, default=str) + "\n")
-        return path
+        text = json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2, default=str) + "\n"
+        return atomic_write(path, text)  # a failed write leaves no half a result behind
+
+
+# Row keys that must be there, per kind, for the readers (report, compare, calibration) to use a row.
+REQUIRED_ROW_KEYS = {
+    "bench-collective": ("collective", "size_bytes", "busbw_bytes_per_s"),
+    "sim": ("collective", "size_bytes", "busbw_bytes_per_s"),
+    "bench-p2p": ("src", "dst"),
+    "scale": ("world_size", "throughput_samples_per_s"),
+    "predict": ("world_size", "throughput_samples_per_s"),
+}
+# A row value under a key with one of these unit suffixes (or one of these names) is a figure: a finite number >= 0
+FIGURE_SUFFIXES = ("_s", "_bytes", "_per_s", "_share")
+FIGURE_KEYS = ("world_size", "count", "efficiency", "speedup", "global_batch", "batch_per_rank")
 
 
 def load_result(path: str | Path) -> Result:
-    """Read a result file; a clear error if it is not one."""
+    """Read a result file; one line naming the file and the field when it is not a well-formed one: rows a
+    list of mappings, meta and provenance mappings, a known kind, figures finite numbers."""
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except OSError as exc:
-        raise MeshscaleError(f"{path}: cannot read ({exc.strerror})") from None
-    except json.JSONDecodeError as exc:
-        raise MeshscaleError(f"{path}: not JSON ({exc.msg} at line {exc.lineno})") from None
+    data = load_structured(path, "meshscale result file")
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise MeshscaleError(f"{path}: not a meshscale result (no schema {SCHEMA!r}); give a file a meshscale command wrote")
+    data = dict(data)
     data.pop("schema")
+    unknown = sorted(set(data) - {f for f in Result.__dataclass_fields__})
+    if unknown or "kind" not in data or "rows" not in data:
+        problem = f"unknown field(s) {unknown}" if unknown else "lacks 'kind' or 'rows'"
+        raise MeshscaleError(f"{path}: malformed result ({problem}); give a file a meshscale command wrote")
     try:
-        return Result(**data)
-    except TypeError as exc:
-        raise MeshscaleError(f"{path}: malformed result ({exc})") from None
+        check_choice(data["kind"], KINDS, "result kind")
+    except MeshscaleError as exc:
+        raise MeshscaleError(f"{path}: kind: {exc}") from None
+    for name in ("meta", "machine", "software", "env"):
+        mapping(data.get(name, {}), f"{path}: {name}")
+    if not isinstance(data.get("predicted", False), bool):
+        raise MeshscaleError(f"{path}: predicted: expected true or false, got {data['predicted']!r}")
+    if not isinstance(data.get("created", ""), str):
+        raise MeshscaleError(f"{path}: created: expected a date string, got {data['created']!r}")
+    for i, row in enumerate(sequence(data["rows"], f"{path}: rows")):
+        _check_row(mapping(row, f"{path}: rows[{i}]"), data["kind"], f"{path}: rows[{i}]")
+    return Result(**data)
+
+
+def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
+    missing = [k for k in REQUIRED_ROW_KEYS.get(kind, ()) if row.get(k) is None]
+    if missing:
+        raise MeshscaleError(f"{where}: lacks {', '.join(missing)}; a {kind} row needs {', '.join(REQUIRED_ROW_KEYS[kind])}")
+    for key, value in row.items():
+        if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):
+            continue
+        for item in value if isinstance(value, list) and key.endswith("times_s") else [value]:  # per-rank lists
+            number(item, f"{where}.{key}", 0)
 
 
 def provenance() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:

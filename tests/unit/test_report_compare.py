@@ -57,12 +57,33 @@ def test_scale_rows_match_on_world_size_and_mode():
     assert [(c.key["world_size"], c.key["mode"], c.figure) for c in dropped] == [(8, "strong", "throughput_samples_per_s")]
 
 
-def test_missing_rows_are_listed():
+def test_missing_rows_are_listed_and_fail_unless_allowed():
     a = load_result(FIXTURES / "collective.json")
     b = copy.deepcopy(a)
     b.rows = b.rows[1:]
     result = compare(a, b)
-    assert len(result.only_a) == 1 and not result.only_b and not result.failed
+    assert len(result.only_a) == 1 and not result.only_b and result.failed and not result.dropped
+    assert not compare(a, b, allow_missing=True).failed
+
+
+def test_nan_or_missing_figures_fail_unless_allowed():
+    a = load_result(FIXTURES / "collective.json")
+    b = copy.deepcopy(a)
+    b.rows[0]["busbw_bytes_per_s"] = float("nan")
+    b.rows[1].pop("busbw_bytes_per_s")
+    result = compare(a, b)
+    assert len(result.missing) == 2 and result.failed
+    assert not compare(a, b, allow_missing=True).failed
+
+
+def test_cli_fails_a_partial_run_and_allow_missing_accepts_it(tmp_path, cli):
+    a = FIXTURES / "collective.json"
+    data = json.loads(a.read_text())
+    data["rows"] = data["rows"][: len(data["rows"]) // 4]
+    partial = tmp_path / "partial.json"
+    partial.write_text(json.dumps(data))
+    assert cli("compare", str(a), str(partial)).exit_code == 1
+    assert cli("compare", str(a), str(partial), "--allow-missing").exit_code == 0
 
 
 def test_different_kinds_are_an_error():

@@ -17,6 +17,9 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
+                                  output_file, size_bytes)
+from meshscale.validation import Range
 from meshscale.collectives.kinds import NAMES
 from meshscale.errors import MeshscaleError
 
@@ -35,25 +38,25 @@ def _is_rank0() -> bool:
 @bench_app.command("collective")
 def collective(
     collectives: Optional[List[str]] = typer.Argument(None, help=f"{', '.join(NAMES)}, or all (the default: every one)"),
-    min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)"),
-    max_bytes: str = typer.Option("1M", "--max-bytes", "-e", help="largest size"),
-    factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
+    min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)", callback=checked(size_bytes)),
+    max_bytes: str = typer.Option("1M", "--max-bytes", "-e", help="largest size", callback=checked(size_bytes)),
+    factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps", callback=checked(FACTOR)),
     dtype: str = typer.Option("float32", "--dtype", "-d", help="float32, float16, bfloat16 or int32"),
     op: str = typer.Option("sum", "--op", "-o", help="sum, prod, min, max or avg (reducing collectives)"),
-    root: int = typer.Option(0, "--root", "-r", help="root rank of broadcast, reduce, gather, scatter"),
+    root: int = typer.Option(0, "--root", "-r", help="root rank of broadcast, reduce, gather, scatter", callback=checked(ROOT)),
     place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
-    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w"),
-    iters: int = typer.Option(20, "--iters", "-n"),
-    average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)"),
+    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
+    iters: int = typer.Option(20, "--iters", "-n", callback=checked(COUNT)),
+    average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)", callback=checked(Range(0, 3, integer=True))),
     check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
     no_check: bool = typer.Option(False, "--no-check", help="the same as -c 0"),
     cuda_graph: int = typer.Option(0, "--cuda-graph", "-G", help=_CUDA_GRAPH_HELP),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)"),
-    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)", callback=checked(GPU_COUNT)),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
-    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run"),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
     from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives
@@ -86,15 +89,15 @@ def collective(
 
 @bench_app.command("p2p")
 def p2p(
-    size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)"),
-    iters: int = typer.Option(10, "--iters", "-n"),
-    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w"),
-    latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPUs to measure (default: all)"),
-    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)"),
-    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers"),
-    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here"),
+    size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)", callback=checked(size_bytes)),
+    iters: int = typer.Option(10, "--iters", "-n", callback=checked(COUNT)),
+    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
+    latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency", callback=checked(COUNT)),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPUs to measure (default: all)", callback=checked(GPU_COUNT)),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers", callback=checked(TIMEOUT_S)),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here", callback=checked(output_file(plot=True))),
 ) -> None:
     """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
     from meshscale import plots

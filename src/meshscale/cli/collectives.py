@@ -9,6 +9,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
+from meshscale.validation import Range
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
@@ -61,20 +63,20 @@ def _nccl_options(nccl_algo: Optional[str], proto: Optional[str], nccl_version: 
 
 def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
-         devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)"),
-         gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
-         nbytes: str = typer.Option("256M", "--bytes", help="size as nccl-tests counts it (8, 1K, 256M...)"),
+         devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)", callback=checked(counts(0))),
+         gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),
+         nbytes: str = typer.Option("256M", "--bytes", help="size as nccl-tests counts it (8, 1K, 256M...)", callback=checked(size_bytes)),
          algo: str = typer.Option("auto", "--algo", help="auto (fastest predicted) or an algorithm name"),
-         root: int = typer.Option(0, "--root", "-r", help="root rank (position among the devices) of rooted collectives"),
+         root: int = typer.Option(0, "--root", "-r", help="root rank (position among the devices) of rooted collectives", callback=checked(ROOT)),
          p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
          bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
          nccl_algo: Optional[str] = typer.Option(None, "--nccl-algo", help=NCCL_ALGO_HELP),
          proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
          nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
          nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
-         svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)"),
-         schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here"),
-         json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)")) -> None:
+         svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)", callback=checked(output_file((".svg", ".png")))),
+         schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here", callback=checked(output_file())),
+         json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
     """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
     bottleneck, bound), beside what NCCL would pick and take."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
@@ -97,21 +99,21 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
 
 def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
-        devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3 (default: all)"),
-        gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices"),
-        min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size"),
-        max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size"),
-        factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps"),
+        devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3 (default: all)", callback=checked(counts(0))),
+        gpus: Optional[int] = typer.Option(None, "--gpus", help="use the first N devices", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),
+        min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size", callback=checked(size_bytes)),
+        max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size", callback=checked(size_bytes)),
+        factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps", callback=checked(FACTOR)),
         algo: str = typer.Option("nccl", "--algo", help="nccl: NCCL's cost model and its pick per size; auto: "
                                  "meshscale's fastest schedule by flow simulation; or a meshscale algorithm name"),
         nccl_algo: Optional[str] = typer.Option(None, "--nccl-algo", help=NCCL_ALGO_HELP),
         proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
         nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
         nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
-        root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives"),
+        root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives", callback=checked(ROOT)),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
-        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)")) -> None:
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
     (by default NCCL's pick: algorithm/protocol and channels)."""
     from meshscale.simulate.plan import sim_sweep

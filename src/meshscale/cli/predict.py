@@ -8,6 +8,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
+from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.topology.cluster import ClusterSpec, plan_cluster
@@ -15,16 +17,16 @@ from meshscale.units import parse_ints
 
 
 def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
-            nodes: int = typer.Option(124, "--nodes", help="number of nodes"),
-            nics: int = typer.Option(4, "--nics", help="network ports per node"),
+            nodes: int = typer.Option(124, "--nodes", help="number of nodes", callback=checked(Range(1, 1_000_000, integer=True))),
+            nics: int = typer.Option(4, "--nics", help="network ports per node", callback=checked(Range(1, 64, integer=True))),
             link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe"),
-            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels"),
-            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf"),
-            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)"),
-            oversubscription: float = typer.Option(1.0, "--oversubscription"),
+            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
+            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
+            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
+            oversubscription: float = typer.Option(1.0, "--oversubscription", callback=checked(Range(1, 1024))),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA"),
-            plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG"),
-            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)")) -> None:
+            plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG", callback=checked(output_file(plot=True))),
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)", callback=checked(output_file()))) -> None:
     """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency."""
     plan = plan_cluster(ClusterSpec(node=node, nodes=nodes, nics=nics, link=link, levels=levels,
                                     nodes_per_leaf=nodes_per_leaf, radix=radix, oversubscription=oversubscription,
@@ -74,14 +76,14 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
 
 def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
             system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
-            gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system"),
-            nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)"),
+            gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system", callback=checked(counts())),
+            nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
             link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ..."),
-            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)"),
+            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
-            batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)"),
-            global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)"),
+            batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)", callback=checked(BATCH)),
+            global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)", callback=checked(GLOBAL_BATCH)),
             mode: Optional[str] = typer.Option(None, "--mode", help="the train mode predicted: ddp (default), allreduce "
                                                "(its exchange: --framework horovod), ps-sync (modelled as one parameter "
                                                "server in host memory, after backward); ps-async is not modelled"),
@@ -93,13 +95,13 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             algo: str = typer.Option("ring", "--algo", help="all-reduce algorithm: ring or hierarchical"),
             profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json); "
                                                    "default: a documented one for the model and GPU, else FLOPs"),
-            efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile"),
+            efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile", callback=checked(Range(0, 1, lo_open=True))),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
-            plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart"),
-            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)")) -> None:
+            plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file()))) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
@@ -148,7 +150,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              corpus: Optional[Path] = typer.Option(None, "--corpus", help="a corpus CSV (default: the one meshscale ships)"),
              algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
              show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
-             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)")) -> None:
+             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file()))) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys

@@ -9,13 +9,15 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.checks import CPU_COUNT, TIMEOUT_S, checked, output_dir, output_file
+from meshscale.validation import Range
 from meshscale.units import format_bytes, gbps
 
 STATUS_STYLE = {"pass": "green", "warn": "yellow", "fail": "bold red", "info": "cyan"}
 
 
 def report(results: List[Path] = typer.Argument(..., help="result JSON files, or directories of them"),
-           output: Path = typer.Option(Path("report"), "--output", help="directory for index.html"),
+           output: Path = typer.Option(Path("report"), "--output", help="directory for index.html", callback=checked(output_dir)),
            title: str = typer.Option("meshscale report", help="page title")) -> None:
     """Write a static HTML report (plots inline, no server) from result files."""
     from meshscale.report.html import load_sources, write_report
@@ -33,12 +35,15 @@ def _figure_text(figure: str, value: float) -> str:
 
 def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"),
             b: Path = typer.Argument(..., help="the new run of the same command"),
-            threshold: float = typer.Option(5.0, "--threshold", "-t", help="percent drop that counts as a regression"),
-            show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops")) -> None:
-    """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold."""
+            threshold: float = typer.Option(5.0, "--threshold", "-t", help="percent drop that counts as a regression", callback=checked(Range(0, 99.999))),
+            show_all: bool = typer.Option(False, "--all", help="list every row, not only the drops"),
+            allow_missing: bool = typer.Option(False, "--allow-missing", help="rows or figures of A missing (or NaN) "
+                                               "in B do not fail the comparison")) -> None:
+    """Row-by-row ratios of two runs; exit code 1 when any figure dropped by more than the threshold, or when B
+    lacks rows or figures A has (unless --allow-missing)."""
     from meshscale.report.regression import compare as run_compare
     from meshscale.results import load_result
-    result = run_compare(load_result(a), load_result(b), threshold)
+    result = run_compare(load_result(a), load_result(b), threshold, allow_missing)
     table = Table(title=f"{b.name} against {a.name} ({result.kind}, threshold {threshold:g}%)")
     for col in ("row", "figure", "A", "B", "B/A", ""):
         table.add_column(col, justify="right" if col in ("A", "B", "B/A") else "left")
@@ -53,13 +58,19 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
     for what, rows in (("only in A", result.only_a), ("only in B", result.only_b), ("wrong results in B", result.wrong)):
         if rows:
             console.print(f"{len(rows)} row(s) {what}: " + "; ".join(" ".join(map(str, r.values())) for r in rows[:5]))
+    if result.missing:
+        console.print(f"{len(result.missing)} figure(s) of A missing or not a number in B: "
+                      + "; ".join(f"{' '.join(map(str, k.values()))} {f}" for k, f in result.missing[:5]))
+    if result.incomplete:
+        console.print("B is incomplete against A: " + ("allowed by --allow-missing" if allow_missing
+                                                       else "a failure (pass --allow-missing to accept it)"))
     console.print(f"{len(result.dropped)} of {len(result.changes)} figures dropped by more than {threshold:g}%"
-                  + ("" if result.failed else ": no regression"))
+                  + ("" if result.failed else ": no regression"), highlight=False)
     if result.failed:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
-def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON")) -> None:
+def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON", callback=checked(output_file()))) -> None:
     """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network and versions."""
     from meshscale.report.doctor import run_doctor
     checks = run_doctor()
@@ -75,14 +86,20 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
-def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="report directory"),
+def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="report directory", callback=checked(output_dir)),
          full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and longer scale runs"),
          fast: bool = typer.Option(False, "--fast", help="the smallest sizes and steps (a smoke test)"),
-         cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)"),
-         timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage")) -> None:
+         cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)", callback=checked(CPU_COUNT)),
+         timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage", callback=checked(TIMEOUT_S))) -> None:
     """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
     from meshscale.report.tour import TourSettings, run_tour
-    outcome = run_tour(output, TourSettings(full=full, fast=fast, cpus=cpus, timeout_s=timeout_s))
+    created = not output.exists()
+    try:
+        outcome = run_tour(output, TourSettings(full=full, fast=fast, cpus=cpus, timeout_s=timeout_s))
+    except BaseException:
+        if created and output.is_dir() and not any(output.iterdir()):
+            output.rmdir()  # a failed tour leaves no empty folder behind
+        raise
     for stage in outcome.stages:
         style = {"done": "green", "skipped": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
         Console(highlight=False, width=160).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")

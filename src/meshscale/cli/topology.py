@@ -8,11 +8,13 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from meshscale.errors import MeshscaleError, check_choice
+from meshscale.cli.checks import checked, output_file
+from meshscale.errors import check_choice
 from meshscale.topology import dumps, load_catalog, load_system
 from meshscale.topology.discover import discover
 from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
+from meshscale.validation import atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
 
@@ -27,7 +29,7 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None):
 
 def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
          fmt: str = typer.Option("matrix", "--format", help="matrix, json, svg or png"),
-         output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)")) -> None:
+         output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)", callback=checked(output_file()))) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram."""
     check_choice(fmt, FORMATS, "format")
     topology, notice = resolve_system(system)
@@ -44,10 +46,7 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
         typer.echo(f"wrote {path}")
         return
     if output:
-        try:
-            output.write_text(text + "\n")
-        except OSError as exc:
-            raise MeshscaleError(f"cannot write {output} ({exc.strerror}); choose a writable path") from None
+        atomic_write(output, text + "\n")
         typer.echo(f"wrote {output}")
     else:
         typer.echo(text)

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
 from meshscale.execute.world import World, resolve_sweep, resolve_world
 from meshscale.train.config import OptionField, config_from_options, option_fields
@@ -29,7 +30,8 @@ SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): N
 
 def _typer_parameter(f: OptionField, command: str) -> inspect.Parameter:
     default = SCALE_DEFAULTS.get(f.path, f.default) if command == "scale" else f.default
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *f.flags, help=f.help),
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *f.flags, help=f.help,
+                                                                callback=checked(f.check) if f.check else None),
                              annotation=Optional[f.type] if default is None else f.type)
 
 
@@ -49,17 +51,34 @@ def with_config_options(command: str) -> Callable[[Callable], Callable]:
     return wrap
 
 
+def _check_resume(options: dict) -> None:
+    """--resume with --steps not beyond the checkpoint's step would train nothing: say so before starting."""
+    directory = options[("checkpoint", "dir")]
+    if not options[("checkpoint", "resume")] or not directory:
+        return
+    from meshscale.train.checkpoint import latest_step
+    try:
+        step, steps = latest_step(directory), options[("steps",)]
+    except (OSError, ValueError):
+        raise MeshscaleError(f"--resume: {directory}/latest is not a readable step number; resume from a "
+                             "complete checkpoint folder") from None
+    if step is not None and steps <= step:
+        raise MeshscaleError(f"--resume: the checkpoint in {directory} is at step {step} and --steps {steps} is not "
+                             f"beyond it; give --steps more than {step} (steps count in all, also when resuming)")
+
+
 @with_config_options("train")
 def train(
     options: dict,
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="train on this many GPUs (NCCL)"),
-    cpus: Optional[int] = typer.Option(None, "--cpus", help="train on this many CPU processes (Gloo; default 1)"),
-    profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here"),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="train on this many GPUs (NCCL)", callback=checked(GPU_COUNT)),
+    cpus: Optional[int] = typer.Option(None, "--cpus", help="train on this many CPU processes (Gloo; default 1)", callback=checked(CPU_COUNT)),
+    profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)", callback=checked(counts(1, MAX_BATCH))),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
 ) -> None:
     """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
     from meshscale.train.runner import notices, profile, train as run_train
 
+    _check_resume(options)
     world = resolve_world(gpus, cpus, default=World(1, "gloo"))
     if options[("eval_data",)] is None and options[("data",)] == "digits":
         options[("eval_data",)] = "digits-test"
@@ -89,13 +108,13 @@ def train(
 @with_config_options("scale")
 def scale(
     options: dict,
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts, e.g. 1,2,4,8"),
-    cpus: Optional[str] = typer.Option(None, "--cpus", help="CPU worker counts, e.g. 1,2,4 (default 1)"),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts, e.g. 1,2,4,8", callback=checked(counts())),
+    cpus: Optional[str] = typer.Option(None, "--cpus", help="CPU worker counts, e.g. 1,2,4 (default 1)", callback=checked(cpu_counts())),
     weak: bool = typer.Option(False, "--weak", help="weak scaling: --batch per worker"),
     strong: bool = typer.Option(False, "--strong", help="strong scaling: --global-batch split over the workers"),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all"),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here"),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)"),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all", callback=checked(GLOBAL_BATCH)),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
     from meshscale import plots

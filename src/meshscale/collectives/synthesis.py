@@ -133,8 +133,14 @@ def best_ring(topo: Topology, devices: list[int]) -> Ring:
 
 # ---- ring packing ----------------------------------------------------------------------------------------
 
+# Ring packing searches over link units; real bonds are at most tens of links, so more units than this between
+# two devices are packed as this many wider ones (same total bandwidth) instead of searching for ever.
+MAX_PACKED_UNITS = 64
+
+
 def _direct_graph(topo: Topology, devices: list[int]) -> tuple[dict[frozenset, int], dict[frozenset, float]]:
-    """Units (link count) and per-unit bandwidth of the direct device-device links among ``devices``."""
+    """Units (link count, at most `MAX_PACKED_UNITS`) and per-unit bandwidth of the direct device-device links
+    among ``devices``."""
     units, per_unit = {}, {}
     names = {topo.device(d): d for d in devices}
     for link in topo.links:
@@ -142,6 +148,10 @@ def _direct_graph(topo: Topology, devices: list[int]) -> tuple[dict[frozenset, i
             key = frozenset((names[link.a], names[link.b]))
             units[key] = units.get(key, 0) + link.count
             per_unit[key] = link.bandwidth_bytes_per_s / link.count
+    for key, n in units.items():
+        if n > MAX_PACKED_UNITS:
+            per_unit[key] *= n / MAX_PACKED_UNITS
+            units[key] = MAX_PACKED_UNITS
     return units, per_unit
 
 

@@ -11,6 +11,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.report.figures import Source, sections
 from meshscale.report.verdicts import is_cpu_run
 from meshscale.results import Result, load_result
+from meshscale.validation import atomic_write
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -119,10 +120,15 @@ def write_report(sources: list[Source], out_dir: str | Path, title: str = "meshs
                  notes: list[str] | None = None) -> Path:
     """Write ``out_dir/index.html`` and return its path."""
     out = Path(out_dir)
+    html = render(sources, title, notes)  # first: a page that cannot be rendered leaves no folder behind
+    created = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise MeshscaleError(f"{out}: cannot create the report directory ({exc.strerror}); choose another -o") from None
-    page = out / "index.html"
-    page.write_text(render(sources, title, notes))
-    return page
+        raise MeshscaleError(f"{out}: cannot create the report directory ({exc.strerror}); choose another --output") from None
+    try:
+        return atomic_write(out / "index.html", html)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()
+        raise

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from meshscale.errors import MeshscaleError
+
 from meshscale.simulate.params import (DEFAULT_CPU_REDUCE_BYTES_PER_S, DEFAULT_GPU_REDUCE_BYTES_PER_S,
                                        INTEL_P2P_OVERHEAD, SimParams)
 from meshscale.topology import Topology, route
@@ -123,13 +125,17 @@ def max_min_rates(weights: np.ndarray, counts: np.ndarray, capacity: np.ndarray)
     left = cap.copy()
     rate = np.zeros(len(counts))
     free = np.ones(len(counts), dtype=bool)
-    while free.any():
+    for _ in range(len(counts) + 1):  # every pass freezes at least one key; a bound, not a hope, for odd input
+        if not free.any():
+            break
         demand = free @ load
         used = demand > 0
         if not used.any():  # keys that use no resource (cannot happen with real routes): give them infinity
             rate[free] = np.inf
             break
         step = np.min(left[used] / demand[used])
+        if not np.isfinite(step):
+            raise MeshscaleError("simulation: a link capacity is not a finite number; check the system's bandwidths")
         rate[free] += step
         left -= step * demand
         saturated = used & (left <= 1e-9 * cap)
@@ -161,6 +167,11 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     rows = np.array(res.rows) if res.rows else np.zeros((0, len(res.names)))
     latency = np.where(key >= 0, np.array(res.latency + [0.0])[key], 0.0) if n else np.zeros(0)
     nbytes = np.where(key >= 0, nbytes, 0.0)
+    # a NaN or infinite size, capacity or latency would keep the event loop below from ever reaching an end
+    if not (np.isfinite(nbytes).all() and np.isfinite(latency).all() and np.isfinite(res.capacity).all()
+            and (res.capacity >= 0).all() and (nbytes >= 0).all() and (latency >= 0).all()):
+        raise MeshscaleError("simulation: a size, bandwidth or latency is not a finite non-negative number; "
+                             "check the system file and the sizes")
 
     waiting = np.array([len(d) for d in deps], dtype=np.int64)
     successors: list[list[int]] = [[] for _ in range(n)]

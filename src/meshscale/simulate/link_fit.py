@@ -13,6 +13,7 @@ memory) are ignored. Kinds the file does not cover keep their defaults.
 """
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from statistics import median
 
@@ -117,6 +118,10 @@ def _best_per_pair(topo: Topology, rows: list[dict]) -> dict[tuple[str, str], tu
     return {pair: v for pair, v in best.items() if v != (None, None)}
 
 
+def _positive(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) and value > 0
+
+
 def calibrate_collective(topo: Topology, bench: Result, params: SimParams, collective: str = "all_reduce") -> SimParams:
     """Refine ``params`` so the simulator's busbw matches a measured collective (a `bench collective` result)
     at its largest size: the efficiency of the link kinds the ranks' routes use is scaled by measured /
@@ -124,12 +129,15 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     this folds that difference in, for predictions at other rank counts of the same fabric."""
     if bench.kind != "bench-collective":
         raise MeshscaleError(f"collective calibration needs a bench-collective result, got kind {bench.kind!r}")
-    rows = [r for r in bench.rows if r.get("collective") == collective and r.get("busbw_bytes_per_s")]
+    rows = [r for r in bench.rows if r.get("collective") == collective and _positive(r.get("busbw_bytes_per_s"))
+            and _positive(r.get("size_bytes"))]
     if not rows:
         raise MeshscaleError(f"the bench-collective result has no {collective} rows; measure it with "
                              f"`meshscale bench collective {collective} --json FILE`")
     row = max(rows, key=lambda r: r["size_bytes"])
-    n = int(bench.meta.get("world_size") or 0)
+    n = bench.meta.get("world_size") or 0
+    if not isinstance(n, int) or isinstance(n, bool):
+        raise MeshscaleError(f"the bench-collective result's meta.world_size {n!r} is not a rank count; measure again")
     ranks = [topo.nodes[d].index for d in topo.devices()][:n]
     if n < 2 or len(ranks) < n:
         raise MeshscaleError(f"the measured run had {n} ranks; the topology {topo.name} has {len(ranks)} devices")
@@ -139,7 +147,10 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     for _ in range(3):  # latency terms make busbw not quite proportional to efficiency: a few fixed-point steps
         trial = SimParams(efficiency, params.message_latency_s, params.reduce_bytes_per_s, params.hop_latency_scale)
         predicted = predict_collective(topo, collective, ranks, int(row["size_bytes"]), params=trial).busbw_bytes_per_s
-        ratio = row["busbw_bytes_per_s"] / predicted
+        ratio = row["busbw_bytes_per_s"] / predicted if predicted > 0 else math.nan
+        if not (math.isfinite(ratio) and ratio > 0):  # a fit that would never settle
+            raise MeshscaleError(f"cannot fit to the measured {collective} busbw {row['busbw_bytes_per_s']!r} B/s; "
+                                 "give a bench-collective result with positive, finite figures")
         efficiency.update({k: min(1.0, trial.efficiency_of(k) * ratio) for k in kinds})
     fitted = ", ".join(f"{k} {efficiency[k]:.2f}" for k in sorted(kinds))
     source = f"{params.source}; {collective} busbw of {n} ranks at {row['size_bytes']} B fitted ({fitted})"

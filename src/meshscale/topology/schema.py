@@ -21,11 +21,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from meshscale.errors import TopologyError
+from meshscale.errors import MeshscaleError, TopologyError
 from meshscale.topology import links as calc
-from meshscale.topology.model import DEFAULT_LATENCY_S, LINK_KINDS, NODE_KINDS, Link, Node, Topology
+from meshscale.topology.model import DEFAULT_LATENCY_S, DEVICE_KINDS, LINK_KINDS, NODE_KINDS, Link, Node, Topology
+from meshscale.validation import Range, load_structured
 
 SCHEMA = "meshscale-topology/1"
 _LINK_KEYS = {"a", "b", "kind", "count", "generation", "width", "rate", "bandwidth_bytes_per_s",
@@ -33,8 +32,39 @@ _LINK_KEYS = {"a", "b", "kind", "count", "generation", "width", "rate", "bandwid
 _TOP_KEYS = {"schema", "name", "title", "gpu_count", "defaults", "nodes", "links", "attrs"}
 
 
+# Sane ranges of a system file's numbers: a link is between a slow NIC (1 kB/s) and 1 PB/s, a hop takes at most
+# a second, a bundle has at most this many links (NVLink bonds are tens), an index is an nvidia-smi number.
+BANDWIDTH_RANGE_BYTES_PER_S = (1e3, 1e15)
+MAX_LATENCY_S = 1.0
+MAX_LINK_COUNT = 1000
+MAX_NODES = 100_000
+MAX_LINKS = 1_000_000
+_WHOLE = Range(0, 1 << 20, integer=True)
+NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is free text or data
+    "index": _WHOLE, "numa": Range(-1, 1 << 16, integer=True), "board": _WHOLE, "node": _WHOLE,
+    "memory_bytes": Range(0, 1 << 60), "memory_bandwidth_bytes_per_s": Range(*BANDWIDTH_RANGE_BYTES_PER_S),
+    "latency_s": Range(0, MAX_LATENCY_S), "radix": Range(2, 1 << 16, integer=True),
+    "pcie_generation": Range(1, 16, integer=True), "pcie_max_generation": Range(1, 16, integer=True),
+    "pcie_width": Range(1, 32, integer=True), "pcie_max_width": Range(1, 32, integer=True),
+    "nvlink_generation": Range(1, 16, integer=True),
+}
+_LINK_NUMBERS = {"generation": Range(1, 16, integer=True), "width": Range(1, 32, integer=True),
+                 "count": Range(1, MAX_LINK_COUNT, integer=True), "latency_s": Range(0, MAX_LATENCY_S),
+                 "bandwidth_bytes_per_s": Range(), "bandwidth_gb_per_s": Range()}
+
+
 def _fail(source: str, entry: str, problem: str, fix: str) -> TopologyError:
     return TopologyError(f"{source}: {entry}: {problem}; {fix}")
+
+
+def _checked(source: str, check, value: Any, where: str) -> Any:
+    """A `validation` check whose error is a TopologyError naming the file."""
+    try:
+        return check(value, f"{source}: {where}")
+    except TopologyError:
+        raise
+    except MeshscaleError as exc:
+        raise TopologyError(str(exc)) from None
 
 
 def _link_bandwidth(spec: dict[str, Any], source: str, entry: str) -> float:
@@ -52,7 +82,7 @@ def _link_bandwidth(spec: dict[str, Any], source: str, entry: str) -> float:
         if kind == "infiniband":
             return calc.infiniband_bandwidth(str(spec["rate"]), int(spec.get("width", 4))) * count
         if kind == "ethernet":
-            gbits = float(re.sub(r"[^0-9.]", "", str(spec["rate"])) or 0)
+            gbits = float(re.sub(r"[^0-9.]", "", str(spec["rate"]))[:32] or 0)
             return calc.ethernet_bandwidth(gbits) * count
     except KeyError as missing:
         raise _fail(source, entry, f"{kind} link lacks {missing.args[0]!r}",
@@ -64,66 +94,109 @@ def _link_bandwidth(spec: dict[str, Any], source: str, entry: str) -> float:
     raise _fail(source, entry, f"{kind} link has no bandwidth", "set bandwidth_gb_per_s (GB/s per direction)")
 
 
+def _name(value: Any, source: str, where: str) -> str:
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
+        raise _fail(source, where, f"name {value!r} is not a name", "give a short string such as gpu0")
+    return str(value)
+
+
+def _check_link_numbers(spec: dict[str, Any], source: str, where: str) -> None:
+    for key, check in _LINK_NUMBERS.items():
+        if key in spec and not (key in ("generation", "width") and spec[key] is None):
+            _checked(source, check, spec[key], f"{where}: {key}")
+    if "rate" in spec and spec["rate"] is not None and not isinstance(spec["rate"], (str, int, float)):
+        raise _fail(source, where, f"rate {spec['rate']!r} is not a rate", "write e.g. rate: edr or rate: 100gbe")
+
+
 def from_dict(data: Any, source: str = "<dict>") -> Topology:
-    """Build and validate a `Topology` from parsed YAML/JSON; errors name ``source`` and the entry."""
+    """Build and validate a `Topology` from parsed YAML/JSON; errors name ``source`` and the entry. Every field
+    is type-checked and every number must be finite and in a sane range, and a system needs a rank device."""
     if not isinstance(data, dict):
         raise _fail(source, "top level", "is not a mapping", "start the file with 'name: ...', 'nodes:' and 'links:'")
     unknown = set(data) - _TOP_KEYS
     if unknown:
-        raise _fail(source, "top level", f"unknown key(s) {sorted(unknown)}", f"use only {sorted(_TOP_KEYS)}")
+        raise _fail(source, "top level", f"unknown key(s) {sorted(map(str, unknown))}", f"use only {sorted(_TOP_KEYS)}")
     name = data.get("name")
-    if not name or not isinstance(name, str):
-        raise _fail(source, "name", "missing", "add 'name: my-system'")
+    if not name or not isinstance(name, str) or len(name) > 200 or "\x00" in name or "\n" in name:
+        raise _fail(source, "name", "missing" if not name else f"{name!r} is not a usable name",
+                    "add 'name: my-system' (one line)")
+    if not isinstance(data.get("title", ""), (str, type(None))):
+        raise _fail(source, "title", f"{data['title']!r} is not text", "write title: free text")
     defaults = data.get("defaults") or {}
-    if not isinstance(defaults, dict):
-        raise _fail(source, "defaults", "is not a mapping", "write defaults as 'defaults: {gpu: {...}, nvlink: {...}}'")
+    if not isinstance(defaults, dict) or not all(isinstance(v, (dict, type(None))) for v in defaults.values()):
+        raise _fail(source, "defaults", "is not a mapping of mappings", "write defaults as 'defaults: {gpu: {...}, nvlink: {...}}'")
+    for key in ("nodes", "links"):
+        if not isinstance(data.get(key) or [], list):
+            raise _fail(source, key, f"is {type(data[key]).__name__}, not a list", f"write {key} as a list of entries ('- {{...}}')")
+    if len(data.get("nodes") or []) > MAX_NODES or len(data.get("links") or []) > MAX_LINKS:
+        raise _fail(source, "nodes", "too many entries", f"a system has at most {MAX_NODES} nodes and {MAX_LINKS} links")
+    if not isinstance(data.get("attrs") or {}, dict):
+        raise _fail(source, "attrs", "is not a mapping", "write attrs as 'attrs: {key: value}'")
 
     nodes: dict[str, Node] = {}
     for i, entry in enumerate(data.get("nodes") or []):
         where = f"nodes[{i}]"
         if not isinstance(entry, dict) or "name" not in entry or "kind" not in entry:
             raise _fail(source, where, "needs a name and a kind", "write it as {name: gpu0, kind: gpu, index: 0}")
-        where = f"nodes[{i}] ({entry['name']})"
-        if entry["kind"] not in NODE_KINDS:
+        node_name = _name(entry["name"], source, where)
+        where = f"nodes[{i}] ({node_name})"
+        if not isinstance(entry["kind"], str) or entry["kind"] not in NODE_KINDS:
             raise _fail(source, where, f"unknown node kind {entry['kind']!r}", f"use one of {', '.join(NODE_KINDS)}")
-        if entry["name"] in nodes:
-            raise _fail(source, where, f"duplicate node name {entry['name']!r}", "give every node a unique name")
+        if node_name in nodes:
+            raise _fail(source, where, f"duplicate node name {node_name!r}", "give every node a unique name")
         attrs = {**(defaults.get(entry["kind"]) or {}), **{k: v for k, v in entry.items() if k not in ("name", "kind")}}
-        nodes[entry["name"]] = Node(str(entry["name"]), entry["kind"], attrs)
+        for key, check in NODE_ATTR_CHECKS.items():
+            if attrs.get(key) is not None:
+                _checked(source, check, attrs[key], f"{where}: {key}")
+        if "pos" in attrs and not (isinstance(attrs["pos"], list) and len(attrs["pos"]) == 2):
+            raise _fail(source, where, f"pos {attrs['pos']!r} is not [x, y]", "write pos: [2, 3]")
+        for k, xy in enumerate(attrs.get("pos") or []):
+            _checked(source, Range(-1e6, 1e6), xy, f"{where}: pos[{k}]")
+        if "model" in attrs and not isinstance(attrs["model"], str):
+            raise _fail(source, where, f"model {attrs['model']!r} is not text", "write model: Tesla V100-SXM2-16GB")
+        nodes[node_name] = Node(node_name, entry["kind"], attrs)
+    if not any(n.kind in DEVICE_KINDS for n in nodes.values()):
+        raise _fail(source, "nodes", "no gpu node", "describe at least one {name: gpu0, kind: gpu, index: 0}")
 
     links: list[Link] = []
     for i, entry in enumerate(data.get("links") or []):
         where = f"links[{i}]"
         if not isinstance(entry, dict) or not {"a", "b", "kind"} <= set(entry):
             raise _fail(source, where, "needs a, b and kind", "write it as {a: gpu0, b: gpu1, kind: nvlink, count: 1}")
-        where = f"links[{i}] ({entry['a']} - {entry['b']})"
-        if entry["kind"] not in LINK_KINDS:
+        ends = [_name(entry[end], source, where) for end in ("a", "b")]
+        where = f"links[{i}] ({ends[0]} - {ends[1]})"
+        if not isinstance(entry["kind"], str) or entry["kind"] not in LINK_KINDS:
             raise _fail(source, where, f"unknown link kind {entry['kind']!r}", f"use one of {', '.join(LINK_KINDS)}")
-        spec = {**(defaults.get(entry["kind"]) or {}), **entry}
+        spec = {**(defaults.get(entry["kind"]) or {}), **entry, "a": ends[0], "b": ends[1]}
         unknown = set(spec) - _LINK_KEYS
         if unknown:
-            raise _fail(source, where, f"unknown key(s) {sorted(unknown)}", f"use only {sorted(_LINK_KEYS)}")
+            raise _fail(source, where, f"unknown key(s) {sorted(map(str, unknown))}", f"use only {sorted(_LINK_KEYS)}")
         for end in ("a", "b"):
             if spec[end] not in nodes:
                 raise _fail(source, where, f"links to missing node {spec[end]!r}", f"define {spec[end]!r} under nodes or fix the name")
+        count = spec.get("count", 1)
+        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+            raise _fail(source, where, f"count {count!r} is not a positive integer", "set count: 1 or more")
+        _check_link_numbers(spec, source, where)
         bandwidth = _link_bandwidth(spec, source, where)
         if not bandwidth > 0:
             raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is not positive", "give a positive bandwidth")
+        lo, hi = BANDWIDTH_RANGE_BYTES_PER_S
+        if not lo <= bandwidth <= hi:
+            raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is out of range",
+                        f"give between {lo / 1e9:g} and {hi / 1e9:g} GB/s per direction")
         latency = float(spec.get("latency_s", DEFAULT_LATENCY_S[spec["kind"]]))
         if latency < 0:
             raise _fail(source, where, f"latency {latency:g} s is negative", "give latency_s >= 0")
-        count = spec.get("count", 1)
-        if not isinstance(count, int) or count < 1:
-            raise _fail(source, where, f"count {count!r} is not a positive integer", "set count: 1 or more")
         links.append(Link(spec["a"], spec["b"], spec["kind"], bandwidth, latency, count,
                           spec.get("generation"), spec.get("width"), spec.get("rate")))
 
     gpus = [n for n in nodes.values() if n.kind == "gpu"]
     if "gpu_count" in data and data["gpu_count"] != len(gpus):
-        raise _fail(source, "gpu_count", f"says {data['gpu_count']} but {len(gpus)} gpu nodes are defined",
+        raise _fail(source, "gpu_count", f"says {data['gpu_count']!r} but {len(gpus)} gpu nodes are defined",
                     "make gpu_count match the gpu entries under nodes")
     try:
-        return Topology(name, nodes, links, str(data.get("title", "")), dict(data.get("attrs") or {}))
+        return Topology(name, nodes, links, str(data.get("title") or ""), dict(data.get("attrs") or {}))
     except TopologyError as exc:
         raise TopologyError(f"{source}: {exc}") from None
 
@@ -147,16 +220,12 @@ def to_dict(topo: Topology) -> dict[str, Any]:
 def load(path: str | Path) -> Topology:
     """Load a system file (.yaml, .yml or .json)."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise TopologyError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        # libyaml when present: 7x faster, and the catalog is read on every discovery and CLI call
-        data = json.loads(text) if path.suffix == ".json" else yaml.load(text, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except (yaml.YAMLError, json.JSONDecodeError) as exc:
-        first = str(exc).splitlines()[0]
-        raise TopologyError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'} ({first})") from None
+    try:  # libyaml when present: 7x faster, and the catalog is read on every discovery and CLI call
+        data = load_structured(path, "system file", yaml_ok=True)
+    except TopologyError:
+        raise
+    except MeshscaleError as exc:
+        raise TopologyError(str(exc)) from None
     data = data.get("topology", data) if isinstance(data, dict) and "topology" in data and "nodes" not in data else data
     return from_dict(data, str(path))
 

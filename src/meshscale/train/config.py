@@ -7,12 +7,22 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Iterator, Optional
 
+from meshscale.validation import Check, Range
+
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 
 
-def option(default: Any, *flags: str, help: str = "", train_only: bool = False) -> Any:
-    """A dataclass field that is also the command-line option ``flags`` (``train_only``: not offered by scale)."""
-    return field(default=default, metadata={"flags": flags, "help": help, "train_only": train_only})
+def option(default: Any, *flags: str, help: str = "", train_only: bool = False, check: Check | None = None) -> Any:
+    """A dataclass field that is also the command-line option ``flags`` (``train_only``: not offered by scale;
+    ``check(value, flag)``: the range the CLI enforces before anything starts)."""
+    return field(default=default, metadata={"flags": flags, "help": help, "train_only": train_only, "check": check})
+
+
+# the ranges of the options (a step, a sample, a megabyte: anything but a positive finite amount is a typo)
+_POSITIVE = Range(0, 1e6, lo_open=True)
+_STEPS = Range(1, 10_000_000, integer=True)
+_STEPS_OR_ZERO = Range(0, 10_000_000, integer=True)
+_BATCH = Range(1, 1 << 16, integer=True, optional=True)
 
 
 @dataclass
@@ -22,9 +32,10 @@ class OptimizerOptions:
     name: Optional[str] = option(None, "--optimizer", help="sgd or adamw (default: the model's: sgd for resnets, "
                                  "adamw otherwise)")
     base_lr: Optional[float] = option(None, "--lr", help="base learning rate per --ref-batch samples (scaled "
-                                      "linearly; default: the model's)")
-    ref_batch: int = option(256, "--ref-batch", help="batch the base learning rate is for")
-    warmup_steps: int = option(0, "--lr-warmup-steps", help="linear learning-rate warm-up (Goyal et al.)")
+                                      "linearly; default: the model's)", check=Range(0, 100, lo_open=True, optional=True))
+    ref_batch: int = option(256, "--ref-batch", help="batch the base learning rate is for", check=_BATCH)
+    warmup_steps: int = option(0, "--lr-warmup-steps", help="linear learning-rate warm-up (Goyal et al.)",
+                               check=_STEPS_OR_ZERO)
     momentum: float = 0.9
     weight_decay: float = 5e-5
 
@@ -33,7 +44,7 @@ class OptimizerOptions:
 class DdpOptions:
     """torch DistributedDataParallel."""
 
-    bucket_cap_mb: float = option(25.0, "--bucket-cap-mb", help="ddp: gradient bucket size")
+    bucket_cap_mb: float = option(25.0, "--bucket-cap-mb", help="ddp: gradient bucket size", check=_POSITIVE)
     bucket_view: bool = option(False, "--bucket-view", help="ddp: gradient_as_bucket_view")
     static_graph: bool = option(False, "--static-graph", help="ddp: static_graph")
 
@@ -42,7 +53,7 @@ class DdpOptions:
 class AllreduceOptions:
     """Fused buckets all-reduced while backward runs (train/exchange.py)."""
 
-    fusion_mb: float = option(64.0, "--fusion-mb", help="allreduce: fusion buffer size")
+    fusion_mb: float = option(64.0, "--fusion-mb", help="allreduce: fusion buffer size", check=_POSITIVE)
     compression: str = option("none", "--compression", help="allreduce: none, bf16 or fp16 on the wire")
     collective: str = option("native", "--collective", help="allreduce: native, or schedule[:ALGO] (meshscale "
                              "schedule executor, e.g. schedule:ring)")
@@ -52,9 +63,10 @@ class AllreduceOptions:
 class PsOptions:
     """The parameter server modes."""
 
-    max_staleness: int = option(0, "--max-staleness", help="ps-async: parameters may be this many steps old")
+    max_staleness: int = option(0, "--max-staleness", help="ps-async: parameters may be this many steps old",
+                                check=Range(0, 10_000, integer=True))
     servers: int = option(0, "--ps-servers", help="ps-*: this many dedicated server ranks (the last ones; "
-                          "default 0: sharded over all ranks)")
+                          "default 0: sharded over all ranks)", check=Range(0, 1 << 16, integer=True))
 
 
 @dataclass
@@ -72,7 +84,8 @@ class SpeedOptions:
 @dataclass
 class CheckpointOptions:
     dir: Optional[str] = option(None, "--checkpoint-dir", help="save checkpoints here", train_only=True)
-    every: int = option(0, "--checkpoint-every", help="steps between checkpoints (0: at the end)", train_only=True)
+    every: int = option(0, "--checkpoint-every", help="steps between checkpoints (0: at the end)", train_only=True,
+                       check=_STEPS_OR_ZERO)
     resume: bool = option(False, "--resume", help="continue from the latest checkpoint in --checkpoint-dir",
                           train_only=True)
 
@@ -104,18 +117,21 @@ class TrainConfig:
                        "(ImageFolder layout) or a token file (.npy/.bin)")
     eval_data: Optional[str] = option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)",
                                       train_only=True)
-    image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)")
+    image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)",
+                                      check=Range(4, 4096, integer=True, optional=True))
     mode: str = option("ddp", "--mode", help=", ".join(MODES))
     world: int = 1
     device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
-    batch_per_rank: int = option(32, "--batch", help="batch per rank")
-    steps: int = option(50, "--steps", help="training steps (in all, also when resuming)")
-    timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure")
+    batch_per_rank: int = option(32, "--batch", help="batch per rank", check=_BATCH)
+    steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
+    timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
+                               check=_STEPS_OR_ZERO)
     timing: bool = option(True, "--timing/--no-timing", help="per-step device sync and compute / comm / data "
                           "split (--no-timing: fastest)")
-    seed: int = option(0, "--seed", help="initial weights and data order")
+    seed: int = option(0, "--seed", help="initial weights and data order", check=Range(0, 2**63 - 1, integer=True))
     deterministic: bool = option(False, "--deterministic", help="deterministic kernels (exact resume on GPUs)")
-    timeout_s: float = option(300.0, "--timeout-s", help="seconds any collective may take before the run stops")
+    timeout_s: float = option(300.0, "--timeout-s", help="seconds any collective may take before the run stops",
+                              check=Range(0, 7 * 86400, lo_open=True))
     optimizer: OptimizerOptions = field(default_factory=OptimizerOptions)
     ddp: DdpOptions = field(default_factory=DdpOptions)
     allreduce: AllreduceOptions = field(default_factory=AllreduceOptions)
@@ -145,6 +161,7 @@ class OptionField:
     flags: tuple[str, ...]
     help: str
     train_only: bool
+    check: Check | None = None
 
     @property
     def name(self) -> str:
@@ -159,7 +176,7 @@ def option_fields(cls: type = TrainConfig, prefix: tuple[str, ...] = ()) -> Iter
             yield from option_fields(hints[f.name], prefix + (f.name,))
         elif "flags" in f.metadata:
             yield OptionField(prefix + (f.name,), hints[f.name], f.default, f.metadata["flags"], f.metadata["help"],
-                              f.metadata["train_only"])
+                              f.metadata["train_only"], f.metadata.get("check"))
 
 
 def config_from_options(values: dict[tuple[str, ...], Any], **top: Any) -> TrainConfig:

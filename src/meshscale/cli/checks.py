@@ -1,0 +1,75 @@
+"""Range and path checks of command-line options, run by typer while it parses the command line, so a bad
+value ends the command (one line, exit 2) before any work starts. An option declares its check once:
+``typer.Option(5, "--iters", callback=checked(COUNT))``.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import typer
+
+from meshscale.errors import MeshscaleError
+from meshscale.units import parse_bytes
+from meshscale.validation import (Check, Range, check_output_dir, check_output_file, count_list, max_cpu_ranks,
+                                  number)
+
+MAX_ITERS = 1_000_000          # iterations of a benchmark loop
+MAX_BATCH = 1 << 16            # samples per rank in one step
+MAX_GLOBAL_BATCH = 1 << 24
+MAX_GPU_RANKS = 1 << 16        # a count of GPUs anywhere (a machine's own count is checked against it later)
+MAX_SIZE_BYTES = 1 << 40       # one message of a sweep
+MAX_TIMEOUT_S = 7 * 86400
+
+COUNT = Range(1, MAX_ITERS, integer=True)
+COUNT_OR_ZERO = Range(0, MAX_ITERS, integer=True)
+GPU_COUNT = Range(1, MAX_GPU_RANKS, integer=True, optional=True)
+CPU_COUNT = Range(1, max_cpu_ranks(), integer=True, optional=True)
+BATCH = Range(1, MAX_BATCH, integer=True, optional=True)
+GLOBAL_BATCH = Range(1, MAX_GLOBAL_BATCH, integer=True, optional=True)
+TIMEOUT_S = Range(0, MAX_TIMEOUT_S, lo_open=True)
+FACTOR = Range(2, 1 << 20, integer=True)
+ROOT = Range(0, MAX_GPU_RANKS, integer=True)
+
+
+def size_bytes(value: Any, where: str) -> Any:
+    """A size such as 64M, between 1 byte and `MAX_SIZE_BYTES`."""
+    try:
+        number(parse_bytes(value), where, 1, MAX_SIZE_BYTES, integer=True)
+    except MeshscaleError as exc:
+        message = str(exc)
+        raise MeshscaleError(message if message.startswith(where) else f"{where}: {message}") from None
+    return value
+
+
+def counts(lo: int = 1, hi: int = MAX_GPU_RANKS) -> Check:
+    """A sweep's list of distinct counts, e.g. 1,2,4."""
+    return lambda value, where: count_list(value, where, lo, hi)
+
+
+def cpu_counts() -> Check:
+    return counts(1, max_cpu_ranks())
+
+
+def output_file(suffixes: tuple[str, ...] | None = None, plot: bool = False) -> Check:
+    """A file the command will write (``plot``: a chart, so one of the plotting module's suffixes)."""
+    def check(value: Any, where: str) -> Any:
+        allowed = suffixes
+        if plot:
+            from meshscale.plots import SUFFIXES
+            allowed = SUFFIXES
+        return check_output_file(value, where, allowed)
+    return check
+
+
+def output_dir(value: Any, where: str) -> Any:
+    return check_output_dir(value, where)
+
+
+def checked(check: Check) -> Callable:
+    """A typer callback that runs ``check(value, "--flag")`` on the parsed value (None, an option not given,
+    passes) and hands the value on unchanged."""
+    def callback(param: typer.CallbackParam, value: Any) -> Any:
+        if value is not None:
+            check(value, max(param.opts, key=len) if param.opts else param.name)
+        return value
+    return callback

@@ -1,0 +1,266 @@
+"""Checks of every input before any work starts: numbers, types, text files and output paths.
+
+Each checker takes the value and ``where`` (the file and field, or the option, as the user would name it) and
+raises `MeshscaleError` with one line naming it; it returns the value it accepted. The same checkers serve system
+files, result files and command-line options, so a NaN is refused the same way wherever it comes from.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from meshscale.errors import MeshscaleError
+
+MAX_TEXT_BYTES = 64 << 20   # system and result files are kilobytes to a few megabytes
+MAX_NESTING = 32            # the deepest a system or result file legitimately nests is about 5
+MAX_CPU_RANKS_PER_CORE = 8
+MAX_CPU_RANKS = 256
+_NO_OUTPUT_UNDER = (Path("/proc"), Path("/sys"), Path("/dev"))
+
+Check = Callable[[Any, str], Any]
+
+
+def max_cpu_ranks() -> int:
+    """CPU worker ranks one machine may start: a few per core, never more than `MAX_CPU_RANKS`."""
+    return min(MAX_CPU_RANKS, MAX_CPU_RANKS_PER_CORE * (os.cpu_count() or 1))
+
+
+# ---- numbers and types ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Range:
+    """A finite number (an integer if ``integer``) in [lo, hi]; ``lo_open`` makes the low end exclusive."""
+
+    lo: float | None = None
+    hi: float | None = None
+    integer: bool = False
+    lo_open: bool = False
+    optional: bool = False  # None passes (an option left at its default)
+
+    def __call__(self, value: Any, where: str) -> Any:
+        if value is None and self.optional:
+            return None
+        return number(value, where, self.lo, self.hi, integer=self.integer, lo_open=self.lo_open)
+
+    def describe(self) -> str:
+        kind = "an integer" if self.integer else "a finite number"
+        low = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
+        high = "" if self.hi is None else f"<= {self.hi:g}"
+        return f"{kind} {' and '.join(x for x in (low, high) if x)}".strip()
+
+
+def number(value: Any, where: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,
+           lo_open: bool = False) -> float | int:
+    """``value`` if it is a finite number (an int if ``integer``) within [lo, hi] (lo excluded if ``lo_open``)."""
+    want = Range(lo, hi, integer, lo_open).describe()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise MeshscaleError(f"{where}: {_show(value)} is not a number; give {want}")
+    if integer and isinstance(value, float):
+        if not (math.isfinite(value) and value == int(value)):
+            raise MeshscaleError(f"{where}: {_show(value)} is not a whole number; give {want}")
+        value = int(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MeshscaleError(f"{where}: {_show(value)} is not finite; give {want}")
+    too_low = lo is not None and (value <= lo if lo_open else value < lo)
+    if too_low or (hi is not None and value > hi):
+        raise MeshscaleError(f"{where}: {_show(value)} is out of range; give {want}")
+    return value
+
+
+def mapping(value: Any, where: str) -> dict:
+    if not isinstance(value, dict):
+        raise MeshscaleError(f"{where}: expected a mapping (key: value), got {_kind(value)}")
+    return value
+
+
+def sequence(value: Any, where: str) -> list:
+    if not isinstance(value, list):
+        raise MeshscaleError(f"{where}: expected a list, got {_kind(value)}")
+    return value
+
+
+def text(value: Any, where: str, max_chars: int = 4096) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise MeshscaleError(f"{where}: expected a non-empty string, got {_kind(value)}")
+    if len(value) > max_chars or "\n" in value or "\x00" in value:
+        raise MeshscaleError(f"{where}: expected one short line of text")
+    return value
+
+
+def count_list(text_value: Any, where: str, lo: int = 1, hi: int | None = None) -> list[int]:
+    """A comma-separated list of distinct whole counts such as ``1,2,4`` (a sweep: no value twice)."""
+    parts = [p.strip() for p in str(text_value).split(",")]
+    if not text_value or not all(p.lstrip("+").isdigit() for p in parts):
+        raise MeshscaleError(f"{where}: {_show(text_value)} is not a comma-separated list of whole numbers, e.g. 1,2,4")
+    values = [number(int(p), where, lo, hi, integer=True) for p in parts]
+    twice = sorted({v for v in values if values.count(v) > 1})
+    if twice:
+        raise MeshscaleError(f"{where}: repeats {', '.join(map(str, twice))}; list each value once")
+    return values
+
+
+def _kind(value: Any) -> str:
+    return "nothing" if value is None else f"a {type(value).__name__} ({_show(value)})"
+
+
+def _show(value: Any) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+# ---- files in -------------------------------------------------------------------------------------------
+
+def read_text(path: str | Path, what: str = "file") -> str:
+    """The UTF-8 text of ``path``; one line when it cannot be read, is too large or is not UTF-8."""
+    path = Path(path)
+    try:
+        if path.is_dir():
+            raise MeshscaleError(f"{path}: is a directory; give a {what}")
+        size = path.stat().st_size
+        if size > MAX_TEXT_BYTES:
+            raise MeshscaleError(f"{path}: {size} bytes is too large for a {what} (at most {MAX_TEXT_BYTES >> 20} MiB)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_TEXT_BYTES + 1)
+    except OSError as exc:
+        raise MeshscaleError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    if len(data) > MAX_TEXT_BYTES:  # a pipe or a growing file
+        raise MeshscaleError(f"{path}: too large for a {what} (at most {MAX_TEXT_BYTES >> 20} MiB)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise MeshscaleError(f"{path}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
+                             f"give a {what} saved as UTF-8") from None
+
+
+def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False) -> Any:
+    """Parse ``path`` as JSON (or YAML when ``yaml_ok`` and the suffix is not .json), refusing unreadable or
+    non-UTF-8 text, syntax errors and too deep nesting. The values (NaN tokens included) are the caller's to check."""
+    path = Path(path)
+    source = read_text(path, what)
+    as_json = not yaml_ok or path.suffix.lower() == ".json"
+    try:
+        if as_json:
+            data = json.loads(source)
+        else:
+            import yaml
+            data = yaml.load(source, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except RecursionError:
+        raise MeshscaleError(f"{path}: nested too deeply for a {what} (at most {MAX_NESTING} levels)") from None
+    except json.JSONDecodeError as exc:
+        raise MeshscaleError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    except Exception as exc:  # yaml.YAMLError and the odd ValueError of a constructor (a bad date, say)
+        first = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise MeshscaleError(f"{path}: not valid {'JSON' if as_json else 'YAML'} ({first})") from None
+    check_nesting(data, str(path))
+    return data
+
+
+def check_nesting(data: Any, where: str, limit: int = MAX_NESTING) -> None:
+    """Refuse containers nested deeper than ``limit`` (without recursion; shared YAML aliases counted once)."""
+    seen: set[int] = set()
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if not isinstance(value, (dict, list)) or id(value) in seen:
+            continue
+        if depth > limit:
+            raise MeshscaleError(f"{where}: nested too deeply (more than {limit} levels)")
+        seen.add(id(value))
+        children: Iterable = value.values() if isinstance(value, dict) else value
+        stack.extend((child, depth + 1) for child in children)
+
+
+# ---- files out ------------------------------------------------------------------------------------------
+
+def _forbidden(path: Path) -> bool:
+    resolved = path.resolve()
+    return any(resolved == root or root in resolved.parents for root in _NO_OUTPUT_UNDER)
+
+
+def check_output_file(path: str | Path | None, option: str, suffixes: tuple[str, ...] | None = None) -> Path | None:
+    """``path`` if a file can be written there: its folder exists and is writable, it is not a folder itself,
+    not under /proc, /sys or /dev, and (if ``suffixes``) its suffix is one of them. Creates nothing."""
+    if path is None:
+        return None
+    path = Path(path)
+    if not str(path) or str(path).endswith(os.sep) or path.name in ("", ".", ".."):
+        raise MeshscaleError(f"{option} {path}: give a file name, not a folder")
+    if suffixes and path.suffix.lower() not in suffixes:
+        raise MeshscaleError(f"{option} {path}: use a {' or '.join(suffixes)} file name")
+    if _forbidden(path):
+        raise MeshscaleError(f"{option} {path}: not a place for output files; choose a path in a normal folder")
+    if path.is_dir():
+        raise MeshscaleError(f"{option} {path}: is a folder; give a file name")
+    if path.exists() and not os.access(path, os.W_OK):
+        raise MeshscaleError(f"{option} {path}: the file is not writable; choose another path")
+    _check_folder(path.parent, option, path)
+    return path
+
+
+def check_output_dir(path: str | Path | None, option: str) -> Path | None:
+    """``path`` if a folder can be written there: it is a writable folder, or the nearest existing ancestor
+    is one (the folders will be created when the output is written). Creates nothing."""
+    if path is None:
+        return None
+    path = Path(path)
+    if _forbidden(path):
+        raise MeshscaleError(f"{option} {path}: not a place for output files; choose a path in a normal folder")
+    if path.exists():
+        _check_folder(path, option, path)
+        return path
+    ancestor = path.parent
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        if ancestor.is_symlink():  # a dangling link
+            break
+        ancestor = ancestor.parent
+    _check_folder(ancestor, option, path)
+    return path
+
+
+def _check_folder(folder: Path, option: str, path: Path) -> None:
+    folder = folder if str(folder) else Path(".")
+    if not folder.exists():
+        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} does not exist; create it or choose another path")
+    if not folder.is_dir():
+        raise MeshscaleError(f"{option} {path}: cannot write, {folder} is not a folder; choose another path")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} is not writable; choose another path")
+
+
+def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], Any]) -> Path:
+    """Write ``data`` (text, bytes, or a function that writes the file it is given) to ``path`` through a
+    temporary file in the same folder renamed into place: a failure leaves no partial file behind."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    try:
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=folder)
+    except OSError as exc:
+        raise MeshscaleError(f"cannot write {path} ({exc.strerror or exc}); choose a writable path") from None
+    tmp = Path(tmp_name)
+    try:
+        if callable(data):
+            os.close(fd)
+            data(tmp)
+        else:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data.encode("utf-8") if isinstance(data, str) else data)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise MeshscaleError(f"cannot write {path} ({exc.strerror or exc}); choose a writable path") from None
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
