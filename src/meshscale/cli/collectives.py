@@ -22,10 +22,12 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
     parameters from the common options."""
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.cli.topology import resolve_system
+    from meshscale.topology.schema import require_devices
     from meshscale.results import load_result
     from meshscale.simulate import SimParams, calibrate, calibrate_collective
 
     topology, notice = resolve_system(system)
+    require_devices(topology)
     if notice:
         typer.echo(notice, err=True)
     if devices and gpus is not None:

@@ -14,6 +14,7 @@ from meshscale.predict.scaling import Job, predict_cluster, predict_system, prof
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
 from meshscale.topology import load_system
+from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
@@ -85,7 +86,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     job = None
     for variant in variants:
         system = variant if kind == "system" else req.system
-        topo = load_system(system)
+        topo = require_devices(load_system(system))
         params = calibrate(topo, p2p) if p2p else None
         if bench:
             params = calibrate_collective(topo, bench, params or SimParams())

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from meshscale.errors import TopologyError
 from meshscale.topology import links as calc
 from meshscale.topology.catalog import load_system
+from meshscale.topology.schema import require_devices
 from meshscale.topology.model import Link, Node, Topology
 
 
@@ -121,7 +122,7 @@ def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
         raise TopologyError(f"a cluster node needs at least one NIC, got {spec.nics}; pass --nics 1 or more")
     if spec.oversubscription < 1:
         raise TopologyError(f"oversubscription {spec.oversubscription} is below 1; use 1 (non-blocking) or more")
-    node_topo = load_system(spec.node)
+    node_topo = require_devices(load_system(spec.node))
     radix = spec.radix or net.radix
     per_leaf = spec.nodes_per_leaf or _nodes_per_leaf(spec.nics, radix, spec.oversubscription)
     down = per_leaf * spec.nics

@@ -23,7 +23,7 @@ from typing import Any
 
 from meshscale.errors import MeshscaleError, TopologyError
 from meshscale.topology import links as calc
-from meshscale.topology.model import DEFAULT_LATENCY_S, DEVICE_KINDS, LINK_KINDS, NODE_KINDS, Link, Node, Topology
+from meshscale.topology.model import DEFAULT_LATENCY_S, LINK_KINDS, NODE_KINDS, Link, Node, Topology
 from meshscale.validation import Range, load_structured
 
 SCHEMA = "meshscale-topology/1"
@@ -155,8 +155,8 @@ def from_dict(data: Any, source: str = "<dict>") -> Topology:
         if "model" in attrs and not isinstance(attrs["model"], str):
             raise _fail(source, where, f"model {attrs['model']!r} is not text", "write model: Tesla V100-SXM2-16GB")
         nodes[node_name] = Node(node_name, entry["kind"], attrs)
-    if not any(n.kind in DEVICE_KINDS for n in nodes.values()):
-        raise _fail(source, "nodes", "no gpu node", "describe at least one {name: gpu0, kind: gpu, index: 0}")
+    if not nodes:
+        raise _fail(source, "nodes", "no node", "describe at least one {name: gpu0, kind: gpu, index: 0}")
 
     links: list[Link] = []
     for i, entry in enumerate(data.get("links") or []):
@@ -232,3 +232,13 @@ def load(path: str | Path) -> Topology:
 
 def dumps(topo: Topology) -> str:
     return json.dumps(to_dict(topo), indent=2)
+
+
+def require_devices(topology: Topology) -> Topology:
+    """The topology, if it has a GPU (or worker) to run a collective or a model on; a one-line error if not
+    (a system of CPUs and switches alone can still be drawn and listed)."""
+    if not topology.devices():
+        raise TopologyError(f"{topology.name}: nodes: no gpu node; describe at least one "
+                            "{name: gpu0, kind: gpu, index: 0}")
+    return topology
+
