@@ -11,7 +11,7 @@ What NVML tells, and how it becomes the model:
   PHB -> one host bridge, NODE -> host bridges of one CPU, SYS -> different CPUs joined by UPI.
 
 Every call a driver or GPU may not support is guarded: the topology is then partial but valid, and
-``attrs["nvml_unsupported"]`` names the calls that failed. Not in NVML, so left out: NICs, and links between
+``attrs["nvml_unsupported"]`` names the calls that failed. Not in NVML, so left out: NICs (`nics.py` reads them from sysfs), and links between
 NVSwitches (a DGX-2's two boards would appear joined only by PCIe).
 """
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _build(call: _Calls, sm_counts: dict[str, int] | None) -> Topology:
     links: list[Link] = []
     _add_pcie_tree(nodes, links, gpus, levels)
     _add_nvlinks(call, nodes, links, handles, gpus)
-    hostname = os.uname().nodename
+    from meshscale.topology.multinode import hostname as host_name
+    hostname = host_name()
     models = sorted({g["model"] for g in gpus})
     attrs = {
         "source": "nvml",
