@@ -381,9 +381,18 @@ def _uuid_key(uuid: str) -> str:
 
 def _cpu_list(mask_words: list[int], word_bits: int = 64) -> str:
     """A CPU bit mask (NVML's array of 64-bit words) as nvidia-smi prints it: '0-51,104-155'."""
-    cpus = [w * word_bits + b for w, word in enumerate(mask_words) for b in range(word_bits) if int(word) >> b & 1]
+    return cpu_list(mask_cpus(mask_words, word_bits))
+
+
+def mask_cpus(mask_words: list[int], word_bits: int = 64) -> list[int]:
+    """The CPUs set in a bit mask given as words (NVML's CPU affinity), in order."""
+    return [w * word_bits + b for w, word in enumerate(mask_words) for b in range(word_bits) if int(word) >> b & 1]
+
+
+def cpu_list(cpus) -> str:
+    """CPU numbers as ranges, the way nvidia-smi and taskset print them: '0-51,104-155'."""
     ranges = []
-    for cpu in cpus:
+    for cpu in sorted(cpus):
         if ranges and cpu == ranges[-1][1] + 1:
             ranges[-1][1] = cpu
         else:
