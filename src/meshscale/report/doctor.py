@@ -14,7 +14,8 @@ from typing import Any, Callable
 
 from meshscale.report.verdicts import expected_nvlinks
 from meshscale.topology.nvml_discovery import cpu_list, mask_cpus
-from meshscale.topology.nics import RELATIONS, Port, gpu_pci_path, infiniband_ports, pci_relation
+from meshscale.topology.nics import (RELATIONS, gpu_pci_path, infiniband_ports, interface_names, pci_relation,
+                                     read_sysfs)
 from meshscale.units import format_bytes
 
 SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
@@ -265,7 +266,7 @@ def check_nccl_env(env: DoctorEnv) -> list[Check]:
             status = "info"  # no InfiniBand here, so nothing is lost
         fix = f"unset {var} unless you are debugging" if status == "warn" else ""
         if var == "NCCL_SOCKET_IFNAME":
-            names = _interfaces(env)
+            names = interface_names(env.net_dir)
             if not nccl_selects(value, names):
                 status, fix = "fail", f"no interface matches; choose from {', '.join(names) or 'none found'}"
         if var == "NCCL_IB_HCA":
@@ -287,27 +288,13 @@ def _ib_hca_selection(env: DoctorEnv, value: str, status: str) -> tuple[str, str
     return status, ""
 
 
-def _interfaces(env: DoctorEnv) -> list[str]:
-    try:
-        return sorted(p.name for p in env.net_dir.iterdir())
-    except OSError:
-        return []
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "?"
-
-
 def check_network(env: DoctorEnv) -> list[Check]:
-    names = [n for n in _interfaces(env) if n != "lo"]
+    names = [n for n in interface_names(env.net_dir) if n != "lo"]
     described = []
     for n in names:
-        speed = _read(env.net_dir / n / "speed")
+        speed = read_sysfs(env.net_dir / n / "speed", "?")
         speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
-        described.append(f"{n} ({_read(env.net_dir / n / 'operstate')}{speed})")
+        described.append(f"{n} ({read_sysfs(env.net_dir / n / 'operstate', '?')}{speed})")
     out = [Check("info", "network", f"interfaces: {', '.join(described) or 'none besides lo'}")]
     ib = _ib_devices(env)
     if not ib:

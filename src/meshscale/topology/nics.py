@@ -59,10 +59,10 @@ def infiniband_ports(ib_dir: Path) -> list[Port]:
     for dev in _children(ib_dir):
         numa, path = _pci(dev / "device")
         for port in _children(dev / "ports"):
-            rate_text = _read(port / "rate")
+            rate_text = read_sysfs(port / "rate")
             number = re.match(r"\s*([\d.]+)\s*Gb", rate_text)
-            out.append(Port(f"{dev.name}/{port.name}", "infiniband", _read(port / "state").split(":")[-1].strip(),
-                            float(number.group(1)) if number else None, numa, path, _read(port / "link_layer"),
+            out.append(Port(f"{dev.name}/{port.name}", "infiniband", read_sysfs(port / "state").split(":")[-1].strip(),
+                            float(number.group(1)) if number else None, numa, path, read_sysfs(port / "link_layer"),
                             rate_text))
     return out
 
@@ -77,9 +77,9 @@ def ethernet_ports(net_dir: Path, ib_dir: Path | None = None) -> list[Port]:
         numa, path = _pci(iface / "device")
         if path and path[-1] in ib_buses:
             continue
-        speed = _read(iface / "speed")
+        speed = read_sysfs(iface / "speed")
         mbits = int(speed) if speed.lstrip("-").isdigit() else -1
-        out.append(Port(iface.name, "ethernet", _read(iface / "operstate"), mbits / 1000 if mbits > 0 else None,
+        out.append(Port(iface.name, "ethernet", read_sysfs(iface / "operstate"), mbits / 1000 if mbits > 0 else None,
                         numa, path))
     return out
 
@@ -115,7 +115,7 @@ def _pci(device: Path) -> tuple[int | None, tuple[str, ...]]:
     except OSError:
         return None, ()
     path = tuple(p for p in resolved.parts if _BUS_ID.match(p) or p.startswith("pci"))
-    numa = _read(device / "numa_node")
+    numa = read_sysfs(device / "numa_node")
     numa_node = int(numa) if numa.lstrip("-").isdigit() and int(numa) >= 0 else None
     return numa_node, path if any(_BUS_ID.match(p) for p in path) else ()
 
@@ -127,8 +127,9 @@ def _children(directory: Path) -> list[Path]:
         return []
 
 
-def _read(path: Path) -> str:
+def read_sysfs(path: Path, missing: str = "") -> str:
+    """A sysfs attribute's text, stripped; ``missing`` when it cannot be read."""
     try:
         return path.read_text().strip()
     except OSError:
-        return ""
+        return missing
