@@ -112,3 +112,20 @@ def test_hosts_that_disagree_are_one_line_error():
         join_hosts([HostReport("a", cpu_topology(2)), HostReport("b", cpu_topology(1))])
     message = str(info.value)
     assert "\n" not in message and "a has 2x" in message and "b has 1x" in message
+
+
+def test_two_gpu_hosts_join_and_the_network_port_bounds_the_ring():
+    from conftest import FakeNVML
+
+    from meshscale.collectives.bounds import busbw_bound
+    from meshscale.simulate import predict_collective
+    from meshscale.topology.nvml_discovery import nvml_topology
+
+    host = nvml_topology(FakeNVML.from_dump(), sm_counts={})
+    ndr = [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0, 0, (), "InfiniBand", "400 Gb/sec (4X NDR)")]
+    joined = join_hosts([HostReport("a", host, ndr), HostReport("b", host, ndr)])
+    assert [joined.nodes[d].index for d in joined.gpus()] == [0, 1, 2, 3]
+    assert joined.title == "2 hosts (a, b): 2x NVIDIA H200 each, joined by 400 Gb/sec (4X NDR)"
+    assert busbw_bound(joined, "all_reduce", [0, 1, 2, 3], 0) == pytest.approx(50e9)  # NDR, not the NIC's slot
+    predicted = predict_collective(joined, "all_reduce", [0, 1, 2, 3], 1 << 28)
+    assert 0 < predicted.busbw_bytes_per_s <= 50e9 * 1.01

@@ -83,8 +83,9 @@ def join_hosts(reports: list[HostReport]) -> Topology:
             nic = f"{prefix}nic{j}"
             nodes[nic] = Node(nic, "nic", {"port": port.name, "port_kind": kind, "port_rate": port.rate_text
                                            or f"{port.rate_gbits:g} Gb/s", "numa": port.numa, "node": k})
-            links.append(Link(nic, prefix + _attach_point(topo, port), "pcie", calc.pcie_bandwidth(4, 16),
-                              DEFAULT_LATENCY_S["pcie"], generation=4, width=16))
+            generation = _nic_pcie_generation(port.bandwidth_bytes_per_s)
+            links.append(Link(nic, prefix + _attach_point(topo, port), "pcie", calc.pcie_bandwidth(generation, 16),
+                              DEFAULT_LATENCY_S["pcie"], generation=generation, width=16))
             links.append(Link(nic, "l1/0", kind, port.bandwidth_bytes_per_s, _NET[kind].system_latency_s / 2))
     kinds = {l.kind for l in links if l.b == "l1/0"}
     nodes["l1/0"] = Node("l1/0", "net_switch", {"level": 1, "latency_s": min(_NET[k].switch_latency_s for k in kinds)})
@@ -102,3 +103,8 @@ def _attach_point(topo: Topology, port: Port) -> str:
     cpus = topo.nodes_of("cpu")
     near = [c for c in cpus if topo.nodes[c].attrs.get("numa") == port.numa]
     return (near or cpus or topo.nodes_of("host") or topo.devices())[0]
+
+
+def _nic_pcie_generation(port_bytes_per_s: float) -> int:
+    """The PCIe generation of a x16 slot that carries the port's rate (sysfs does not say; NDR needs gen 5)."""
+    return next((g for g in (3, 4) if calc.pcie_bandwidth(g, 16) >= port_bytes_per_s), 5)
