@@ -28,9 +28,12 @@ def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memloc
         (port / "state").write_text(ib if isinstance(ib, str) else "4: ACTIVE")
         (port / "rate").write_text("400 Gb/sec (4X NDR)")
     statvfs = lambda path: SimpleNamespace(f_blocks=shm_bytes // 4096, f_frsize=4096)
+    modules = tmp_path / "modules"
+    modules.write_text("nvidia_peermem 16384 0 - Live 0x0\nnvidia 1 2 - Live 0x0\n")
     return DoctorEnv(environ=environ or {}, nvml=nvml, nvml_error="" if nvml else "NVMLError_LibraryNotFound",
                      net_dir=net, ib_dir=ib_dir, statvfs=statvfs, memlock_bytes=lambda: memlock,
-                     versions=lambda: dict(versions))
+                     versions=lambda: dict(versions), sys_root=tmp_path, proc_modules=modules,
+                     cpu_affinity=lambda: set(range(8)))
 
 
 def by_name(checks):
@@ -147,3 +150,109 @@ def test_cli_doctor_writes_json_and_fails_on_a_failed_check(tmp_path, monkeypatc
         cli.main()
     assert info.value.code == 1 and "fix: run with --ipc=host" in capsys.readouterr().out
     assert [r["name"] for r in load_result(out).rows] == ["driver", "shm"]
+
+
+# ---- multi-node checks --------------------------------------------------------------------------------------
+def pci_device(root: Path, chain: str, numa: int) -> Path:
+    """A device directory at the end of a PCI chain ('pci0000:17/0000:17:00.0/...') under root/sys/devices."""
+    device = root / "sys/devices" / chain
+    device.mkdir(parents=True, exist_ok=True)
+    (device / "numa_node").write_text(str(numa))
+    return device
+
+
+def link_to(at: Path, target: Path) -> None:
+    at.parent.mkdir(parents=True, exist_ok=True)
+    at.symlink_to(target)
+
+
+def ib_port(tmp_path: Path, dev: str, chain: str, numa: int, state="4: ACTIVE", rate="400 Gb/sec (4X NDR)") -> None:
+    port = tmp_path / "infiniband" / dev / "ports" / "1"
+    port.mkdir(parents=True)
+    (port / "state").write_text(state)
+    (port / "rate").write_text(rate)
+    (port / "link_layer").write_text("InfiniBand")
+    link_to(tmp_path / "infiniband" / dev / "device", pci_device(tmp_path, chain, numa))
+
+
+SWITCH0 = "pci0000:17/0000:17:00.0/0000:18:00.0"  # root complex, root port, a PCIe switch's upstream port
+SWITCH1 = "pci0000:9a/0000:9a:00.0/0000:9b:00.0"  # another socket's
+
+
+def gpu_machine_with_nics(tmp_path: Path) -> DoctorEnv:
+    """GPU0 beside mlx5_0 under one PCIe switch; GPU1 on the other socket, whose only NIC is down."""
+    env = fake_env(tmp_path, FakeNVML.machine(gpus=2, paths=[("c0", "h0", "u0", "l0"), ("c1", "h1", "u1", "l1")]))
+    link_to(tmp_path / "sys/bus/pci/devices/0000:18:00.0", pci_device(tmp_path, f"{SWITCH0}/0000:19:00.0/0000:1a:00.0", 0))
+    link_to(tmp_path / "sys/bus/pci/devices/0000:19:00.0", pci_device(tmp_path, f"{SWITCH1}/0000:9c:00.0/0000:9d:00.0", 1))
+    ib_port(tmp_path, "mlx5_0", f"{SWITCH0}/0000:19:04.0/0000:1b:00.0", 0)
+    ib_port(tmp_path, "mlx5_1", "pci0000:5d/0000:5d:00.0/0000:5e:00.0", 1, state="1: DOWN", rate="10 Gb/sec (4X SDR)")
+    return env
+
+
+def test_gpudirect_passes_beside_a_nic_and_warns_across_sockets(tmp_path):
+    found = by_name(run_doctor(gpu_machine_with_nics(tmp_path)))
+    assert found["gpudirect GPU0"].status == "pass" and "mlx5_0/1 is PIX" in found["gpudirect GPU0"].message
+    assert found["gpudirect GPU1"].status == "warn" and "host memory" in found["gpudirect GPU1"].message
+    assert "NCCL_NET_GDR_LEVEL" in found["gpudirect GPU1"].fix
+
+
+def test_gpudirect_without_a_nic_or_gpu_is_info(tmp_path):
+    assert by_name(run_doctor(fake_env(tmp_path, FakeNVML.machine(gpus=2))))["gpudirect"].status == "info"
+    assert by_name(run_doctor(fake_env(tmp_path / "b", None)))["gpudirect"].status == "info"
+
+
+def test_peer_memory_module_missing_warns_with_modprobe(tmp_path):
+    env = gpu_machine_with_nics(tmp_path)
+    assert by_name(run_doctor(env))["peermem"].status == "pass"
+    env.proc_modules.write_text("nvidia 1 2 - Live 0x0\nmlx5_ib 1 0 - Live 0x0\n")
+    found = by_name(run_doctor(env))["peermem"]
+    assert found.status == "warn" and "modprobe nvidia_peermem" in found.fix
+    assert by_name(run_doctor(fake_env(tmp_path / "b", FakeNVML.machine(gpus=2))))["peermem"].status == "info"  # no IB
+
+
+def test_rank_bound_to_its_gpus_numa_node(tmp_path):
+    # FakeNVML.machine: 8 CPUs per socket, GPU0 on socket 0 (CPUs 0-7), GPU1 on socket 1 (CPUs 8-15)
+    env = gpu_machine_with_nics(tmp_path)
+    env.environ = {"LOCAL_RANK": "0"}
+    assert by_name(run_doctor(env))["numa-binding"].status == "pass"
+    env.environ = {"LOCAL_RANK": "1"}
+    found = by_name(run_doctor(env))["numa-binding"]
+    assert found.status == "fail" and "8-15" in found.message and "numactl --cpunodebind=1" in found.fix
+    env.cpu_affinity = lambda: set(range(16))
+    assert by_name(run_doctor(env))["numa-binding"].status == "warn"
+    env.environ = {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": "1"}  # local rank 0 drives GPU1
+    assert by_name(run_doctor(env))["numa-binding"].status == "warn"
+    env.environ = {}
+    assert by_name(run_doctor(env))["numa-binding"].status == "info"
+
+
+def test_nccl_ib_hca_must_select_an_active_port(tmp_path):
+    env = gpu_machine_with_nics(tmp_path)
+    for value, status in (("mlx5", "info"), ("=mlx5_0", "info"), ("mlx5_0:1", "info"), ("^mlx5_0", "fail"),
+                          ("=mlx5", "fail"), ("mlx5_0:2", "fail"), ("mlx4", "fail")):
+        env.environ = {"NCCL_IB_HCA": value}
+        found = by_name(run_doctor(env))["NCCL_IB_HCA"]
+        assert found.status == status, (value, found)
+        assert status == "info" or "mlx5_0:1" in found.fix or "down" in found.fix
+    env = fake_env(tmp_path / "b", environ={"NCCL_IB_HCA": "mlx5"})  # no InfiniBand at all
+    assert by_name(run_doctor(env))["NCCL_IB_HCA"].status == "warn"
+
+
+def test_nccl_selection_syntax():
+    from meshscale.report.doctor import nccl_selects
+
+    names = ["eth0", "eth1", "ens1f0", "lo"]
+    assert nccl_selects("eth", names) == ["eth0", "eth1"]
+    assert nccl_selects("=eth0", names) == ["eth0"]
+    assert nccl_selects("^eth,lo", names) == ["ens1f0"]
+    assert nccl_selects("^=eth0", names) == ["eth1", "ens1f0", "lo"]
+    assert nccl_selects("mlx5_1:1", ["mlx5_0:1", "mlx5_1:1", "mlx5_1:2"]) == ["mlx5_1:1"]
+
+
+def test_ib_port_slower_than_the_fastest_warns(tmp_path):
+    ib_port(tmp_path, "mlx5_0", f"{SWITCH0}/0000:19:04.0/0000:1b:00.0", 0)
+    ib_port(tmp_path, "mlx5_1", f"{SWITCH1}/0000:9c:04.0/0000:9e:00.0", 1, rate="200 Gb/sec (4X HDR)")
+    found = by_name(run_doctor(fake_env(tmp_path)))
+    assert found["ib mlx5_0/1"].status == "pass"
+    assert found["ib mlx5_1/1"].status == "warn" and "400 Gb/s" in found["ib mlx5_1/1"].message
+    assert "ibstat" in found["ib mlx5_1/1"].fix

@@ -16,7 +16,7 @@ import torch
 from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
-from meshscale.bench.world_topology import world_topology
+from meshscale.bench.world_topology import spans_hosts, world_topology
 from meshscale.execute.world import World
 from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
@@ -154,24 +154,48 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
 
 
 def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0) -> Result:
-    """Run the sweep on ``world`` and return a "bench-collective" Result (rows, bound per row, topology)."""
+    """Run the sweep on ``world`` and return a "bench-collective" Result (rows with the bound and the predicted
+    time of each, the topology). Under torchrun across hosts the ranks gather the hosts' topologies first."""
     validate(spec, world)
     topology = world_topology(world)
-    rows = launch(rank_sweep, world.size, (spec, topology), backend=world.backend, timeout_s=timeout_s)[0]
-    bounds = _bounds(topology, spec, world.size)
+    rows, joined = launch(_measure, world.size, (spec, world, topology), backend=world.backend,
+                          timeout_s=timeout_s)[0]
+    topology = joined or topology
+    bounds, predictions = _model_figures(topology, spec, world.size)
     for row in rows:
         row["bound_busbw_bytes_per_s"] = bounds.get(row["collective"])
+        predicted = predictions.get((row["collective"], row["size_bytes"]))
+        row["predicted_time_s"] = predicted.time_s if predicted else None
+        row["predicted_busbw_bytes_per_s"] = predicted.busbw_bytes_per_s if predicted else None
     return measured("bench-collective", rows, spec=asdict(spec), world_size=world.size, backend=world.backend,
-                    average=spec.average, topology=to_dict(topology) if topology else None)
+                    average=spec.average, topology=to_dict(topology) if topology else None,
+                    hosts=topology.attrs.get("hosts") if topology else None)
 
 
-def _bounds(topology, spec: CollectiveSpec, world_size: int) -> dict[str, float]:
-    """The busbw bound of each collective, where the topology is known and there are 2 ranks or more."""
+def _measure(ctx: RankContext, spec: CollectiveSpec, world: World, topology: Topology | None):
+    """One rank's sweep, and the joined topology of the hosts when the ranks span several (else None)."""
+    joined = world_topology(world, ctx) if topology is None and spans_hosts() else None
+    return rank_sweep(ctx, spec, topology or joined), joined
+
+
+def _model_figures(topology, spec: CollectiveSpec, world_size: int) -> tuple[dict, dict]:
+    """The busbw bound of each collective and the predicted result (`meshscale.simulate.predict_collective`) of
+    each (collective, size), where the topology is known and there are 2 ranks or more; a collective the
+    simulator cannot model goes without its prediction (the measurement stands)."""
     from meshscale.collectives.bounds import busbw_bound
+    from meshscale.simulate import predict_collective
     if topology is None or world_size < 2:
-        return {}
+        return {}, {}
     ranks = [topology.nodes[d].index for d in topology.devices()]
-    return {c: busbw_bound(topology, c, ranks, spec.root) for c in spec.collectives}
+    bounds = {c: busbw_bound(topology, c, ranks, spec.root) for c in spec.collectives}
+    predictions = {}
+    for c in spec.collectives:
+        for size in spec.sizes_bytes:
+            try:
+                predictions[(c, size)] = predict_collective(topology, c, ranks, size, root=spec.root)
+            except MeshscaleError:
+                continue
+    return bounds, predictions
 
 
 def any_wrong(result: Result) -> bool:

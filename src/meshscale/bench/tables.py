@@ -11,13 +11,16 @@ from meshscale.units import gbps
 
 
 def collective_tables(result: Result) -> list[Table]:
-    """One table per collective: out-of-place and in-place columns side by side, then bound and %bound."""
+    """One table per collective: out-of-place and in-place columns side by side, then bound and %bound, and
+    the predicted time and busbw where the topology was known."""
     tables = []
     rows = result.rows
     for collective, group in groupby(rows, key=lambda r: r["collective"]):
         group = list(group)
         world = result.meta.get("world_size", "?")
-        table = Table(title=f"{collective}: {world} ranks over {result.meta.get('backend', '?')}, "
+        hosts = result.meta.get("hosts")
+        where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
+        table = Table(title=f"{collective}: {world} ranks over {result.meta.get('backend', '?')}{where}, "
                             f"time = {_AVERAGE[result.meta.get('average', 3)]}")
         for col in ("size(B)", "count", "type", "redop", "root"):
             table.add_column(col, justify="right")
@@ -27,6 +30,10 @@ def collective_tables(result: Result) -> list[Table]:
                 table.add_column(f"{'in-place' if inplace else 'out-of-place'}\n{col}", justify="right")
         table.add_column("bound\nGB/s", justify="right")
         table.add_column("%bound", justify="right")
+        predicted = any(r.get("predicted_time_s") for r in group)
+        if predicted:
+            table.add_column("predicted\ntime(us)", justify="right")
+            table.add_column("predicted\nbusbw GB/s", justify="right")
         for size, same in groupby(group, key=lambda r: r["size_bytes"]):
             same = list(same)
             by_place = {r["inplace"]: r for r in same}
@@ -41,6 +48,9 @@ def collective_tables(result: Result) -> list[Table]:
             bound = first.get("bound_busbw_bytes_per_s")
             best = max(r["busbw_bytes_per_s"] for r in same)
             cells += [f"{gbps(bound):.1f}" if bound else "-", f"{100 * best / bound:.0f}%" if bound else "-"]
+            if predicted:
+                time_s = first.get("predicted_time_s")
+                cells += [f"{time_s * 1e6:.2f}", f"{gbps(first['predicted_busbw_bytes_per_s']):.2f}"] if time_s else ["-"] * 2
             table.add_row(*cells, style="red" if any(r["wrong"] for r in same) else None)
         tables.append(table)
     return tables

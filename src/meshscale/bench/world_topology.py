@@ -1,15 +1,42 @@
-"""Where a benchmark runs: the ranks (`meshscale.execute.world`) and the topology of their devices (for the bound)."""
+"""Where a benchmark runs: the ranks (`meshscale.execute.world`) and the topology of their devices (for the bound).
+
+On one host, discovery of this machine. Under torchrun across hosts, each host's local rank 0 discovers its
+host (devices and network ports), every rank gathers the reports over the run's process group, and the hosts
+are joined into one topology (`meshscale.topology.multinode`)."""
 from __future__ import annotations
 
 import os
 
+import torch.distributed as dist
+
+from meshscale.execute import RankContext
+from meshscale.execute.launch import in_torchrun
 from meshscale.execute.world import World
 from meshscale.topology import Topology, subset
 from meshscale.topology.discover import discover
+from meshscale.topology.multinode import HostReport, hostname, join_hosts
+from meshscale.topology.nics import discover_ports
 
-def world_topology(world: World) -> Topology | None:
-    """The topology of the devices the ranks use (rank i on CUDA device i), or None when it cannot be known
-    (ranks on several hosts under torchrun, or more ranks than local devices)."""
+
+def spans_hosts() -> bool:
+    """True under torchrun when the ranks do not all run on this host (LOCAL_WORLD_SIZE < WORLD_SIZE)."""
+    if not in_torchrun():
+        return False
+    world = int(os.environ["WORLD_SIZE"])
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world)) < world
+
+
+def world_topology(world: World, ctx: RankContext | None = None) -> Topology | None:
+    """The topology of the devices the ranks use (rank i on device i), or None when it cannot be known (more
+    ranks than local devices; ranks on several hosts before their process group exists). With ``ctx`` (every
+    rank calls it) on several hosts: the hosts' topologies gathered and joined."""
+    if spans_hosts():
+        return gathered_topology(world, ctx) if ctx is not None else None
+    return host_topology(world)
+
+
+def host_topology(world: World) -> Topology | None:
+    """The topology of this host's devices that ``world.size`` ranks use, or None when it has too few."""
     found = discover(world.size if world.backend == "gloo" else None).topology
     devices = found.devices()
     if world.size > len(devices) or (world.backend == "nccl") != (found.device_kind == "gpu"):
@@ -22,6 +49,22 @@ def world_topology(world: World) -> Topology | None:
     if indices[: world.size] == [found.nodes[d].index for d in devices]:
         return found
     return subset(found, indices[: world.size])
+
+
+def gathered_topology(world: World, ctx: RankContext) -> Topology | None:
+    """Every host's report gathered on every rank and joined; None when a host could not tell its devices.
+    Collective: every rank of the group must call it."""
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+    report = None
+    if ctx.local_rank == 0:
+        topology = host_topology(World(local_world, world.backend))
+        report = HostReport(hostname(), topology, discover_ports()) if topology is not None else "unknown"
+    reports: list = [None] * ctx.world_size
+    dist.all_gather_object(reports, report)  # bounded by the process group's timeout
+    reports = [r for r in reports if r is not None]
+    if any(r == "unknown" for r in reports):
+        return None
+    return join_hosts(reports)
 
 
 def visible_indices(cuda_visible_devices: str | None, indices: list[int]) -> list[int]:

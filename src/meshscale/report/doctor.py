@@ -1,7 +1,9 @@
 """`meshscale doctor`: the checks that NCCL troubleshooting advice (the "GPU & CUDA multi-machine
 communication" write-up, 2020) and common failures point at, each a pass/warn/fail/info line with its fix.
 Every check takes a `DoctorEnv` (paths, environment, NVML module, limits), so tests fake a machine with no
-driver, a link down or a small /dev/shm; works with no GPU."""
+driver, a link down or a small /dev/shm; works with no GPU. The multi-node checks (GPU-NIC affinity for
+GPUDirect RDMA, the peer-memory module, NUMA binding of the rank, NCCL's interface and adapter selection,
+InfiniBand ports) say so as info when there is nothing to look at."""
 from __future__ import annotations
 
 import os
@@ -11,6 +13,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from meshscale.report.verdicts import expected_nvlinks
+from meshscale.topology.nvml_discovery import cpu_list, mask_cpus
+from meshscale.topology.nics import (RELATIONS, gpu_pci_path, infiniband_ports, interface_names, pci_relation,
+                                     read_sysfs)
 from meshscale.units import format_bytes
 
 SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
@@ -78,6 +83,9 @@ class DoctorEnv:
     shm_path: Path = Path("/dev/shm")
     net_dir: Path = Path("/sys/class/net")
     ib_dir: Path = Path("/sys/class/infiniband")
+    sys_root: Path = Path("/")  # where /sys/bus/pci/devices lies (GPUs' PCI paths)
+    proc_modules: Path = Path("/proc/modules")
+    cpu_affinity: Callable[[], set[int]] = lambda: os.sched_getaffinity(0)
     statvfs: Callable[[str], Any] = os.statvfs
     memlock_bytes: Callable[[], int] = _memlock_bytes  # -1 when unlimited
     versions: Callable[[], dict[str, Any]] = _versions
@@ -229,13 +237,22 @@ def check_memlock(env: DoctorEnv) -> list[Check]:
     return [Check("info", "memlock", f"locked-memory limit is {format_bytes(limit)} (matters only for InfiniBand/RDMA)", fix)]
 
 
-def _matches_ifname(spec: str, names: list[str]) -> list[str]:
-    """Interfaces NCCL_SOCKET_IFNAME selects: prefixes, '=' for exact names, '^' to exclude."""
+def nccl_selects(spec: str, names: list[str]) -> list[str]:
+    """The names an NCCL_SOCKET_IFNAME / NCCL_IB_HCA value selects, in NCCL's syntax: a comma list of prefixes,
+    '^' before the list to exclude them, '=' before it (or an entry) for exact names; an entry 'dev:port'
+    also names the port of names written 'dev:port'."""
     exclude = spec.startswith("^")
-    parts = [p for p in spec.lstrip("^").split(",") if p]
-    def hit(name: str) -> bool:
-        return any(name == p[1:] if p.startswith("=") else name.startswith(p) for p in parts)
-    return [n for n in names if hit(n) != exclude]
+    spec = spec.removeprefix("^")
+    exact = spec.startswith("=")
+    parts = [p for p in spec.removeprefix("=").split(",") if p]
+
+    def hit(name: str, part: str) -> bool:
+        whole = exact or part.startswith("=")
+        dev, _, port = part.removeprefix("=").partition(":")
+        name_dev, _, name_port = name.partition(":")
+        return (name_dev == dev if whole else name_dev.startswith(dev)) and (not port or port == name_port)
+
+    return [n for n in names if any(hit(n, p) for p in parts) != exclude]
 
 
 def check_nccl_env(env: DoctorEnv) -> list[Check]:
@@ -249,46 +266,143 @@ def check_nccl_env(env: DoctorEnv) -> list[Check]:
             status = "info"  # no InfiniBand here, so nothing is lost
         fix = f"unset {var} unless you are debugging" if status == "warn" else ""
         if var == "NCCL_SOCKET_IFNAME":
-            names = _interfaces(env)
-            if not _matches_ifname(value, names):
+            names = interface_names(env.net_dir)
+            if not nccl_selects(value, names):
                 status, fix = "fail", f"no interface matches; choose from {', '.join(names) or 'none found'}"
+        if var == "NCCL_IB_HCA":
+            status, fix = _ib_hca_selection(env, value, status)
         out.append(Check(status, var, f"={value}: {what}", fix))
     return out or [Check("pass", "nccl-env", "no NCCL_* variables set: NCCL's defaults apply")]
 
 
-def _interfaces(env: DoctorEnv) -> list[str]:
-    try:
-        return sorted(p.name for p in env.net_dir.iterdir())
-    except OSError:
-        return []
-
-
-def _read(path: Path) -> str:
-    try:
-        return path.read_text().strip()
-    except OSError:
-        return "?"
+def _ib_hca_selection(env: DoctorEnv, value: str, status: str) -> tuple[str, str]:
+    """(status, fix) of an NCCL_IB_HCA value against the InfiniBand ports that exist."""
+    ports = {p.name.replace("/", ":"): p for p in infiniband_ports(env.ib_dir)}
+    if not ports:
+        return "warn", "no InfiniBand device here: unset NCCL_IB_HCA (NCCL will use sockets)"
+    chosen = nccl_selects(value, list(ports))
+    if not chosen:
+        return "fail", f"no InfiniBand port matches; choose from {', '.join(ports)}"
+    if not any(ports[c].usable for c in chosen):
+        return "fail", f"every port it selects is down ({', '.join(chosen)}); select an ACTIVE one"
+    return status, ""
 
 
 def check_network(env: DoctorEnv) -> list[Check]:
-    names = [n for n in _interfaces(env) if n != "lo"]
+    names = [n for n in interface_names(env.net_dir) if n != "lo"]
     described = []
     for n in names:
-        speed = _read(env.net_dir / n / "speed")
+        speed = read_sysfs(env.net_dir / n / "speed", "?")
         speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
-        described.append(f"{n} ({_read(env.net_dir / n / 'operstate')}{speed})")
+        described.append(f"{n} ({read_sysfs(env.net_dir / n / 'operstate', '?')}{speed})")
     out = [Check("info", "network", f"interfaces: {', '.join(described) or 'none besides lo'}")]
     ib = _ib_devices(env)
     if not ib:
         out.append(Check("info", "infiniband", "no InfiniBand device: across nodes NCCL would use TCP sockets",
                          "for multi-node training use InfiniBand/RoCE (check with `ibstat` and `ib_write_bw`)"))
-    for dev in ib:
-        for port in sorted((env.ib_dir / dev / "ports").glob("*")):
-            state, rate = _read(port / "state"), _read(port / "rate")
-            ok = "ACTIVE" in state
-            out.append(Check("pass" if ok else "warn", f"ib {dev}/{port.name}", f"{state}, {rate}",
-                             "" if ok else "check the cable and the subnet manager (`ibstat`, `sminfo`)"))
+    out += check_ib_ports(env)
     return out
+
+
+def check_ib_ports(env: DoctorEnv) -> list[Check]:
+    """Every InfiniBand port: ACTIVE, and at the rate of the fastest active port (a slow one caps NCCL's rings)."""
+    ports = infiniband_ports(env.ib_dir)
+    fastest = max((p.rate_gbits or 0 for p in ports if p.usable), default=0)
+    out = []
+    for p in ports:
+        text = f"{p.state or '?'}, {p.rate_text or 'rate unknown'}" + (f", {p.link_layer}" if p.link_layer else "")
+        if not p.usable:
+            out.append(Check("warn", f"ib {p.name}", text, "check the cable and the subnet manager (`ibstat`, `sminfo`)"))
+        elif p.rate_gbits and p.rate_gbits < fastest:
+            out.append(Check("warn", f"ib {p.name}", f"{text}: slower than the fastest port ({fastest:g} Gb/s)",
+                             "check the cable, transceiver and switch port speed (`ibstat`, `mlxlink -d DEV`); "
+                             "a slow port caps every ring through it"))
+        else:
+            out.append(Check("pass", f"ib {p.name}", text))
+    return out
+
+
+def _gpu_bus_ids(env: DoctorEnv) -> list[tuple[int, str]]:
+    return [(i, _text(env.nvml.nvmlDeviceGetPciInfo(handle).busId)) for i, handle, _ in _gpus(env)]
+
+
+def check_gpudirect(env: DoctorEnv) -> list[Check]:
+    """Each GPU's nearest RDMA NIC: GPUDirect RDMA (NIC reads GPU memory directly) needs it behind the same
+    PCIe switch (PIX/PXB, NCCL_NET_GDR_LEVEL's default); farther, NCCL stages through host memory."""
+    nics = [p for p in infiniband_ports(env.ib_dir) if p.pci_path]
+    if env.nvml is None or not nics:
+        what = "no GPU" if env.nvml is None else "no InfiniBand/RoCE NIC with a visible PCI path"
+        return [Check("info", "gpudirect", f"{what}: GPU-NIC affinity for GPUDirect RDMA does not apply")]
+    out = []
+    for i, bus in _gpu_bus_ids(env):
+        numa, path = gpu_pci_path(bus, env.sys_root)
+        if not path:
+            out.append(Check("info", f"gpudirect GPU{i}", f"PCI path of {bus} not visible in sysfs"))
+            continue
+        relation, nic = min(((pci_relation(path, numa, p.pci_path, p.numa), p.name) for p in nics),
+                            key=lambda r: RELATIONS.index(r[0]))
+        if relation in ("PIX", "PXB"):
+            out.append(Check("pass", f"gpudirect GPU{i}", f"nearest NIC {nic} is {relation}: GPUDirect RDMA applies"))
+        else:
+            out.append(Check("warn", f"gpudirect GPU{i}", f"nearest NIC {nic} is {relation}: NCCL stages this GPU's "
+                             "network traffic through host memory (GPUDirect RDMA needs PIX or PXB)",
+                             "put a NIC under the GPU's PCIe switch, or bind the rank to a GPU that has one; "
+                             "NCCL_NET_GDR_LEVEL=PHB lets NCCL try anyway"))
+    return out
+
+
+PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")
+
+
+def check_peermem(env: DoctorEnv) -> list[Check]:
+    """The kernel module that lets the NIC pin GPU memory (GPUDirect RDMA), where there are GPUs and RDMA NICs."""
+    if env.nvml is None or not _ib_devices(env):
+        what = "no GPU" if env.nvml is None else "no InfiniBand/RoCE device"
+        return [Check("info", "peermem", f"{what}: the GPU peer-memory module does not apply")]
+    try:
+        loaded = {line.split()[0] for line in env.proc_modules.read_text().splitlines() if line.strip()}
+    except OSError:
+        return [Check("info", "peermem", f"{env.proc_modules} is not readable: cannot tell whether nvidia_peermem is loaded")]
+    found = [m for m in PEER_MEMORY_MODULES if m in loaded]
+    if found:
+        return [Check("pass", "peermem", f"{found[0]} loaded: NICs can read and write GPU memory directly")]
+    return [Check("warn", "peermem", "neither nvidia_peermem nor nv_peer_mem is loaded: GPUDirect RDMA is off and "
+                  "NCCL stages network traffic through host memory (unless it uses DMA-BUF)",
+                  "sudo modprobe nvidia_peermem (it ships with the driver; load it at boot via /etc/modules-load.d)")]
+
+
+def check_numa_binding(env: DoctorEnv) -> list[Check]:
+    """This rank's CPUs against its GPU's NUMA node (LOCAL_RANK's GPU): a rank on the far socket crosses the
+    inter-socket link for every copy and launch."""
+    if env.nvml is None:
+        return [Check("info", "numa-binding", "no GPU: rank-to-NUMA binding does not apply")]
+    gpus = {i: handle for i, handle, _ in _gpus(env)}
+    words = max(1, -(-(os.cpu_count() or 1) // 64))
+    visible = [int(x) for x in env.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip().isdigit()]
+    if "LOCAL_RANK" not in env.environ:
+        return [Check("info", "numa-binding", "not a launched rank (no LOCAL_RANK): bind each rank to its GPU's CPUs",
+                      "under torchrun, run each rank with `numactl --cpunodebind=N --membind=N` of its GPU's NUMA node")]
+    local = int(env.environ["LOCAL_RANK"])
+    index = visible[local] if local < len(visible) else local
+    if index not in gpus:
+        return [Check("info", "numa-binding", f"LOCAL_RANK {local} names no GPU of this machine (GPU{index})")]
+    gpu_cpus = set(mask_cpus(list(env.nvml.nvmlDeviceGetCpuAffinity(gpus[index], words))))
+    mine = set(env.cpu_affinity())
+    try:
+        node = str(env.nvml.nvmlDeviceGetNumaNodeId(gpus[index]))
+    except Exception:  # older drivers lack the call; the CPU list still says where to bind
+        node = "N"
+    fix = (f"bind the rank to GPU{index}'s CPUs {cpu_list(gpu_cpus)}: `numactl --cpunodebind={node} "
+           f"--membind={node}` (or `taskset -c {cpu_list(gpu_cpus)}`) before the rank's command")
+    if not gpu_cpus:
+        return [Check("info", "numa-binding", f"NVML gives no CPU affinity for GPU{index}")]
+    if mine <= gpu_cpus:
+        return [Check("pass", "numa-binding", f"rank {local} runs on CPUs {cpu_list(mine)}, GPU{index}'s own")]
+    if not mine & gpu_cpus:
+        return [Check("fail", "numa-binding", f"rank {local} runs on CPUs {cpu_list(mine)}, none of GPU{index}'s "
+                      f"({cpu_list(gpu_cpus)}): every copy crosses sockets", fix)]
+    return [Check("warn", "numa-binding", f"rank {local} may run on CPUs {cpu_list(mine)}, beyond GPU{index}'s "
+                  f"({cpu_list(gpu_cpus)})", fix)]
 
 
 def check_versions(env: DoctorEnv) -> list[Check]:
@@ -300,7 +414,7 @@ def check_versions(env: DoctorEnv) -> list[Check]:
 
 
 CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, check_shm, check_memlock,
-          check_nccl_env, check_network, check_versions)
+          check_nccl_env, check_network, check_gpudirect, check_peermem, check_numa_binding, check_versions)
 
 
 def run_doctor(env: DoctorEnv | None = None) -> list[Check]:

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
 from meshscale.topology.model import Link, Node, Topology
+from meshscale.topology.multinode import hostname
 from meshscale.topology.nvml_discovery import NoGPU, nvml_topology
 
 # Shared-memory copy rate assumed for CPU workers until `bench p2p` measures it (a modest DDR4 memcpy).
@@ -25,7 +26,7 @@ def cpu_topology(workers: int | None = None) -> Topology:
     """One host, its CPU socket(s) and ``workers`` rank processes joined by shared memory."""
     workers = workers or min(4, os.cpu_count() or 1)
     sockets = _numa_nodes()
-    nodes = {"host": Node("host", "host", {"hostname": os.uname().nodename})}
+    nodes = {"host": Node("host", "host", {"hostname": hostname()})}
     links = []
     for s in range(sockets):
         nodes[f"cpu{s}"] = Node(f"cpu{s}", "cpu", {"numa": s, "pcie_relation": "NODE"})

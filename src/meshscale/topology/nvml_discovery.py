@@ -11,7 +11,7 @@ What NVML tells, and how it becomes the model:
   PHB -> one host bridge, NODE -> host bridges of one CPU, SYS -> different CPUs joined by UPI.
 
 Every call a driver or GPU may not support is guarded: the topology is then partial but valid, and
-``attrs["nvml_unsupported"]`` names the calls that failed. Not in NVML, so left out: NICs, and links between
+``attrs["nvml_unsupported"]`` names the calls that failed. Not in NVML, so left out: NICs (`nics.py` reads them from sysfs), and links between
 NVSwitches (a DGX-2's two boards would appear joined only by PCIe).
 """
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _build(call: _Calls, sm_counts: dict[str, int] | None) -> Topology:
     links: list[Link] = []
     _add_pcie_tree(nodes, links, gpus, levels)
     _add_nvlinks(call, nodes, links, handles, gpus)
-    hostname = os.uname().nodename
+    from meshscale.topology.multinode import hostname as host_name
+    hostname = host_name()
     models = sorted({g["model"] for g in gpus})
     attrs = {
         "source": "nvml",
@@ -380,9 +381,18 @@ def _uuid_key(uuid: str) -> str:
 
 def _cpu_list(mask_words: list[int], word_bits: int = 64) -> str:
     """A CPU bit mask (NVML's array of 64-bit words) as nvidia-smi prints it: '0-51,104-155'."""
-    cpus = [w * word_bits + b for w, word in enumerate(mask_words) for b in range(word_bits) if int(word) >> b & 1]
+    return cpu_list(mask_cpus(mask_words, word_bits))
+
+
+def mask_cpus(mask_words: list[int], word_bits: int = 64) -> list[int]:
+    """The CPUs set in a bit mask given as words (NVML's CPU affinity), in order."""
+    return [w * word_bits + b for w, word in enumerate(mask_words) for b in range(word_bits) if int(word) >> b & 1]
+
+
+def cpu_list(cpus) -> str:
+    """CPU numbers as ranges, the way nvidia-smi and taskset print them: '0-51,104-155'."""
     ranges = []
-    for cpu in cpus:
+    for cpu in sorted(cpus):
         if ranges and cpu == ranges[-1][1] + 1:
             ranges[-1][1] = cpu
         else:

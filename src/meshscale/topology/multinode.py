@@ -1,0 +1,110 @@
+"""One topology for ranks on several hosts: each host's own discovered topology and network ports, joined
+through one network switch (the hosts of one job usually hang off one leaf; a deeper tree is `cluster.py`'s).
+
+Device indices follow torchrun's ranks: host k's local device i is k * devices_per_host + i. Hosts must agree
+on their rank devices (count and model), or the bound of a collective over them means nothing.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from meshscale.errors import MeshscaleError
+from meshscale.topology import links as calc
+from meshscale.topology.cluster import NET_LINKS
+from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
+from meshscale.topology.nics import Port
+
+HOSTNAME_ENV = "MESHSCALE_HOSTNAME"  # overrides the hostname, so that agents on one machine act as hosts
+ASSUMED_PORT = Port("assumed", "ethernet", "up", 10.0, rate_text="10 GbE assumed (no port with a known rate)")
+# switch and NIC latencies by port kind (typical figures, the same as the cluster model's)
+_NET = {"infiniband": NET_LINKS["ndr"], "ethernet": NET_LINKS["100gbe"]}
+
+
+def hostname() -> str:
+    """This host's name for joining: $MESHSCALE_HOSTNAME when set, else the kernel's node name."""
+    return os.environ.get(HOSTNAME_ENV) or os.uname().nodename
+
+
+@dataclass
+class HostReport:
+    """What one host says about itself: its name, its topology (its ranks' devices) and its network ports."""
+
+    hostname: str
+    topology: Topology
+    ports: list[Port] = field(default_factory=list)
+
+    def devices_text(self) -> str:
+        devices = self.topology.devices()
+        models = sorted({str(self.topology.nodes[d].attrs.get("model", "?")) for d in devices})
+        return f"{len(devices)}x {', '.join(models)}"
+
+
+def check_hosts_agree(reports: list[HostReport]) -> None:
+    """A one-line error when hosts have different rank devices (count or model)."""
+    if not reports:
+        raise MeshscaleError("no host reported its topology; every node's local rank 0 must report")
+    first = reports[0]
+    for other in reports[1:]:
+        if other.devices_text() != first.devices_text():
+            raise MeshscaleError(f"hosts disagree: {first.hostname} has {first.devices_text()}, {other.hostname} has "
+                                 f"{other.devices_text()}; run the same number and model of devices on every node")
+
+
+def network_ports(ports: list[Port]) -> list[Port]:
+    """The ports a host's traffic to other hosts uses: every active InfiniBand port (NCCL spreads over them),
+    else its fastest Ethernet interface that is up, else an assumed 10 GbE port."""
+    ib = [p for p in ports if p.kind == "infiniband" and p.usable and p.rate_gbits]
+    if ib:
+        return ib
+    eth = [p for p in ports if p.kind == "ethernet" and p.usable and p.rate_gbits]
+    return [max(eth, key=lambda p: p.rate_gbits)] if eth else [ASSUMED_PORT]
+
+
+def join_hosts(reports: list[HostReport]) -> Topology:
+    """The hosts' topologies as one, host k's nodes prefixed ``n<k>/``, their network ports as NICs on one
+    switch ``l1/0``. Raises `MeshscaleError` when the hosts disagree on their rank devices."""
+    check_hosts_agree(reports)
+    per_host = len(reports[0].topology.devices())
+    nodes: dict[str, Node] = {}
+    links: list[Link] = []
+    used = {}
+    for k, report in enumerate(reports):
+        prefix, topo = f"n{k}/", report.topology
+        for n in topo.nodes.values():
+            attrs = dict(n.attrs, node=k, hostname=report.hostname)
+            if n.index is not None and n.kind in ("gpu", "worker"):
+                attrs["index"] = k * per_host + n.index - min(topo.nodes[d].index for d in topo.devices())
+            nodes[prefix + n.name] = Node(prefix + n.name, n.kind, attrs)
+        links += [Link(**{**vars(l), "a": prefix + l.a, "b": prefix + l.b}) for l in topo.links]
+        used[report.hostname] = ports = network_ports(report.ports)
+        for j, port in enumerate(ports):
+            kind = "ethernet" if port.kind == "ethernet" or port.link_layer.lower() == "ethernet" else "infiniband"
+            nic = f"{prefix}nic{j}"
+            nodes[nic] = Node(nic, "nic", {"port": port.name, "port_kind": kind, "port_rate": port.rate_text
+                                           or f"{port.rate_gbits:g} Gb/s", "numa": port.numa, "node": k})
+            generation = _nic_pcie_generation(port.bandwidth_bytes_per_s)
+            links.append(Link(nic, prefix + _attach_point(topo, port), "pcie", calc.pcie_bandwidth(generation, 16),
+                              DEFAULT_LATENCY_S["pcie"], generation=generation, width=16))
+            links.append(Link(nic, "l1/0", kind, port.bandwidth_bytes_per_s, _NET[kind].system_latency_s / 2))
+    kinds = {l.kind for l in links if l.b == "l1/0"}
+    nodes["l1/0"] = Node("l1/0", "net_switch", {"level": 1, "latency_s": min(_NET[k].switch_latency_s for k in kinds)})
+    names = [r.hostname for r in reports]
+    title = (f"{len(reports)} hosts ({', '.join(names)}): {reports[0].devices_text()} each, joined by "
+             f"{', '.join(sorted({p.rate_text or p.name for ps in used.values() for p in ps}))}")
+    attrs = {"source": "joined hosts", "hosts": names,
+             "network_ports": {h: [p.name for p in ps] for h, ps in used.items()},
+             "bandwidth_source": reports[0].topology.attrs.get("bandwidth_source", "")}
+    return Topology(f"{len(reports)}-hosts", nodes, links, title, attrs)
+
+
+def _attach_point(topo: Topology, port: Port) -> str:
+    """Where a NIC hangs in its host: the CPU of its NUMA node (its PCIe switch is not in NVML's tree)."""
+    cpus = topo.nodes_of("cpu")
+    near = [c for c in cpus if topo.nodes[c].attrs.get("numa") == port.numa]
+    return (near or cpus or topo.nodes_of("host") or topo.devices())[0]
+
+
+def _nic_pcie_generation(port_bytes_per_s: float) -> int:
+    """The PCIe generation of a x16 slot that carries the port's rate (sysfs does not say; NDR needs gen 5)."""
+    return next((g for g in (3, 4) if calc.pcie_bandwidth(g, 16) >= port_bytes_per_s), 5)
