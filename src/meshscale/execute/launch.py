@@ -14,6 +14,7 @@ import gc
 import multiprocessing as mp
 import os
 import queue
+import select
 import signal
 import socket
 import sys
@@ -71,25 +72,53 @@ def in_torchrun() -> bool:
 
 
 def _die_with(owner_pid: int) -> None:
-    """Exit this rank as soon as the process that launched it is gone (killed, crashed).
+    """Exit this rank as soon as the process that launched it is gone (killed, crashed), even before its
+    parent reaps it.
 
-    The kernel kills the rank when its parent exits (the launcher, or the fork server, which exits with the
-    launcher); a daemon thread that polls the launcher covers other systems and a parent gone before the prctl."""
-    if sys.platform.startswith("linux"):
+    A daemon thread waits on a pidfd of the launcher (readable once it has exited), or polls it where there is
+    none. A rank that the launcher started itself also has the kernel kill it with its parent (PR_SET_PDEATHSIG);
+    a rank of the fork server does not: the fork server outlives the launcher as long as ranks hold its pipe."""
+    if sys.platform.startswith("linux") and os.getppid() == owner_pid:
         try:
             ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         except (OSError, AttributeError):
             pass
+    try:
+        pidfd: int | None = os.pidfd_open(owner_pid)
+    except (AttributeError, OSError):
+        pidfd = None
 
     def watch() -> None:
-        while True:
-            try:
-                os.kill(owner_pid, 0)
-            except ProcessLookupError:
-                os._exit(1)
-            time.sleep(0.2)
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while not _exited(owner_pid):
+                time.sleep(0.2)
+        os._exit(1)
 
+    if pidfd is None and _exited(owner_pid):
+        os._exit(1)
     threading.Thread(target=watch, daemon=True, name="meshscale-watchdog").start()
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process in /proc (R, S, T, Z...), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """True when the process is gone or a zombie (exited, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return _proc_state(pid) == "Z"
 
 
 def _loopback_interface() -> str:
@@ -281,11 +310,7 @@ def _is_consequence(error: str) -> bool:
 
 def _is_stopped(proc: Any) -> bool:
     """True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: state T or t in /proc."""
-    try:
-        with open(f"/proc/{proc.pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
-    except (OSError, IndexError, TypeError):
-        return False
+    return proc.pid is not None and _proc_state(proc.pid) in ("T", "t")
 
 
 class _Terminated(BaseException):
