@@ -123,7 +123,10 @@ def _exited(pid: int) -> bool:
 
 def _loopback_interface() -> str:
     """The loopback interface's name ("lo" on Linux, "lo0" on macOS)."""
-    return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    try:
+        return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    except OSError:
+        return "lo"
 
 
 def serving_store(host: str, port: int, world: int, timeout_s: float) -> dist.TCPStore:
@@ -365,6 +368,7 @@ def _phase(store: Any, rank: int) -> str:
 
 def _stop(procs: list) -> None:
     """Terminate what is still running, then kill what ignores it, then reap."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves the later ones unstarted
     for p in procs:
         if p.is_alive():
             p.terminate()
