@@ -153,11 +153,24 @@ def serving_store(host: str, port: int, world: int, timeout_s: float) -> dist.TC
                                  timeout=timedelta(seconds=timeout_s), master_listen_fd=fd, use_libuv=use_libuv)
         except (RuntimeError, ValueError, TypeError) as exc:
             errors.append(str(exc).splitlines()[0])
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+            _close_if_listening_on(fd, bound_port)
     raise MeshscaleError(f"cannot start the rendezvous store on {host}: {'; '.join(errors)}")
+
+
+def _close_if_listening_on(fd: int, port: int) -> None:
+    """Close ``fd`` unless a failed store has closed it already (the number may belong to another file now)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        ours = sock.getsockname()[1] == port
+    except (OSError, IndexError, TypeError):
+        ours = False
+    if ours:
+        sock.close()
+    else:
+        sock.detach()
 
 
 def _local_store(world: int, timeout_s: float) -> dist.TCPStore:

@@ -105,7 +105,8 @@ def load(directory: str | Path, rank: int, world: int) -> dict:
     try:
         set_rng_state(state.pop("rng"), meta["rng"])
     except (KeyError, TypeError, ValueError) as exc:
-        raise MeshscaleError(f"checkpoint {folder} has unreadable RNG states ({exc}); start again without --resume") from None
+        raise MeshscaleError(f"checkpoint {folder} has unreadable RNG states ({exc}); "
+                             "start again without --resume") from None
     state["step"] = meta["step"]
     return state
 
