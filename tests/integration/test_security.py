@@ -18,6 +18,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.execute import WorkerError, launch
 from meshscale.execute.launch import serving_store
 from meshscale.topology import dumps, load_system
+from meshscale.topology.draw import MAX_STEM_CHARS, file_stem
 from meshscale.train import checkpoint
 
 pytestmark = pytest.mark.timeout(120)
@@ -145,6 +146,17 @@ def test_a_traversal_name_writes_nothing_outside_the_output_directory(tmp_path, 
         assert [p.name for p in written] == ["escaped_.x.svg"]
     else:
         assert result.exit_code == 2 and len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", ["../../somewhere/x", "..", ".hidden", "/etc/passwd", "a\\..\\b", "~root/.ssh",
+                                  "x" * 500, "", "dgx-h100"])
+def test_a_file_stem_is_one_plain_name(name):
+    stem = file_stem(name)
+    assert stem and len(stem) <= MAX_STEM_CHARS and not stem.startswith(".")
+    assert "/" not in stem and "\\" not in stem and ".." not in stem
+    assert Path(stem).name == stem and Path(stem).resolve().parent == Path.cwd().resolve()
+    if name == "dgx-h100":
+        assert stem == name  # ordinary names stay as they are
 
 
 # ---- fault causes -------------------------------------------------------------------------------------------------

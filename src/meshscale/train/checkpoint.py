@@ -104,7 +104,7 @@ def load(directory: str | Path, rank: int, world: int) -> dict:
         state["model"] = _read_tensors(folder / "rank0.pt").get("model")
     try:
         set_rng_state(state.pop("rng"), meta["rng"])
-    except (KeyError, TypeError, ValueError) as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
         raise MeshscaleError(f"checkpoint {folder} has unreadable RNG states ({exc}); "
                              "start again without --resume") from None
     state["step"] = meta["step"]
