@@ -282,7 +282,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
                 failure = f"rank {r} {what} during {_phase(store, r)}"
                 others = sorted(set(errors) - {r})
                 if others:
-                    failure += f" (ranks {others} stopped too)"
+                    failure += f" (ranks {others} failed in turn)"
     except KeyboardInterrupt:
         failure = "interrupted (Ctrl-C); all ranks stopped"
     except _Terminated:
