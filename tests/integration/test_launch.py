@@ -63,7 +63,8 @@ def test_raising_rank_is_named():
 
 def test_hanging_rank_hits_the_timeout():
     start = time.monotonic()
-    with pytest.raises(WorkerError, match="broadcast"):
+    # the rank that never arrived is named, not the one that timed out waiting for it
+    with pytest.raises(WorkerError, match=r"^rank 0 stopped making progress .* during broadcast"):
         launch(_one_rank_never_arrives, 2, timeout_s=3)
     assert time.monotonic() - start < 15
 

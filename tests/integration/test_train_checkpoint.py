@@ -4,7 +4,9 @@ import json
 import time
 
 import pytest
+import torch
 
+from meshscale.errors import MeshscaleError
 from meshscale.execute import WorkerError
 from meshscale.train import checkpoint
 from meshscale.train.config import CheckpointOptions, DebugOptions, LogOptions, OptimizerOptions, PsOptions, TrainConfig
@@ -44,3 +46,19 @@ def test_killed_worker_stops_the_run_and_keeps_the_checkpoint(tmp_path):
     assert state["step"] == 4 and "wte.weight" in state["model"]
     steps = [json.loads(line)["step"] for line in log.read_text().splitlines()]
     assert steps[:6] == list(range(6))  # everything logged before the failure is there
+
+
+def test_a_checkpoint_is_tensors_and_json(tmp_path):
+    run(_cfg(tmp_path, "d", mode="ddp", steps=2))
+    folder = tmp_path / "d" / "step-00000002"
+    assert sorted(p.name for p in folder.iterdir()) == ["rank0.json", "rank0.pt", "rank1.json", "rank1.pt"]
+    tensors = torch.load(folder / "rank0.pt", weights_only=True)  # loads without unpickling any object
+    assert isinstance(tensors["rng"]["torch"], torch.Tensor) and "wte.weight" in tensors["model"]
+    meta = json.loads((folder / "rank1.json").read_text())
+    assert (meta["step"], meta["world"]) == (2, 2) and len(meta["rng"]["numpy"]["keys"]) == 624
+
+
+def test_a_garbled_latest_marker_is_a_clear_error(tmp_path):
+    (tmp_path / "latest").write_text("../../etc\n")
+    with pytest.raises(MeshscaleError, match="should hold a step number"):
+        checkpoint.load(tmp_path, 0, 2)

@@ -40,8 +40,8 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
     elif fmt == "json":
         text = dumps(topology)
     else:
-        from meshscale.topology.draw import draw
-        path = output or Path(f"{topology.name}.{fmt}")
+        from meshscale.topology.draw import default_output, draw
+        path = output or default_output(topology, fmt)
         draw(topology, path)
         typer.echo(f"wrote {path}")
         return

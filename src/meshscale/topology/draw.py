@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 from collections import defaultdict
 from pathlib import Path
 
@@ -33,6 +34,20 @@ LINK_STYLE = {  # kind -> (colour, line style, base width)
     "shm": ("#888888", ":", 1.2),
 }
 MIN_GAP = 0.9  # smallest horizontal distance between two nodes of one layer
+MAX_STEM_CHARS = 80  # file names made from names in files stay short
+
+
+def file_stem(name: str, fallback: str = "topology") -> str:
+    """``name`` (read from a file, so anything) made safe as a file name in the current directory: letters,
+    digits, ``_``, ``-`` and single dots only, no leading dot, at most `MAX_STEM_CHARS` characters."""
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name)
+    stem = re.sub(r"\.{2,}", ".", stem).lstrip("._-")[:MAX_STEM_CHARS].rstrip("._-")
+    return stem or fallback
+
+
+def default_output(topology: Topology, fmt: str) -> Path:
+    """Where a diagram goes when no path is given: ``<name>.<fmt>`` in the current directory."""
+    return Path(f"{file_stem(topology.name)}.{fmt}")
 
 
 def draw(topology: Topology, path: str | Path) -> Path:

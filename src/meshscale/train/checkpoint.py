@@ -1,12 +1,18 @@
-"""Checkpoints that a resumed run continues from bit for bit (in deterministic mode).
+"""Checkpoints that a resumed run continues from bit for bit (in deterministic mode), and that hold data only.
 
-Layout: ``DIR/step-00000120/rank{r}.pt`` (every rank: its optimizer / shard state, scaler and RNG states; rank 0
-also the model) and ``DIR/latest`` (the step of the newest complete checkpoint), written by rank 0 only after
-every rank has saved, with an atomic rename. A crash mid-save therefore never hides the previous checkpoint.
-The data position is the step number (batches are a function of seed and step)."""
+Layout: ``DIR/step-00000120/rank{r}.pt`` (every rank: its optimizer / shard state, scaler and torch RNG states;
+rank 0 also the model), ``rank{r}.json`` (the step, the world size and the numpy and Python RNG states) and
+``DIR/latest`` (the step of the newest complete checkpoint), written by rank 0 only after every rank has saved,
+with an atomic rename. A crash mid-save therefore never hides the previous checkpoint. The data position is the
+step number (batches are a function of seed and step).
+
+Loading never runs code from the files: tensors are read with torch's weights-only loader, everything else is
+JSON. A file holding anything else (a pickle of arbitrary objects) is refused with a one-line error."""
 from __future__ import annotations
 
+import json
 import os
+import pickle
 import random
 import shutil
 from pathlib import Path
@@ -20,62 +26,114 @@ from meshscale.errors import MeshscaleError
 KEEP = 2  # complete checkpoints kept on disk
 
 
-def _atomic_save(obj: Any, path: Path) -> None:
+def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    torch.save(obj, tmp)
+    write(tmp)
     os.replace(tmp, path)
 
 
-def rng_state() -> dict:
-    state = {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+def rng_state() -> tuple[dict, dict]:
+    """This process's RNG states: the tensors (torch, CUDA) and the plain data (numpy, Python) apart."""
+    tensors = {"torch": torch.get_rng_state()}
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
+        tensors["cuda"] = torch.cuda.get_rng_state_all()
+    algorithm, keys, pos, has_gauss, cached_gaussian = np.random.get_state()
+    version, internal, gauss_next = random.getstate()
+    data = {"numpy": {"algorithm": algorithm, "keys": keys.tolist(), "pos": int(pos), "has_gauss": int(has_gauss),
+                      "cached_gaussian": float(cached_gaussian)},
+            "python": {"version": version, "state": list(internal), "gauss_next": gauss_next}}
+    return tensors, data
 
 
-def set_rng_state(state: dict) -> None:
-    torch.set_rng_state(state["torch"])
-    np.random.set_state(state["numpy"])
-    random.setstate(state["python"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+def set_rng_state(tensors: dict, data: dict) -> None:
+    """Restore what `rng_state` returned."""
+    torch.set_rng_state(tensors["torch"])
+    if "cuda" in tensors and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(tensors["cuda"])
+    n = data["numpy"]
+    np.random.set_state((n["algorithm"], np.array(n["keys"], dtype=np.uint32), n["pos"], n["has_gauss"],
+                         n["cached_gaussian"]))
+    p = data["python"]
+    random.setstate((p["version"], tuple(p["state"]), p["gauss_next"]))
 
 
 def latest_step(directory: str | Path) -> int | None:
     """The step of the newest complete checkpoint in ``directory``, or None."""
     marker = Path(directory) / "latest"
-    return int(marker.read_text().strip()) if marker.is_file() else None
+    if not marker.is_file():
+        return None
+    text = marker.read_text(errors="replace").strip()
+    if not text.isdigit():
+        raise MeshscaleError(f"{marker} should hold a step number, not {text[:40]!r}; remove it or choose another "
+                             "checkpoint directory")
+    return int(text)
 
 
 def save(directory: str | Path, step: int, rank: int, world: int, state: dict, barrier: Callable[[], None]) -> None:
     """Save this rank's ``state``; rank 0 then publishes the checkpoint as the latest and prunes old ones."""
     folder = Path(directory) / f"step-{step:08d}"
     folder.mkdir(parents=True, exist_ok=True)
-    _atomic_save({**state, "step": step, "world": world, "rng": rng_state()}, folder / f"rank{rank}.pt")
-    barrier()  # every rank's file is on disk before the marker moves
+    rng_tensors, rng_data = rng_state()
+    _atomic_write(folder / f"rank{rank}.pt", lambda tmp: torch.save({**state, "rng": rng_tensors}, tmp))
+    _atomic_write(folder / f"rank{rank}.json",
+                  lambda tmp: tmp.write_text(json.dumps({"step": step, "world": world, "rng": rng_data}) + "\n"))
+    barrier()  # every rank's files are on disk before the marker moves
     if rank == 0:
-        tmp = Path(directory) / "latest.tmp"
-        tmp.write_text(f"{step}\n")
-        os.replace(tmp, Path(directory) / "latest")
+        _atomic_write(Path(directory) / "latest", lambda tmp: tmp.write_text(f"{step}\n"))
         old = sorted(Path(directory).glob("step-*"))[:-KEEP]
         for d in old:
             shutil.rmtree(d, ignore_errors=True)
 
 
 def load(directory: str | Path, rank: int, world: int) -> dict:
-    """This rank's state of the latest checkpoint, with ``model`` taken from rank 0's file (RNG states
-    restored); a clear error if there is none."""
+    """This rank's state of the latest checkpoint, with ``model`` taken from rank 0's file and ``step`` (RNG
+    states restored); a clear error if there is none or it holds anything but data."""
     step = latest_step(directory)
     if step is None:
         raise MeshscaleError(f"no checkpoint in {directory} to resume from; run without --resume first")
-    path = Path(directory) / f"step-{step:08d}" / f"rank{rank}.pt"
+    folder = Path(directory) / f"step-{step:08d}"
+    path = folder / f"rank{rank}.pt"
     if not path.is_file():
-        raise MeshscaleError(f"checkpoint {path.parent} has no file for rank {rank}; resume with the world size it was saved with")
-    state = torch.load(path, map_location="cpu", weights_only=False)  # RNG states must stay on the CPU
-    if state["world"] != world:
-        raise MeshscaleError(f"checkpoint {path.parent} was saved by {state['world']} ranks, this run has {world}; "
+        raise MeshscaleError(f"checkpoint {folder} has no file for rank {rank}; resume with the world size it was saved with")
+    meta = _read_meta(folder / f"rank{rank}.json")
+    if meta["world"] != world:
+        raise MeshscaleError(f"checkpoint {folder} was saved by {meta['world']} ranks, this run has {world}; "
                              "resume with the same world size")
+    state = _read_tensors(path)
     if rank != 0:
-        state["model"] = torch.load(path.parent / "rank0.pt", map_location="cpu", weights_only=False)["model"]
-    set_rng_state(state["rng"])
+        state["model"] = _read_tensors(folder / "rank0.pt").get("model")
+    try:
+        set_rng_state(state.pop("rng"), meta["rng"])
+    except (KeyError, TypeError, ValueError, RuntimeError) as exc:
+        raise MeshscaleError(f"checkpoint {folder} has unreadable RNG states ({exc}); "
+                             "start again without --resume") from None
+    state["step"] = meta["step"]
     return state
+
+
+def _read_tensors(path: Path) -> dict:
+    """A .pt file of tensors and plain containers, read without running any code it may hold."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)  # RNG states must stay on the CPU
+    except (pickle.UnpicklingError, RuntimeError, EOFError, OSError, ValueError) as exc:
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise MeshscaleError(f"cannot load {path}: not a meshscale checkpoint of tensors and plain data "
+                             f"(refused, nothing in it was run: {first})") from None
+    if not isinstance(state, dict):
+        raise MeshscaleError(f"cannot load {path}: it holds a {type(state).__name__}, not a checkpoint")
+    return state
+
+
+def _read_meta(path: Path) -> dict:
+    """A rank's JSON file: step, world size and RNG states, checked for their types."""
+    try:
+        meta = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise MeshscaleError(f"checkpoint {path.parent} has no {path.name}; it is incomplete or from an older "
+                             "meshscale: start again without --resume") from None
+    except (OSError, ValueError) as exc:
+        raise MeshscaleError(f"cannot read {path} ({exc})") from None
+    if not (isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world"), int)
+            and isinstance(meta.get("rng"), dict)):
+        raise MeshscaleError(f"{path} is not a meshscale checkpoint record (step, world, rng)")
+    return meta
