@@ -178,11 +178,15 @@ def test_a_stopped_rank_is_blamed_not_the_one_that_waited():
 
 def _ranks(pid: int) -> list[int]:
     """The rank processes of a meshscale run: the grandchildren of its main process (under the fork server)."""
-    def children(p):
+    parents = {}  # pid -> parent pid, from /proc/*/stat (the `children` file needs a kernel option)
+    for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            return [int(c) for c in Path(f"/proc/{p}/task/{p}/children").read_text().split()]
-        except OSError:
-            return []
+            parents[int(stat.parent.name)] = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+
+    def children(p):
+        return [c for c, parent in parents.items() if parent == p]
     return [g for c in children(pid) for g in children(c)]
 
 
@@ -197,7 +201,7 @@ def _start_bench(world: int = 2):
     """A long CPU `bench collective` as a real process, once its ranks run; returns (process, rank pids)."""
     script = "import sys; from meshscale.cli import main; sys.argv[0] = 'meshscale'; main()"
     proc = subprocess.Popen([sys.executable, "-c", script, "bench", "collective", "all_reduce", "--cpus", str(world),
-                             "-b", "1K", "-e", "1K", "-n", "100000000", "-w", "0", "--timeout-s", "30"],
+                             "-b", "1K", "-e", "1K", "-n", "1000000", "-w", "0", "--timeout-s", "30"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     end = time.monotonic() + 60
     while len(_ranks(proc.pid)) < world and time.monotonic() < end and proc.poll() is None:

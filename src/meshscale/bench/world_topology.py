@@ -13,7 +13,7 @@ from meshscale.execute import RankContext
 from meshscale.execute.launch import in_torchrun
 from meshscale.execute.world import World
 from meshscale.topology import Topology, subset
-from meshscale.topology.discover import discover
+from meshscale.topology.discover import cpu_topology, discover
 from meshscale.topology.multinode import HostReport, hostname, join_hosts
 from meshscale.topology.nics import discover_ports
 
@@ -37,9 +37,11 @@ def world_topology(world: World, ctx: RankContext | None = None) -> Topology | N
 
 def host_topology(world: World) -> Topology | None:
     """The topology of this host's devices that ``world.size`` ranks use, or None when it has too few."""
-    found = discover(world.size if world.backend == "gloo" else None).topology
+    if world.backend == "gloo":  # CPU workers are CPU workers, on a GPU machine too
+        return cpu_topology(world.size)
+    found = discover().topology
     devices = found.devices()
-    if world.size > len(devices) or (world.backend == "nccl") != (found.device_kind == "gpu"):
+    if world.size > len(devices) or found.device_kind != "gpu":
         return None
     indices = [found.nodes[d].index for d in devices]
     if world.backend == "nccl":
