@@ -10,7 +10,7 @@ from rich.table import Table
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import ClusterSpec, plan_cluster
+from meshscale.topology.cluster import ClusterSpec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
@@ -36,20 +36,7 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
         "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_whitepaper_bytes_per_s,
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
     }
-    typer.echo(f"{nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {nics}x {plan.net.name.upper()} per node, "
-               f"GPUDirect RDMA {'on' if gpudirect else 'off'}")
-    typer.echo(f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {plan.radix}-port "
-               f"switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)")
-    for k, count in enumerate(plan.switches, start=1):
-        typer.echo(f"  level-{k} switches: {count}")
-    typer.echo(f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)")
-    typer.echo(f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
-               f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction")
-    typer.echo(f"  bisection:       {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
-               f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate")
-    typer.echo(f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)")
-    for note in plan.notes:
-        typer.echo(f"  note: {note}")
+    typer.echo(describe(plan))
     if plot:
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
