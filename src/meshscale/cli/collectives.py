@@ -160,7 +160,38 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         typer.echo(f"wrote {result.save(json_path)}")
 
 
+def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job needs (K)"),
+          free: Optional[str] = typer.Option(None, "--free", help="free device indices, e.g. 0,1,3,5 (default: all)"),
+          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
+          nbytes: str = typer.Option("64M", "--bytes", help="all_reduce size to rank by (a gradient bucket)"),
+          json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)")) -> None:
+    """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
+    model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
+    from meshscale.cli.topology import resolve_system
+    from meshscale.simulate.placement import placement_result, rank_placements, why
+
+    topology, notice = resolve_system(system)
+    if notice:
+        typer.echo(notice, err=True)
+    size = parse_bytes(nbytes)
+    listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
+    ranked = rank_placements(topology, gpus, listed, size)
+    best = ranked[0]
+    typer.echo(f"{gpus} of {topology.name}'s free GPUs: {len(ranked)} subsets ranked by predicted all_reduce busbw "
+               f"at {nbytes} (NCCL's cost model)")
+    for label, p in (("best", best), ("runner-up", ranked[1] if len(ranked) > 1 else None)):
+        if p is not None:
+            typer.echo(f"  {label + ':':<11} {','.join(map(str, p.devices)):<16} busbw {gbps(p.busbw_bytes_per_s):7.2f} GB/s  "
+                       f"{p.rings}")
+    for line in why(best, ranked[1] if len(ranked) > 1 else None):
+        typer.echo(f"  why: {line}")
+    if json_path:
+        typer.echo(f"wrote {placement_result(topology, ranked, gpus, listed or [], size).save(json_path)}")
+    typer.echo(best.cuda_visible_devices)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
     app.command()(plan)
     app.command()(sim)
+    app.command()(place)

@@ -10,14 +10,14 @@ from rich.table import Table
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import ClusterSpec, describe, plan_cluster
+from meshscale.topology.cluster import ClusterSpec, cluster_file_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
 def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
             nodes: int = typer.Option(124, "--nodes", help="number of nodes"),
             nics: int = typer.Option(4, "--nics", help="network ports per node"),
-            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe"),
+            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
             levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels"),
             nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf"),
             radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)"),
@@ -63,7 +63,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
             gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system"),
             nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)"),
-            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ..."),
+            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us"),
             nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)"),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
@@ -91,6 +91,19 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
+    spec = cluster_file_spec(system)
+    if spec is not None:  # a cluster file: its node, network and size (a sweep up to it unless --nodes says)
+        system, link, nics, gpudirect = spec.node, spec.link, nics or spec.nics, spec.gpudirect
+        nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
+    calibrated = ""
+    if nodes and bench:  # a measured multi-node all_reduce fits the network, not the links inside a node
+        from meshscale.results import load_result
+        from meshscale.simulate.link_fit import fit_network
+        from meshscale.topology.cluster import system_or_cluster
+
+        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect), load_result(bench))
+        link, bench, calibrated = fit.link, None, f" ({fit.source})"
+        typer.echo(fit.source, err=True)
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
@@ -105,6 +118,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
+    title += calibrated
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):
