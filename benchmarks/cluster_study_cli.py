@@ -50,6 +50,8 @@ def stops_scaling(points: list[dict]) -> str:
 
 def chart(rows: list[dict], title: str, path: Path) -> Path:
     """busbw against nodes: `plots.busbw_chart` with the node counts on the x axis."""
+    from matplotlib.ticker import ScalarFormatter
+
     from meshscale import plots
 
     series = []
@@ -62,6 +64,8 @@ def chart(rows: list[dict], title: str, path: Path) -> Path:
     ax = fig.axes[0]
     ax.set_xticks(NODES, [str(n) for n in NODES])
     ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(ScalarFormatter())
+    ax.yaxis.set_minor_formatter(ScalarFormatter())
     ax.set_xlabel("DGX-1 nodes")
     return plots.save(fig, path)
 
