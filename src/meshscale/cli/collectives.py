@@ -11,23 +11,33 @@ from rich.table import Table
 
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
+from meshscale.cli.topology import GPUDIRECT_HELP, LINK_HELP, NICS_HELP, NODES_HELP
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
 def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
-           bench: Optional[Path] = None):
+           bench: Optional[Path] = None, cluster: Optional[dict] = None):
     """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
-    parameters from the common options."""
+    parameters from the common options; ``cluster``: the --nodes/--link/--nics/--gpudirect options. On a
+    cluster, ``bench`` (a measured multi-node all_reduce) fits the network instead of the links."""
+    from dataclasses import replace
+
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.cli.topology import resolve_system
     from meshscale.topology.schema import require_devices
     from meshscale.results import load_result
     from meshscale.simulate import SimParams, calibrate, calibrate_collective
+    from meshscale.simulate.link_fit import fit_network
 
-    topology, notice = resolve_system(system)
+    topology, notice = resolve_system(system, None, **(cluster or {}))
     require_devices(topology)
+    network_fit = None
+    if bench and "cluster" in topology.attrs:
+        topology, network_fit = fit_network(topology, load_result(bench))
+        typer.echo(network_fit.source, err=True)
+        bench = None
     if notice:
         typer.echo(notice, err=True)
     if devices and gpus is not None:
@@ -48,7 +58,13 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
     params = calibrate(topology, load_result(p2p)) if p2p else SimParams()
     if bench:
         params = calibrate_collective(topology, load_result(bench), params)
+    if network_fit:
+        params = replace(params, source=network_fit.source)
     return topology, ranks, params
+
+
+def _cluster_options(nodes: Optional[int], link: Optional[str], nics: Optional[int], gpudirect: Optional[bool]) -> dict:
+    return {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect}
 
 
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
@@ -78,13 +94,17 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)", callback=checked(output_file((".svg", ".png")))),
          schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here", callback=checked(output_file())),
+         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
+         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
+         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
+         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
     """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
     bottleneck, bound), beside what NCCL would pick and take."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, _cluster_options(nodes, link, nics, gpudirect))
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
                   **_nccl_options(nccl_algo, proto, nccl_version, nvls))
     typer.echo(format_plan(p))
@@ -115,6 +135,10 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives", callback=checked(ROOT)),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
+        nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
+        link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
+        nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
+        gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
     (by default NCCL's pick: algorithm/protocol and channels)."""
@@ -122,11 +146,12 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench)
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, _cluster_options(nodes, link, nics, gpudirect))
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params, **_nccl_options(nccl_algo, proto, nccl_version, nvls))
     how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"
-    table = Table(title=f"{collective} predicted on {topology.name}, devices {ranks} ({how}; {params.source})")
+    which = f"devices {ranks}" if len(ranks) <= 16 else f"{len(ranks)} devices ({ranks[0]}..{ranks[-1]})"
+    table = Table(title=f"{collective} predicted on {topology.name}, {which} ({how}; {params.source})")
     for col in ("size(B)", "count", "type", "redop", "root", "time(us)", "algbw GB/s", "busbw GB/s", "bound GB/s", "algorithm"):
         table.add_column(col, justify="left" if col == "algorithm" else "right")
     for r in result.rows:
@@ -139,7 +164,38 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         typer.echo(f"wrote {result.save(json_path)}")
 
 
+def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job needs (K)", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),
+          free: Optional[str] = typer.Option(None, "--free", help="free device indices, e.g. 0,1,3,5 (default: all)"),
+          system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
+          nbytes: str = typer.Option("64M", "--bytes", help="all_reduce size to rank by (a gradient bucket)", callback=checked(size_bytes)),
+          json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
+    """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
+    model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
+    from meshscale.cli.topology import resolve_system
+    from meshscale.simulate.placement import placement_result, rank_placements, why
+
+    topology, notice = resolve_system(system)
+    if notice:
+        typer.echo(notice, err=True)
+    size = parse_bytes(nbytes)
+    listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
+    ranked = rank_placements(topology, gpus, listed, size)
+    best = ranked[0]
+    typer.echo(f"{gpus} of {topology.name}'s free GPUs: {len(ranked)} subsets ranked by predicted all_reduce busbw "
+               f"at {nbytes} (NCCL's cost model)")
+    for label, p in (("best", best), ("runner-up", ranked[1] if len(ranked) > 1 else None)):
+        if p is not None:
+            typer.echo(f"  {label + ':':<11} {','.join(map(str, p.devices)):<16} busbw {gbps(p.busbw_bytes_per_s):7.2f} GB/s  "
+                       f"{p.rings}")
+    for line in why(best, ranked[1] if len(ranked) > 1 else None):
+        typer.echo(f"  why: {line}")
+    if json_path:
+        typer.echo(f"wrote {placement_result(topology, ranked, gpus, listed or [], size).save(json_path)}")
+    typer.echo(best.cuda_visible_devices)
+
+
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
     app.command()(plan)
     app.command()(sim)
+    app.command()(place)

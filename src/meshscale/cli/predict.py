@@ -12,14 +12,14 @@ from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_fi
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import ClusterSpec, plan_cluster
+from meshscale.topology.cluster import ClusterSpec, cluster_file_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
 def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
             nodes: int = typer.Option(124, "--nodes", help="number of nodes", callback=checked(Range(1, 1_000_000, integer=True))),
             nics: int = typer.Option(4, "--nics", help="network ports per node", callback=checked(Range(1, 64, integer=True))),
-            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe"),
+            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
             levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
             nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
             radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
@@ -38,20 +38,7 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
         "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_whitepaper_bytes_per_s,
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
     }
-    typer.echo(f"{nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {nics}x {plan.net.name.upper()} per node, "
-               f"GPUDirect RDMA {'on' if gpudirect else 'off'}")
-    typer.echo(f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {plan.radix}-port "
-               f"switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)")
-    for k, count in enumerate(plan.switches, start=1):
-        typer.echo(f"  level-{k} switches: {count}")
-    typer.echo(f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)")
-    typer.echo(f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
-               f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction")
-    typer.echo(f"  bisection:       {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
-               f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate")
-    typer.echo(f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)")
-    for note in plan.notes:
-        typer.echo(f"  note: {note}")
+    typer.echo(describe(plan))
     if plot:
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
@@ -78,7 +65,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
             gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system", callback=checked(counts())),
             nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
-            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ..."),
+            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us"),
             nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
@@ -106,6 +93,19 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
+    spec = cluster_file_spec(system)
+    if spec is not None:  # a cluster file: its node, network and size (a sweep up to it unless --nodes says)
+        system, link, nics, gpudirect = spec.node, spec.link, nics or spec.nics, spec.gpudirect
+        nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
+    calibrated = ""
+    if nodes and bench:  # a measured multi-node all_reduce fits the network, not the links inside a node
+        from meshscale.results import load_result
+        from meshscale.simulate.link_fit import fit_network
+        from meshscale.topology.cluster import system_or_cluster
+
+        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect), load_result(bench))
+        link, bench, calibrated = fit.link, None, f" ({fit.source})"
+        typer.echo(fit.source, err=True)
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
@@ -120,6 +120,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
+    title += calibrated
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):

@@ -9,33 +9,55 @@ from rich.console import Console
 from rich.table import Table
 
 from meshscale.cli.checks import checked, output_file
-from meshscale.errors import check_choice
-from meshscale.topology import dumps, load_catalog, load_system
+from meshscale.errors import MeshscaleError, check_choice
+from meshscale.topology import dumps, load_catalog
+from meshscale.topology.cluster import cluster_spec, describe, plan_cluster, system_or_cluster
 from meshscale.topology.discover import discover
 from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
-from meshscale.validation import atomic_write
+from meshscale.validation import Range, atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
 
 
-def resolve_system(system: Optional[str], workers: Optional[int] = None):
-    """The topology a command works on: ``--system NAME|FILE``, or this machine (with a notice if no GPU)."""
+NODES_HELP = "a cluster of this many --system nodes (NCCL's model across nodes)"
+LINK_HELP = "cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"
+NICS_HELP = "network ports per node (default 4; 2 for Ethernet)"
+GPUDIRECT_HELP = "GPUDirect RDMA between NICs and GPUs (default on; NCCL uses it only through PCIe switches)"
+
+
+def resolve_system(system: Optional[str], workers: Optional[int] = None, nodes: Optional[int] = None,
+                   link: Optional[str] = None, nics: Optional[int] = None, gpudirect: Optional[bool] = None):
+    """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with
+    ``--nodes``/``--link``/``--nics``/``--gpudirect``), or this machine (with a notice if no GPU)."""
     if system:
-        return load_system(system), ""
+        return system_or_cluster(system, nodes, link, nics, gpudirect), ""
+    if any(v is not None for v in (nodes, link, nics, gpudirect)):
+        raise MeshscaleError("--nodes, --link, --nics and --gpudirect describe a cluster of a node system; "
+                             "add --system NAME|FILE")
     found = discover(workers)
     return found.topology, found.notice
 
 
 def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
          fmt: str = typer.Option("matrix", "--format", help="matrix, json, svg or png"),
-         output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)", callback=checked(output_file()))) -> None:
-    """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram."""
+         output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)", callback=checked(output_file())),
+         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
+         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
+         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
+         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP)) -> None:
+    """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram. A cluster
+    (a cluster file, or --nodes N): its summary, then one node's matrix."""
     check_choice(fmt, FORMATS, "format")
-    topology, notice = resolve_system(system)
+    topology, notice = resolve_system(system, None, nodes, link, nics, gpudirect)
     if notice:
         typer.echo(notice, err=True)
-    if fmt == "matrix":
+    spec = cluster_spec(system, nodes, link, nics, gpudirect) if system else None
+    if fmt == "matrix" and spec is not None:
+        plan = plan_cluster(spec)
+        node = plan.node_topology
+        text = f"{describe(plan)}\n\none node:\n{summary(node)}\n\n{relation_matrix(node)}"
+    elif fmt == "matrix":
         text = f"{summary(topology)}\n\n{relation_matrix(topology)}"
     elif fmt == "json":
         text = dumps(topology)

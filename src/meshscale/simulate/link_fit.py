@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from statistics import median
 
 import numpy as np
@@ -155,3 +156,73 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     fitted = ", ".join(f"{k} {efficiency[k]:.2f}" for k in sorted(kinds))
     source = f"{params.source}; {collective} busbw of {n} ranks at {row['size_bytes']} B fitted ({fitted})"
     return SimParams(efficiency, params.message_latency_s, params.reduce_bytes_per_s, params.hop_latency_scale, source)
+
+
+def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
+    """The cluster ``topo`` with its network fitted to a measured multi-node ``collective`` (a bench-collective
+    result with rows at several sizes), and the fit. Least squares of time = latency + size / rate over the
+    rows; the rate a ring moves, size / time x 2(n-1)/n, is what the node's NICs carry together (the network is
+    the ring's bottleneck across nodes); the latency beyond NCCL's own ring latency is spread over the ring's
+    2 (nodes-1) network steps. Returns (topology, NetworkFit)."""
+    from meshscale.simulate import nccl_model
+    from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
+
+    cluster = topo.attrs.get("cluster")
+    if not cluster:
+        raise MeshscaleError("fitting the network needs a cluster: give --nodes N (and --link) or a cluster file")
+    if bench.kind != "bench-collective":
+        raise MeshscaleError(f"the network fit needs a bench-collective result, got kind {bench.kind!r}")
+    gpus_per_node = len(topo.devices()) // cluster["nodes"]
+    ranks = int(bench.meta.get("world_size") or 0)
+    nodes = int(bench.meta.get("nodes") or (ranks // gpus_per_node if gpus_per_node else 0))
+    if nodes < 2 or ranks < 2:
+        raise MeshscaleError(f"the measured run has {ranks} rank(s) on {max(nodes, 1)} node(s) of {gpus_per_node} GPUs; "
+                             "the network fit needs a multi-node result (meta world_size, or nodes, of 2 or more)")
+    rows = [r for r in bench.rows if r.get("collective") == collective]
+    if any(not (r.get("size_bytes") or 0) > 0 or not (r.get("time_s") or 0) > 0 for r in rows):
+        raise MeshscaleError(f"the measured {collective} has a row whose size_bytes or time_s is not positive; "
+                             "measure again")
+    sizes = sorted({r["size_bytes"] for r in rows})
+    if len(sizes) < 2:
+        raise MeshscaleError(f"the network fit needs {collective} rows at two sizes or more, got {len(sizes)}")
+    design = np.array([[1.0, float(r["size_bytes"])] for r in rows])
+    times = np.array([float(r["time_s"]) for r in rows])
+    intercept_s, s_per_byte = np.linalg.lstsq(design, times, rcond=None)[0]
+    if s_per_byte <= 0:
+        raise MeshscaleError(f"the measured {collective} times do not grow with size; the fit needs a sweep "
+                             "that reaches bandwidth-bound sizes (e.g. -b 1M -e 1G)")
+    node_bytes_per_s = 2 * (ranks - 1) / ranks / s_per_byte
+    nics = cluster["nics"]
+    spec = ClusterSpec(node=cluster["node"], nodes=cluster["nodes"], nics=nics, link=cluster["link"],
+                       levels=cluster["levels"], gpudirect=cluster["gpudirect"])
+    # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
+    measured = build_cluster(plan_cluster(ClusterSpec(**{**vars(spec), "nodes": nodes})))
+    s = nccl_model.analyse(measured, list(range(ranks)))
+    steps = 2 * (nodes - 1)
+    base = nccl_model.latency_us(s, nccl_model.constants(), collective, "ring", "Simple") - s.net_extra_us * steps
+    extra_s = max(0.0, intercept_s - base * 1e-6) / steps
+    latency_s = nccl_model.REFERENCE_NET_LATENCY_S + extra_s
+    rate = node_bytes_per_s / nics
+    spec.link = f"{rate / 1e9:.4g}GB/s,{latency_s * 1e6:.4g}us"
+    fitted = build_cluster(plan_cluster(spec))
+    fit = NetworkFit(rate, latency_s, spec.link, len(rows), ranks, nodes, float(intercept_s), 1 / float(s_per_byte))
+    return fitted, fit
+
+
+@dataclass
+class NetworkFit:
+    """A network fitted to a measured multi-node collective: per-NIC rate and NIC-to-NIC latency."""
+
+    rate_bytes_per_s: float
+    latency_s: float
+    link: str                 # the stated link it amounts to (``--link`` spelling)
+    rows: int
+    ranks: int
+    nodes: int
+    intercept_s: float        # the fit's time at size 0
+    algbw_bytes_per_s: float  # the fit's size / time for large sizes
+
+    @property
+    def source(self) -> str:
+        return (f"calibrated: network fitted to a measured {self.nodes}-node all_reduce ({self.rows} rows): "
+                f"{self.rate_bytes_per_s / 1e9:.2f} GB/s per NIC, {self.latency_s * 1e6:.2f} us")

@@ -152,6 +152,8 @@ class System:
     inter_gbps: float = 0.0  # network bandwidth of one node, all NICs (several nodes only)
     pair_gbps: dict = field(default_factory=dict)  # (src, dst) -> NCCL path bandwidth, GB/s
     tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
+    net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
+    nics: list = field(default_factory=list)  # NicPath of each NIC of a node (several nodes only)
 
     @property
     def ppn(self) -> float:
@@ -350,6 +352,80 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
     raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
 
 
+# ---- the network between nodes ------------------------------------------------------------------------------
+
+REFERENCE_NET_LATENCY_S = 1.28e-6  # EDR InfiniBand, NIC to NIC over a two-level fat tree (3 switch hops)
+GDR_PATH_TYPES = ("PIX", "PXB")  # NCCL_NET_GDR_LEVEL's default: GPUDirect RDMA only through PCIe switches
+
+
+@dataclass
+class NicPath:
+    """One NIC as NCCL drives it: its nearest GPU, the path type between them, whether GPUDirect RDMA is used,
+    and the GB/s the node gets through it."""
+
+    nic: str
+    gpu: str
+    path_type: str
+    gdr: bool
+    port_gbps: float
+    gbps: float
+
+
+def _path_shape(topo: Topology, nodes: list[str]) -> str:
+    cpus = [n for n in nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    switches = [n for n in nodes[1:-1] if topo.nodes[n].kind == "pcie_switch"]
+    return "SYS" if len(cpus) >= 2 else "PHB" if cpus else "PIX" if len(switches) <= 1 else "PXB"
+
+
+def _links_gbps(topo: Topology, directed: list, c: dict) -> dict:
+    """(link index, direction) -> GB/s as NCCL rates it, for the links a path crosses."""
+    out = {}
+    for i, d in directed:
+        link = topo.links[i]
+        if link.kind in ("qpi", "upi"):
+            out[(i, d)] = c["inter_cpu_bw"][cpu_class(topo.nodes[link.a].attrs.get("model", ""))]
+        else:
+            out[(i, d)] = _pci_gbps(link, c) if link.kind == "pcie" else link.bandwidth_bytes_per_s / 1e9
+    return out
+
+
+def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
+    """How NCCL reaches the network from the GPUs ``local`` of one node of a cluster. Each NIC serves its nearest
+    GPU (NIC-GPU affinity). GPUDirect RDMA is used when the NIC allows it and the path is PIX or PXB (NCCL's
+    default GDR level): the NIC reads GPU memory at the path's bottleneck. Otherwise the data is staged through
+    host memory: GPU -> CPU -> NIC, and links both legs cross (a PCIe switch's up-link) carry it twice. Equally
+    near GPUs are spread over the NICs, as NCCL's rings start on different GPUs."""
+    k = _node_of(topo, local[0])
+    out, served = [], set()
+    for nic in topo.nodes_of("nic"):
+        port = sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
+        if _node_of(topo, nic) != k or not port:
+            continue
+        shapes = []
+        for g in local:
+            path = route(topo, g, nic).paths[0]
+            shapes.append((PATH_TYPES.index(_path_shape(topo, path.nodes)), g, path))
+        _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
+        served.add(gpu)
+        kind_name = _path_shape(topo, path.nodes)
+        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES
+        if gdr:
+            gbps = min([port, *_links_gbps(topo, path.directed_links, c).values()])
+        else:
+            cpus = [n for n in path.nodes if topo.nodes[n].kind in ("cpu", "host")]
+            host = cpus[0] if cpus else next(iter(topo.nodes_of("cpu") + topo.nodes_of("host")), None)
+            legs = [route(topo, gpu, host).paths[0], route(topo, host, nic).paths[0]] if host else [path]
+            uses: dict = {}
+            rates: dict = {}
+            for leg in legs:
+                rates.update(_links_gbps(topo, leg.directed_links, c))
+                for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
+                    uses[i] = uses.get(i, 0) + 1
+            gbps = min([port, *(rate / uses[i] for (i, _d), rate in rates.items())])
+        out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps))
+    return out
+
+
 def _node_of(topo: Topology, name: str) -> int:
     return int(topo.nodes[name].attrs.get("node", 0))
 
@@ -377,14 +453,15 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
     multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
     nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
-    inter = 0.0
+    inter, net_extra_us, nics = 0.0, 0.0, []
     if len(nodes) > 1:
-        k = _node_of(topo, local[0])
-        nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == k]
-        inter = sum(l.bandwidth_bytes_per_s for n in nics for l in topo.links_of(n)
-                    if l.kind in ("infiniband", "ethernet")) / 1e9 or c["net_bw_default"]
+        nics = network_paths(topo, local, c)
+        inter = sum(n.gbps for n in nics) or c["net_bw_default"]
+        latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
+        net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
     tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
-    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree)
+    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
+                    nics=nics)
     if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
         system.pair_gbps["mixed_sm"] = True
     topo.route_cache[memo] = system
@@ -497,7 +574,7 @@ def latency_us(s: System, c: dict, collective: str, algo: str, proto: str) -> fl
     hw = c["hw_latency_us"]
     intra = hw[s.ring.link].get(algo, {}).get(proto, 0.0)
     net = hw["net"]
-    inter = (net["tree"] if s.ppn == 1 else net.get(algo, {})).get(proto, 0.0)
+    inter = (net["tree"] if s.ppn == 1 else net.get(algo, {})).get(proto, 0.0) + s.net_extra_us
     n, nodes = s.n_ranks, s.n_nodes
     nsteps = _nsteps(collective, n)
     if algo == "ring":

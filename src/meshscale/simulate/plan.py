@@ -42,6 +42,8 @@ def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, alg
 
 
 def _bound(topology: Topology, collective: str, ranks: list[int], root: int) -> float | None:
+    if "cluster" in topology.attrs:  # the bound routes every pair of GPUs: too many across a cluster's nodes
+        return None
     try:
         return busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None
     except MeshscaleError:

@@ -50,12 +50,25 @@ NET_LINKS = {
 }
 
 
+STATED_RADIX = 64  # switch ports assumed for a network given by its rate alone
+
+
 def net_link(name: str) -> NetLink:
-    """The port kind called ``name`` (edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe)."""
-    try:
+    """The port kind called ``name`` (edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe), or one stated by its rate and
+    latency (``25GB/s,5us``, ``100Gb/s,2us``: see `links.parse_network_rate`). A stated latency is NIC to NIC,
+    switches included; without one, InfiniBand EDR's figures stand. A stated network is taken to be an RDMA
+    fabric (NCCL's IB transport), on switches of `STATED_RADIX` ports."""
+    if name.lower() in NET_LINKS:
         return NET_LINKS[name.lower()]
-    except KeyError:
-        raise TopologyError(f"unknown network link {name!r}; use one of {', '.join(NET_LINKS)}") from None
+    if not any(ch.isdigit() for ch in name):
+        raise TopologyError(f"unknown network link {name!r}; use one of {', '.join(NET_LINKS)} "
+                            "or a stated rate such as 25GB/s,5us") from None
+    bytes_per_s, latency_s = calc.parse_network_rate(name)
+    edr = NET_LINKS["edr"]
+    switch_s, system_s = (0.0, latency_s) if latency_s is not None else (edr.switch_latency_s, edr.system_latency_s)
+    label = f"{bytes_per_s / 1e9:g}GBps" + (f"-{latency_s * 1e6:g}us" if latency_s is not None else "")
+    return NetLink(label, "infiniband", bytes_per_s, bytes_per_s * 8 / 1e9, STATED_RADIX,
+                   switch_s, system_s, 1.0)
 
 
 @dataclass
@@ -250,5 +263,100 @@ def build_cluster(plan: ClusterPlan) -> Topology:
         links += [Link(a, b, net.kind, bw * n, 0.0, count=n, rate=net.name) for (a, b), n in bundles.items()]
     title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.levels}-level fat tree"
     attrs = {"cluster": {"node": spec.node, "nodes": spec.nodes, "nics": spec.nics, "link": net.name,
-                         "levels": plan.levels, "gpudirect": spec.gpudirect}}
+                         "levels": plan.levels, "gpudirect": spec.gpudirect, "latency_s": plan.latency_s}}
     return Topology(f"{node.name}x{spec.nodes}-{net.name}", nodes, links, title, attrs)
+
+
+CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",
+                     "gpudirect")
+
+
+def cluster_file_spec(path: str) -> ClusterSpec | None:
+    """The `ClusterSpec` of a cluster file (YAML with a top-level ``cluster:`` mapping of node, nodes, nics,
+    link, levels, oversubscription, gpudirect; link a name, ``25GB/s,5us``, or {rate, latency}); None for any
+    other file or name (a system)."""
+    from pathlib import Path
+
+    import yaml
+
+    candidate = Path(path)
+    if candidate.suffix not in (".yaml", ".yml") or not candidate.is_file():
+        return None
+    try:
+        data = yaml.safe_load(candidate.read_text())
+    except (OSError, yaml.YAMLError):
+        return None  # load_system reports what is wrong with the file
+    if not isinstance(data, dict) or "cluster" not in data:
+        return None
+    entry = data["cluster"]
+    if not isinstance(entry, dict) or "node" not in entry:
+        raise TopologyError(f"{path}: 'cluster:' needs a mapping with at least 'node: SYSTEM'")
+    unknown = sorted(set(entry) - set(CLUSTER_FILE_KEYS))
+    if unknown:
+        raise TopologyError(f"{path}: unknown cluster key(s) {', '.join(unknown)}; use {', '.join(CLUSTER_FILE_KEYS)}")
+    fields = dict(entry)
+    link = fields.get("link", "edr")
+    if isinstance(link, dict):
+        rate = link.get("rate")
+        if rate is None:
+            raise TopologyError(f"{path}: a link mapping needs 'rate' (e.g. 25GB/s), and optionally 'latency' (5us)")
+        link = f"{rate},{link['latency']}" if link.get("latency") else str(rate)
+    fields["link"] = str(link)
+    node = Path(str(fields["node"]))
+    if not node.is_absolute() and node.suffix in (".yaml", ".yml", ".json") and not node.exists():
+        fields["node"] = str(candidate.parent / node)  # a node file named relative to the cluster file
+    return ClusterSpec(**fields)
+
+
+def cluster_spec(system: str, nodes: int | None = None, link: str | None = None, nics: int | None = None,
+                 gpudirect: bool | None = None) -> ClusterSpec | None:
+    """The cluster ``--system NAME|FILE`` with ``--nodes N --link RATE --nics K --gpudirect`` names (a cluster file,
+    its fields overridden by the options given), or None when they name a single system."""
+    spec = cluster_file_spec(system)
+    cluster_options = {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect}
+    given = {k: v for k, v in cluster_options.items() if v is not None}
+    if spec is None:
+        if not given:
+            return None
+        if nodes is None:
+            named = ", ".join(f"--{k}" for k in given)
+            raise TopologyError(f"{named} describe a cluster; add --nodes N (nodes of {system}) or pass a cluster file")
+        spec = ClusterSpec(node=system, nodes=nodes, link=link or "edr",
+                           nics=nics if nics is not None else default_nics(link or "edr"))
+        if gpudirect is not None:
+            spec.gpudirect = gpudirect
+        return spec
+    for key, value in given.items():
+        setattr(spec, key, value)
+    return spec
+
+
+def system_or_cluster(system: str, nodes: int | None = None, link: str | None = None, nics: int | None = None,
+                      gpudirect: bool | None = None) -> Topology:
+    """The system, or the cluster of it, that `cluster_spec` finds in these options, as one `Topology`. Every
+    command resolves ``--system`` (and the cluster options) through here."""
+    spec = cluster_spec(system, nodes, link, nics, gpudirect)
+    return load_system(system) if spec is None else build_cluster(plan_cluster(spec))
+
+
+def describe(plan: ClusterPlan) -> str:
+    """The cluster's figures as lines of text (what `meshscale cluster` and `topo` print)."""
+    spec = plan.spec
+    lines = [f"{spec.nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {spec.nics}x {plan.net.name.upper()} "
+             f"per node, GPUDirect RDMA {'on' if spec.gpudirect else 'off'}",
+             f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {plan.radix}-port "
+             f"switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)"]
+    lines += [f"  level-{k} switches: {count}" for k, count in enumerate(plan.switches, start=1)]
+    lines += [f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)",
+              f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
+              f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction",
+              f"  bisection:       {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
+              f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate",
+              f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)"]
+    lines += [f"  note: {note}" for note in plan.notes]
+    return "\n".join(lines)
+
+
+def default_nics(link: str) -> int:
+    """Ports per node when not given: 4 for InfiniBand and stated RDMA rates (DGX-1), 2 for Ethernet."""
+    return 2 if net_link(link).kind == "ethernet" else 4

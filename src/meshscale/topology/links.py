@@ -84,3 +84,41 @@ def qpi_bandwidth(gt_per_s: float = QPI_DEFAULT_GT_S, links: int = 2) -> float:
     if gt_per_s <= 0 or links < 1:
         raise MeshscaleError("QPI/UPI needs a positive GT/s and at least one link")
     return gt_per_s * 1e9 * 2 * links
+
+
+# A network rate stated by the user: "25GB/s,5us", "100Gb/s,2us", "12.5 GB/s, 1.3 us" (latency optional).
+# B is bytes, b bits: the case of that letter matters, the prefix's does not
+_RATE_UNITS = {"GB/s": 1e9, "GBps": 1e9, "Gb/s": 1e9 / 8, "Gbps": 1e9 / 8, "Gbit/s": 1e9 / 8,
+               "MB/s": 1e6, "Mb/s": 1e6 / 8, "TB/s": 1e12, "Tb/s": 1e12 / 8}
+_TIME_UNITS = {"ns": 1e-9, "us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+def parse_network_rate(text: str) -> tuple[float, float | None]:
+    """(bytes/s per direction, latency seconds or None) of a stated network rate: ``RATE[,LATENCY]`` with RATE in
+    GB/s (bytes) or Gb/s (bits), LATENCY in ns, us or ms. One-line error when it does not parse."""
+    import re
+
+    def bad(why: str) -> MeshscaleError:
+        return MeshscaleError(f"network rate {text!r} {why}; write RATE[,LATENCY] such as 25GB/s,5us or 100Gb/s,2us")
+
+    parts = [p.strip() for p in str(text).split(",")]
+    if len(parts) > 2 or not parts[0]:
+        raise bad("is not a rate")
+    m = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*([a-z]+/?s?)", parts[0], re.IGNORECASE)
+    if not m:
+        raise bad("is not a number with a unit")
+    value, unit = float(m.group(1)), m.group(2)
+    scale = _RATE_UNITS.get(unit[0].upper() + unit[1:])
+    if scale is None:
+        raise bad(f"has an unknown unit {unit!r} (GB/s for bytes, Gb/s for bits)")
+    if value <= 0:
+        raise bad("is not positive")
+    latency_s = None
+    if len(parts) == 2:
+        t = re.fullmatch(r"([0-9]*\.?[0-9]+(?:e[+-]?\d+)?)\s*(ns|us|ms|s)", parts[1], re.IGNORECASE)
+        if not t:
+            raise bad("has a latency that is not a number with ns, us or ms")
+        latency_s = float(t.group(1)) * _TIME_UNITS[t.group(2).lower()]
+        if latency_s <= 0:
+            raise bad("has a latency that is not positive")
+    return value * scale, latency_s

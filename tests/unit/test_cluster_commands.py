@@ -1,0 +1,136 @@
+"""Clusters wherever a system is accepted: stated network rates, cluster files, --nodes/--link/--nics in plan,
+sim and topo, NCCL's model across nodes, and the network fitted to a measured multi-node all_reduce."""
+import json
+
+import pytest
+
+from meshscale.errors import MeshscaleError
+from meshscale.results import Result, load_result
+from meshscale.simulate import nccl_model
+from meshscale.simulate.auto import nccl_result
+from meshscale.simulate.link_fit import fit_network
+from meshscale.topology.cluster import net_link, system_or_cluster
+from meshscale.topology.links import parse_network_rate
+
+
+def test_stated_rates_parse_in_bytes_and_bits():
+    assert parse_network_rate("25GB/s,5us") == (25e9, pytest.approx(5e-6))
+    assert parse_network_rate("100Gb/s,2us") == (12.5e9, pytest.approx(2e-6))
+    assert parse_network_rate("100Gbps") == (12.5e9, None)
+    assert parse_network_rate("12.5 GB/s, 1 ms")[1] == pytest.approx(1e-3)
+    link = net_link("25GB/s,5us")
+    assert link.bandwidth_bytes_per_s == 25e9 and link.system_latency_s == pytest.approx(5e-6)
+    assert net_link("EDR") is net_link("edr")
+
+
+@pytest.mark.parametrize("text", ["25XB/s", "fast", "25GB/s,5", "0GB/s", "25GB/s,0us", "1,2,3"])
+def test_a_rate_that_does_not_parse_is_an_error(text):
+    with pytest.raises(MeshscaleError):
+        net_link(text)
+
+
+def _ranks(topo):
+    return [topo.nodes[d].index for d in topo.devices()]
+
+
+def test_network_bandwidth_and_latency_change_nccl_across_nodes():
+    edr = system_or_cluster("dgx1-v100", nodes=4, link="edr")
+    ten = system_or_cluster("dgx1-v100", nodes=4, link="10gbe")
+    big = nccl_result(edr, "all_reduce", _ranks(edr), 256 << 20).busbw_bytes_per_s
+    small = nccl_result(ten, "all_reduce", _ranks(ten), 256 << 20).busbw_bytes_per_s
+    assert big > 40e9 and small < 2.6e9  # 4 EDR ports vs 2 x 10 GbE per node
+    near = system_or_cluster("dgx1-v100", nodes=4, link="12GB/s,1us")
+    far = system_or_cluster("dgx1-v100", nodes=4, link="12GB/s,50us")
+    t_near = nccl_result(near, "all_reduce", _ranks(near), 4096, nccl_algo="ring").time_s
+    t_far = nccl_result(far, "all_reduce", _ranks(far), 4096, nccl_algo="ring").time_s
+    assert t_far > t_near + 6 * 40e-6  # 6 network steps of a 4-node ring all_reduce, each ~49 us slower
+
+
+def test_nic_affinity_and_gpudirect_as_nccl_sees_them():
+    on = nccl_model.analyse(system_or_cluster("dgx1-v100", nodes=2), _ranks(system_or_cluster("dgx1-v100", nodes=2)))
+    assert [n.path_type for n in on.nics] == ["PIX"] * 4 and all(n.gdr for n in on.nics)
+    assert len({n.gpu for n in on.nics}) == 4  # each NIC serves its own GPU
+    off_topo = system_or_cluster("dgx1-v100", nodes=2, gpudirect=False)
+    off = nccl_model.analyse(off_topo, _ranks(off_topo))
+    assert not any(n.gdr for n in off.nics) and {n.path_type for n in off.nics} == {"PHB"}
+    eth_topo = system_or_cluster("dgx1-v100", nodes=2, link="10gbe")
+    eth = nccl_model.analyse(eth_topo, _ranks(eth_topo))
+    assert not any(n.gdr for n in eth.nics)  # the 10 GbE ports hang off a CPU: no GPUDirect RDMA
+    assert eth.inter_gbps == pytest.approx(2.5)
+
+
+def test_sim_and_plan_take_a_cluster(cli):
+    r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--link", "25GB/s,3us", "-b", "64M", "-e", "64M")
+    assert r.exit_code == 0, r.output
+    assert "dgx1-v100x2-25GBps-3us" in r.stdout and "15]" in r.stdout and "nccl" in r.stdout
+    r = cli("plan", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--gpus", "4", "--bytes", "1M")
+    assert r.exit_code == 0, r.output  # the first 4 GPUs: one node
+    assert "NCCL:" in r.stdout
+
+
+def test_a_cluster_file_is_a_system(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 8\n  nics: 2\n  link: {rate: 100Gb/s, latency: 2us}\n"
+                    "  gpudirect: false\n")
+    r = cli("topo", "-s", path)
+    assert r.exit_code == 0, r.output
+    assert "8 x dgx1-p100 (64 GPUs), 2x" in r.stdout and "GPUDirect RDMA off" in r.stdout and "GPU0" in r.stdout
+    r = cli("topo", "-s", path, "--nodes", "16")  # options override the file
+    assert "16 x dgx1-p100" in r.stdout
+    r = cli("sim", "all_gather", "-s", path, "-b", "1M", "-e", "1M")
+    assert r.exit_code == 0 and "64 devices" in r.stdout
+    r = cli("predict", "-m", "resnet50", "-s", path)
+    assert r.exit_code == 0, r.output
+    assert "64" in r.stdout
+
+
+@pytest.mark.parametrize("args, words", [
+    (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "100000"), "exceed"),
+    (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--nics", "0"), "at least one NIC"),
+    (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--link", "25XB/s"), "unknown unit"),
+    (("sim", "all_reduce", "-s", "dgx1-p100", "--link", "edr"), "add --nodes"),
+    (("topo", "--nodes", "2"), "add --system"),
+    (("plan", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--link", "x"), "unknown network link"),
+    (("cluster", "--link", "10Gb/s,"), "latency"),
+])
+def test_bad_cluster_input_is_one_line_exit_2(cli, args, words):
+    r = cli(*args)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def _measured(tmp_path, world_size, rows):
+    path = tmp_path / "inter.json"
+    Result("bench-collective", [{"collective": "all_reduce", "size_bytes": s, "time_s": t} for s, t in rows],
+           meta={"world_size": world_size}).save(path)
+    return path
+
+
+def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
+    # 2 DGX-1 nodes (16 ranks): algbw 8 GB/s for large sizes, 500 us at size 0 (a slow network)
+    sizes = [1 << 20, 16 << 20, 64 << 20, 256 << 20]
+    path = _measured(tmp_path, 16, [(s, 500e-6 + s / 8e9) for s in sizes])
+    topo = system_or_cluster("dgx1-v100", nodes=2)
+    fitted, fit = fit_network(topo, load_result(path))
+    assert fit.rate_bytes_per_s == pytest.approx(8e9 * 2 * 15 / 16 / 4, rel=1e-6)  # per NIC, 4 NICs
+    assert fit.latency_s > 10 * nccl_model.REFERENCE_NET_LATENCY_S
+    fast = _measured(tmp_path, 16, [(s, 1e-6 + s / 8e9) for s in sizes])
+    assert fit_network(topo, load_result(fast))[1].latency_s == nccl_model.REFERENCE_NET_LATENCY_S  # never below
+    assert fitted.attrs["cluster"]["link"] == net_link(fit.link).name
+    r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "4", "--bench", path, "-b", "1M", "-e", "1M")
+    assert r.exit_code == 0, r.output
+    assert "calibrated" in r.stdout and "calibrated" in r.stderr
+    r = cli("predict", "-m", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)
+    assert r.exit_code == 0, r.output
+    assert "calibrated" in r.stdout
+
+
+def test_network_fit_refuses_a_single_node_or_non_positive_result(tmp_path, cli):
+    single = _measured(tmp_path, 8, [(1 << 20, 1e-4), (64 << 20, 1e-2)])
+    r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--bench", single)
+    assert r.exit_code == 2 and "multi-node" in r.stderr
+    bad = _measured(tmp_path, 16, [(1 << 20, 1e-4), (64 << 20, 0.0)])
+    r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--bench", bad)
+    assert r.exit_code == 2 and "not positive" in r.stderr
+    data = json.loads(bad.read_text())
+    assert data["kind"] == "bench-collective"

@@ -1,0 +1,71 @@
+"""`meshscale place`: the best K-GPU subset by NCCL's predicted all_reduce busbw, as `plan` predicts it."""
+import itertools
+import json
+
+import pytest
+
+from meshscale.simulate.auto import nccl_result
+from meshscale.simulate.placement import PLACEMENT_BYTES, rank_placements
+from meshscale.topology import load_system
+
+SYSTEMS = ("dgx1-p100", "dgx1-v100", "pcie-4gpu", "pcie-8gpu-2socket")
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_place_picks_a_subset_plan_ranks_best_for_every_k(name):
+    topo = load_system(name)
+    every = [topo.nodes[d].index for d in topo.devices()]
+    for k in range(2, len(every) + 1):
+        ranked = rank_placements(topo, k)
+        assert len(ranked) == len(list(itertools.combinations(every, k)))
+        # plan's NCCL line predicts with nccl_result: the chosen subset reaches the best busbw over all subsets
+        best = max(nccl_result(topo, "all_reduce", list(s), PLACEMENT_BYTES).busbw_bytes_per_s
+                   for s in itertools.combinations(every, k))
+        chosen = nccl_result(topo, "all_reduce", ranked[0].devices, PLACEMENT_BYTES).busbw_bytes_per_s
+        assert chosen == pytest.approx(best, rel=1e-9), (name, k, ranked[0].devices)
+
+
+def test_place_keeps_a_dgx1_quad_on_its_fully_connected_half():
+    for name in ("dgx1-p100", "dgx1-v100"):
+        chosen = rank_placements(load_system(name), 4)[0].devices
+        assert chosen in ([0, 1, 2, 3], [4, 5, 6, 7])
+
+
+def test_place_keeps_a_pcie_job_off_the_cpu_link_while_one_socket_holds_it():
+    topo = load_system("pcie-8gpu-2socket")
+    for k in (2, 3, 4):
+        assert rank_placements(topo, k)[0].path_type != "SYS"
+    assert rank_placements(topo, 2)[0].path_type == "PIX"  # a pair under one PCIe switch
+
+
+def test_place_uses_only_free_gpus_and_says_why(cli, tmp_path):
+    out = tmp_path / "place.json"
+    r = cli("place", "--gpus", "2", "--free", "1,4,5,6", "-s", "dgx1-v100", "--json", out)
+    assert r.exit_code == 0, r.output
+    line = r.stdout.strip().splitlines()[-1]
+    assert line.startswith("CUDA_VISIBLE_DEVICES=")
+    chosen = [int(x) for x in line.split("=")[1].split(",")]
+    assert len(chosen) == 2 and set(chosen) <= {1, 4, 5, 6}
+    assert "runner-up" in r.stdout and "why:" in r.stdout
+    data = json.loads(out.read_text())
+    assert data["kind"] == "place" and data["meta"]["chosen"] == chosen
+    assert data["rows"][0]["busbw_bytes_per_s"] >= data["rows"][1]["busbw_bytes_per_s"]
+
+
+def test_place_prefers_nvlink_pair_to_a_pair_that_needs_pcie():
+    # on a DGX-1 P100, GPU 0 and 5 have no NVLink between them; 4 and 5 do
+    ranked = rank_placements(load_system("dgx1-p100"), 2, free=[0, 4, 5])
+    assert ranked[0].devices == [4, 5] or ranked[0].path_type == "NVL"
+    assert ranked[-1].busbw_bytes_per_s < ranked[0].busbw_bytes_per_s
+    assert ranked[-1].devices == [0, 5]
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--gpus", "2", "--free", "0,9", "-s", "dgx1-v100"), "lacks"),
+    (("--gpus", "5", "--free", "0,1,2", "-s", "dgx1-v100"), "pick 2 to 3"),
+    (("--gpus", "2", "--free", "0,0,1", "-s", "dgx1-v100"), "twice"),
+])
+def test_place_bad_input_is_one_line_exit_2(cli, args, words):
+    r = cli("place", *args)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
