@@ -86,7 +86,7 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
 
 @pytest.mark.parametrize("args, words", [
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "100000"), "exceed"),
-    (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--nics", "0"), "at least one NIC"),
+    (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--nics", "0"), "--nics: 0 is out of range"),
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--link", "25XB/s"), "unknown unit"),
     (("sim", "all_reduce", "-s", "dgx1-p100", "--link", "edr"), "add --nodes"),
     (("topo", "--nodes", "2"), "add --system"),
@@ -101,7 +101,9 @@ def test_bad_cluster_input_is_one_line_exit_2(cli, args, words):
 
 def _measured(tmp_path, world_size, rows):
     path = tmp_path / "inter.json"
-    Result("bench-collective", [{"collective": "all_reduce", "size_bytes": s, "time_s": t} for s, t in rows],
+    factor = 2 * (world_size - 1) / world_size  # nccl-tests' all_reduce busbw factor
+    Result("bench-collective", [{"collective": "all_reduce", "size_bytes": s, "time_s": t,
+                                 "busbw_bytes_per_s": s / t * factor if t > 0 else 0.0} for s, t in rows],
            meta={"world_size": world_size}).save(path)
     return path
 

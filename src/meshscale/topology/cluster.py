@@ -277,15 +277,12 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
     other file or name (a system)."""
     from pathlib import Path
 
-    import yaml
+    from meshscale.validation import load_structured
 
     candidate = Path(path)
     if candidate.suffix not in (".yaml", ".yml") or not candidate.is_file():
         return None
-    try:
-        data = yaml.safe_load(candidate.read_text())
-    except (OSError, yaml.YAMLError):
-        return None  # load_system reports what is wrong with the file
+    data = load_structured(candidate, "system or cluster file", yaml_ok=True)  # unreadable, not UTF-8, too deep: one line
     if not isinstance(data, dict) or "cluster" not in data:
         return None
     entry = data["cluster"]
