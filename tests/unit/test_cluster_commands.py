@@ -136,3 +136,19 @@ def test_network_fit_refuses_a_single_node_or_non_positive_result(tmp_path, cli)
     assert r.exit_code == 2 and "not positive" in r.stderr
     data = json.loads(bad.read_text())
     assert data["kind"] == "bench-collective"
+
+
+def test_one_gpu_per_node_rings_run_over_the_nics(tmp_path):
+    """Nodes of one GPU (the emulated two-node run): NCCL's channels go GPU -> NIC, so the ring runs at the
+    network's rate, not at the node's (absent) intra-node bandwidth."""
+    from meshscale.simulate import predict_collective
+    from meshscale.topology import dumps, load_system, subset
+    node = subset(load_system("hgx-h200"), [0])
+    path = tmp_path / "one-gpu.json"
+    path.write_text(dumps(node))
+    slow = system_or_cluster(str(path), nodes=2, link="3GB/s,5us", nics=1)
+    fast = system_or_cluster(str(path), nodes=2, link="25GB/s,5us", nics=1)
+    size = 256 << 20
+    t_slow, t_fast = (predict_collective(t, "all_reduce", [0, 1], size).time_s for t in (slow, fast))
+    assert size / t_slow < 3e9 < size / t_fast  # busbw = algbw on 2 ranks: below the 3 GB/s network, and far above it
+    assert t_slow / t_fast > 5

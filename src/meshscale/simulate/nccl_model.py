@@ -459,6 +459,8 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
         inter = sum(n.gbps for n in nics) or c["net_bw_default"]
         latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
         net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
+        if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
+            graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
     tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
     system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
                     nics=nics)
