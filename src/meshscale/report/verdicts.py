@@ -144,7 +144,7 @@ def collective_verdict(rows: list[dict[str, Any]], look_at: list[str], cpu: bool
     if short:
         where = "; ".join(look_at) or "the route of this collective (run `meshscale doctor` and `meshscale bench p2p`)"
         spread = f"below the {1 - chosen.floor:.0%} a healthy run may fall short"
-        level = "bad" if share < chosen.floor * POOR_SHARE / GOOD_SHARE else "warn"
+        level = "bad" if share < chosen.floor * 0.6 else "warn"  # far below the healthy spread: a fault, not noise
         return Verdict(level, f"{figure}, {spread} — look at: {where}" + (f". {bound_note}" if bound_note else ""))
     text = f"{figure} — within what healthy hardware reaches at every size"
     finding = _model_gap(gaps, chosen)
