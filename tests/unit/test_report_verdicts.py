@@ -74,3 +74,86 @@ def test_small_message_note_points_eager_gpu_runs_to_impl_nccl():
     assert small_message_note(rows, {"backend": "nccl", "spec": {"impl": "nccl"}}) is None  # already direct
     assert small_message_note(rows, {"backend": "gloo", "spec": {"impl": "native"}}) is None  # CPU workers
     assert small_message_note([{"size_bytes": 1024, "time_s": 12e-6}], gpu) is None  # not host-bound
+
+
+def _h200_rows(share, size=1 << 30, time_s=None):
+    """An all_gather row on 2 H200 at ``share`` of the corpus figure (nccl-tests-h200x2: 1 GiB about 280 GB/s)."""
+    from meshscale.report.expected import corpus_expected
+    expected = corpus_expected("NVIDIA H200", 2, "all_gather", size, False)
+    busbw = share * expected.busbw_bytes_per_s
+    return [{"collective": "all_gather", "size_bytes": size, "inplace": False, "busbw_bytes_per_s": busbw,
+             "time_s": time_s or size / 2 / busbw, "bound_busbw_bytes_per_s": 450e9, "wrong": 0}], expected
+
+
+def _refs(topo=None):
+    from meshscale.report.expected import references
+    return lambda r: references(topo, "NVIDIA H200", 2, r["collective"], r["size_bytes"], bool(r.get("inplace")))
+
+
+def test_collective_at_60_percent_of_the_corpus_figure_warns_naming_it():
+    rows, expected = _h200_rows(0.60)
+    v = collective_verdict(rows, [], references=_refs())
+    assert v.level == "warn"
+    assert f"expected about {expected.busbw_bytes_per_s / 1e9:.3g} GB/s" in v.text
+    assert "nccl-tests, 2x H200" in v.text and "(60%)" in v.text
+
+
+def test_healthy_run_and_small_message_spread_give_no_warning():
+    rows, _ = _h200_rows(0.95)
+    assert collective_verdict(rows, [], references=_refs()).level in ("good", "info")
+    small, _ = _h200_rows(0.70, size=64 << 10)
+    v = collective_verdict(small, [], references=_refs())
+    assert v.level not in ("warn", "bad") and "(70%)" in v.text
+    well_above, _ = _h200_rows(1.6)
+    assert collective_verdict(well_above, [], references=_refs()).level not in ("warn", "bad")
+
+
+def test_model_gap_beyond_its_known_error_is_a_finding():
+    topo = load_system("hgx-h200")
+    from meshscale.report.expected import model_expected
+    model = model_expected(topo, 2, "all_gather", 1 << 30)
+    assert model.basis == "model" and "known error" in model.source
+    rows, expected = _h200_rows(1.0)
+    rows[0]["busbw_bytes_per_s"] = model.busbw_bytes_per_s * 0.3  # far off the model, inside no spread either
+    v = collective_verdict(rows, [], references=lambda r: (None, model))
+    assert v.level in ("warn", "bad") and "NCCL cost model" in v.text
+    # the corpus says the machine is healthy, the model is far off: a finding, not a warning
+    far = type(model)(expected.busbw_bytes_per_s * 3, model.floor, model.source, "model", model.error)
+    v = collective_verdict(_h200_rows(1.0)[0], [], references=lambda r: (expected, far))
+    assert v.level == "info" and "Finding" in v.text and "the model or the machine is off" in v.text
+    assert f"known error here is {model.error:.0%}" in v.text
+
+
+def test_staged_copies_are_judged_against_the_measured_host_path():
+    from meshscale.report.verdicts import host_path_rates, p2p_verdict
+    rows = [{"src": "gpu0", "dst": "host", "mode": "unidirectional", "bandwidth_bytes_per_s": 55e9},
+            {"src": "host", "dst": "gpu1", "mode": "unidirectional", "bandwidth_bytes_per_s": 55e9},
+            {"src": "gpu1", "dst": "host", "mode": "unidirectional", "bandwidth_bytes_per_s": 55e9},
+            {"src": "host", "dst": "gpu0", "mode": "unidirectional", "bandwidth_bytes_per_s": 55e9}]
+    rates = host_path_rates(rows)
+    assert abs(rates[("gpu0", "gpu1")] - 27.5e9) < 1e6
+    staged = [{"src": "gpu0", "dst": "gpu1", "mode": "staged", "bandwidth_bytes_per_s": 27.6e9},
+              {"src": "gpu1", "dst": "gpu0", "mode": "staged", "bandwidth_bytes_per_s": 27.5e9}]
+    v = p2p_verdict(staged, rates, [], "host path")
+    assert v.level == "good" and "host path" in v.text
+
+
+def test_no_efficiency_without_a_one_rank_baseline():
+    lone = [{"world_size": 2, "mode": "weak", "efficiency": 1.0, "throughput_samples_per_s": 3000.0}]
+    v = scaling_verdict(lone, [])
+    assert v.level == "info" and "no one-rank baseline measured: efficiency not stated" in v.text
+    assert "100%" not in v.text
+    two = lone + [{"world_size": 4, "mode": "weak", "efficiency": 0.9, "throughput_samples_per_s": 5400.0}]
+    assert "90% of linear" in scaling_verdict(two, []).text
+
+
+def test_scaling_prediction_gap_is_a_finding():
+    from meshscale.report.verdicts import scaling_gap
+    measured = [{"world_size": 1, "speedup": 1.0, "throughput_samples_per_s": 100.0},
+                {"world_size": 2, "speedup": 0.72, "throughput_samples_per_s": 72.0}]
+    predicted = [{"world_size": 1, "speedup": 1.0, "throughput_samples_per_s": 100.0},
+                 {"world_size": 2, "speedup": 1.85, "throughput_samples_per_s": 185.0}]
+    found = scaling_gap(measured, predicted)
+    assert "1.85x speedup predicted, 0.72x measured" in found and "model or the machine is off" in found
+    predicted[1].update(speedup=0.75, throughput_samples_per_s=75.0)
+    assert scaling_gap(measured, predicted) == ""

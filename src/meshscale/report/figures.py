@@ -10,8 +10,9 @@ from typing import Any
 
 from meshscale import plots
 from meshscale.plots import Series
-from meshscale.report.verdicts import (Verdict, collective_verdict, hints, is_cpu_run, p2p_verdict, scaling_verdict,
-                                       small_message_note, topology_verdict)
+from meshscale.report.expected import references
+from meshscale.report.verdicts import (EAGER_CALL_S, Verdict, collective_verdict, eager_path, hints, host_path_rates, is_cpu_run,
+                                       p2p_verdict, scaling_gap, scaling_verdict, small_message_note, topology_verdict)
 from meshscale.results import Result
 from meshscale.topology.draw import topology_figure
 from meshscale.topology.model import Topology
@@ -104,7 +105,8 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                 if grid.low_is_good:
                     verdict = Verdict("info", "small-message latency per pair; outliers point at a longer route")
                 else:
-                    verdict = p2p_verdict(rows, rate_of, hints(s.result.env, topo, cpu))
+                    judged_rate_of, what = _judged_rates(mode, rate_of, s.result.rows)
+                    verdict = p2p_verdict(rows, judged_rate_of, hints(s.result.env, topo, cpu), what)
                     if cpu and verdict.level in ("warn", "bad"):
                         verdict = Verdict("info", verdict.text.split(" — ")[0] + " — expected for CPU workers over "
                                           "Gloo (the line rate is an assumed shared-memory rate)")
@@ -112,6 +114,17 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                 section.plots.append(Plot(pid, f"P2P {measure}, {mode} ({s.label})",
                                           plots.to_svg(plots.heatmaps([grid]), pid), verdict))
     return section
+
+
+def _judged_rates(mode: str, rate_of: dict, all_rows: list[dict[str, Any]]) -> tuple[dict, str]:
+    """What a mode's pairs are judged against: staged copies against the host path (the host<->device copies
+    measured in the same result, else the host links' line rate), the others against their line rate."""
+    if mode != "staged":
+        return rate_of, "line rate"
+    measured = host_path_rates(all_rows)
+    if measured:
+        return measured, "host path measured in this run (device->host, then host->device)"
+    return rate_of, "host path's PCIe line rate"
 
 
 def _staged_rate(topo: Topology, src: str, dst: str) -> float:
@@ -146,7 +159,9 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                 if x:
                     series.append(Series(f"link bound ({s.label})", x, y, "bound"))
                 cpu = is_cpu_run(s.result.meta, s.result.machine, topo)
-                verdict = collective_verdict(rows, hints(s.result.env, topo, cpu), cpu)
+                every = [r for r in s.result.rows if r["collective"] == name]  # both placements: the better one counts
+                verdict = collective_verdict(every, hints(s.result.env, topo, cpu), cpu, _references(s, topo),
+                                             EAGER_CALL_S if eager_path(s.result.meta) else 0.0)
                 note = small_message_note(rows, s.result.meta)
                 if note:
                     verdict = Verdict(verdict.level, f"{verdict.text}. {note}")
@@ -162,6 +177,17 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
         pid = _slug("busbw", name)
         section.plots.append(Plot(pid, name, plots.to_svg(plots.busbw_chart(f"{name}: busbw", series), pid), verdict))
     return section
+
+
+def _references(source: Source, topo: Topology | None):
+    """The expected figures of a measured run's rows: the corpus for its GPU model and count, the cost model on
+    its topology."""
+    gpus = [str(g) for g in (source.result.machine or {}).get("gpus") or []]
+    model = gpus[0] if gpus else (topo.gpu_model if topo is not None and topo.device_kind == "gpu" else "")
+    world = int(source.result.meta.get("world_size") or 0)
+    if not world:
+        return None
+    return lambda row: references(topo, model, world, row["collective"], row["size_bytes"], bool(row.get("inplace")))
 
 
 def _group(source: Source) -> str:
@@ -228,6 +254,12 @@ def scaling_section(sources: list[Source]) -> Section:
                     verdict = scaling_verdict(first, hints(s.result.env, cpu=cpu))
                     if s.result.meta.get("source"):  # published figures: a reference, not this machine's fault
                         verdict = Verdict("info", f"reference ({s.result.meta['source']}): {verdict.text.split(' — ')[0]}")
+                    predicted = [r for p in members if p.result.predicted or p.result.kind == "predict"
+                                 for r in p.result.rows if r["mode"] == mode]
+                    finding = scaling_gap(first, predicted)
+                    if finding:
+                        verdict = Verdict("warn" if verdict.level == "good" else verdict.level,
+                                          f"{verdict.text}. {finding}")
                     parts = {k[:-2]: [r.get(k) or 0.0 for r in sorted(rows, key=lambda r: r["world_size"])]
                              for k in ("compute_s", "comm_s", "data_s") if any(r.get(k) for r in rows)}
                     if parts:
