@@ -301,7 +301,7 @@ def systems_of(gpu: dict[str, Any]) -> str | None:
     for topo in load_catalog():
         devices = topo.gpus()
         attrs = topo.nodes[devices[0]].attrs if devices else {}
-        if attrs.get("nvlink_generation") == generation or attrs.get("model") == gpu.get("model"):
+        if (generation is not None and attrs.get("nvlink_generation") == generation) or attrs.get("model") == gpu.get("model"):
             candidates.append((attrs.get("model") != gpu.get("model"), not topo.nodes_of("nvswitch"), topo.name))
     return min(candidates)[2] if candidates else None
 
