@@ -213,6 +213,9 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     cost model (what NCCL picks, NVLS off as meshscale runs NCCL), on CPU workers the fastest schedule by flow
     simulation; calibrated from this run's bench p2p when it ran. With a measured sweep, also the model's
     error against it ("validate", as `meshscale validate` reports the corpus)."""
+    ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
+    if len(ranks) < 2:
+        raise Skipped("one GPU, no collective to predict" if state.gpu else "needs two ranks")
     params = None
     if "p2p" in state.results:
         try:
@@ -223,9 +226,6 @@ def sim_stage(state: TourState) -> dict[str, Result]:
         state.notes.append("simulator predictions use default link efficiencies (no bench p2p to calibrate from)")
     measured_rows = state.results["collective"].rows if "collective" in state.results else []
     sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
-    ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
-    if len(ranks) < 2:
-        raise Skipped("one GPU, no collective to predict" if state.gpu else "needs two ranks")
     # meshscale starts NCCL with NVLink SHARP off (NCCL_SAFETY_ENV): predict what was measured
     nccl = {"nvls": NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0"} if state.topology.device_kind == "gpu" else {}
     rows = []
