@@ -113,6 +113,8 @@ def test_every_schedule_equals_the_native_collective(n):
 @pytest.mark.gpu
 def test_every_schedule_equals_nccl_on_gpus():
     n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip(f"schedules exchange between ranks: needs 2 GPUs, found {n}")
     results = launch(_check_all, n, (_cases(), True), backend="nccl", timeout_s=120, deadline_s=600)
     assert results[0][0] >= 40
     failures = [f for _, bad in results for f in bad]

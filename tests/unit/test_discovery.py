@@ -176,8 +176,41 @@ def test_known_models_get_catalog_facts_and_nvml_wins():
     gpu = topo.nodes["gpu0"].attrs
     assert gpu["memory_bandwidth_bytes_per_s"] == pytest.approx(3.35e12) and gpu["bf16_flops"] > 0
     assert gpu["sm_count"] == 130 and gpu["facts_from"] == "catalog hgx-h100"
+    assert "assumed" not in topo.attrs and "facts_assumed" not in gpu
+
+
+def test_an_unknown_model_gets_the_stated_default_and_says_so():
     unknown = FakeNVML.machine("Mystery GPU", paths=PCIE_PATHS[:2], nvlinks=None)
-    assert "fp32_flops" not in nvml_topology(unknown, sm_counts={}).nodes["gpu0"].attrs
+    topo = nvml_topology(unknown, sm_counts={})
+    gpu = topo.nodes["gpu0"].attrs
+    assert gpu["fp32_flops"] == pytest.approx(20e12) and gpu["bf16_flops"] == pytest.approx(200e12)
+    assert gpu["facts_assumed"] and gpu["memory_bandwidth_bytes_per_s"] == pytest.approx(1e12)
+    assert topo.attrs["assumed"][0].startswith("assumed: gpu0 (Mystery GPU): assumed: an A100-class PCIe card")
+    assert "Mystery GPU" in discover(nvml=FakeNVML.machine("Mystery GPU", paths=PCIE_PATHS[:2], nvlinks=None)).notice
+
+
+@pytest.mark.parametrize("name, source, nvlinks, fp32, bandwidth", [
+    ("NVIDIA H100 PCIe", "H100 PCIe", 0, 51e12, 2.0e12),
+    ("NVIDIA H100 NVL", "H100 NVL", 0, 60e12, 3.9e12),
+    ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 0, 19.5e12, 1.935e12),
+    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 12, 19.5e12, 2.039e12),
+    ("NVIDIA L40S", "L40S", 0, 91.6e12, 864e9),
+    ("NVIDIA A10", "A10", 0, 31.2e12, 600e9),
+    ("Tesla T4", "T4", 0, 8.1e12, 320e9),
+    ("Tesla V100-PCIE-32GB", "V100 PCIe", 0, 14e12, 900e9),
+])
+def test_gpus_outside_the_catalog_take_facts_from_the_table_of_models(name, source, nvlinks, fp32, bandwidth):
+    gpu = nvml_topology(FakeNVML.machine(name, paths=PCIE_PATHS[:1], nvlinks=None), sm_counts={}).nodes["gpu0"].attrs
+    assert gpu["facts_from"].startswith(f"{source}: NVIDIA ") and "datasheet" in gpu["facts_from"]
+    assert gpu["model_nvlinks"] == nvlinks and gpu["fp32_flops"] == pytest.approx(fp32)
+    assert gpu["memory_bandwidth_bytes_per_s"] == pytest.approx(bandwidth) and "facts_assumed" not in gpu
+
+
+def test_a_single_gpu_with_idle_links_reports_them_and_its_generation():
+    fake = FakeNVML.machine("NVIDIA H100 80GB HBM3", gpus=1, links_down={0: 18})
+    gpu = nvml_topology(fake, sm_counts={}).nodes["gpu0"].attrs
+    assert gpu["nvlinks"] == 0 and gpu["nvlinks_reported"] == 18 and gpu["model_nvlinks"] == 18
+    assert gpu["nvlink_generation"] == 4 and gpu["bf16_flops"] == pytest.approx(989.4e12)
 
 
 def test_cpu_topology_round_trips_through_json():

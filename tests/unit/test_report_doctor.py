@@ -15,7 +15,7 @@ GIB = 1 << 30
 VERSIONS = {"torch": "2.11.0", "cuda": "12.8", "nccl": "2.28.9", "cuda_devices": 8, "gloo": True}
 
 
-def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memlock=-1, ib=False, versions=VERSIONS):
+def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memlock=-1, ib=False, versions=VERSIONS, vm=False):
     net = tmp_path / "net"
     for name, state in (("lo", "unknown"), ("eth0", "up"), ("ib0", "up")):
         (net / name).mkdir(parents=True, exist_ok=True)
@@ -30,7 +30,9 @@ def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memloc
     statvfs = lambda path: SimpleNamespace(f_blocks=shm_bytes // 4096, f_frsize=4096)
     modules = tmp_path / "modules"
     modules.write_text("nvidia_peermem 16384 0 - Live 0x0\nnvidia 1 2 - Live 0x0\n")
-    return DoctorEnv(environ=environ or {}, nvml=nvml, nvml_error="" if nvml else "NVMLError_LibraryNotFound",
+    cpuinfo = tmp_path / "cpuinfo"
+    cpuinfo.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2" + (" hypervisor" if vm else "") + "\n")
+    return DoctorEnv(cpuinfo=cpuinfo, environ=environ or {}, nvml=nvml, nvml_error="" if nvml else "NVMLError_LibraryNotFound",
                      net_dir=net, ib_dir=ib_dir, statvfs=statvfs, memlock_bytes=lambda: memlock,
                      versions=lambda: dict(versions), sys_root=tmp_path, proc_modules=modules,
                      cpu_affinity=lambda: set(range(8)))
@@ -256,3 +258,38 @@ def test_ib_port_slower_than_the_fastest_warns(tmp_path):
     assert found["ib mlx5_0/1"].status == "pass"
     assert found["ib mlx5_1/1"].status == "warn" and "400 Gb/s" in found["ib mlx5_1/1"].message
     assert "ibstat" in found["ib mlx5_1/1"].fix
+
+
+def test_a_link_down_on_an_eight_gpu_board_fails_even_in_a_vm(tmp_path):
+    """Cloud 8-GPU machines are VMs with working NVLinks: a link down among live ones is a fault there too."""
+    checks = by_name(run_doctor(fake_env(tmp_path, FakeNVML.machine("NVIDIA H100 80GB HBM3", links_down={5: 1}), vm=True)))
+    assert checks["nvlink GPU5"].status == "fail" and "17 of 18" in checks["nvlink GPU5"].message
+    assert "multi-GPU board" in checks["nvlink GPU5"].message
+    assert checks["nvlink GPU0"].status == "pass"
+
+
+def test_one_gpu_with_inactive_links_is_info_and_doctor_prints_no_fail(tmp_path):
+    nvml = FakeNVML.machine("NVIDIA H100 80GB HBM3", gpus=1, links_down={0: 18})
+    checks = run_doctor(fake_env(tmp_path, nvml, versions=dict(VERSIONS, cuda_devices=1)))
+    link = by_name(checks)["nvlink GPU0"]
+    assert link.status == "info" and "NVLink inactive: no peer visible" in link.message
+    assert "one GPU visible" in link.message and "18 link(s) idle" in link.message
+    assert [c for c in checks if c.status == "fail"] == []
+
+
+def test_all_links_idle_in_a_vm_with_gpus_whose_links_have_no_known_far_end(tmp_path):
+    """Two passed-through GPUs whose links NVML cannot follow anywhere: inactive, not broken."""
+    nvml = FakeNVML.machine("NVIDIA A100-SXM4-80GB", gpus=2, nvlinks={0: [("", 9)] * 12, 1: [("", 9)] * 12},
+                            links_down={0: 12, 1: 12})
+    found = by_name(run_doctor(fake_env(tmp_path, nvml, vm=True)))
+    for i in (0, 1):
+        assert found[f"nvlink GPU{i}"].status == "info"
+        assert "the CPU reports a hypervisor" in found[f"nvlink GPU{i}"].message
+
+
+def test_nvml_virtualization_mode_marks_a_vm(tmp_path):
+    nvml = FakeNVML.machine("NVIDIA A100-SXM4-80GB", gpus=2, nvlinks={0: [("", 9)] * 12, 1: [("", 9)] * 12},
+                            links_down={0: 12, 1: 12})
+    nvml.nvmlDeviceGetVirtualizationMode = lambda handle: 1  # passthrough
+    found = by_name(run_doctor(fake_env(tmp_path, nvml)))
+    assert "NVML reports GPU0 virtualized (mode 1)" in found["nvlink GPU0"].message

@@ -70,3 +70,98 @@ def test_ctrl_c_seen_by_the_ranks_first_still_stops_the_tour(tmp_path):
     outcome = run_tour(tmp_path, TourSettings(fast=True), stages)
     assert [s.status for s in outcome.stages] == ["done", "interrupted", "not run"]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # restored
+
+
+# ---- one GPU: what the tour measures and predicts instead of collectives ---------------------------------
+def _one_gpu_state(tmp_path, name="NVIDIA H100 80GB HBM3"):
+    from types import SimpleNamespace
+
+    from conftest import FakeNVML
+    from meshscale.report.tour import TourState
+    from meshscale.results import Result
+    from meshscale.topology.nvml_discovery import nvml_topology
+
+    state = TourState(TourSettings(fast=True), tmp_path)
+    state.world = SimpleNamespace(backend="nccl", size=1)
+    state.topology = nvml_topology(FakeNVML.machine(name, gpus=1, links_down={0: 18}), sm_counts={})
+    rows = [{"batch_per_rank": b, "step_time_s": t, "samples_per_s": b / t} for b, t in ((32, 0.05), (64, 0.09))]
+    profile = Result("train", rows, False, {"profile": True, "model": "resnet50", "device": "cuda", "precision": "fp32"})
+    profile.save(tmp_path / "profile.json")
+    state.results["profile"] = profile
+    return state
+
+
+def test_one_gpu_skips_what_needs_two_ranks_with_one_line(tmp_path):
+    from meshscale.report.tour import collective_stage, p2p_stage, scale_stage
+
+    state = _one_gpu_state(tmp_path)
+    for stage, text in ((collective_stage, "one GPU, nothing to exchange"), (p2p_stage, "one GPU, no peer"),
+                        (scale_stage, "one GPU, no scaling to measure")):
+        try:
+            stage(state)
+        except Skipped as exc:
+            assert str(exc).startswith(text) and "\n" not in str(exc)
+        else:
+            raise AssertionError(f"{stage.__name__} ran on one GPU")
+
+
+def test_the_catalog_system_of_a_gpu_generation():
+    from meshscale.report.tour import systems_of
+
+    assert systems_of({"model": "NVIDIA H100 80GB HBM3", "nvlink_generation": 4}) == "hgx-h100"
+    assert systems_of({"model": "NVIDIA H200", "nvlink_generation": 4}) == "hgx-h200"
+    assert systems_of({"model": "NVIDIA H100 PCIe", "nvlink_generation": 4}) in ("hgx-h100", "hgx-h200")
+    assert systems_of({"model": "NVIDIA A100 80GB PCIe", "nvlink_generation": 3}) == "dgx-a100"
+    assert systems_of({"model": "Mystery GPU"}) is None
+
+
+def test_one_gpu_predicts_the_systems_built_from_it_marked_predicted(tmp_path):
+    from meshscale.report.figures import Source, sections
+    from meshscale.report.tour import built_from_this_gpu
+
+    out = built_from_this_gpu(_one_gpu_state(tmp_path))
+    system, cluster = out["predict-system"], out["predict-cluster"]
+    assert system.predicted and cluster.predicted
+    assert sorted(r["world_size"] for r in system.rows) == [1, 2, 4, 8]
+    assert sorted(r["world_size"] for r in cluster.rows) == [8, 16, 32]
+    assert system.meta["system"] == "hgx-h100" and "NDR InfiniBand" in cluster.meta["system"]
+    assert "predicted from this NVIDIA H100 80GB HBM3's profile" in system.meta["group"]
+    assert all(r["throughput_samples_per_s"] > 0 for r in system.rows + cluster.rows)
+    found = sections([Source(k, v) for k, v in out.items()])
+    titles = [p.title for sec in found for p in sec.plots]
+    assert len(titles) == 2 and all(t.startswith("predicted from this") for t in titles)
+    assert all(p.verdict.text.startswith("predicted") for sec in found for p in sec.plots)
+
+
+def test_host_copy_and_profile_are_tables_and_one_rank_draws_nothing():
+    from meshscale.report.figures import Source, sections
+    from meshscale.results import Result
+
+    copies = Result("bench-host-copy", [{"direction": d, "memory": m, "size_bytes": 256 << 20, "seconds": 0.01,
+                                         "bandwidth_bytes_per_s": 26.8e9} for d in ("host->device", "device->host")
+                                        for m in ("pinned", "pageable")], False, {"gpu": "NVIDIA H100", "iters": 10})
+    one_rank = Result("bench-collective", [{"collective": "all_reduce", "size_bytes": 1024, "busbw_bytes_per_s": 0.0}],
+                      False, {"world_size": 1})
+    single_bar = Result("scale", [{"world_size": 1, "mode": "weak", "throughput_samples_per_s": 900.0}], False, {})
+    profile = Result("train", [{"batch_per_rank": 64, "step_time_s": 0.08, "samples_per_s": 800.0}], False,
+                     {"profile": True, "model": "resnet50", "device": "cuda"})
+    found = sections([Source("host-copy", copies), Source("collective", one_rank), Source("scale", single_bar),
+                      Source("profile", profile)])
+    titles = [sec.title for sec in found]
+    assert titles[0].startswith("Host <-> device copies (NVIDIA H100")
+    assert found[0].table[0] == {"direction": "host->device", "host memory": "pinned", "size": "256M",
+                                 "bandwidth": "26.8 GB/s", "time per copy": "10.00 ms"}
+    assert titles[1].startswith("Single-GPU training profile: resnet50")
+    assert not any(p for sec in found for p in sec.plots)  # no busbw of one rank, no single-bar chart
+
+
+def test_host_copy_without_a_gpu_is_one_line():
+    import pytest
+    import torch
+
+    from meshscale.bench.host_copy import host_copy
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(MeshscaleError, match="^host<->device copies need a CUDA GPU, and torch sees none$"):
+        host_copy(1 << 20)

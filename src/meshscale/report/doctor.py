@@ -85,6 +85,7 @@ class DoctorEnv:
     ib_dir: Path = Path("/sys/class/infiniband")
     sys_root: Path = Path("/")  # where /sys/bus/pci/devices lies (GPUs' PCI paths)
     proc_modules: Path = Path("/proc/modules")
+    cpuinfo: Path = Path("/proc/cpuinfo")  # its "hypervisor" flag says this is a virtual machine
     cpu_affinity: Callable[[], set[int]] = lambda: os.sched_getaffinity(0)
     statvfs: Callable[[str], Any] = os.statvfs
     memlock_bytes: Callable[[], int] = _memlock_bytes  # -1 when unlimited
@@ -143,22 +144,72 @@ def check_gpu_count(env: DoctorEnv) -> list[Check]:
     return out
 
 
+# nvmlDeviceGetNvLinkRemoteDeviceType: a GPU or an NVSwitch at the far end means the link has a peer
+NVLINK_PEER_TYPES = (0, 2)
+NVML_GPU_VIRTUALIZATION_MODE_NONE = 0
+
+
+def _link_states(env: DoctorEnv, handle) -> tuple[int, int, bool]:
+    """(links up, links down, whether any link's far end is a known GPU or NVSwitch) of one GPU."""
+    nvml = env.nvml
+    up = down = 0
+    peer_known = False
+    for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
+        try:
+            state = nvml.nvmlDeviceGetNvLinkState(handle, link)
+        except Exception:  # links beyond what this GPU has raise "not supported"
+            continue
+        if state == 1:  # NVML_FEATURE_ENABLED
+            up += 1
+        else:
+            down += 1
+        try:
+            peer_known |= nvml.nvmlDeviceGetNvLinkRemoteDeviceType(handle, link) in NVLINK_PEER_TYPES
+        except Exception:  # an inactive link often has no remote end to report
+            pass
+    return up, down, peer_known
+
+
+def virtual_machine(env: DoctorEnv) -> str:
+    """Why this looks like a virtual machine ("" when it does not): NVML's virtualization mode of a GPU
+    (passthrough, vGPU) or the hypervisor flag in /proc/cpuinfo."""
+    for i, handle, _ in _gpus(env):
+        try:
+            mode = env.nvml.nvmlDeviceGetVirtualizationMode(handle)
+        except Exception:  # older drivers and fakes lack the call
+            continue
+        if mode != NVML_GPU_VIRTUALIZATION_MODE_NONE:
+            return f"NVML reports GPU{i} virtualized (mode {mode})"
+    try:
+        flags = next((line for line in env.cpuinfo.read_text().splitlines() if line.startswith("flags")), "")
+    except OSError:
+        return ""
+    return "the CPU reports a hypervisor" if "hypervisor" in flags.split() else ""
+
+
 def check_nvlink(env: DoctorEnv) -> list[Check]:
+    """Links up against the model's count. A GPU with no link up and no peer behind any link (one GPU visible,
+    a VM, a partition of a larger board) is told apart from links down on a multi-GPU board."""
     if env.nvml is None:
         return []
-    nvml, out = env.nvml, []
-    for i, handle, name in _gpus(env):
-        up = 0
-        for link in range(int(getattr(nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-            try:
-                up += nvml.nvmlDeviceGetNvLinkState(handle, link) == 1  # NVML_FEATURE_ENABLED
-            except Exception:  # links beyond what this GPU has raise "not supported"
-                continue
+    gpus, out = _gpus(env), []
+    states = {i: _link_states(env, handle) for i, handle, _ in gpus}
+    any_peer = any(up or peer for up, _, peer in states.values())
+    vm = virtual_machine(env) if not any_peer or len(gpus) == 1 else ""
+    for i, handle, name in gpus:
+        up, down, _ = states[i]
         want = expected_nvlinks(name)
-        if want is None:
+        no_peer = [why for why, holds in (("one GPU visible", len(gpus) == 1), (vm, bool(vm)),
+                                          ("no link's far end is a GPU or NVSwitch", not any_peer)) if holds]
+        if up == 0 and down and no_peer:
+            out.append(Check("info", f"nvlink GPU{i}", f"NVLink inactive: no peer visible ({'; '.join(no_peer)}; "
+                             f"{down} link(s) idle on {name}): normal for one GPU, a VM or a partition",
+                             "on a multi-GPU NVLink board, check `nvidia-smi nvlink -s` and that the fabric manager runs"))
+        elif want is None:
             out.append(Check("info", f"nvlink GPU{i}", f"{up} NVLink(s) up ({name}: no fixed count for this model)"))
         elif up < want:
-            out.append(Check("fail", f"nvlink GPU{i}", f"{up} of {want} NVLinks up on {name}: {want - up} down",
+            out.append(Check("fail", f"nvlink GPU{i}", f"{up} of {want} NVLinks up on {name}: {want - up} down "
+                             "(links down on a multi-GPU board)",
                              "check `nvidia-smi nvlink -s`; a down link halves a ring's bandwidth (reseat the GPU/bridge, "
                              "update the driver/fabric manager, or RMA)"))
         else:

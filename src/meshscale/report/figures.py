@@ -19,6 +19,7 @@ from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
 from meshscale.topology.text import relation_matrix, summary
 from meshscale.topology.schema import from_dict
+from meshscale.units import format_bytes
 
 SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
 
@@ -237,6 +238,8 @@ def scaling_section(sources: list[Source]) -> Section:
     for group, members in groups.items():
         modes = sorted({r["mode"] for s in members for r in s.result.rows})
         for mode in modes:
+            if len({r["world_size"] for s in members for r in s.result.rows if r["mode"] == mode}) < 2:
+                continue  # one world size is a single bar: no scaling to show
             bars, speedups, verdict, extra = [], [], None, []
             for s in members:
                 style = "predicted" if s.result.predicted or s.result.kind == "predict" else "measured"
@@ -321,6 +324,24 @@ def validate_section(source: Source) -> Section:
                    "geomean |error| per size class", table=table)
 
 
+def host_copy_section(source: Source) -> Section:
+    """Host<->device copy bandwidth of one GPU, pinned and pageable, as a table."""
+    table = [{"direction": r["direction"], "host memory": r["memory"], "size": format_bytes(r["size_bytes"]),
+              "bandwidth": f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s", "time per copy": f"{1e3 * r['seconds']:.2f} ms"}
+             for r in source.result.rows]
+    return Section(f"Host <-> device copies ({source.result.meta.get('gpu', 'GPU')}, CUDA events, "
+                   f"{source.result.meta.get('iters', '?')} copies each)", table=table)
+
+
+def profile_section(source: Source) -> Section:
+    """A single-GPU training profile (`train --profile-batches`): step time per batch size."""
+    meta = source.result.meta
+    table = [{"batch per GPU": r["batch_per_rank"], "step time": f"{1e3 * r['step_time_s']:.1f} ms" if r.get("step_time_s") else "-",
+              "samples/s": f"{r['samples_per_s']:.0f}" if r.get("samples_per_s") else "-"} for r in source.result.rows]
+    return Section(f"Single-GPU training profile: {meta.get('model', '?')} on {meta.get('device', '?')} "
+                   f"({meta.get('precision', '?')})", table=table)
+
+
 def sections(sources: list[Source]) -> list[Section]:
     """Every section the results support, in reading order; kinds with no figure are listed as tables."""
     by_kind = defaultdict(list)
@@ -332,8 +353,15 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(topology_section(topo))
     if by_kind["bench-p2p"]:
         out.append(p2p_section(by_kind["bench-p2p"], topo))
-    if by_kind["bench-collective"] or by_kind["sim"]:
-        out.append(collective_section(by_kind["bench-collective"], by_kind["sim"], topo))
+    # a one-rank "collective" exchanges nothing: its busbw is zero or meaningless, so it draws no curve
+    collectives = [s for s in by_kind["bench-collective"] if s.result.meta.get("world_size") != 1]
+    if collectives or by_kind["sim"]:
+        out.append(collective_section(collectives, by_kind["sim"], topo))
+    for s in by_kind["bench-host-copy"]:
+        out.append(host_copy_section(s))
+    for s in by_kind["train"]:
+        if s.result.meta.get("profile"):
+            out.append(profile_section(s))
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))

@@ -3,6 +3,8 @@
 Stages run in order (discover, bench p2p, bench collective, scale, simulate, predict), each saving its JSON
 into the directory as soon as it finishes; the report is written at the end from whatever exists, so Ctrl-C or
 a failing stage still leaves a page. A stage that cannot run on this machine says why in one line and is skipped.
+On one GPU there is nothing to exchange: the tour measures host<->device copies and the single-GPU training
+profile instead, and predicts from that profile the systems built from this GPU (marked predicted).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from meshscale.bench.collective import CollectiveSpec, bench_collectives
+from meshscale.bench.host_copy import host_copy
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
@@ -26,7 +29,8 @@ from meshscale.execute.launch import NCCL_SAFETY_ENV
 from meshscale.execute.world import resolve_world
 from meshscale.predict.against_measured import compare_scale
 from meshscale.predict.profile import ComputeProfile
-from meshscale.predict.scaling import Job
+from meshscale.predict.request import PredictRequest, predict_rows
+from meshscale.predict.scaling import Job, prediction_result
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.report.doctor import run_doctor
@@ -36,9 +40,11 @@ from meshscale.results import Result, measured
 from meshscale.simulate import predict_collective
 from meshscale.simulate.link_fit import calibrate
 from meshscale.topology import subset, to_dict
+from meshscale.topology.catalog import load_catalog
 from meshscale.topology.discover import discover
 from meshscale.train.config import TrainConfig
 from meshscale.train.models import get_model
+from meshscale.train.runner import profile as train_profile
 from meshscale.train.scale import scale
 from meshscale.units import parse_bytes, sweep_sizes
 
@@ -71,6 +77,10 @@ class TourState:
     def gpu(self) -> bool:
         return self.world is not None and self.world.backend == "nccl"
 
+    @property
+    def one_gpu(self) -> bool:
+        return self.gpu and self.world.size == 1
+
 
 class Skipped(Exception):
     """This stage cannot run on this machine; the message says why (e.g. "needs two ranks")."""
@@ -82,6 +92,7 @@ class Stage:
     title: str
     estimate_s: Callable[[TourState], float]
     run: Callable[[TourState], dict[str, Result]]
+    applies: Callable[[TourState], bool] = lambda state: True  # a stage for other machines is left out silently
 
 
 @dataclass
@@ -117,9 +128,13 @@ def doctor_stage(state: TourState) -> dict[str, Result]:
     return {"doctor": measured("doctor", [vars(c) for c in run_doctor()])}
 
 
-def p2p_stage(state: TourState) -> dict[str, Result]:
+def _needs_two_ranks(state: TourState, what: str) -> None:
     if state.world.size < 2:
-        raise Skipped("needs two ranks")
+        raise Skipped(f"one GPU, {what}" if state.gpu else "needs two ranks")
+
+
+def p2p_stage(state: TourState) -> dict[str, Result]:
+    _needs_two_ranks(state, "no peer to copy to (host<->device copies are measured on their own)")
     s = state.settings
     size = "64M" if s.full else ("256K" if s.fast else ("16M" if not state.gpu else "256M"))
     spec = P2PSpec(size_bytes=parse_bytes(size), iters=3, warmup_iters=1, latency_iters=10) if s.fast else \
@@ -128,6 +143,7 @@ def p2p_stage(state: TourState) -> dict[str, Result]:
 
 
 def collective_stage(state: TourState) -> dict[str, Result]:
+    _needs_two_ranks(state, "nothing to exchange")
     s, n = state.settings, state.world.size
     collectives = COLLECTIVES[:2] if s.fast else COLLECTIVES
     if s.fast:
@@ -146,11 +162,9 @@ def collective_stage(state: TourState) -> dict[str, Result]:
 def scale_stage(state: TourState) -> dict[str, Result]:
     """Weak and strong scaling of a model sized to the hardware (small CNN on CPU workers, ResNet-50 on
     GPUs) over 1, 2, 4 ... ranks, as one "scale" result with mode weak / strong."""
-    s = state.settings
-    steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
-    batch = 64 if state.gpu else 16
-    cfg = TrainConfig(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
-                 steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s)
+    _needs_two_ranks(state, "no scaling to measure (the single-GPU profile times it)")
+    cfg, batch = _train_config(state)
+    steps = cfg.steps
     worlds = _world_sizes(state.world.size)
     step = math.lcm(*worlds)
     global_batch = -(-batch * max(worlds) // step) * step  # every world size must divide it
@@ -162,6 +176,29 @@ def scale_stage(state: TourState) -> dict[str, Result]:
         rows += [dict(r, mode="weak" if weak else "strong", exchange_mode=r.get("mode")) for r in part.rows]
     return {"scale": measured("scale", rows, model=cfg.model, device=cfg.device, batch_per_rank=batch,
                               global_batch=global_batch, steps=steps, backend=state.world.backend)}
+
+
+def _train_config(state: TourState) -> tuple[TrainConfig, int]:
+    """The training run the tour times, sized to the hardware, and its batch per rank."""
+    s = state.settings
+    steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
+    cfg = TrainConfig(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
+                      steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s)
+    return cfg, 64 if state.gpu else 16
+
+
+def host_copy_stage(state: TourState) -> dict[str, Result]:
+    """Host<->device copies of one GPU, pinned and pageable (with two or more, bench p2p has the pinned ones)."""
+    s = state.settings
+    size = (16 << 20) if s.fast else (256 << 20)
+    return {"host-copy": host_copy(size, iters=3 if s.fast else (20 if s.full else 10), warmup_iters=1 if s.fast else 2)}
+
+
+def profile_stage(state: TourState) -> dict[str, Result]:
+    """The single-GPU training profile (`meshscale train --profile-batches`): step time per batch size."""
+    cfg, batch = _train_config(state)
+    batches = [batch // 2, batch] if state.settings.fast else [batch // 4, batch // 2, batch, 2 * batch]
+    return {"profile": train_profile(cfg, batches)}
 
 
 def _world_sizes(n: int) -> list[int]:
@@ -176,6 +213,9 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     cost model (what NCCL picks, NVLS off as meshscale runs NCCL), on CPU workers the fastest schedule by flow
     simulation; calibrated from this run's bench p2p when it ran. With a measured sweep, also the model's
     error against it ("validate", as `meshscale validate` reports the corpus)."""
+    ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
+    if len(ranks) < 2:
+        raise Skipped("one GPU, no collective to predict" if state.gpu else "needs two ranks")
     params = None
     if "p2p" in state.results:
         try:
@@ -186,9 +226,6 @@ def sim_stage(state: TourState) -> dict[str, Result]:
         state.notes.append("simulator predictions use default link efficiencies (no bench p2p to calibrate from)")
     measured_rows = state.results["collective"].rows if "collective" in state.results else []
     sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
-    ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
-    if len(ranks) < 2:
-        raise Skipped("needs two ranks")
     # meshscale starts NCCL with NVLink SHARP off (NCCL_SAFETY_ENV): predict what was measured
     nccl = {"nvls": NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0"} if state.topology.device_kind == "gpu" else {}
     rows = []
@@ -252,9 +289,54 @@ def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
                                          "group": "this machine", "params": getattr(params, "source", "defaults")})
 
 
+SMALL_CLUSTER_NODES = (1, 2, 4)
+SMALL_CLUSTER_LINK = "ndr"
+
+
+def systems_of(gpu: dict[str, Any]) -> str | None:
+    """The catalog's NVSwitch system of a GPU's generation (its own model first), else any system of that
+    generation; None when the catalog has none."""
+    generation = gpu.get("nvlink_generation")
+    candidates = []
+    for topo in load_catalog():
+        devices = topo.gpus()
+        attrs = topo.nodes[devices[0]].attrs if devices else {}
+        if (generation is not None and attrs.get("nvlink_generation") == generation) or attrs.get("model") == gpu.get("model"):
+            candidates.append((attrs.get("model") != gpu.get("model"), not topo.nodes_of("nvswitch"), topo.name))
+    return min(candidates)[2] if candidates else None
+
+
+def built_from_this_gpu(state: TourState) -> dict[str, Result]:
+    """What this GPU would do in the systems built from it, predicted from its own profile: the catalog's
+    NVSwitch system of its generation (1 to 8 GPUs) and a small InfiniBand cluster of those nodes."""
+    gpu = state.topology.nodes[state.topology.gpus()[0]].attrs
+    system = systems_of(gpu)
+    if system is None:
+        raise MeshscaleError(f"the catalog has no system of {gpu.get('model')}'s generation to predict")
+    model = state.results["profile"].meta["model"]
+    _, batch = _train_config(state)
+    group = f"predicted from this {gpu.get('model', 'GPU')}'s profile"
+    out = {}
+    for name, extra, label in (("predict-system", {"gpus": (1, 2, 4, 8)}, system),
+                               ("predict-cluster", {"nodes": SMALL_CLUSTER_NODES},
+                                f"{max(SMALL_CLUSTER_NODES)}x {system}, {SMALL_CLUSTER_LINK.upper()} InfiniBand")):
+        req = PredictRequest(model=model, system=system, link=SMALL_CLUSTER_LINK, batch_per_gpu=batch,
+                             profile=state.out_dir / "profile.json", **extra)
+        rows, job, _ = predict_rows(req)
+        out[name] = prediction_result([dict(r, mode="weak") for r in rows], job, system=label, label="predicted",
+                                      group=f"{group}: {label}", predicted_from=gpu.get("model"))
+    return out
+
+
 def predict_stage(state: TourState) -> dict[str, Result]:
-    """The DGX-1 whitepaper comparison, and this machine's scale run predicted beside itself."""
+    """The DGX-1 whitepaper comparison, and this machine's scale run predicted beside itself; on one GPU, the
+    systems built from it predicted from its profile."""
     out = whitepaper_results()
+    if state.one_gpu and "profile" in state.results:
+        try:
+            out.update(built_from_this_gpu(state))
+        except MeshscaleError as exc:
+            state.notes.append(f"predictions of systems built from this GPU are skipped: {exc}")
     if "scale" in state.results:
         try:
             out["predict"] = machine_prediction(state.results["scale"], state.topology, state.sim_params)
@@ -269,7 +351,10 @@ STAGES = (
     Stage("p2p", "bench p2p", lambda s: 20 if s.settings.full else 10, p2p_stage),
     Stage("collective", "bench collective sweep", lambda s: (300 if s.gpu else 120) if s.settings.full else (60 if s.gpu else 20),
           collective_stage),
+    Stage("host-copy", "host<->device copies", lambda s: 5, host_copy_stage, lambda s: s.one_gpu),
     Stage("scale", "scale run (weak and strong)", lambda s: 180 if s.settings.full else (90 if s.gpu else 60), scale_stage),
+    Stage("profile", "single-GPU training profile", lambda s: 60 if s.settings.fast else 120, profile_stage,
+          lambda s: s.one_gpu),
     Stage("sim", "model predictions and their error", lambda s: 5, sim_stage),
     Stage("predict", "scaling predictions and the DGX-1 reference", lambda s: 5, predict_stage),
 )
@@ -293,6 +378,9 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
         overall = progress.add_task("tour", total=len(stages), eta="")
         spent = estimated = 0.0
         for i, stage in enumerate(stages):
+            if state.world is not None and not stage.applies(state):
+                progress.advance(overall)
+                continue
             if interrupted:
                 outcomes.append(StageOutcome(stage.name, "not run", 0.0, "interrupted before it started"))
                 continue
@@ -322,7 +410,7 @@ def run_tour(out_dir: str | Path, settings: TourSettings | None = None, stages: 
     tour = measured("tour", rows, settings=vars(settings), notes=notes)
     tour.save(out / "tour.json")
     sources = [Source(name, result) for name, result in state.results.items()]
-    heading = ("meshscale tour: " + (f"{state.world.size} GPUs" if state.gpu else
+    heading = ("meshscale tour: " + (f"{state.world.size} GPU{'s' if state.world.size > 1 else ''}" if state.gpu else
                f"no GPU — {state.world.size} CPU workers over Gloo" if state.world else "this machine"))
     index = write_report(sources, out, heading, notes) if sources else _empty_report(out, heading, notes)
     return TourOutcome(index, outcomes, interrupted)

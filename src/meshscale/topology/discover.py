@@ -16,7 +16,8 @@ ASSUMED_SHM_BYTES_PER_S = 10e9
 
 @dataclass
 class Discovery:
-    """What discovery found: the topology and a notice for the user (empty when GPUs were found)."""
+    """What discovery found: the topology and a notice for the user (on GPUs: only what was assumed about
+    a GPU model outside the table of known models)."""
 
     topology: Topology
     notice: str = ""
@@ -49,7 +50,8 @@ def _numa_nodes() -> int:
 def discover(workers: int | None = None, nvml=None) -> Discovery:
     """The topology of this machine: from NVML when NVIDIA GPUs are present, else CPU workers."""
     try:
-        return Discovery(nvml_topology(nvml))
+        topo = nvml_topology(nvml)
+        return Discovery(topo, "; ".join(topo.attrs.get("assumed", [])))
     except NoGPU as reason:
         topo = cpu_topology(workers)
         notice = f"no NVIDIA GPU found ({reason}): using {len(topo.devices())} CPU workers over Gloo and the simulator"

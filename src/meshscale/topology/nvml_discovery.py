@@ -3,7 +3,8 @@
 What NVML tells, and how it becomes the model:
 - GPUs: name, memory, PCI bus id, UUID, PCIe generation/width (current and max), CPU affinity, NUMA node,
   MIG mode and instances. NVML has no SM count, peak FLOP/s or memory bandwidth: those come from the catalog
-  when it knows the GPU model, the SM count otherwise from torch (when a CUDA build is there).
+  when it has the GPU model, else from the table of known models (gpu_models.yaml, datasheet per row), else
+  from its stated default, named in ``attrs["assumed"]``; the SM count last from torch (with a CUDA build).
 - NVLink: each active link's remote end. Links to another GPU are bonded into one link with ``count``; links to
   an NVSwitch go to one ``nvswitch`` node per distinct remote PCI bus id.
 - PCIe: NVML gives no tree, only the common-ancestor level of each GPU pair. Grouping GPUs by level rebuilds
@@ -16,12 +17,15 @@ NVSwitches (a DGX-2's two boards would appear joined only by PCIe).
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import os
 import re
 from collections import Counter
+from pathlib import Path
 
 import networkx as nx
+import yaml
 
 from meshscale.topology import links as calc
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
@@ -92,7 +96,7 @@ def _build(call: _Calls, sm_counts: dict[str, int] | None) -> Topology:
     handles = [nvml.nvmlDeviceGetHandleByIndex(i) for i in range(count)]
     gpus = [_gpu_attrs(call, h, i) for i, h in enumerate(handles)]
     _add_sm_counts(gpus, sm_counts or {})
-    _add_catalog_facts(gpus)
+    assumed = _add_catalog_facts(gpus)
     if sm_counts is None and any("sm_count" not in g for g in gpus):
         _add_sm_counts(gpus, _torch_sm_counts())
     nodes = {f"gpu{i}": Node(f"gpu{i}", "gpu", attrs) for i, attrs in enumerate(gpus)}
@@ -113,6 +117,8 @@ def _build(call: _Calls, sm_counts: dict[str, int] | None) -> Topology:
         "p2p": _p2p_status(call, handles),
         "nvml_unsupported": sorted(call.unsupported),
     }
+    if assumed:
+        attrs["assumed"] = assumed
     title = f"this machine ({hostname}): {count}x {', '.join(models)} (NVML)"
     return Topology("gpu-host", nodes, links, title, attrs)
 
@@ -144,13 +150,31 @@ def _gpu_attrs(call: _Calls, handle, index: int) -> dict:
     return {k: v for k, v in attrs.items() if v is not None}
 
 
-# Facts NVML does not give (peak FLOP/s, memory bandwidth, SM count) for GPU models the catalog knows.
+# Facts NVML does not give (peak FLOP/s, memory bandwidth, SM count, NVLinks per GPU of the model).
 CATALOG_FACTS = ("sm_count", "memory_bandwidth_bytes_per_s", "fp64_flops", "fp32_flops", "tf32_flops", "fp16_flops",
                  "bf16_flops", "fp8_flops", "tensor_cores")
+MODEL_FACTS = (*CATALOG_FACTS, "nvlink_generation")
+GPU_MODELS_FILE = Path(__file__).with_name("gpu_models.yaml")
 
 
-def _add_catalog_facts(gpus: list[dict]) -> None:
-    """Fill in catalog facts for GPUs whose NVML name equals a catalog GPU model (what NVML said wins)."""
+@functools.lru_cache(maxsize=1)
+def gpu_models() -> tuple[list[dict], dict]:
+    """(rows, default) of the table of known GPU models: each row a name pattern, its facts and their source."""
+    table = yaml.safe_load(GPU_MODELS_FILE.read_text())
+    return table["models"], table["default"]
+
+
+def model_facts(model: str) -> tuple[dict, bool]:
+    """(facts, known) for a GPU model name as NVML spells it: the first table row whose pattern it matches,
+    else the table's stated default (known False)."""
+    rows, default = gpu_models()
+    row = next((r for r in rows if re.search(r["match"], model, re.IGNORECASE)), None)
+    return dict(row or default), row is not None
+
+
+def _add_catalog_facts(gpus: list[dict]) -> list[str]:
+    """Fill in what NVML does not tell (what NVML said wins): from the catalog system whose GPU model NVML's
+    name equals, else from the table of known models, else the table's default. Returns what was assumed."""
     from meshscale.topology.catalog import load_catalog
 
     known = {}
@@ -158,11 +182,22 @@ def _add_catalog_facts(gpus: list[dict]) -> None:
         for g in topo.gpus():
             attrs = topo.nodes[g].attrs
             known.setdefault(attrs.get("model"), (topo.name, attrs))
+    assumed = []
     for gpu in gpus:
+        facts, found = model_facts(gpu["model"])
         if gpu["model"] in known:
-            system, facts = known[gpu["model"]]
-            gpu.update({k: facts[k] for k in CATALOG_FACTS if k in facts and k not in gpu})
+            system, catalog = known[gpu["model"]]
+            facts, found = {**facts, **catalog}, True
             gpu["facts_from"] = f"catalog {system}"
+        else:
+            gpu["facts_from"] = f"{facts['name']}: {facts['source']}"
+        gpu.update({k: facts[k] for k in MODEL_FACTS if k in facts and k not in gpu})
+        if "nvlinks" in facts:
+            gpu["model_nvlinks"] = facts["nvlinks"]  # links per GPU of the model; attrs["nvlinks"] counts those up
+        if not found:
+            gpu["facts_assumed"] = True
+            assumed.append(f"gpu{gpu['index']} ({gpu['model']}): {facts['source']}")
+    return [f"assumed: {text}" for text in assumed]
 
 
 def _add_sm_counts(gpus: list[dict], counts: dict[str, int]) -> None:
@@ -290,9 +325,11 @@ def _add_nvlinks(call: _Calls, nodes: dict, links: list, handles: list, gpus: li
     to_switch: dict[int, Counter] = {}
     for i, handle in enumerate(handles):
         peers, switches, versions, p2p = Counter(), Counter(), set(), []
+        reported = 0
         for link in range(max_links):
             # links past the GPU's count answer InvalidArgument; NotSupported on link 0 means no NVLink at all
             state = call("nvmlDeviceGetNvLinkState", handle, link, quiet=link > 0)
+            reported += state is not None
             if state != enabled:
                 continue
             remote = call("nvmlDeviceGetNvLinkRemotePciInfo", handle, link)
@@ -313,7 +350,9 @@ def _add_nvlinks(call: _Calls, nodes: dict, links: list, handles: list, gpus: li
         to_gpu[i], to_switch[i] = peers, switches
         attrs = nodes[f"gpu{i}"].attrs
         attrs["nvlinks"] = sum(peers.values()) + sum(switches.values())
-        generation = _generation(attrs.get("model", ""), versions)
+        if reported:
+            attrs["nvlinks_reported"] = reported  # up or not: what this GPU has
+        generation = _generation(attrs.get("model", ""), versions) or attrs.get("nvlink_generation")
         if generation:
             attrs["nvlink_generation"] = generation
         if versions:
