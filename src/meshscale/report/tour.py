@@ -170,7 +170,7 @@ def scale_stage(state: TourState) -> dict[str, Result]:
     global_batch = -(-batch * max(worlds) // step) * step  # every world size must divide it
     rows = []
     # a smoke test (fast) runs weak scaling only: each configuration is a fresh set of processes
-    for weak, size in ((True, batch),) if s.fast else ((True, batch), (False, global_batch)):
+    for weak, size in ((True, batch),) if state.settings.fast else ((True, batch), (False, global_batch)):
         part = scale(cfg, worlds, weak, size)
         # the sweep's rows name the exchange (ddp) in "mode"; the report keys scaling rows by weak/strong
         rows += [dict(r, mode="weak" if weak else "strong", exchange_mode=r.get("mode")) for r in part.rows]
