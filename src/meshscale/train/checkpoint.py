@@ -16,7 +16,7 @@ import pickle
 import random
 import shutil
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import numpy as np
 import torch
