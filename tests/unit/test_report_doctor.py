@@ -293,3 +293,13 @@ def test_nvml_virtualization_mode_marks_a_vm(tmp_path):
     nvml.nvmlDeviceGetVirtualizationMode = lambda handle: 1  # passthrough
     found = by_name(run_doctor(fake_env(tmp_path, nvml)))
     assert "NVML reports GPU0 virtualized (mode 1)" in found["nvlink GPU0"].message
+
+
+def test_one_gpu_whose_nvlink_state_nvml_cannot_report_is_info(tmp_path):
+    """A one-GPU VM (seen on an H100 80GB HBM3 cloud VM): every nvmlDeviceGetNvLinkState raises, so NVML reports
+    neither up nor down links; that is no fault."""
+    nvml = FakeNVML.machine("NVIDIA H100 80GB HBM3", gpus=1, unsupported=("nvmlDeviceGetNvLinkState",))
+    checks = run_doctor(fake_env(tmp_path, nvml, versions=dict(VERSIONS, cuda_devices=1)))
+    link = by_name(checks)["nvlink GPU0"]
+    assert link.status == "info" and "NVML reports no NVLink state" in link.message
+    assert [c for c in checks if c.status == "fail"] == []

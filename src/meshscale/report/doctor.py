@@ -201,9 +201,10 @@ def check_nvlink(env: DoctorEnv) -> list[Check]:
         want = expected_nvlinks(name)
         no_peer = [why for why, holds in (("one GPU visible", len(gpus) == 1), (vm, bool(vm)),
                                           ("no link's far end is a GPU or NVSwitch", not any_peer)) if holds]
-        if up == 0 and down and no_peer:
+        if up == 0 and no_peer:  # no link up and nothing to link to: idle links, or none NVML reports (a VM)
+            idle = f"{down} link(s) idle" if down else "NVML reports no NVLink state"
             out.append(Check("info", f"nvlink GPU{i}", f"NVLink inactive: no peer visible ({'; '.join(no_peer)}; "
-                             f"{down} link(s) idle on {name}): normal for one GPU, a VM or a partition",
+                             f"{idle} on {name}): normal for one GPU, a VM or a partition",
                              "on a multi-GPU NVLink board, check `nvidia-smi nvlink -s` and that the fabric manager runs"))
         elif want is None:
             out.append(Check("info", f"nvlink GPU{i}", f"{up} NVLink(s) up ({name}: no fixed count for this model)"))
