@@ -157,3 +157,17 @@ def test_scaling_prediction_gap_is_a_finding():
     assert "1.85x speedup predicted, 0.72x measured" in found and "model or the machine is off" in found
     predicted[1].update(speedup=0.75, throughput_samples_per_s=75.0)
     assert scaling_gap(measured, predicted) == ""
+
+
+def test_one_gpu_without_nvlink_peers_is_not_a_down_link():
+    from meshscale.report.verdicts import hints, topology_verdict
+    from meshscale.topology import load_system, subset
+    one = subset(load_system("hgx-h100"), [0])
+    one.links = [l for l in one.links if l.kind != "nvlink"]  # one SXM GPU in a VM: NVML shows no NVLink peer
+    assert topology_verdict(one).level == "info" and "no peer visible" in topology_verdict(one).text
+    assert not [h for h in hints({}, one) if "NVLink" in h]
+    board = load_system("hgx-h100")
+    broken = subset(board, list(range(8)))
+    gpu = broken.gpus()[0]
+    broken.links = [l for l in broken.links if not (l.kind == "nvlink" and gpu in (l.a, l.b))][:]  # GPU0 lost its links
+    assert any("NVLinks: a link is down" in h for h in hints({}, broken))

@@ -58,11 +58,13 @@ def hints(env: dict[str, str], topology: Topology | None = None, cpu: bool = Fal
     """Concrete places to look when a figure falls short, most specific first."""
     out = [text for var, text in SLOW_KNOBS.items() if env.get(var, "0") not in ("", "0")]
     if topology is not None:
+        # no NVLink anywhere (one GPU, a VM, a partition): the links have no peer, nothing is down
+        linked = any(topology.nvlink_count(g) for g in topology.gpus())
         for gpu in topology.gpus():
             node = topology.nodes[gpu]
             want = expected_nvlinks(str(node.attrs.get("model", "")))
             have = topology.nvlink_count(gpu)
-            if want and have < want:
+            if want and have < want and linked:
                 out.append(f"GPU{node.index} has {have} of its {want} NVLinks: a link is down "
                            "(check `nvidia-smi nvlink -s`, reseat or RMA)")
             # discovery records the current and the maximum PCIe width; the generation drops when idle, the
@@ -315,4 +317,8 @@ def topology_verdict(topology: Topology) -> Verdict:
     if topology.device_kind == "worker":
         return Verdict("info", f"no GPU: {len(topology.devices())} CPU workers over shared memory")
     n = len(topology.gpus())
+    if not any(topology.nvlink_count(g) for g in topology.gpus()) and \
+            any(expected_nvlinks(str(topology.nodes[g].attrs.get("model", ""))) for g in topology.gpus()):
+        return Verdict("info", f"{n} GPU{'s' if n != 1 else ''} ({topology.gpu_model}): NVLink inactive, no peer visible "
+                       "(one GPU, a VM or a partition)")
     return Verdict("good", f"{n} GPU{'s' if n != 1 else ''} ({topology.gpu_model}), every link the model should have is up")
