@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from meshscale.cli.output import print_tables
 
 from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
@@ -77,9 +77,7 @@ def collective(
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo)
     result = bench_collectives(spec, world, timeout_s)
     if _is_rank0():
-        console = Console(width=200)
-        for table in collective_tables(result):
-            console.print(table)
+        print_tables(*collective_tables(result))
         if json_path:
             typer.echo(f"wrote {result.save(json_path)}")
     if any_wrong(result):
@@ -115,9 +113,7 @@ def p2p(
     result = bench_p2p(spec, world, timeout_s)
     if not _is_rank0():
         return
-    console = Console(width=200)
-    for table in p2p_tables(result):
-        console.print(table)
+    print_tables(*p2p_tables(result))
     if json_path:
         typer.echo(f"wrote {result.save(json_path)}")
     if plot:

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
+from meshscale.cli.output import print_tables
 from rich.table import Table
 
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
@@ -159,7 +159,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
-    Console(width=160).print(table)
+    print_tables(table)
     if json_path:
         typer.echo(f"wrote {result.save(json_path)}")
 

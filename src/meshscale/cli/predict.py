@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+
+from meshscale.cli.output import print_tables
 from rich.table import Table
 
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
@@ -58,7 +60,7 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
                  f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
-    Console(width=140).print(table)
+    print_tables(table)
 
 
 def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
@@ -128,7 +130,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         for r in rows:
             table.add_row(str(r["world_size"]), str(r["mode"]), str(r["batch_per_rank"]), f"{r['measured_samples_per_s']:,.1f}",
                           f"{r['predicted_samples_per_s']:,.1f}", f"{r['error']:+.1%}")
-        Console(width=140).print(table)
+        print_tables(table)
     else:
         _print(rows, title, bool(compare))
         if plot:
@@ -173,8 +175,8 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         table.add_row(str(r["row"]), r["system"], str(r["gpus"]), r["collective"], format_bytes(r["size_bytes"]),
                       "in" if r["inplace"] else "out", measured, predicted,
                       _percent(r["error"]) if r["ratio"] else f"[red]{r['problem'][:60]}[/]", r["source"][-48:])
-    console = Console(width=160)
-    console.print(table)
+    console = Console(highlight=False)
+    print_tables(table, console=console)
     per_system = Table(title="geomean |error| per system and size class")
     for c in ("system", "size class", "rows", "geomean |error|", "worst (times off)"):
         per_system.add_column(c, justify="left" if c in ("system", "size class") else "right")
@@ -182,7 +184,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         per_system.add_row(s["system"], s["size_class"], str(s["rows"]), f"{s['geomean_abs_error']:.1%}",
                            f"{s['worst_times_off']:.2f}x")
     if per_system.row_count:
-        console.print(per_system)
+        print_tables(per_system, console=console)
     for name, c in summary["classes"].items():
         figure = ("no rows predicted" if c["geomean_abs_error"] is None
                   else f"geomean |error| {c['geomean_abs_error']:.1%} over {c['rows']} rows")

@@ -12,6 +12,8 @@ from typing import Any, Callable, Optional
 
 import typer
 from rich.console import Console
+
+from meshscale.cli.output import print_tables
 from rich.table import Table
 
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
@@ -100,7 +102,7 @@ def train(
                   "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
-        Console().print(table)
+        print_tables(table)
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")
 
@@ -130,7 +132,7 @@ def scale(
     cfg = config_from_options({**options, ("batch_per_rank",): size}, device=worlds[0].device)
     for line in notices(cfg, worlds[-1].size):
         typer.echo(line, err=True)
-    console = Console()
+    console = Console(highlight=False)
     result = run_scale(cfg, [w.size for w in worlds], weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
     _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
@@ -154,7 +156,7 @@ def _table(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
         table.add_column(_LABELS.get(k, k), justify="right")
     for r in rows:
         table.add_row(*(_fmt(k, r.get(k)) for k in keys))
-    Console().print(table)
+    print_tables(table)
 
 
 def _fmt(key: str, v) -> str:

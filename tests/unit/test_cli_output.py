@@ -1,0 +1,51 @@
+"""Tables at 80 columns and into a pipe keep every figure whole: the run's figures appear intact in the text."""
+import json
+import re
+
+import pytest
+
+FIGURE = re.compile(r"-?\d[\d,]*(?:\.\d+)?%?")
+
+
+def _figures(text: str) -> list[str]:
+    return sorted(FIGURE.findall(text))
+
+
+@pytest.fixture
+def narrow(cli, monkeypatch):
+    """`meshscale ARGS` at COLUMNS=80 with stdout captured (not a terminal)."""
+    monkeypatch.setenv("COLUMNS", "80")
+    return cli
+
+
+@pytest.mark.parametrize("args", [("systems",), ("sim", "all_reduce", "-s", "dgx1-v100", "-b", "1K", "-e", "1G", "-f", "32"),
+                                  ("predict", "-m", "resnet50", "--gpus", "1,2,4,8")])
+def test_predicted_tables_at_80_columns_hold_the_same_figures_as_at_400(narrow, monkeypatch, args):
+    at_80 = narrow(*args)
+    assert at_80.exit_code == 0, at_80.output
+    monkeypatch.setenv("COLUMNS", "400")
+    at_400 = narrow(*args)
+    assert _figures(at_80.stdout) == _figures(at_400.stdout)
+    assert "…" not in at_80.stdout
+
+
+def test_bench_rows_print_whole_at_80_columns(narrow, tmp_path):
+    out = tmp_path / "bench.json"
+    result = narrow("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "64K", "-f", "8",
+                    "-n", "2", "-w", "1", "--json", out)
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    for row in json.loads(out.read_text())["rows"]:
+        time_us = f"{row['time_s'] * 1e6:.2f}"
+        assert any(str(row["size_bytes"]) in line.split() and time_us in FIGURE.findall(line) for line in lines), \
+            (row, result.stdout)
+
+
+def test_scale_samples_per_s_whole_at_80_columns(narrow, tmp_path):
+    out = tmp_path / "scale.json"
+    result = narrow("scale", "--cpus", "1", "--weak", "--batch", "8", "-m", "small-cnn", "--steps", "2",
+                    "--json", out)
+    assert result.exit_code == 0, result.output
+    for row in json.loads(out.read_text())["rows"]:
+        figure = f"{row['throughput_samples_per_s']:,.1f}"
+        assert result.stdout.count(figure) >= 2, (figure, result.stdout)  # the streamed line and the table
