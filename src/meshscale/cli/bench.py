@@ -59,9 +59,10 @@ def collective(
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
-    from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives
+    from meshscale.bench.collective import (CollectiveSpec, SweepInterrupted, any_wrong, bench_collectives,
+                                            parse_collectives)
     from meshscale.units import sweep_sizes
-    from meshscale.bench.tables import collective_tables
+    from meshscale.bench.tables import RowStream, closing_lines, collective_tables
     from meshscale.execute.world import resolve_world
 
     if place not in PLACE_CHOICES:
@@ -75,9 +76,20 @@ def collective(
                           sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo)
-    result = bench_collectives(spec, world, timeout_s)
+    stream = RowStream(spec.places, lambda line: typer.echo(line)) if _is_rank0() else None
+    try:
+        result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
+    except SweepInterrupted as stop:
+        if _is_rank0():  # keep what was measured: the closing lines and the files, then the one-line error
+            for line in closing_lines(stop.result):
+                typer.echo(line)
+            if json_path and stop.result.rows:
+                typer.echo(f"wrote {stop.result.save(json_path)} (interrupted)")
+        raise
     if _is_rank0():
         print_tables(*collective_tables(result))
+        for line in closing_lines(result):
+            typer.echo(line)
         if json_path:
             typer.echo(f"wrote {result.save(json_path)}")
     if any_wrong(result):
