@@ -49,3 +49,30 @@ def test_scale_samples_per_s_whole_at_80_columns(narrow, tmp_path):
     for row in json.loads(out.read_text())["rows"]:
         figure = f"{row['throughput_samples_per_s']:,.1f}"
         assert result.stdout.count(figure) >= 2, (figure, result.stdout)  # the streamed line and the table
+
+
+def test_csv_beside_json_holds_the_same_rows(cli, tmp_path):
+    import csv
+    result = cli("sim", "all_reduce", "-s", "dgx1-v100", "-b", "1K", "-e", "1M", "-f", "32",
+                 "--json", tmp_path / "sim.json", "--csv", tmp_path / "sim.csv")
+    assert result.exit_code == 0, result.output
+    rows = json.loads((tmp_path / "sim.json").read_text())["rows"]
+    with open(tmp_path / "sim.csv", newline="") as f:
+        table = list(csv.DictReader(f))
+    assert len(table) == len(rows) == 3
+    for row, line in zip(rows, table):
+        assert int(line["size_bytes"]) == row["size_bytes"]
+        assert float(line["time_s"]) == row["time_s"]
+    assert f"wrote {tmp_path / 'sim.csv'}" in result.stdout
+
+
+def test_save_csv_header_is_the_union_of_the_rows_keys(tmp_path):
+    from meshscale.results import Result
+    path = Result("scale", [{"a": 1, "times_s": [0.5, 0.25]}, {"a": 2, "b": None, "c": "x"}]).save_csv(tmp_path / "r.csv")
+    assert path.read_text().splitlines() == ["a,times_s,b,c", '1,"[0.5, 0.25]",,', "2,,,x"]
+
+
+@pytest.mark.parametrize("command", [("bench", "collective"), ("bench", "p2p"), ("sim",), ("scale",), ("predict",),
+                                     ("validate",)])
+def test_every_row_writing_command_offers_csv(cli, command):
+    assert "--csv" in cli(*command, "--help").stdout

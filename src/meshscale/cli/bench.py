@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, write_result_files
 
 from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
@@ -57,6 +57,7 @@ def collective(
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
     from meshscale.bench.collective import (CollectiveSpec, SweepInterrupted, any_wrong, bench_collectives,
@@ -83,15 +84,14 @@ def collective(
         if _is_rank0():  # keep what was measured: the closing lines and the files, then the one-line error
             for line in closing_lines(stop.result):
                 typer.echo(line)
-            if json_path and stop.result.rows:
-                typer.echo(f"wrote {stop.result.save(json_path)} (interrupted)")
+            if stop.result.rows:
+                write_result_files(stop.result, json_path, csv_path, " (interrupted)")
         raise
     if _is_rank0():
         print_tables(*collective_tables(result))
         for line in closing_lines(result):
             typer.echo(line)
-        if json_path:
-            typer.echo(f"wrote {result.save(json_path)}")
+        write_result_files(result, json_path, csv_path)
     if any_wrong(result):
         typer.echo("meshscale: some results were wrong (see #wrong)", err=True)
         sys.exit(1)
@@ -107,6 +107,7 @@ def p2p(
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here", callback=checked(output_file(plot=True))),
 ) -> None:
     """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
@@ -126,8 +127,7 @@ def p2p(
     if not _is_rank0():
         return
     print_tables(*p2p_tables(result))
-    if json_path:
-        typer.echo(f"wrote {result.save(json_path)}")
+    write_result_files(result, json_path, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
@@ -139,7 +139,8 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
-        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file()))) -> None:
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file())),
+        csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
     (by default NCCL's pick: algorithm/protocol and channels)."""
     from meshscale.simulate.plan import sim_sweep
@@ -160,8 +161,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
     print_tables(table)
-    if json_path:
-        typer.echo(f"wrote {result.save(json_path)}")
+    write_result_files(result, json_path, csv_path)
 
 
 def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job needs (K)", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),

@@ -37,3 +37,12 @@ def print_tables(*tables: Table, console: Console | None = None) -> None:
     """Print each table with its figures whole (see `table_console`)."""
     for table in tables:
         table_console(table, console).print(table)
+
+
+def write_result_files(result, json_path=None, csv_path=None, note: str = "") -> None:
+    """Save ``result`` as JSON and its rows as CSV where asked, saying where each went."""
+    import typer
+    if json_path:
+        typer.echo(f"wrote {result.save(json_path)}{note}")
+    if csv_path:
+        typer.echo(f"wrote {result.save_csv(csv_path)}{note}")

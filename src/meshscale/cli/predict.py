@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
@@ -90,7 +90,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
-            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file()))) -> None:
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
+            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
@@ -136,9 +137,9 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         if plot:
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
-    if json_out:
-        prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link).save(json_out)
-        typer.echo(f"wrote {json_out}")
+    if json_out or csv_path:
+        write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link),
+                           json_out, csv_path)
 
 
 WORST_ROWS_SHOWN = 10  # rows `validate` lists without --all
@@ -153,7 +154,8 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              corpus: Optional[Path] = typer.Option(None, "--corpus", help="a corpus CSV (default: the one meshscale ships)"),
              algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
              show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
-             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file()))) -> None:
+             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
+             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys
@@ -198,8 +200,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         console.print(f"[bold red]{summary['unpredicted']} row(s) not predicted[/], e.g. row {first['row']}: {first['problem']}")
     console.print(f"({summary['error_definition']})")
     console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
-    if json_out:
-        console.print(f"wrote {result.save(json_out)}")
+    write_result_files(result, json_out, csv_path)
     if not summary["passed"]:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 

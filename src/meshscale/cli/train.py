@@ -13,7 +13,7 @@ from typing import Any, Callable, Optional
 import typer
 from rich.console import Console
 
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
@@ -116,6 +116,7 @@ def scale(
     strong: bool = typer.Option(False, "--strong", help="strong scaling: --global-batch split over the workers"),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all", callback=checked(GLOBAL_BATCH)),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
@@ -138,8 +139,7 @@ def scale(
     _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "speedup", "efficiency",
             "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
-    if json_out:
-        typer.echo(f"wrote {result.save(json_out)}")
+    write_result_files(result, json_out, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
 
