@@ -85,6 +85,7 @@ def train(
     if options[("eval_data",)] is None and options[("data",)] == "digits":
         options[("eval_data",)] = "digits-test"
     cfg = config_from_options({**options, ("logging", "progress"): True}, world=world.size, device=world.device)
+    _check_extras(cfg)
     for line in notices(cfg, cfg.world):
         typer.echo(line, err=True)
     if profile_batches:
@@ -131,6 +132,7 @@ def scale(
         raise MeshscaleError("--weak needs --batch N" if weak else "--strong needs --global-batch N")
     worlds = resolve_sweep(parse_ints(gpus, "--gpus") if gpus else None, parse_ints(cpus, "--cpus") if cpus else None)
     cfg = config_from_options({**options, ("batch_per_rank",): size}, device=worlds[0].device)
+    _check_extras(cfg)
     for line in notices(cfg, worlds[-1].size):
         typer.echo(line, err=True)
     console = Console(highlight=False)
@@ -147,6 +149,16 @@ def scale(
 _LABELS = {"world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
            "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
            "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
+
+
+def _check_extras(cfg) -> None:
+    """An optional extra the run needs is missing: one line naming the pip command, before any rank starts."""
+    from meshscale.train.data import require_scikit_learn
+    from meshscale.train.step_log import require_tensorboard
+    if any(str(name or "").startswith("digits") for name in (cfg.data, cfg.eval_data)):
+        require_scikit_learn()
+    if cfg.logging.tensorboard:
+        require_tensorboard()
 
 
 def _table(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
