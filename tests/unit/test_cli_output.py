@@ -76,3 +76,14 @@ def test_save_csv_header_is_the_union_of_the_rows_keys(tmp_path):
                                      ("validate",)])
 def test_every_row_writing_command_offers_csv(cli, command):
     assert "--csv" in cli(*command, "--help").stdout
+
+
+INTERNAL = re.compile(r"seed ?0\d\d|DOMAIN|\b[A-Z]+\.md\b|meshscale\.[a-z_]+\.[a-z_]+")
+
+
+@pytest.mark.parametrize("args", [("systems",), ("cluster", "--nodes", "124"), ("predict", "-m", "resnet50"),
+                                  ("topo", "--system", "pcie-4gpu")])
+def test_sources_are_named_by_title_not_internal_labels(cli, args):
+    out = cli(*args)
+    assert out.exit_code == 0, out.output
+    assert not INTERNAL.search(out.output), INTERNAL.search(out.output)
