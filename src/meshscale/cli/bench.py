@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from meshscale.cli.output import print_tables, write_result_files
 
+from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
 from meshscale.validation import Range

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
 from meshscale.cli.topology import GPUDIRECT_HELP, LINK_HELP, NICS_HELP, NODES_HELP

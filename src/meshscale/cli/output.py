@@ -11,6 +11,14 @@ from rich.console import Console
 from rich.table import Table
 
 
+def text_console() -> Console:
+    """A console for lines of text: wrapped at word boundaries on a terminal, never wrapped into a pipe or a log
+    (a line there stays one line, whole for grep)."""
+    console = Console(highlight=False)
+    console.soft_wrap = not console.is_terminal
+    return console
+
+
 def keep_figures_whole(table: Table) -> Table:
     """Right-justified (figure) columns never wrap; labels fold when they must."""
     for column in table.columns:
@@ -24,7 +32,7 @@ def keep_figures_whole(table: Table) -> Table:
 def table_console(table: Table, console: Console | None = None) -> Console:
     """A console as wide as the terminal, or as wide as ``table`` needs to keep its figures whole: at least its
     narrowest whole-figure width on a terminal, its natural width (one line per row) in a pipe."""
-    console = console or Console(highlight=False)
+    console = console or text_console()
     measured = console.measure(keep_figures_whole(table), options=console.options.update_width(10_000))
     needed = measured.minimum if console.is_terminal else measured.maximum
     if needed <= console.width:

@@ -5,11 +5,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
-
-from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
@@ -177,7 +175,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         table.add_row(str(r["row"]), r["system"], str(r["gpus"]), r["collective"], format_bytes(r["size_bytes"]),
                       "in" if r["inplace"] else "out", measured, predicted,
                       _percent(r["error"]) if r["ratio"] else f"[red]{r['problem'][:60]}[/]", r["source"][-48:])
-    console = Console(highlight=False)
+    console = text_console()
     print_tables(table, console=console)
     per_system = Table(title="geomean |error| per system and size class")
     for c in ("system", "size class", "rows", "geomean |error|", "worst (times off)"):

@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from meshscale.cli.output import print_tables
 from rich.table import Table
 
+from meshscale.cli.output import print_tables
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog

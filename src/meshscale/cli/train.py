@@ -11,11 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
-
-from meshscale.cli.output import print_tables, write_result_files
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
 from meshscale.execute.world import World, resolve_sweep, resolve_world
@@ -135,7 +133,7 @@ def scale(
     _check_extras(cfg)
     for line in notices(cfg, worlds[-1].size):
         typer.echo(line, err=True)
-    console = Console(highlight=False)
+    console = text_console()
     result = run_scale(cfg, [w.size for w in worlds], weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
     _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
