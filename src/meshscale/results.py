@@ -45,6 +45,21 @@ class Result:
         text = json.dumps({"schema": SCHEMA, **asdict(self)}, indent=2, default=str) + "\n"
         return atomic_write(path, text)  # a failed write leaves no half a result behind
 
+    def save_csv(self, path: str | Path) -> Path:
+        """The rows as CSV: a header of every key any row has (in first-seen order), one line per row; a list
+        (per-rank times) as JSON text in its cell, a missing value empty."""
+        import csv
+        import io
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        keys = list(dict.fromkeys(k for row in self.rows for k in row))
+        text = io.StringIO()
+        writer = csv.DictWriter(text, keys, lineterminator="\n")
+        writer.writeheader()
+        for row in self.rows:
+            writer.writerow({k: json.dumps(v) if isinstance(v, (list, dict)) else v for k, v in row.items()})
+        return atomic_write(path, text.getvalue())
+
 
 # Row keys that must be there, per kind, for the readers (report, compare, calibration) to use a row.
 REQUIRED_ROW_KEYS = {

@@ -39,7 +39,7 @@ def _spec_of(monkeypatch, cli, command, *args):
     """The spec `bench <command>` hands to the benchmark (stopped there with a one-line error)."""
     seen = {}
 
-    def fake(spec, world, timeout_s):
+    def fake(spec, world, timeout_s, **_):
         seen["spec"] = spec
         raise MeshscaleError("stopped by the test")
     name = "meshscale.bench.collective.bench_collectives" if command == "collective" else "meshscale.bench.p2p.bench_p2p"

@@ -7,9 +7,13 @@ per-rank times and wrong counts are gathered so that every rank returns the same
 """
 from __future__ import annotations
 
+import json
+import os
+import tempfile
+import threading
 import warnings
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -20,7 +24,7 @@ from meshscale.bench.world_topology import spans_hosts, world_topology
 from meshscale.execute.world import World
 from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.execute import RankContext, launch
+from meshscale.execute import Interrupted, RankContext, launch
 from meshscale.results import Result, measured
 from meshscale.topology import Topology, to_dict
 from meshscale.units import format_bytes
@@ -92,9 +96,11 @@ def validate(spec: CollectiveSpec, world: World) -> None:
                                      f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
 
 
-def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None = None) -> list[dict[str, Any]]:
+def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None = None,
+               row_log: str | None = None) -> list[dict[str, Any]]:
     """The whole sweep on one rank; returns the rows (identical on every rank). ``topology`` (of the ranks'
-    devices, rank i on device i) feeds topology-aware meshscale algorithms."""
+    devices, rank i on device i) feeds topology-aware meshscale algorithms. Rank 0 appends each finished row to
+    the JSON-lines file ``row_log`` as it goes, so the launcher can show it at once and keep it on Ctrl-C."""
     warnings.filterwarnings("ignore", category=FutureWarning, module="torch.distributed")
     n, rows = ctx.world_size, []
     comm = None
@@ -106,7 +112,7 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
     # before the first timed loop (its setup threads slowed that loop 2x: all_reduce 1 KiB 31 us instead of 15)
     ctx.barrier()
     try:
-        _sweep(ctx, spec, topology, comm, rows)
+        _sweep(ctx, spec, topology, comm, rows, row_log if ctx.rank == 0 else None)
     finally:
         if comm is not None:
             torch.cuda.synchronize()
@@ -114,7 +120,8 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
     return rows
 
 
-def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list) -> None:
+def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list,
+           row_log: str | None) -> None:
     n, elem = ctx.world_size, DTYPES[spec.dtype].itemsize
     for collective in spec.collectives:
         k = kind(collective)
@@ -150,32 +157,97 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                     "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
                     "rank_times_s": [r[0] for r in per_rank],
                 })
+                if row_log:
+                    with open(row_log, "a") as log:
+                        log.write(json.dumps(rows[-1]) + "\n")
                 del case
 
 
-def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0) -> Result:
+class SweepInterrupted(Interrupted):
+    """Ctrl-C or SIGTERM stopped the sweep; ``result`` holds the rows finished before it (meta: interrupted)."""
+
+    def __init__(self, message: str, result: Result):
+        super().__init__(message)
+        self.result = result
+
+
+def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120.0,
+                      on_row: Callable[[dict], None] | None = None) -> Result:
     """Run the sweep on ``world`` and return a "bench-collective" Result (rows with the bound and the predicted
-    time of each, the topology). Under torchrun across hosts the ranks gather the hosts' topologies first."""
+    time of each, the topology). Under torchrun across hosts the ranks gather the hosts' topologies first.
+
+    ``on_row(row)`` sees each row as soon as the ranks have measured it. On Ctrl-C or SIGTERM this raises
+    `SweepInterrupted`, whose result keeps the rows finished so far."""
     validate(spec, world)
     topology = world_topology(world)
-    rows, joined = launch(_measure, world.size, (spec, world, topology), backend=world.backend,
-                          timeout_s=timeout_s)[0]
-    topology = joined or topology
+    fd, row_log = tempfile.mkstemp(prefix="meshscale-rows-", suffix=".jsonl")
+    os.close(fd)
+    follower = _RowFollower(row_log, on_row)
+    follower.start()
+    try:
+        rows, joined = launch(_measure, world.size, (spec, world, topology, row_log), backend=world.backend,
+                              timeout_s=timeout_s)[0]
+    except (Interrupted, KeyboardInterrupt) as stop:
+        follower.finish()
+        message = str(stop) if isinstance(stop, Interrupted) else "interrupted (Ctrl-C)"
+        raise SweepInterrupted(message, _result(spec, world, topology, follower.rows, interrupted=True)) from None
+    finally:
+        follower.finish()
+        os.unlink(row_log)
+    return _result(spec, world, joined or topology, rows)
+
+
+def _result(spec: CollectiveSpec, world: World, topology: Topology | None, rows: list[dict],
+            interrupted: bool = False) -> Result:
+    """The "bench-collective" Result of ``rows``, each given the topology's bound and predicted figures."""
     bounds, predictions = _model_figures(topology, spec, world.size)
     for row in rows:
         row["bound_busbw_bytes_per_s"] = bounds.get(row["collective"])
         predicted = predictions.get((row["collective"], row["size_bytes"]))
         row["predicted_time_s"] = predicted.time_s if predicted else None
         row["predicted_busbw_bytes_per_s"] = predicted.busbw_bytes_per_s if predicted else None
+    extra = {"interrupted": True} if interrupted else {}
     return measured("bench-collective", rows, spec=asdict(spec), world_size=world.size, backend=world.backend,
                     average=spec.average, topology=to_dict(topology) if topology else None,
-                    hosts=topology.attrs.get("hosts") if topology else None)
+                    hosts=topology.attrs.get("hosts") if topology else None, **extra)
 
 
-def _measure(ctx: RankContext, spec: CollectiveSpec, world: World, topology: Topology | None):
+class _RowFollower(threading.Thread):
+    """Reads the rows rank 0 appends to ``path`` while the sweep runs, hands each to ``on_row`` and keeps them."""
+
+    def __init__(self, path: str, on_row: Callable[[dict], None] | None):
+        super().__init__(daemon=True, name="meshscale-row-follower")
+        self.path, self.on_row, self.rows = path, on_row, []
+        self._done = threading.Event()
+        self._offset = 0
+
+    def run(self) -> None:
+        while not self._done.wait(0.1):
+            self._read()
+
+    def finish(self) -> None:
+        """Stop following and read what is left (idempotent)."""
+        if not self._done.is_set():
+            self._done.set()
+            self.join()
+            self._read()
+
+    def _read(self) -> None:
+        with open(self.path) as log:
+            log.seek(self._offset)
+            text = log.read()
+        complete = text[:text.rfind("\n") + 1]  # a line still being written waits for the next read
+        self._offset += len(complete.encode())
+        for line in complete.splitlines():
+            self.rows.append(json.loads(line))
+            if self.on_row:
+                self.on_row(self.rows[-1])
+
+
+def _measure(ctx: RankContext, spec: CollectiveSpec, world: World, topology: Topology | None, row_log: str):
     """One rank's sweep, and the joined topology of the hosts when the ranks span several (else None)."""
     joined = world_topology(world, ctx) if topology is None and spans_hosts() else None
-    return rank_sweep(ctx, spec, topology or joined), joined
+    return rank_sweep(ctx, spec, topology or joined, row_log), joined
 
 
 def _model_figures(topology, spec: CollectiveSpec, world_size: int) -> tuple[dict, dict]:

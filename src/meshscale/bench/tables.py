@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 from itertools import groupby
+from typing import Callable
 
 from rich.table import Table
 
 from meshscale.bench.cases import DTYPE_LABELS
+from meshscale.collectives.kinds import kind
 from meshscale.results import Result
 from meshscale.units import gbps
 
@@ -83,3 +85,61 @@ def p2p_tables(result: Result) -> list[Table]:
             table.add_row(*row)
         tables.append(table)
     return tables
+
+
+class RowStream:
+    """nccl-tests' text lines, one per size as soon as its places (out-of-place, in-place) are measured:
+    ``add(row)`` for each row as it comes, ``echo(line)`` prints."""
+
+    def __init__(self, places: tuple[str, ...], echo: Callable[[str], None]):
+        self.places, self.echo = places, echo
+        self._collective: str | None = None
+        self._pending: list[dict] = []
+
+    def add(self, row: dict) -> None:
+        if row["collective"] != self._collective:
+            self._collective = row["collective"]
+            self.echo(f"# {row['collective']}")
+            for line in _STREAM_HEADER:
+                self.echo(line)
+        self._pending.append(row)
+        expected = [p for p in ("out", "in") if p in self.places and p in kind(row["collective"]).places]
+        if len(self._pending) == len(expected):
+            self.echo(_stream_line(self._pending))
+            self._pending = []
+
+
+_STREAM_HEADER = (
+    f"#{'':>64}out-of-place{'':>23}in-place",
+    f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}" + f" {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
+    f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}" + f" {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2,
+)
+
+
+def _stream_line(rows: list[dict]) -> str:
+    first = rows[0]
+    line = (f"{first['size_bytes']:>12}  {first['count']:>12}  {DTYPE_LABELS.get(first['dtype'], first['dtype']):>8}  "
+            f"{first['redop']:>6}  {first['root']:>6}")
+    by_place = {r["inplace"]: r for r in rows}
+    for inplace in (False, True):
+        r = by_place.get(inplace)
+        if r is None:
+            line += f" {'-':>7}  {'-':>6}  {'-':>6}  {'-':>6}"
+            continue
+        wrong = "N/A" if r["wrong"] is None else str(r["wrong"])
+        line += (f" {r['time_s'] * 1e6:>7.2f}  {gbps(r['algbw_bytes_per_s']):>6.2f}  "
+                 f"{gbps(r['busbw_bytes_per_s']):>6.2f}  {wrong:>6}")
+    return line
+
+
+def closing_lines(result: Result) -> list[str]:
+    """nccl-tests' last lines: the wrong elements over every row and the mean bus bandwidth (GB/s)."""
+    rows = result.rows
+    wrong = sum(r["wrong"] or 0 for r in rows)
+    checked = any(r["wrong"] is not None for r in rows)
+    mean_busbw = gbps(sum(r["busbw_bytes_per_s"] for r in rows) / len(rows)) if rows else 0.0
+    verdict = ("OK" if not wrong else "FAILED") if checked else "(not checked)"
+    lines = [f"# Out of bounds values : {wrong} {verdict}", f"# Avg bus bandwidth    : {mean_busbw:g} GB/s"]
+    if result.meta.get("interrupted"):
+        lines.append(f"# interrupted after {len(rows)} rows")
+    return lines

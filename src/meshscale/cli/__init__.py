@@ -14,8 +14,32 @@ import typer
 from meshscale.cli import bench, collectives, predict, report, topology, train
 from meshscale.errors import MeshscaleError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
+                  context_settings={"help_option_names": ["-h", "--help"]},
                   help="Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction.")
+
+
+def version_text() -> str:
+    """`meshscale X.Y.Z`, from the installed package's metadata (a source checkout says so)."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return f"meshscale {version('meshscale')}"
+    except PackageNotFoundError:
+        return "meshscale (not installed: run from a source checkout)"
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        print(version_text())
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(version: bool = typer.Option(False, "--version", callback=_print_version, is_eager=True,
+                                          help="Print meshscale's version and exit.")) -> None:
+    """Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction."""
+
+
 for module in (topology, bench, collectives, train, predict, report):
     module.register(app)
 

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
 from meshscale.validation import Range
@@ -57,11 +57,13 @@ def collective(
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
-    from meshscale.bench.collective import CollectiveSpec, any_wrong, bench_collectives, parse_collectives
+    from meshscale.bench.collective import (CollectiveSpec, SweepInterrupted, any_wrong, bench_collectives,
+                                            parse_collectives)
     from meshscale.units import sweep_sizes
-    from meshscale.bench.tables import collective_tables
+    from meshscale.bench.tables import RowStream, closing_lines, collective_tables
     from meshscale.execute.world import resolve_world
 
     if place not in PLACE_CHOICES:
@@ -75,13 +77,21 @@ def collective(
                           sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo)
-    result = bench_collectives(spec, world, timeout_s)
+    stream = RowStream(spec.places, lambda line: typer.echo(line)) if _is_rank0() else None
+    try:
+        result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
+    except SweepInterrupted as stop:
+        if _is_rank0():  # keep what was measured: the closing lines and the files, then the one-line error
+            for line in closing_lines(stop.result):
+                typer.echo(line)
+            if stop.result.rows:
+                write_result_files(stop.result, json_path, csv_path, " (interrupted)")
+        raise
     if _is_rank0():
-        console = Console(width=200)
-        for table in collective_tables(result):
-            console.print(table)
-        if json_path:
-            typer.echo(f"wrote {result.save(json_path)}")
+        print_tables(*collective_tables(result))
+        for line in closing_lines(result):
+            typer.echo(line)
+        write_result_files(result, json_path, csv_path)
     if any_wrong(result):
         typer.echo("meshscale: some results were wrong (see #wrong)", err=True)
         sys.exit(1)
@@ -97,6 +107,7 @@ def p2p(
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout for CPU workers", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write a heatmap image (PNG) here", callback=checked(output_file(plot=True))),
 ) -> None:
     """Bandwidth (one way, both ways, staged through the host) and latency between every pair of devices."""
@@ -115,11 +126,8 @@ def p2p(
     result = bench_p2p(spec, world, timeout_s)
     if not _is_rank0():
         return
-    console = Console(width=200)
-    for table in p2p_tables(result):
-        console.print(table)
-    if json_path:
-        typer.echo(f"wrote {result.save(json_path)}")
+    print_tables(*p2p_tables(result))
+    write_result_files(result, json_path, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
 

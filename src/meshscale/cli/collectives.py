@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
 from meshscale.cli.topology import GPUDIRECT_HELP, LINK_HELP, NICS_HELP, NODES_HELP
@@ -139,7 +139,8 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
-        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file()))) -> None:
+        json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file())),
+        csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
     (by default NCCL's pick: algorithm/protocol and channels)."""
     from meshscale.simulate.plan import sim_sweep
@@ -159,9 +160,8 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
-    Console(width=160).print(table)
-    if json_path:
-        typer.echo(f"wrote {result.save(json_path)}")
+    print_tables(table)
+    write_result_files(result, json_path, csv_path)
 
 
 def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job needs (K)", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),

@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
@@ -58,7 +58,7 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
                  f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
-    Console(width=140).print(table)
+    print_tables(table)
 
 
 def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
@@ -88,7 +88,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
-            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file()))) -> None:
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
+            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
@@ -128,15 +129,15 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         for r in rows:
             table.add_row(str(r["world_size"]), str(r["mode"]), str(r["batch_per_rank"]), f"{r['measured_samples_per_s']:,.1f}",
                           f"{r['predicted_samples_per_s']:,.1f}", f"{r['error']:+.1%}")
-        Console(width=140).print(table)
+        print_tables(table)
     else:
         _print(rows, title, bool(compare))
         if plot:
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
-    if json_out:
-        prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link).save(json_out)
-        typer.echo(f"wrote {json_out}")
+    if json_out or csv_path:
+        write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link),
+                           json_out, csv_path)
 
 
 WORST_ROWS_SHOWN = 10  # rows `validate` lists without --all
@@ -151,7 +152,8 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              corpus: Optional[Path] = typer.Option(None, "--corpus", help="a corpus CSV (default: the one meshscale ships)"),
              algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
              show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
-             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file()))) -> None:
+             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
+             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys
@@ -173,8 +175,8 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         table.add_row(str(r["row"]), r["system"], str(r["gpus"]), r["collective"], format_bytes(r["size_bytes"]),
                       "in" if r["inplace"] else "out", measured, predicted,
                       _percent(r["error"]) if r["ratio"] else f"[red]{r['problem'][:60]}[/]", r["source"][-48:])
-    console = Console(width=160)
-    console.print(table)
+    console = text_console()
+    print_tables(table, console=console)
     per_system = Table(title="geomean |error| per system and size class")
     for c in ("system", "size class", "rows", "geomean |error|", "worst (times off)"):
         per_system.add_column(c, justify="left" if c in ("system", "size class") else "right")
@@ -182,7 +184,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         per_system.add_row(s["system"], s["size_class"], str(s["rows"]), f"{s['geomean_abs_error']:.1%}",
                            f"{s['worst_times_off']:.2f}x")
     if per_system.row_count:
-        console.print(per_system)
+        print_tables(per_system, console=console)
     for name, c in summary["classes"].items():
         figure = ("no rows predicted" if c["geomean_abs_error"] is None
                   else f"geomean |error| {c['geomean_abs_error']:.1%} over {c['rows']} rows")
@@ -196,8 +198,7 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
         console.print(f"[bold red]{summary['unpredicted']} row(s) not predicted[/], e.g. row {first['row']}: {first['problem']}")
     console.print(f"({summary['error_definition']})")
     console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
-    if json_out:
-        console.print(f"wrote {result.save(json_out)}")
+    write_result_files(result, json_out, csv_path)
     if not summary["passed"]:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 

@@ -6,9 +6,9 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, text_console
 from meshscale.cli.checks import CPU_COUNT, TIMEOUT_S, checked, output_dir, output_file
 from meshscale.validation import Range
 from meshscale.units import format_bytes, gbps
@@ -52,9 +52,9 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
             key = " ".join(format_bytes(v) if k == "size_bytes" else str(v) for k, v in c.key.items())
             table.add_row(key, c.figure, _figure_text(c.figure, c.a), _figure_text(c.figure, c.b), f"{c.ratio:.3f}",
                           "[bold red]DROP[/]" if c.dropped else "ok")
-    console = Console(width=140)
+    console = text_console()
     if table.row_count:
-        console.print(table)
+        print_tables(table, console=console)
     for what, rows in (("only in A", result.only_a), ("only in B", result.only_b), ("wrong results in B", result.wrong)):
         if rows:
             console.print(f"{len(rows)} row(s) {what}: " + "; ".join(" ".join(map(str, r.values())) for r in rows[:5]))
@@ -74,7 +74,7 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
     """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network and versions."""
     from meshscale.report.doctor import run_doctor
     checks = run_doctor()
-    console = Console(width=160, highlight=False)
+    console = text_console()
     for c in checks:
         console.print(f"[{STATUS_STYLE[c.status]}]{c.status.upper():<5}[/] {c.name}: {c.message}")
         if c.fix and c.status != "pass":
@@ -102,7 +102,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="r
         raise
     for stage in outcome.stages:
         style = {"done": "green", "skipped": "yellow", "failed": "bold red"}.get(stage.status, "cyan")
-        Console(highlight=False, width=160).print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")
+        text_console().print(f"[{style}]{stage.status:<11}[/] {stage.name:<10} {stage.seconds:6.1f} s  {stage.note}")
     typer.echo(f"wrote {outcome.index} (open it in a browser; the JSON of every stage is beside it)")
     if outcome.interrupted:
         sys.exit(130)

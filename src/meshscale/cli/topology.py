@@ -5,9 +5,9 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.output import print_tables
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog
@@ -82,7 +82,7 @@ def systems() -> None:
     for t in load_catalog():
         nvlink, pcie = per_gpu_bandwidth(t)
         table.add_row(t.name, str(len(t.gpus())), t.gpu_model, f"{gbps(nvlink):.0f}", f"{gbps(pcie):.1f}", t.title)
-    Console(width=160).print(table)
+    print_tables(table)
 
 
 def register(app: typer.Typer) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
+from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
 from meshscale.execute.world import World, resolve_sweep, resolve_world
@@ -83,6 +83,7 @@ def train(
     if options[("eval_data",)] is None and options[("data",)] == "digits":
         options[("eval_data",)] = "digits-test"
     cfg = config_from_options({**options, ("logging", "progress"): True}, world=world.size, device=world.device)
+    _check_extras(cfg)
     for line in notices(cfg, cfg.world):
         typer.echo(line, err=True)
     if profile_batches:
@@ -100,7 +101,7 @@ def train(
                   "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
-        Console().print(table)
+        print_tables(table)
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")
 
@@ -114,6 +115,7 @@ def scale(
     strong: bool = typer.Option(False, "--strong", help="strong scaling: --global-batch split over the workers"),
     global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all", callback=checked(GLOBAL_BATCH)),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
 ) -> None:
     """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
@@ -128,16 +130,16 @@ def scale(
         raise MeshscaleError("--weak needs --batch N" if weak else "--strong needs --global-batch N")
     worlds = resolve_sweep(parse_ints(gpus, "--gpus") if gpus else None, parse_ints(cpus, "--cpus") if cpus else None)
     cfg = config_from_options({**options, ("batch_per_rank",): size}, device=worlds[0].device)
+    _check_extras(cfg)
     for line in notices(cfg, worlds[-1].size):
         typer.echo(line, err=True)
-    console = Console()
+    console = text_console()
     result = run_scale(cfg, [w.size for w in worlds], weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
     _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "speedup", "efficiency",
             "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
-    if json_out:
-        typer.echo(f"wrote {result.save(json_out)}")
+    write_result_files(result, json_out, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
 
@@ -147,6 +149,16 @@ _LABELS = {"world_size": "N", "batch_per_rank": "batch/N", "global_batch": "glob
            "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
 
 
+def _check_extras(cfg) -> None:
+    """An optional extra the run needs is missing: one line naming the pip command, before any rank starts."""
+    from meshscale.train.data import require_scikit_learn
+    from meshscale.train.step_log import require_tensorboard
+    if any(str(name or "").startswith("digits") for name in (cfg.data, cfg.eval_data)):
+        require_scikit_learn()
+    if cfg.logging.tensorboard:
+        require_tensorboard()
+
+
 def _table(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
     keys = tuple(k for k in keys if any(r.get(k) is not None for r in rows))
     table = Table(title=title)
@@ -154,7 +166,7 @@ def _table(title: str, rows: list[dict], keys: tuple[str, ...]) -> None:
         table.add_column(_LABELS.get(k, k), justify="right")
     for r in rows:
         table.add_row(*(_fmt(k, r.get(k)) for k in keys))
-    Console().print(table)
+    print_tables(table)
 
 
 def _fmt(key: str, v) -> str:

@@ -44,6 +44,10 @@ class WorkerError(MeshscaleError):
     """A rank failed, died or timed out; the message names the rank and what it was doing."""
 
 
+class Interrupted(WorkerError):
+    """The run was stopped by Ctrl-C or SIGTERM (not by a failing rank); every rank has been stopped."""
+
+
 @dataclass
 class RankContext:
     """What a worker function receives: its rank, the world, its device and a way to say what it is doing."""
@@ -260,6 +264,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
     errors: dict[int, str] = {}
     start = time.monotonic()
     failure: str | None = None
+    interrupted = False
     try:
         with _sigterm_as_interrupt():
             for p in procs:
@@ -284,13 +289,13 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
                 if others:
                     failure += f" (ranks {others} failed in turn)"
     except KeyboardInterrupt:
-        failure = "interrupted (Ctrl-C); all ranks stopped"
+        failure, interrupted = "interrupted (Ctrl-C); all ranks stopped", True
     except _Terminated:
-        failure = "interrupted (SIGTERM); all ranks stopped"
+        failure, interrupted = "interrupted (SIGTERM); all ranks stopped", True
     finally:
         _stop(procs)
     if failure:
-        raise WorkerError(failure)
+        raise (Interrupted if interrupted else WorkerError)(failure)
     return [outputs[r] for r in range(world_size)]
 
 

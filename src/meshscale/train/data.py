@@ -39,12 +39,18 @@ def synthetic(input_kind: str, sample_shape: tuple[int, ...], num_classes: int) 
     return Dataset("synthetic", 1 << 30, fetch, input_kind, tuple(sample_shape), num_classes, synthetic=True)
 
 
+def require_scikit_learn() -> None:
+    """The digits data set comes from scikit-learn, an optional extra: say how to install it, in one line."""
+    try:
+        import sklearn.datasets  # noqa: F401
+    except ImportError:
+        raise MeshscaleError("the digits data set needs scikit-learn: pip install 'meshscale[digits]'") from None
+
+
 def digits(split: str = "train", test_fraction: float = 0.2) -> Dataset:
     """scikit-learn's 8x8 digits (1,797 images, 10 classes), scaled to [0, 1]; a fixed train/test split."""
-    try:
-        from sklearn.datasets import load_digits
-    except ImportError:
-        raise MeshscaleError("the digits data set needs scikit-learn (a test dependency): pip install scikit-learn") from None
+    require_scikit_learn()
+    from sklearn.datasets import load_digits
     d = load_digits()
     x = torch.tensor(d.images, dtype=torch.float32).unsqueeze(1) / 16.0
     y = torch.tensor(d.target, dtype=torch.long)

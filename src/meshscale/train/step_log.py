@@ -1,5 +1,5 @@
 """The per-step rows of a run and where they go (rank 0): a JSONL file (flushed every line, so a crash loses
-nothing written), TensorBoard when it is installed, and a rich progress bar on the terminal."""
+nothing written), TensorBoard (an optional extra), and a rich progress bar on the terminal."""
 from __future__ import annotations
 
 import json
@@ -7,6 +7,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from meshscale.errors import MeshscaleError
+
+
+def require_tensorboard() -> None:
+    """--tensorboard writes through TensorBoard, an optional extra: say how to install it, in one line."""
+    try:
+        from torch.utils.tensorboard import SummaryWriter  # noqa: F401
+    except ImportError:
+        raise MeshscaleError("--tensorboard needs TensorBoard: pip install 'meshscale[tensorboard]'") from None
 
 
 class StepLog:
@@ -21,11 +31,9 @@ class StepLog:
         self._file = open(Path(jsonl), "a") if jsonl else None
         self._tb = None
         if tensorboard:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(tensorboard)
-            except ImportError:
-                pass  # optional: TensorBoard is not a dependency
+            require_tensorboard()
+            from torch.utils.tensorboard import SummaryWriter
+            self._tb = SummaryWriter(tensorboard)
         self._bar = None
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
