@@ -26,6 +26,7 @@ RC = {"svg.fonttype": "none", "svg.hashsalt": "meshscale", "font.size": 9, "axes
 STYLES = {"measured": dict(marker="o", linestyle="-"), "predicted": dict(marker="s", linestyle="--"),
           "bound": dict(marker="", linestyle=":", linewidth=2)}
 SUFFIXES = (".png", ".svg", ".pdf")
+MAX_LEGEND_ENTRIES = 6  # more than this is unreadable at a glance: split the chart instead
 
 
 @dataclass
@@ -42,7 +43,8 @@ class Series:
 @dataclass
 class Grid:
     """One heatmap panel: a square matrix (NaN cells blank), source on the rows and destination on the columns.
-    ``low_is_good`` (latency) reverses the colours so that the good end is bright in every panel."""
+    ``low_is_good`` (latency) reverses the colours so that the good end is bright in every panel. The colour
+    scale runs from zero to ``bound`` (or the largest value), so that near-equal values look near-equal."""
 
     title: str
     matrix: np.ndarray
@@ -50,6 +52,7 @@ class Grid:
     unit: str
     fmt: str = "{:.1f}"
     low_is_good: bool = False
+    bound: float | None = None  # the colour scale's top (a line rate); None: the largest value
 
 
 def styled(fn):
@@ -57,14 +60,32 @@ def styled(fn):
     return functools.wraps(fn)(matplotlib.rc_context(RC)(fn))
 
 
+def legend_entries(fig: Figure) -> int:
+    """How many entries the figure's legends hold, all axes together."""
+    return sum(len(ax.get_legend().get_texts()) for ax in fig.axes if ax.get_legend() is not None)
+
+
+def pack(groups: list[list[Any]], room: int = MAX_LEGEND_ENTRIES) -> list[list[Any]]:
+    """Consecutive ``groups`` (series that belong together, e.g. one system's bars and speedup line) packed
+    into as few charts as keep each legend within ``room`` entries; a group is never torn apart."""
+    charts: list[list[Any]] = [[]]
+    for group in groups:
+        if charts[-1] and len(charts[-1]) + len(group) > room:
+            charts.append([])
+        charts[-1].extend(group)
+    return charts
+
+
 def to_svg(fig: Figure, plot_id: str) -> str:
-    """The figure as an <svg> element (no XML prologue) carrying ``id`` and class ``plot``."""
+    """The figure as an <svg> element (no XML prologue) carrying ``id``, class ``plot`` and the number of legend
+    entries as ``data-legend-entries``."""
     buf = io.StringIO()
     with matplotlib.rc_context(RC):
         fig.savefig(buf, format="svg", bbox_inches="tight")
     text = buf.getvalue()
     svg = text[text.index("<svg"):]
-    return svg.replace("<svg", f'<svg id="{plot_id}" class="plot" role="img"', 1)
+    return svg.replace("<svg", f'<svg id="{plot_id}" class="plot" role="img" '
+                              f'data-legend-entries="{legend_entries(fig)}"', 1)
 
 
 def save(fig: Figure, path: str | Path, suffixes: tuple[str, ...] = SUFFIXES) -> Path:
@@ -153,9 +174,8 @@ def heatmaps(grids: list[Grid], title: str = "") -> Figure:
 
 def _heatmap(fig: Figure, ax: Any, grid: Grid) -> None:
     m = grid.matrix
-    image = ax.imshow(m, cmap="viridis_r" if grid.low_is_good else "viridis")
-    finite = m[np.isfinite(m)]
-    low, high = (float(finite.min()), float(finite.max())) if finite.size else (0.0, 0.0)
+    low, high = colour_limits(grid)
+    image = ax.imshow(m, cmap="viridis_r" if grid.low_is_good else "viridis", vmin=low, vmax=high)
     for (i, j), value in np.ndenumerate(m):
         if np.isfinite(value):
             bright = ((value - low) / (high - low or 1) > 0.5) != grid.low_is_good  # viridis is light at the top
@@ -168,6 +188,14 @@ def _heatmap(fig: Figure, ax: Any, grid: Grid) -> None:
     ax.grid(False)
     ax.set_title(grid.title)
     fig.colorbar(image, ax=ax, label=grid.unit, shrink=0.8)
+
+
+def colour_limits(grid: Grid) -> tuple[float, float]:
+    """The colour scale of a grid: zero to its bound, or to its largest value (never the data's own minimum,
+    which would stretch 27.59-27.62 GB/s over the whole palette)."""
+    finite = grid.matrix[np.isfinite(grid.matrix)]
+    top = max([float(finite.max())] if finite.size else [0.0])
+    return 0.0, max(top, grid.bound or 0.0) or 1.0
 
 
 def p2p_grids(rows: list[dict[str, Any]], mode: str, ends: list[Any], labels: list[str]) -> list[Grid]:
@@ -199,7 +227,8 @@ def p2p_chart(result: Result) -> Figure:
 # ---- collectives and step time -------------------------------------------------------------------------
 @styled
 def busbw_chart(title: str, series: list[Series]) -> Figure:
-    """Bus bandwidth (GB/s) against message size (log scale), one line per series."""
+    """Bus bandwidth (GB/s) against message size, one line per series; both axes logarithmic, since sizes and
+    bandwidths span decades (a linear axis lays everything below 1 MiB flat on zero)."""
     fig = Figure(figsize=(7.0, 3.6))
     ax = fig.add_subplot()
     for s in series:
@@ -208,6 +237,8 @@ def busbw_chart(title: str, series: list[Series]) -> Figure:
     sizes = sorted({x for s in series for x in s.x})
     ticks = sizes[:: max(1, len(sizes) // 8)]
     ax.set_xticks(ticks, [format_bytes(t) for t in ticks])
+    if any(gbps(v) > 0 for s in series for v in s.y):
+        ax.set_yscale("log")
     ax.minorticks_off()
     ax.set_xlabel("message size")
     ax.set_ylabel("bus bandwidth, GB/s")

@@ -2,6 +2,7 @@
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from meshscale import plots
@@ -83,3 +84,31 @@ def test_report_and_bench_draw_the_same_p2p_grid():
     data = json.loads((FIXTURES / "p2p_h200x2.json").read_text())
     grids = plots.p2p_grids(data["rows"], "latency", ["gpu0", "gpu1"], ["GPU0", "GPU1"])
     assert len(grids) == 1 and grids[0].low_is_good and grids[0].matrix[0, 1] == pytest.approx(41.98, abs=0.01)
+
+
+def test_busbw_chart_has_log_size_and_log_bandwidth_axes():
+    sizes = [2 ** k for k in range(10, 31, 4)]
+    fig = plots.busbw_chart("all_reduce", [plots.Series("measured", sizes, [1e6 * k for k in range(1, 7)])])
+    ax = fig.axes[0]
+    assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
+
+
+def test_heatmap_colour_scale_starts_at_zero_and_reaches_the_bound():
+    matrix = np.array([[np.nan, 27.59], [27.62, np.nan]])
+    fig = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU 0", "GPU 1"], "GB/s")])
+    assert fig.axes[0].images[0].get_clim() == (0.0, 27.62)
+    bounded = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU 0", "GPU 1"], "GB/s", bound=50.0)])
+    assert bounded.axes[0].images[0].get_clim() == (0.0, 50.0)
+
+
+def test_pack_keeps_groups_whole_and_legends_short():
+    groups = [["a", "a'"], ["b", "b'"], ["c"], ["d", "d'"]]
+    charts = plots.pack(groups, 5)
+    assert charts == [["a", "a'", "b", "b'", "c"], ["d", "d'"]]
+    assert all(len(c) <= 5 for c in charts)
+
+
+def test_to_svg_carries_the_legend_entry_count():
+    series = [plots.Series(f"s{k}", [1024, 2048], [1e9, 2e9]) for k in range(3)]
+    svg = plots.to_svg(plots.busbw_chart("t", series), "plot-y")
+    assert 'data-legend-entries="3"' in svg

@@ -175,8 +175,17 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                 part = [r for r in rows if str(r.get("algorithm", "")) == algo]
                 series.append(Series(f"predicted {s.label}, {algo}", *_curve(part, "busbw_bytes_per_s"), "predicted"))
         verdict = verdict or Verdict("info", "prediction only: no measurement of this collective to compare with")
-        pid = _slug("busbw", name)
-        section.plots.append(Plot(pid, name, plots.to_svg(plots.busbw_chart(f"{name}: busbw", series), pid), verdict))
+        # the measured curves and the bound on every chart; the predictions spread over charts of short legends
+        fixed = [x for x in series if x.style != "predicted"]
+        predictions = [[x] for x in series if x.style == "predicted"]
+        if len(fixed) >= plots.MAX_LEGEND_ENTRIES:  # too many measured curves to repeat: every curve once
+            fixed, predictions = [], [[x] for x in series]
+        charts = plots.pack(predictions, plots.MAX_LEGEND_ENTRIES - len(fixed)) if predictions else [[]]
+        for k, chart in enumerate(charts):
+            part = f", part {k + 1} of {len(charts)}" if len(charts) > 1 else ""
+            pid = _slug("busbw", name, *([k + 1] if part else []))
+            figure = plots.busbw_chart(f"{name}: bus bandwidth{part}", fixed + chart)
+            section.plots.append(Plot(pid, f"{name}{part}", plots.to_svg(figure, pid), verdict))
     return section
 
 
@@ -278,9 +287,19 @@ def scaling_section(sources: list[Source]) -> Section:
                 last = [r for s in members for r in s.result.rows if r["mode"] == mode and r.get("efficiency") is not None]
                 verdict = scaling_verdict(last, []) if last else Verdict("info", "prediction only")
                 verdict = Verdict("info", f"predicted: {verdict.text.split(' — ')[0]}")
-            pid = _slug("scaling", group, mode)
-            title = f"{group}: {mode} scaling"
-            section.plots.append(Plot(pid, title, plots.to_svg(plots.scaling_chart(title, bars, speedups), pid), verdict))
+            # one group per series (its bars and speedup line), a chart per few groups: short legends
+            lines = {s.label.replace("(samples/s)", "(speedup)"): s for s in speedups}
+            groups_of = [[b] + ([lines[b.label.replace("(samples/s)", "(speedup)")]]
+                               if b.label.replace("(samples/s)", "(speedup)") in lines else []) for b in bars]
+            charts = plots.pack(groups_of, plots.MAX_LEGEND_ENTRIES - 1)  # room for the ideal line
+            for k, chart in enumerate(charts):
+                part = f", part {k + 1} of {len(charts)}" if len(charts) > 1 else ""
+                pid = _slug("scaling", group, mode, *([k + 1] if part else []))
+                title = f"{group}: {mode} scaling{part}"
+                chart_bars = [x for x in chart if x in bars]
+                chart_lines = [x for x in chart if x not in chart_bars]
+                section.plots.append(Plot(pid, title, plots.to_svg(plots.scaling_chart(title, chart_bars, chart_lines),
+                                                                   pid), verdict))
             section.plots.extend(extra)
     return section
 
