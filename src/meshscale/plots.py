@@ -209,7 +209,7 @@ def p2p_grids(rows: list[dict[str, Any]], mode: str, ends: list[Any], labels: li
             bandwidth[i, j] = gbps(r.get("bandwidth_bytes_per_s") or np.nan)
             latency[i, j] = (r.get("latency_s") or np.nan) * 1e6
     grids = [Grid(f"P2P {mode}: GB/s", bandwidth, labels, "GB/s"),
-             Grid(f"P2P {mode}: latency, us", latency, labels, "us", "{:.0f}", low_is_good=True)]
+             Grid("P2P latency, us" if mode == "latency" else f"P2P {mode}: latency, us", latency, labels, "us", "{:.0f}", low_is_good=True)]
     return [g for g in grids if np.isfinite(g.matrix).any()]
 
 

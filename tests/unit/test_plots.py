@@ -61,7 +61,7 @@ def test_p2p_chart_has_a_panel_per_mode_and_measure():
     result = load_result(FIXTURES / "p2p_h200x2.json")
     fig = plots.p2p_chart(result)
     titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == ["P2P unidirectional: GB/s", "P2P staged: GB/s", "P2P latency: latency, us",
+    assert titles == ["P2P unidirectional: GB/s", "P2P staged: GB/s", "P2P latency, us",
                       "P2P bidirectional: GB/s"]
     assert fig._suptitle.get_text().endswith("(nccl)")
     with pytest.raises(MeshscaleError, match="nothing|no bandwidth"):

@@ -84,3 +84,46 @@ def test_scaling_rows_accept_every_writer_shape():
     assert rows[4]["throughput_samples_per_s"] == 360.0 and rows[4]["mode"] == "weak"
     assert rows[4]["speedup"] == pytest.approx(360 / 190 * 2) and rows[2]["efficiency"] == pytest.approx(1.0)
     assert scaling_rows(Result("scale", [{"world_size": 2, "mode": "weak"}])) == []  # no throughput: left out
+
+
+def headings(page):
+    return [re.sub(r"<[^>]+>", "", h) for h in re.findall(r"<h[1-3][^>]*>(.*?)</h[1-3]>", page, re.S)]
+
+
+def test_headings_are_clean_and_every_legend_is_short(page):
+    found = headings(page)
+    assert found and not any("`" in h for h in found)
+    assert not any(re.search(r"\b(\w+)\b, \1\b", h) for h in found), found  # no "P2P latency, latency"
+    assert "P2P latency (p2p)" in found
+    counts = [int(n) for n in re.findall(r'class="plot" role="img" data-legend-entries="(\d+)"', page)]
+    assert counts and max(counts) <= 6
+
+
+def test_ranks_have_one_name_in_plots_and_notes():
+    from meshscale.report.figures import Source
+    from meshscale.report.verdicts import rank_label
+    from meshscale.results import Result
+    assert [rank_label(x) for x in (3, "3", "gpu3", "worker1", "nic0")] == ["GPU 3", "GPU 3", "GPU 3", "CPU worker 1", "nic0"]
+    assert rank_label(2, "worker") == "CPU worker 2"
+    rows = [{"src": f"worker{a}", "dst": f"worker{b}", "mode": "copy", "bandwidth_bytes_per_s": 1e9 * (1 + a + b),
+             "latency_s": 1e-5} for a in range(2) for b in range(2) if a != b]
+    page = render([Source("cpu", Result("bench-p2p", rows, meta={"backend": "gloo"}, machine={"cpu_count": 2}))])
+    assert "CPU worker 0" in page and "CPU0" not in page and "worker0" not in page
+
+
+def test_cluster_plan_and_predict_results_have_their_own_sections():
+    from meshscale.report.figures import Source
+    from meshscale.results import Result
+    from meshscale.simulate.plan import plan, plan_result
+    from meshscale.topology.catalog import load_system
+    chosen = plan_result(plan(load_system("hgx-h200"), "all_reduce", list(range(8)), 1 << 30))
+    cluster = Result("cluster", [{"nodes": 16, "gpus": 128, "levels": 2, "bisection_bytes_per_s": 1.6e12,
+                                  "latency_s": 2e-6}], True, {"node": "hgx-h200", "link": "ndr"})
+    predicted = Result("predict", [{"world_size": n, "variant": "ndr ring", "predicted_samples_per_s": 900.0 * n}
+                                   for n in (8, 16)], True, {"scaling": "weak"})
+    page = render([Source("plan", chosen), Source("cluster", cluster), Source("predict", predicted)])
+    titles = headings(page)
+    assert any(t.startswith("Plan (predicted): all_reduce of 1G on hgx-h200, 8 ranks") for t in titles), titles
+    assert any(t.startswith("Cluster (predicted): hgx-h200 nodes over ndr") for t in titles)
+    assert "Predicted scaling (not measured)" in titles
+    assert "(chosen)</td>" in page and "1600.0 GB/s" in page and "2.0 us" in page and "<td>ndr ring</td>" in page

@@ -12,7 +12,7 @@ from meshscale import plots
 from meshscale.plots import Series
 from meshscale.report.expected import references
 from meshscale.report.verdicts import (EAGER_CALL_S, Verdict, collective_verdict, eager_path, hints, host_path_rates, is_cpu_run,
-                                       p2p_verdict, scaling_gap, scaling_verdict, small_message_note, topology_verdict)
+                                       p2p_verdict, rank_label, scaling_gap, scaling_verdict, small_message_note, topology_verdict)
 from meshscale.results import Result
 from meshscale.topology.draw import topology_figure
 from meshscale.topology.model import Topology
@@ -66,23 +66,20 @@ def topology_of(sources: list[Source]) -> Topology | None:
 def topology_section(topo: Topology) -> Section:
     pid = _slug("topology", topo.name)
     plot = Plot(pid, summary(topo), plots.to_svg(topology_figure(topo), pid),
-                topology_verdict(topo), "per-pair relation as `nvidia-smi topo -m` prints it, and the line rate of "
+                topology_verdict(topo), "per-pair relation as nvidia-smi topo -m prints it, and the line rate of "
                 "the best route", relation_matrix(topo))
     return Section("Topology", [plot])
 
 
 def _device(topo: Topology | None, x: Any) -> tuple[str | None, str]:
     """(node name in ``topo`` or None, display label) of a P2P row's src/dst: an index or a name (gpu3, worker1)."""
+    label = rank_label(x, topo.device_kind if topo is not None else None)
     if isinstance(x, str) and not x.isdigit():
-        name = x if topo is not None and x in topo.nodes else None
-        number = re.sub(r"\D", "", x)
-        return name, (f"GPU{number}" if x.startswith("gpu") else f"CPU{number}" if x.startswith("worker") else x)
-    index = int(x)
+        return (x if topo is not None and x in topo.nodes else None), label
     name = None
     if topo is not None:
-        name = next((d for d in topo.devices() if topo.nodes[d].index == index), None)
-    kind = "CPU" if topo is not None and topo.device_kind == "worker" else "GPU"
-    return name, f"{kind}{index}"
+        name = next((d for d in topo.devices() if topo.nodes[d].index == int(x)), None)
+    return name, label
 
 
 def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
@@ -112,7 +109,8 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                         verdict = Verdict("info", verdict.text.split(" — ")[0] + " — expected for CPU workers over "
                                           "Gloo (the line rate is an assumed shared-memory rate)")
                 pid = _slug("p2p", s.label, mode, measure)
-                section.plots.append(Plot(pid, f"P2P {measure}, {mode} ({s.label})",
+                heading = f"P2P {measure}" if measure == mode else f"P2P {measure}, {mode}"
+                section.plots.append(Plot(pid, f"{heading} ({s.label})",
                                           plots.to_svg(plots.heatmaps([grid]), pid), verdict))
     return section
 
@@ -364,6 +362,60 @@ def profile_section(source: Source) -> Section:
                    f"({meta.get('precision', '?')})", table=table)
 
 
+def _cell(key: str, value: Any) -> Any:
+    """A table cell in the unit its key names: bytes/s as GB/s, bits/s as Gb/s, seconds as us or ms."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        return "-" if value is None else value
+    if key.endswith("bytes_per_s"):
+        return f"{value / 1e9:.1f} GB/s"
+    if key.endswith("bits_per_s"):
+        return f"{value / 1e9:.0f} Gb/s"
+    if key.endswith("_s"):
+        return f"{1e6 * value:.1f} us" if value < 1e-3 else f"{1e3 * value:.2f} ms"
+    if key.endswith("bytes"):
+        return format_bytes(int(value))
+    return f"{value:.3g}" if isinstance(value, float) else value
+
+
+def _words(key: str) -> str:
+    """A row key as a column heading: unit suffixes dropped (the cell carries the unit), underscores as spaces."""
+    return re.sub(r"_(bytes_per_s|bits_per_s|s|bytes)$", "", key).replace("_", " ")
+
+
+def cluster_section(source: Source) -> Section:
+    """A `predict cluster` sizing: one fat tree's switches, bandwidths and latency, as a table."""
+    meta = source.result.meta
+    table = [{_words(k): _cell(k, v) for k, v in row.items()} for row in source.result.rows]
+    return Section(f"Cluster (predicted): {meta.get('node', '?')} nodes over {meta.get('link', '?')}, "
+                   f"{source.label}", table=table)
+
+
+def plan_section(source: Source) -> Section:
+    """A collective plan: the chosen schedule and every candidate the model weighed, fastest first."""
+    row, meta = source.result.rows[0], source.result.meta
+    table = [{"algorithm": f"{row['algorithm']} (chosen)", "time": _cell("time_s", row["time_s"]),
+              "busbw": _cell("busbw_bytes_per_s", row["busbw_bytes_per_s"]),
+              "bottleneck": row.get("bottleneck") or "-"}]
+    table += [{"algorithm": c["algorithm"], "time": _cell("time_s", c["time_s"]),
+               "busbw": _cell("busbw_bytes_per_s", c["busbw_bytes_per_s"]), "bottleneck": ""}
+              for c in sorted(meta.get("candidates") or [], key=lambda c: c["time_s"]) if c["algorithm"] != row["algorithm"]]
+    return Section(f"Plan (predicted): {row['collective']} of {format_bytes(row['size_bytes'])} on "
+                   f"{meta.get('system', '?')}, {len(meta.get('ranks') or [])} ranks", table=table)
+
+
+def predict_section(sources: list[Source]) -> Section:
+    """Predicted scaling as numbers (predicted, not measured): throughput, speedup and efficiency per series."""
+    table = []
+    for s in sources:
+        for r in sorted(scaling_rows(s.result), key=lambda r: (str(r.get("variant", "")), r["world_size"])):
+            series = " ".join(dict.fromkeys(str(r[k]) for k in SERIES_KEYS if r.get(k) is not None)) or s.label
+            table.append({"series": series, "mode": r["mode"], "GPUs": r["world_size"],
+                          "samples/s": f"{r['throughput_samples_per_s']:.0f}",
+                          "speedup": _cell("speedup", r.get("speedup")),
+                          "efficiency": "-" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%"})
+    return Section("Predicted scaling (not measured)", table=table)
+
+
 def sections(sources: list[Source]) -> list[Section]:
     """Every section the results support, in reading order; kinds with no figure are listed as tables."""
     by_kind = defaultdict(list)
@@ -387,6 +439,12 @@ def sections(sources: list[Source]) -> list[Section]:
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
+    if by_kind["predict"]:
+        out.append(predict_section(by_kind["predict"]))
+    for s in by_kind["plan"]:
+        out.append(plan_section(s))
+    for s in by_kind["cluster"]:
+        out.append(cluster_section(s))
     for s in by_kind["validate"]:
         out.append(validate_section(s))
     for s in by_kind["doctor"]:

@@ -3,6 +3,7 @@ when it fell short (NCCL knobs that disable fast paths, NVLinks down, narrow PCI
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable
 
@@ -244,8 +245,20 @@ def p2p_verdict(rows: list[dict[str, Any]], rate_of: dict[tuple[int, int], float
     return share_verdict(low, high, "fastest pair's bandwidth on the slowest pair", look_at)
 
 
-def _name(device: Any) -> str:
-    return f"GPU{device}" if isinstance(device, int) else str(device)
+def rank_label(device: Any, kind: str | None = None) -> str:
+    """The one name of a rank in plots and notes alike: "GPU 3" or "CPU worker 1". ``device`` is an index (a GPU
+    unless ``kind`` is "worker") or a node name such as gpu3 or worker1."""
+    text = str(device)
+    if text.isdigit():
+        return f"{'CPU worker' if kind == 'worker' else 'GPU'} {int(text)}"
+    number = re.sub(r"\D", "", text)
+    for prefix, name in (("gpu", "GPU"), ("worker", "CPU worker")):
+        if text.startswith(prefix) and number:
+            return f"{name} {int(number)}"
+    return text
+
+
+_name = rank_label
 
 
 def scaling_verdict(rows: list[dict[str, Any]], look_at: list[str]) -> Verdict:
