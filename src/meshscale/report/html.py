@@ -29,7 +29,9 @@ svg.plot { max-width: 100%; height: auto; }
 .good { border-color: #2a9d2a; background: #eef9ee; } .warn { border-color: #e0a000; background: #fff8e6; }
 .bad { border-color: #d03030; background: #fdeeee; } .info { border-color: #5080c0; background: #eef3fb; }
 pre { background: #f6f6f6; padding: .6em; overflow-x: auto; font-size: 11px; }
-table { border-collapse: collapse; font-size: 12px; } td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
+table { border-collapse: collapse; font-size: 12px; display: block; max-width: 100%; overflow-x: auto; }
+h1, h2, h3, p, li, figcaption { overflow-wrap: anywhere; }
+@media (max-width: 900px) { body { padding: .5em 1em; } figure { flex-basis: 100%; } } td, th { border: 1px solid #ddd; padding: 2px 8px; text-align: left; }
 </style></head>
 <body>
 <h1>{{ title }}</h1>
