@@ -127,3 +127,11 @@ def test_cluster_plan_and_predict_results_have_their_own_sections():
     assert any(t.startswith("Cluster (predicted): hgx-h200 nodes over ndr") for t in titles)
     assert "Predicted scaling (not measured)" in titles
     assert "(chosen)</td>" in page and "1600.0 GB/s" in page and "2.0 us" in page and "<td>ndr ring</td>" in page
+
+
+def test_the_dgx1_reference_charts_have_short_legends():
+    from meshscale.report.figures import Source
+    from meshscale.report.tour import whitepaper_results
+    page = render([Source(name, result) for name, result in whitepaper_results().items()])
+    counts = [int(n) for n in re.findall(r'data-legend-entries="(\d+)"', page)]
+    assert len(counts) >= 2 and max(counts) <= 6, counts
