@@ -95,9 +95,9 @@ def test_busbw_chart_has_log_size_and_log_bandwidth_axes():
 
 def test_heatmap_colour_scale_starts_at_zero_and_reaches_the_bound():
     matrix = np.array([[np.nan, 27.59], [27.62, np.nan]])
-    fig = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU 0", "GPU 1"], "GB/s")])
+    fig = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU0", "GPU1"], "GB/s")])
     assert fig.axes[0].images[0].get_clim() == (0.0, 27.62)
-    bounded = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU 0", "GPU 1"], "GB/s", bound=50.0)])
+    bounded = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU0", "GPU1"], "GB/s", bound=50.0)])
     assert bounded.axes[0].images[0].get_clim() == (0.0, 50.0)
 
 

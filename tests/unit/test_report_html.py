@@ -103,12 +103,14 @@ def test_ranks_have_one_name_in_plots_and_notes():
     from meshscale.report.figures import Source
     from meshscale.report.verdicts import rank_label
     from meshscale.results import Result
-    assert [rank_label(x) for x in (3, "3", "gpu3", "worker1", "nic0")] == ["GPU 3", "GPU 3", "GPU 3", "CPU worker 1", "nic0"]
-    assert rank_label(2, "worker") == "CPU worker 2"
+    assert [rank_label(x) for x in (3, "3", "gpu3", "worker1", "nic0")] == ["GPU3", "GPU3", "GPU3", "worker1", "nic0"]
+    assert rank_label(2, "worker") == "worker2"
     rows = [{"src": f"worker{a}", "dst": f"worker{b}", "mode": "copy", "bandwidth_bytes_per_s": 1e9 * (1 + a + b),
              "latency_s": 1e-5} for a in range(2) for b in range(2) if a != b]
     page = render([Source("cpu", Result("bench-p2p", rows, meta={"backend": "gloo"}, machine={"cpu_count": 2}))])
-    assert "CPU worker 0" in page and "CPU0" not in page and "worker0" not in page
+    labels = set(re.findall(r">(worker\d|CPU\d|GPU\d)<", page))  # tick labels of the heatmap (SVG text)
+    assert labels == {"worker0", "worker1"}, labels
+    assert "CPU0" not in page
 
 
 def test_cluster_plan_and_predict_results_have_their_own_sections():

@@ -246,15 +246,14 @@ def p2p_verdict(rows: list[dict[str, Any]], rate_of: dict[tuple[int, int], float
 
 
 def rank_label(device: Any, kind: str | None = None) -> str:
-    """The one name of a rank in plots and notes alike: "GPU 3" or "CPU worker 1". ``device`` is an index (a GPU
-    unless ``kind`` is "worker") or a node name such as gpu3 or worker1."""
+    """The one name of a rank in plots, notes and the topology drawing alike, as nvidia-smi writes it: "GPU3",
+    or "worker1" for a CPU worker process. ``device`` is an index (a GPU unless ``kind`` is "worker") or a node
+    name such as gpu3 or worker1."""
     text = str(device)
     if text.isdigit():
-        return f"{'CPU worker' if kind == 'worker' else 'GPU'} {int(text)}"
-    number = re.sub(r"\D", "", text)
-    for prefix, name in (("gpu", "GPU"), ("worker", "CPU worker")):
-        if text.startswith(prefix) and number:
-            return f"{name} {int(number)}"
+        return f"{'worker' if kind == 'worker' else 'GPU'}{int(text)}"
+    if re.fullmatch(r"gpu\d+", text):
+        return f"GPU{int(text[3:])}"
     return text
 
 
