@@ -137,3 +137,11 @@ def test_the_dgx1_reference_charts_have_short_legends():
     page = render([Source(name, result) for name, result in whitepaper_results().items()])
     counts = [int(n) for n in re.findall(r'data-legend-entries="(\d+)"', page)]
     assert len(counts) >= 2 and max(counts) <= 6, counts
+
+
+
+def test_p2p_bandwidth_colours_run_up_to_the_line_rate(page):
+    """The fixture's best pair measures 18 GB/s over a 20 GB/s NVLink: the colour bar reaches the line rate."""
+    svg = re.search(r'<svg id="plot-p2p-p2p-unidirectional-bandwidth".*?</svg>', page, re.S).group(0)
+    numbers = {float(t) for t in re.findall(r">\s*(\d+\.\d)\s*</text>", svg)}  # cell values and colour bar ticks
+    assert {0.0, 14.2, 18.0, 20.0} <= numbers and max(numbers) == 20.0

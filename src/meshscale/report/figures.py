@@ -19,7 +19,7 @@ from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
 from meshscale.topology.text import relation_matrix, summary
 from meshscale.topology.schema import from_dict
-from meshscale.units import format_bytes
+from meshscale.units import format_bytes, gbps
 
 SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
 
@@ -103,6 +103,8 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                 if grid.low_is_good:
                     verdict = Verdict("info", "small-message latency per pair; outliers point at a longer route")
                 else:
+                    if rate_of:  # the colours run up to the line rate: a full-rate pair is the top of the scale
+                        grid.bound = gbps(max(rate_of.values()))
                     judged_rate_of, what = _judged_rates(mode, rate_of, s.result.rows)
                     verdict = p2p_verdict(rows, judged_rate_of, hints(s.result.env, topo, cpu), what)
                     if cpu and verdict.level in ("warn", "bad"):
