@@ -78,3 +78,25 @@ def test_station_square_keeps_pcie_below():
     topo = load_system("dgx-station")
     pos = layout(topo)
     assert all(pos[s][1] < min(pos[g][1] for g in topo.gpus()) for s in topo.nodes_of("pcie_switch"))
+
+
+def test_the_fat_tree_picture_states_the_figures_the_text_states():
+    from meshscale.topology.cluster import ClusterSpec, describe, plan_cluster
+    from meshscale.topology.draw import fat_tree_figure
+    plan = plan_cluster(ClusterSpec(node="dgx1-p100", nodes=124))
+    title = fat_tree_figure(plan).axes[0].get_title()
+    text = describe(plan)
+    for figure in ("6,012 GB/s", "3,100 GB/s", "1.28 us"):
+        assert figure in title and figure in text, (figure, title)
+
+
+def test_a_small_topology_is_drawn_small():
+    """A one-GPU VM (GPU, its PCIe link, a CPU) is a small picture, not a page-wide one of three tiny boxes."""
+    from meshscale.topology.draw import topology_figure
+    vm = from_dict({"name": "vm", "nodes": [{"name": "gpu0", "kind": "gpu", "index": 0, "model": "NVIDIA H100 80GB HBM3"},
+                                            {"name": "pcie0", "kind": "pcie_switch"}, {"name": "cpu0", "kind": "cpu"}],
+                    "links": [{"a": "gpu0", "b": "pcie0", "kind": "pcie", "generation": 5, "width": 16},
+                              {"a": "pcie0", "b": "cpu0", "kind": "pcie", "generation": 5, "width": 16}]})
+    one = topology_figure(vm).get_size_inches()
+    eight = topology_figure(load_system("hgx-h100")).get_size_inches()
+    assert one[0] <= 4.0 and one[0] < eight[0] / 2

@@ -263,7 +263,8 @@ def whitepaper_results() -> dict[str, Result]:
     return {"whitepaper": Result("scale", published, False, {"group": group, "label": "whitepaper",
                                                              "source": "NVIDIA DGX-1 whitepaper, figures 5 and 6"}),
             "whitepaper-predicted": Result("predict", predicted, True, {"group": group, "label": "meshscale",
-                                                                       "source": "meshscale.predict.whitepaper"})}
+                                                                       "source": "meshscale's model: the CNTK 2016 framework profile and "
+                                                                                 "NCCL 1.6's cost model"})}
 
 
 def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:

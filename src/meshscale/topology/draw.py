@@ -67,7 +67,7 @@ def topology_figure(topology: Topology) -> Figure:
     xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
     width, height = max(xs) - min(xs) + 2, max(ys) - min(ys) + 2
     scale = min(1.3, 24 / width, 20 / height)
-    fig = Figure(figsize=(max(6.0, width * scale), max(4.0, height * scale + 0.8)))
+    fig = Figure(figsize=(max(3.0, width * scale), max(2.5, height * scale + 0.8)))  # sized to its content
     ax = fig.add_subplot()
     _draw_links(ax, topology, pos)
     _draw_nodes(ax, topology, pos)
@@ -114,8 +114,9 @@ def fat_tree_figure(plan: ClusterPlan) -> Figure:
     ax.set_xlim(-0.2, 1.02)
     ax.axis("off")
     ax.set_title(f"{n_nodes} x {plan.node_topology.name}, {plan.spec.nics}x {plan.net.name.upper()}: "
-                 f"{plan.levels}-level fat tree, bisection {plan.bisection_bytes_per_s * 2 / 1e9:,.0f} GB/s "
-                 f"(both directions), worst latency {plan.latency_s * 1e6:.2f} us", fontsize=9)
+                 f"{plan.levels}-level fat tree, bisection {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 "
+                 f"whitepaper counts it ({plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction), worst latency "
+                 f"{plan.latency_s * 1e6:.2f} us", fontsize=9)
     return fig
 
 
