@@ -41,3 +41,13 @@ def test_slower_network_slower_exchange_and_sweep_reuses_the_cluster():
         assert slow["throughput_samples_per_s"] < fast["throughput_samples_per_s"]
     one, again = (cluster_fabric(ClusterSpec("dgx1-p100", 1, 4, "edr"), 8)[0].cluster for _ in range(2))
     assert one is again  # one topology per cluster and node count: NCCL's search on it runs once
+
+
+def test_hierarchical_on_an_nccl_without_tree_is_a_one_line_error():
+    from meshscale.errors import MeshscaleError
+    from meshscale.predict.frameworks import FRAMEWORKS
+
+    job = _job("hierarchical")
+    job.framework = FRAMEWORKS["cntk-2016"]  # NCCL 1.6: rings only
+    with pytest.raises(MeshscaleError, match="use --algo ring"):
+        predict_cluster(job, ClusterSpec("dgx1-p100", 1, 4, "edr"), [2])

@@ -197,7 +197,13 @@ class Exchange:
         if key not in self._cache:
             self.source = "NCCL cost model on the cluster"
             ranks = [f.cluster.nodes[d].index for d in f.cluster.devices()]
-            self._cache[key] = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes), params=self.calibration,
-                                                  nccl_version=self.nccl_version,
-                                                  nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm]).time_s
+            try:
+                self._cache[key] = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes),
+                                                      params=self.calibration, nccl_version=self.nccl_version,
+                                                      nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm]).time_s
+            except MeshscaleError as e:
+                if self.algorithm != "hierarchical":
+                    raise
+                raise MeshscaleError(f"the hierarchical all-reduce across nodes is NCCL's tree, which NCCL "
+                                     f"{self.nccl_version} does not have; use --algo ring") from e
         return self._cache[key]
