@@ -1,26 +1,29 @@
 """Time of the gradient exchange: all-reduce (flat ring or hierarchical) or parameter server, on one system or a
 cluster of them.
 
-Inside a node the collectives simulator times the all-reduce (once per bucket size, cached). Across nodes the
-cost is alpha-beta with the bottleneck bandwidth, so 124 nodes x 8 GPUs take no longer than one node:
-- ring: one flat ring of all p GPUs, one channel per NIC: 2(p-1) alpha + 2(p-1)/p n / min(B_node_ring, B_net);
-- hierarchical: reduce-scatter inside the node, all-reduce of the shards across nodes (all NICs at once:
-  2(N-1) alpha + 2(N-1)/N n / B_net), all-gather inside the node (the two intra steps cost one all-reduce);
+Inside a node the collectives simulator times the all-reduce. Across nodes the all-reduce is NCCL's cost model
+on the whole cluster's topology (the one `sim` and `plan` use), with NCCL's algorithm forced as NCCL_ALGO does:
+- ring: one flat ring of all GPUs (NCCL_ALGO=Ring);
+- hierarchical: reduce inside the node, a tree across nodes, broadcast back (NCCL_ALGO=Tree);
 - ps (mode ps-sync): every GPU pushes its gradients to one server and pulls the result back, through the
   server's links (host PCIe on one node, the server node's NICs across nodes).
+Times are cached per bucket size; the cluster topology (and so NCCL's ring and tree search on it) per cluster
+and node count, so a sweep up to 124 nodes x 8 GPUs stays fast.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, replace
+from dataclasses import astuple, dataclass, replace
+from functools import lru_cache
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
-from meshscale.topology.cluster import ClusterPlan, ClusterSpec, plan_cluster
+from meshscale.topology.cluster import ClusterPlan, ClusterSpec, build_cluster, plan_cluster
 
 ALLREDUCE_ALGORITHMS = ("ring", "hierarchical")
 EXCHANGES = (*ALLREDUCE_ALGORITHMS, "ps")  # how one exchange travels: an all-reduce, or a parameter server
+NCCL_ALGO_ACROSS_NODES = {"ring": "ring", "hierarchical": "tree"}
 
 
 @dataclass
@@ -33,6 +36,7 @@ class Fabric:
     net_bandwidth_bytes_per_s: float = 0.0  # per node per direction, effective (all NICs)
     net_latency_s: float = 0.0              # one message node to node: wire + switches + software
     name: str = ""
+    cluster: Topology | None = None         # all nodes and their network, as one topology (several nodes)
 
     @property
     def world_size(self) -> int:
@@ -59,8 +63,20 @@ def cluster_fabric(spec: ClusterSpec, nodes: int, params: SimParams | None = Non
         bandwidth = min(bandwidth, host_bandwidth(plan.node_topology) / 2)
         latency += 2 * params.message_latency_of("pcie")
     fabric = Fabric(plan.node_topology, plan.gpus_per_node, nodes, bandwidth, latency,
-                    f"{nodes} x {plan.node_topology.name} ({spec.nics}x {plan.net.name})")
+                    f"{nodes} x {plan.node_topology.name} ({spec.nics}x {plan.net.name})",
+                    cluster_topology(replace(spec, nodes=nodes)) if nodes > 1 else None)
     return fabric, plan
+
+
+def cluster_topology(spec: ClusterSpec) -> Topology:
+    """The cluster ``spec`` as one topology, built once per spec: NCCL's model keeps its ring and tree search on
+    the topology object, so every later size costs next to nothing."""
+    return _cluster_topology(astuple(spec))
+
+
+@lru_cache(maxsize=64)
+def _cluster_topology(fields: tuple) -> Topology:
+    return build_cluster(plan_cluster(ClusterSpec(*fields)))
 
 
 def host_bandwidth(topo: Topology) -> float:
@@ -125,7 +141,8 @@ class Exchange:
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
         self.fabric, self.algorithm, self.intra, self.nccl_version = fabric, algorithm, intra, nccl_version
         self.params = params or SimParams()
-        self._cache: dict[float, float] = {}
+        self.calibration = params  # a fitted link model, or None (NCCL's defaults)
+        self._cache: dict = {}
         self.source = ""
 
     def intra_allreduce_s(self, nbytes: float) -> float:
@@ -148,13 +165,6 @@ class Exchange:
                                                          params=self.params, **options).time_s
         return self._cache[nbytes]
 
-    def _node_ring_bandwidth(self, nbytes: float) -> float:
-        """Bus bandwidth of the node's ring (what each ring link carries per second)."""
-        g = self.fabric.gpus_per_node
-        if g < 2:
-            return float("inf")
-        return 2 * (g - 1) / g * nbytes / self.intra_allreduce_s(nbytes)
-
     def ps_s(self, nbytes: float) -> float:
         """Push to one parameter server and pull back: every GPU's ``nbytes`` through the server's links."""
         f = self.fabric
@@ -173,10 +183,27 @@ class Exchange:
             return self.ps_s(nbytes)
         if f.nodes == 1:
             return self.intra_allreduce_s(nbytes)
-        n = f.nodes
-        if self.algorithm == "hierarchical":
-            inter = 2 * (n - 1) * f.net_latency_s + 2 * (n - 1) / n * nbytes / f.net_bandwidth_bytes_per_s
-            return self.intra_allreduce_s(nbytes) + inter
-        p = f.world_size
-        bandwidth = min(self._node_ring_bandwidth(nbytes), f.net_bandwidth_bytes_per_s)
-        return 2 * (p - 1) * f.net_latency_s + 2 * (p - 1) / p * nbytes / bandwidth
+        return self.cluster_allreduce_s(nbytes)
+
+    def cluster_allreduce_s(self, nbytes: float) -> float:
+        """All-reduce of ``nbytes`` among every GPU of the cluster: NCCL's cost model on the cluster topology,
+        the algorithm forced (ring, or tree for hierarchical), as `sim` would time it (cached per size)."""
+        from meshscale.simulate import predict_collective
+
+        f = self.fabric
+        if f.cluster is None:
+            raise MeshscaleError(f"{f.name or f.node.name}: a fabric of {f.nodes} nodes needs its cluster topology")
+        key = ("cluster", nbytes)
+        if key not in self._cache:
+            self.source = "NCCL cost model on the cluster"
+            ranks = [f.cluster.nodes[d].index for d in f.cluster.devices()]
+            try:
+                self._cache[key] = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes),
+                                                      params=self.calibration, nccl_version=self.nccl_version,
+                                                      nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm]).time_s
+            except MeshscaleError as e:
+                if self.algorithm != "hierarchical":
+                    raise
+                raise MeshscaleError(f"the hierarchical all-reduce across nodes is NCCL's tree, which NCCL "
+                                     f"{self.nccl_version} does not have; use --algo ring") from e
+        return self._cache[key]
