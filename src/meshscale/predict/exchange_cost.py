@@ -157,12 +157,10 @@ class Exchange:
                 self._cache[nbytes] = ring_alpha_beta_s(self.fabric.node, ranks, nbytes, self.params)
             else:
                 from meshscale.simulate import predict_collective
-                self.source = "collectives simulator"
-                # a given NCCL version: that NCCL's own choice (its rings, its protocols), not ours
-                options = ({"nccl_version": self.nccl_version} if self.nccl_version else
-                           {"algorithm": "ring" if self.algorithm == "ring" else "auto"})
+                self.source = "NCCL cost model"
+                # inside a node NCCL makes its own choice (its rings, its protocols), as across nodes: one model
                 self._cache[nbytes] = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes),
-                                                         params=self.params, **options).time_s
+                                                         params=self.params, nccl_version=self.nccl_version).time_s
         return self._cache[nbytes]
 
     def ps_s(self, nbytes: float) -> float:
