@@ -237,15 +237,23 @@ def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: s
                 cache[key] = str(exc)
         found = cache[key]
         predicted_s, detail = found if isinstance(found, tuple) else (None, "")
-        ratio = predicted_s / m.time_s if predicted_s and math.isfinite(predicted_s) else None
-        rows.append({**{k: v for k, v in asdict(m).items() if k != "time_s"}, "size_class": m.size_class,
-                     "measured_time_s": m.time_s, "predicted_time_s": predicted_s,
-                     "ratio": ratio, "error": None if ratio is None else ratio - 1, "model": detail,
-                     "problem": "" if ratio is not None else (found if isinstance(found, str) else
-                                                              f"predicted time {predicted_s}")})
-    meta = {"corpus": str(corpus or corpus_path()), "algorithm": algorithm, "filters": filters or {},
-            "summary": _summary(rows)}
-    return Result("validate", rows, True, meta)
+        rows.append(_compared({k: v for k, v in asdict(m).items() if k != "time_s"}, m.time_s, predicted_s, detail,
+                              found if isinstance(found, str) else f"predicted time {predicted_s}"))
+    return _validation(rows, str(corpus or corpus_path()), algorithm, filters or {})
+
+
+def _compared(described: dict[str, Any], measured_s: float, predicted_s: float | None, model: str,
+              problem: str) -> dict[str, Any]:
+    """One row of a validation: what was measured (``described``, with its size_bytes), both times, their ratio."""
+    ratio = predicted_s / measured_s if predicted_s and math.isfinite(predicted_s) else None
+    return {**described, "size_class": SIZE_CLASSES[described["size_bytes"] >= SMALL_BYTES],
+            "measured_time_s": measured_s, "predicted_time_s": predicted_s, "ratio": ratio,
+            "error": None if ratio is None else ratio - 1, "model": model, "problem": "" if ratio is not None else problem}
+
+
+def _validation(rows: list[dict[str, Any]], corpus: str, algorithm: str, filters: dict[str, Any]) -> Result:
+    return Result("validate", rows, True, {"corpus": corpus, "algorithm": algorithm, "filters": filters,
+                                           "summary": _summary(rows)})
 
 
 def validate_run(measured: Result, predicted: Result) -> Result:
@@ -259,18 +267,12 @@ def validate_run(measured: Result, predicted: Result) -> Result:
         p = model.get((r["collective"], r["size_bytes"]))
         if p is None or not r.get("time_s"):
             continue
-        ratio = p["time_s"] / r["time_s"] if p.get("time_s") else None
-        rows.append({"row": i, "system": system, "gpus": world, "collective": r["collective"],
-                     "size_bytes": r["size_bytes"], "inplace": r.get("inplace"),
-                     "size_class": SIZE_CLASSES[r["size_bytes"] >= SMALL_BYTES], "measured_time_s": r["time_s"],
-                     "predicted_time_s": p.get("time_s"), "ratio": ratio,
-                     "error": None if ratio is None else ratio - 1, "model": p.get("algorithm", ""),
-                     "problem": "" if ratio is not None else "no prediction"})
+        described = {"row": i, "system": system, "gpus": world, "collective": r["collective"],
+                     "size_bytes": r["size_bytes"], "inplace": r.get("inplace")}
+        rows.append(_compared(described, r["time_s"], p.get("time_s"), p.get("algorithm", ""), "no prediction"))
     if not rows:
         raise MeshscaleError("no measured size has a prediction to compare with")
-    meta = {"corpus": "this run", "algorithm": predicted.meta.get("algorithm", "nccl"), "filters": {},
-            "summary": _summary(rows)}
-    return Result("validate", rows, True, meta)
+    return _validation(rows, "this run", predicted.meta.get("algorithm", "nccl"), {})
 
 
 def validate_corpus(corpus: str | Path | None = None, system: str | None = None, collective: str | None = None,

@@ -212,6 +212,20 @@ def _host_of(node: Topology, name: str) -> str:
     raise TopologyError(f"{node.name}: {name} reaches no CPU over PCIe; GPUDirect off needs a host path")
 
 
+def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[dict[str, Node], list[Link]]:
+    """Node (or host) ``k`` of a cluster: every node and link of ``topology`` named ``n<k>/...``, marked with
+    ``node=k`` (and ``attrs``), its devices numbered from ``first_index`` as the cluster's ranks are."""
+    p = f"n{k}/"
+    base = min((topology.nodes[d].index for d in topology.devices()), default=0)
+    nodes = {}
+    for n in topology.nodes.values():
+        node_attrs = dict(n.attrs, node=k, **attrs)
+        if n.kind in ("gpu", "worker") and n.index is not None:
+            node_attrs["index"] = first_index + n.index - base
+        nodes[p + n.name] = Node(p + n.name, n.kind, node_attrs)
+    return nodes, [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
+
+
 def build_cluster(plan: ClusterPlan) -> Topology:
     """The cluster as one `Topology`: every node copied with prefix ``n<k>/``, NICs linked to leaf switches,
     leaves to level-2 switches (one link to each), level-2 to level-3 by pod. Switches carry latency_s."""
@@ -223,12 +237,9 @@ def build_cluster(plan: ClusterPlan) -> Topology:
     points = _attach_points(node, plan)
     for k in range(spec.nodes):
         p = f"n{k}/"
-        for n in node.nodes.values():
-            attrs = dict(n.attrs, node=k)
-            if n.kind in ("gpu", "worker"):
-                attrs["index"] = k * gpus + n.index
-            nodes[p + n.name] = Node(p + n.name, n.kind, attrs)
-        links += [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in node.links]
+        copied, copied_links = node_copy(node, k, k * gpus)
+        nodes.update(copied)
+        links += copied_links
         leaf = f"l1/{k // plan.nodes_per_leaf}"
         for j, (nic, at) in enumerate(points):
             if nic is None:  # a NIC the system file does not have: add it on a x16 slot

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
 from meshscale.topology import links as calc
-from meshscale.topology.cluster import NET_LINKS
+from meshscale.topology.cluster import NET_LINKS, node_copy
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
 from meshscale.topology.nics import Port
 
@@ -71,12 +71,9 @@ def join_hosts(reports: list[HostReport]) -> Topology:
     used = {}
     for k, report in enumerate(reports):
         prefix, topo = f"n{k}/", report.topology
-        for n in topo.nodes.values():
-            attrs = dict(n.attrs, node=k, hostname=report.hostname)
-            if n.index is not None and n.kind in ("gpu", "worker"):
-                attrs["index"] = k * per_host + n.index - min(topo.nodes[d].index for d in topo.devices())
-            nodes[prefix + n.name] = Node(prefix + n.name, n.kind, attrs)
-        links += [Link(**{**vars(l), "a": prefix + l.a, "b": prefix + l.b}) for l in topo.links]
+        copied, copied_links = node_copy(topo, k, k * per_host, hostname=report.hostname)
+        nodes.update(copied)
+        links += copied_links
         used[report.hostname] = ports = network_ports(report.ports)
         for j, port in enumerate(ports):
             kind = "ethernet" if port.kind == "ethernet" or port.link_layer.lower() == "ethernet" else "infiniband"
