@@ -34,3 +34,13 @@ for model in ${MODELS-resnet50 gpt-small}; do
     --profile-batches $((batch / 2)),$batch --steps 20 --timing-warmup 5 --json "$OUTDIR/$model-profile.json" \
     > "$OUTDIR/$model-profile.txt" 2>&1
 done
+# OVERLAP=1: GPT-small over the two nodes three more ways, to see how much of the exchange hides behind backward:
+# one bucket (nothing can overlap), and with the per-step compute / comm split (--timing); each with its one-GPU
+# profile measured above.
+if [ -n "${OVERLAP:-}" ]; then
+  two_nodes gpt-small-2nodes-onebucket train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
+    --no-timing --bucket-cap-mb 1000 --json "$OUTDIR/gpt-small-2nodes-onebucket.json"
+  two_nodes gpt-small-2nodes-timed train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
+    --json "$OUTDIR/gpt-small-2nodes-timed.json"
+  two_nodes allreduce-25m bench collective all_reduce -b 25M -e 150M -f 6 --json "$OUTDIR/allreduce-25m.json"
+fi
