@@ -171,3 +171,26 @@ def test_one_gpu_without_nvlink_peers_is_not_a_down_link():
     gpu = broken.gpus()[0]
     broken.links = [l for l in broken.links if not (l.kind == "nvlink" and gpu in (l.a, l.b))][:]  # GPU0 lost its links
     assert any("NVLinks: a link is down" in h for h in hints({}, broken))
+
+
+def test_eager_run_is_judged_above_its_own_per_call_floor():
+    """An eager GPU run whose every call costs 45 us (this host's launch path) is healthy up to the size where the
+    link takes over; the same run with its largest size at 60% of nccl-tests still warns."""
+    from meshscale.report.verdicts import EAGER_CALL_S, per_call_floor_s
+    meta = {"backend": "nccl", "spec": {"impl": "native"}}
+    rows = []
+    for size in (64 << 10, 1 << 20, 4 << 20):
+        row, _ = _h200_rows(1.0, size=size)
+        row[0]["time_s"] = 45e-6 + size / 2 / 300e9
+        row[0]["busbw_bytes_per_s"] = size / 2 / row[0]["time_s"]
+        rows += row
+    big, _ = _h200_rows(0.97)
+    floor = per_call_floor_s(rows + big, meta)
+    assert abs(floor - rows[0]["time_s"]) < 1e-9 and floor > EAGER_CALL_S
+    assert per_call_floor_s(rows, {"backend": "nccl", "spec": {"impl": "nccl"}}) == 0.0  # NCCL called directly
+    v = collective_verdict(rows + big, [], references=_refs(), floor_s=floor)
+    assert v.level not in ("warn", "bad"), v.text
+    assert collective_verdict(rows + big, [], references=_refs()).level in ("warn", "bad")  # no floor: it warns
+    slow, _ = _h200_rows(0.60)
+    v = collective_verdict(rows + slow, [], references=_refs(), floor_s=floor)
+    assert v.level == "warn" and "(60%)" in v.text

@@ -11,7 +11,7 @@ from typing import Any
 from meshscale import plots
 from meshscale.plots import Series
 from meshscale.report.expected import references
-from meshscale.report.verdicts import (EAGER_CALL_S, Verdict, collective_verdict, eager_path, hints, host_path_rates, is_cpu_run,
+from meshscale.report.verdicts import (Verdict, collective_verdict, hints, host_path_rates, is_cpu_run, per_call_floor_s,
                                        p2p_verdict, rank_label, scaling_gap, scaling_verdict, small_message_note, topology_verdict)
 from meshscale.results import Result
 from meshscale.topology.draw import topology_figure
@@ -159,13 +159,7 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                 x, y = _curve(rows, "bound_busbw_bytes_per_s")
                 if x:
                     series.append(Series(f"link bound ({s.label})", x, y, "bound"))
-                cpu = is_cpu_run(s.result.meta, s.result.machine, topo)
-                every = [r for r in s.result.rows if r["collective"] == name]  # both placements: the better one counts
-                verdict = collective_verdict(every, hints(s.result.env, topo, cpu), cpu, _references(s, topo),
-                                             EAGER_CALL_S if eager_path(s.result.meta) else 0.0)
-                note = small_message_note(rows, s.result.meta)
-                if note:
-                    verdict = Verdict(verdict.level, f"{verdict.text}. {note}")
+                verdict = measured_collective_verdict(s, name, topo)
         for s in predicted:
             rows = [r for r in s.result.rows if r["collective"] == name]
             if len({r["size_bytes"] for r in rows}) == len(rows):  # one prediction per size (the fastest algorithm)
@@ -187,6 +181,17 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
             figure = plots.busbw_chart(f"{name}: bus bandwidth{part}", fixed + chart)
             section.plots.append(Plot(pid, f"{name}{part}", plots.to_svg(figure, pid), verdict))
     return section
+
+
+def measured_collective_verdict(source: Source, name: str, topo: Topology | None) -> Verdict:
+    """The verdict on one collective of a measured run, as the report prints it (both placements: the better
+    one counts)."""
+    rows = [r for r in source.result.rows if r["collective"] == name]
+    cpu = is_cpu_run(source.result.meta, source.result.machine, topo)
+    verdict = collective_verdict(rows, hints(source.result.env, topo, cpu), cpu, _references(source, topo),
+                                 per_call_floor_s(rows, source.result.meta))
+    note = small_message_note([r for r in rows if not r.get("inplace")] or rows, source.result.meta)
+    return Verdict(verdict.level, f"{verdict.text}. {note}") if note else verdict
 
 
 def _references(source: Source, topo: Topology | None):

@@ -141,7 +141,8 @@ def collective_verdict(rows: list[dict[str, Any]], look_at: list[str], cpu: bool
                                "prediction), so no judgement")
     short = [j for j in judged if j[0] < j[2].floor]
     share, row, chosen, expected = min(short, key=lambda j: j[0]) if short else judged[-1]
-    floored = " (floored at the per-call cost)" if expected < chosen.busbw_bytes_per_s else ""
+    floored = (f" (floored at the {floor_s * 1e6:.0f} us per-call cost of this run's eager path)"
+               if expected < chosen.busbw_bytes_per_s else "")
     figure = (f"at {_size(row['size_bytes'])} expected about {_gbps(expected)} ({chosen.source}){floored}; "
               f"measured {_gbps(row['busbw_bytes_per_s'])} ({share:.0%})")
     if short:
@@ -199,6 +200,15 @@ def eager_path(meta: dict[str, Any]) -> bool:
     host's launch path."""
     impl = (meta.get("spec") or {}).get("impl", "native")
     return impl == "native" and str(meta.get("backend", "")).lower() == "nccl"
+
+
+def per_call_floor_s(rows: list[dict[str, Any]], meta: dict[str, Any]) -> float:
+    """The per-call cost no message of an eager GPU run beats: the run's own fastest call of this collective
+    (calibrated in the same run: the host's launch path varies with CPU and torch build), at least the eager
+    cost measured on 2 H200. 0 for runs not on torch's eager path."""
+    if not eager_path(meta):
+        return 0.0
+    return max(EAGER_CALL_S, min((r["time_s"] for r in rows if r.get("time_s")), default=0.0))
 
 
 def small_message_note(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str | None:
