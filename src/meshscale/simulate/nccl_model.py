@@ -104,18 +104,29 @@ def cpu_class(model: str) -> str:
     return str(_first_match(_data()["cpu_class"], model, _data()["cpu_class_default"]))
 
 
-def host_launch_s() -> float:
-    """Seconds a host thread spends issuing one GPU's collective (see the data file)."""
-    return float(_data()["host_launch_us_per_gpu"]) * 1e-6
+def host_launch_s(version: str | None = None) -> float:
+    """Seconds a host thread spends issuing one GPU's collective with NCCL ``version`` (default 2.28): the
+    figure of the newest family measured that is not newer (the oldest one for older versions)."""
+    per_family = _data()["host_launch_us_per_gpu"]
+    want = _version_key(constants(version)["family"])
+    known = sorted(per_family, key=_version_key)
+    fitting = [f for f in known if _version_key(f) <= want] or known[:1]
+    return float(per_family[fitting[-1]]) * 1e-6
 
 
-def host_bound_s(device_s: float, gpus_per_thread: int) -> float:
-    """Time per call when one host thread issues the collective on ``gpus_per_thread`` GPUs one after another:
-    the collective cannot start before the last GPU's kernel is issued, (G-1) launches after the first, and
-    the thread cannot issue calls faster than G launches each. One GPU per thread: its launch overlaps the
-    previous call."""
-    g = max(1, gpus_per_thread)
-    return max(g * host_launch_s(), (g - 1) * host_launch_s() + device_s)
+def host_bound_s(device_s: float, gpus_per_thread: int, version: str | None = None) -> float:
+    """Time per call of a back-to-back loop when one host thread issues each call on ``gpus_per_thread`` GPUs
+    one after another. Launches are asynchronous: the thread runs ahead and the kernels queue, so a call
+    takes the longer of the thread's G issues and the device's own ``device_s`` (one GPU per thread: its
+    launch overlaps the previous call)."""
+    return max(max(1, gpus_per_thread) * host_launch_s(version), device_s)
+
+
+def call_floor_us(s: System, c: dict, collective: str) -> float:
+    """The least time (us) one call of ``collective`` takes in a back-to-back loop: the CUDA launch and NCCL's
+    per-call overhead (see the data file) on top of NCCL's cheapest latency for it (Ring/LL). A separate
+    term: NCCL's choice does not see it."""
+    return float(_data()["launch_overhead_us"]) + latency_us(s, c, collective, "ring", "LL")
 
 
 # ---- what NCCL derives from the topology ------------------------------------------------------------------
@@ -760,7 +771,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
     algo_forced, proto_forced = normalize_algo(nccl_algo), normalize_proto(proto)
     nbytes = int(nbytes)
     if len(ranks) < 2:
-        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_bound_s(0.0, gpus_per_thread),
+        return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0,
+                              host_bound_s(0.0, gpus_per_thread, nccl_version),
                               0.0, c["family"], s)
     if collective in _P2P_COLLECTIVES:
         t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
@@ -787,7 +799,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                                  f"devices {list(ranks)} (the hardware or the version does not offer it)")
         candidates.sort(key=lambda e: e.nccl_time_s)
         chosen = candidates[0]
-    time_s = host_bound_s(chosen.time_s, gpus_per_thread)
+    device_s = chosen.time_s if chosen.algo == P2P else max(chosen.time_s, call_floor_us(s, c, collective) * 1e-6)
+    time_s = host_bound_s(device_s, gpus_per_thread, nccl_version)
     return NcclPrediction(collective, list(ranks), nbytes, chosen.algo, chosen.proto, chosen.channels, time_s,
                           chosen.nccl_time_s, c["family"], s, candidates,
-                          host_bound=max(1, gpus_per_thread) * host_launch_s() > chosen.time_s)
+                          host_bound=max(1, gpus_per_thread) * host_launch_s(nccl_version) > device_s)
