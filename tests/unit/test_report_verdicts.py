@@ -194,3 +194,14 @@ def test_eager_run_is_judged_above_its_own_per_call_floor():
     slow, _ = _h200_rows(0.60)
     v = collective_verdict(rows + slow, [], references=_refs(), floor_s=floor)
     assert v.level == "warn" and "(60%)" in v.text
+
+
+def test_scaling_efficiency_is_judged_against_the_prediction_of_the_same_series():
+    measured = [{"world_size": 1, "mode": "strong", "efficiency": 1.0},
+                {"world_size": 2, "mode": "strong", "efficiency": 0.78, "speedup": 1.56}]
+    predicted = [{"world_size": 2, "mode": "strong", "efficiency": 0.88, "speedup": 1.75}]
+    assert scaling_verdict(measured, []).level == "warn"  # no prediction: judged against linear
+    v = scaling_verdict(measured, [], predicted)
+    assert v.level == "good" and "predicted 88%" in v.text and "expected" in v.text
+    measured[1]["efficiency"] = 0.60  # far below what the model expects: still a warning
+    assert scaling_verdict(measured, [], predicted).level in ("warn", "bad")

@@ -268,14 +268,14 @@ def scaling_section(sources: list[Source]) -> Section:
                 if style == "measured" and rows and verdict is None:
                     first_label, first = next(iter(_split(s, rows).items()))
                     cpu = is_cpu_run(s.result.meta, s.result.machine)
-                    verdict = scaling_verdict(first, hints(s.result.env, cpu=cpu))
-                    if s.result.meta.get("source"):  # published figures: a reference, not this machine's fault
-                        verdict = Verdict("info", f"reference ({s.result.meta['source']}): {verdict.text.split(' — ')[0]}")
                     # the prediction of the same series (system, variant): never one system against another
                     predicted_parts = {label: part for p in members if p.result.predicted or p.result.kind == "predict"
                                        for label, part in _split(p, [r for r in p.result.rows if r["mode"] == mode]).items()}
                     predicted = predicted_parts.get(first_label) or \
                         (next(iter(predicted_parts.values())) if len(predicted_parts) == 1 else [])
+                    verdict = scaling_verdict(first, hints(s.result.env, cpu=cpu), predicted)
+                    if s.result.meta.get("source"):  # published figures: a reference, not this machine's fault
+                        verdict = Verdict("info", f"reference ({s.result.meta['source']}): {verdict.text.split(' — ')[0]}")
                     finding = scaling_gap(first, predicted)
                     if finding:
                         verdict = Verdict("warn" if verdict.level == "good" else verdict.level,
