@@ -680,10 +680,32 @@ def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int
     return nc
 
 
+def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
+    """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node, where NCCL's tree is a chain
+    (search.cc, the tree pattern inside a node). A GPU with a parent and a child sends the data up (reduce) and
+    down (broadcast): twice the size through its links; a chain of two moves it once each way. A GPU sends at
+    its graph bandwidth (the ring graph's channels x GB/s) with the protocol's factors of NCCL's tuning: Simple
+    the tree factor, LL128 the one-node tree factor and per-channel cap, LL the ring's LL rate (8 B of data
+    per 16 B line, capped by llMaxBw). NCCL's estimate divides LL by 3.8 instead, a rate a node's chain does
+    not run at (measured: forced Tree/LL on 2 and 4 H200 runs at the ring's LL rate)."""
+    send = s.ring.total_gbps * share
+    if proto == "Simple":
+        rate = send * c["tree_factor"]
+    elif proto == "LL128":
+        nch = (s.tree or s.ring).channels * share
+        rate = min(send * c["tree_ll128_factor_one_node"], nch * _row(c["per_channel_max_tree_ll128_bw"], s)[0])
+    else:
+        rate = min(_row(c["ll_max_bw"], s)[0], send * c["ring_ll_factor"])
+    return rate / (1 if s.n_ranks == 2 else 2)
+
+
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
-    bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
+    if algo == "tree" and s.n_nodes == 1 and collective == "all_reduce":
+        bw = chain_gbps(s, c, proto, share) * scale
+    else:
+        bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
     if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
