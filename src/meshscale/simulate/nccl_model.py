@@ -713,27 +713,75 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
     return latency_us(s, c, collective, algo, proto) + nbytes / (1000 * bw), nc
 
 
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def p2p_op_channels(topo: Topology, s: System, c: dict, names: list[str], nbytes: float) -> tuple[int, int]:
+    """Channels one send (or receive) of ``nbytes`` runs on when each of ``names`` exchanges with its peers, and
+    the p2p channels of the communicator. NCCL gives a peer 2 channels per NVLink of its path (2 on PCIe;
+    paths.cc ncclTopoComputeP2pChannels, rounded up to a power of two, at most the p2p channels: the collective
+    channels rounded up to a power of two); a send starts on the fewest channels that keep nRanks x channels
+    within the p2p channels and doubles them while a channel would carry more than 32 chunks (inside a node;
+    enqueue.cc addP2pToPlan)."""
+    nv = c["nvlink_bw_per_link"].get(s.sm, c["nvlink_bw_per_link"][80 if s.sm >= 80 else 70])
+    p2p_channels = min(_pow2_up(comm_channels(s, c, "ring")), c["max_channels"])
+    per_peer = p2p_channels
+    for a in names:
+        for b in names:
+            if a != b:
+                direct = s.ring.path_type == "NVL" and _node_of(topo, a) == _node_of(topo, b)
+                per_peer = min(per_peer, 2 * max(1, int(_pair_gbps(topo, s, c, a, b) / nv + 1e-9)) if direct else 2)
+    per_peer = min(_pow2_up(per_peer), p2p_channels)
+    n = len(names)
+    low = high = per_peer
+    while low * n > p2p_channels and low > 1:
+        low //= 2
+    while c.get("p2p_channels_per_op_quarter") and high * n > 4 * p2p_channels and high > 1:
+        high //= 2
+    step = c["p2p_chunk_bytes"]["nvlink" if s.ring.path_type == "NVL" else "pci"]
+    min_part, max_part = (step / 2, step) if s.n_nodes > 1 else (step / 8, step * 32)
+    nch = max(1, min(low, math.ceil(nbytes / min_part)))
+    while max(min_part, nbytes / nch) > max_part and nch <= high // 2:
+        nch *= 2
+    return nch, p2p_channels
+
+
+def p2p_channel_gbps(s: System, c: dict) -> float:
+    """GB/s one channel (one thread block) of point-to-point copies moves with the Simple protocol: NCCL's
+    per-channel ceiling of a Simple pattern (perChMaxTreeBw) over the two blocks a graph channel becomes once
+    the communicator doubles its channels (connect.cc)."""
+    return _row(c["per_channel_max_tree_bw"], s)[_index2(s)] / 2
+
+
 def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
-            scale: float) -> float:
+            scale: float) -> tuple[float, int]:
     """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's share of the graph
-    bandwidth and over each pair's path."""
+    bandwidth, over each pair's path and over the channels each send runs on (fewer for smaller sends).
+    Returns the time (us) and the channels one send runs on."""
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
     per_gpu = s.ring.total_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
+    block = nbytes if collective == "send_recv" else nbytes / n
+    op_channels, p2p_channels = p2p_op_channels(topo, s, c, names, block)
+    channel_gbps = p2p_channel_gbps(s, c) * scale
+    if s.n_nodes == 1:  # across nodes the network sets the pace
+        peers = 1 if collective in ("send_recv", "gather") else n - 1
+        per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
 
     def pair(a: str, b: str) -> float:
-        return min(per_gpu, _pair_gbps(topo, s, c, a, b) * scale)
+        path = _pair_gbps(topo, s, c, a, b) * scale
+        return min(per_gpu, path, op_channels * channel_gbps if s.n_nodes == 1 else path)
 
     if collective == "send_recv":
-        return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1])))
-    block = nbytes / n
+        return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1]))), op_channels
     if collective == "all_to_all":
         worst = max(block / pair(a, b) for a in names for b in names if a != b)
-        return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+        return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
     hub = names[root]
     worst = max(block / (pair(hub, b) if collective == "scatter" else pair(b, hub)) for b in names if b != hub)
-    return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+    return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
 
 
 def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
@@ -785,8 +833,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
         return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0, host_bound_s(0.0, gpus_per_thread),
                               0.0, c["family"], s)
     if collective in _P2P_COLLECTIVES:
-        t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
-        chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, comm_channels(s, c, "ring"))
+        t, nc = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
+        chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, nc)
         candidates = [chosen]
     else:
         candidates = []
