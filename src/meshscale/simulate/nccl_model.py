@@ -719,7 +719,7 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
         bw = chain_gbps(s, c, proto, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
-    if algo == "ring" and proto == "Simple":
+    if algo == "ring" and proto == "Simple" and s.n_nodes == 1:  # across nodes the network sets the pace
         bw = min(bw, ring_block_gbps(s, c, collective, nc) * scale)
     if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
