@@ -699,17 +699,22 @@ def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
     return rate / (1 if s.n_ranks == 2 else 2)
 
 
-def ring_block_gbps(s: System, c: dict, collective: str, blocks: int) -> float:
-    """Algorithm bandwidth (GB/s) the thread blocks of a Simple ring allow. Each channel is one block, and its
+def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int) -> float:
+    """Algorithm bandwidth (GB/s) the thread blocks of a ring allow. Each channel is one block, and its
     threads run one primitive after another for every chunk (device code, runRing): an all-reduce makes
     2(n-1)+1 passes for 2(n-1) sends (the last one copies the result out of the receive buffer), an all-gather
     or reduce-scatter n passes for n-1 sends, a broadcast or reduce one pass per send. A block moves at most
-    ``p2p_channel_gbps`` per pass, so on few ranks, where the last pass weighs most, the blocks and not the
-    links set the pace."""
+    NCCL's per-channel ceiling of the protocol per pass (Simple: ``p2p_channel_gbps``; LL128:
+    perChMaxRingLL128Bw over the two blocks of a graph channel), so on few ranks, where the last pass weighs
+    most, the blocks and not the links set the pace."""
     n = s.n_ranks
     nsteps = _nsteps(collective, n)
     passes_per_send = 1.0 if collective in _RING_ONLY else (nsteps + 1) / nsteps
-    return blocks * p2p_channel_gbps(s, c) / passes_per_send * n / nsteps
+    if proto == "LL128":
+        per_block = _row(c["per_channel_max_ring_ll128_bw"], s)[_index2(s)] / 2
+    else:
+        per_block = p2p_channel_gbps(s, c)
+    return blocks * per_block / passes_per_send * n / nsteps
 
 
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
@@ -719,8 +724,8 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
         bw = chain_gbps(s, c, proto, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
-    if algo == "ring" and proto == "Simple" and s.n_nodes == 1:  # across nodes the network sets the pace
-        bw = min(bw, ring_block_gbps(s, c, collective, nc) * scale)
+    if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace
+        bw = min(bw, ring_block_gbps(s, c, collective, proto, nc) * scale)
     if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
