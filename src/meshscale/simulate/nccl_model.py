@@ -154,6 +154,7 @@ class System:
     tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
     net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
     nics: list = field(default_factory=list)  # NicPath of each NIC of a node (several nodes only)
+    gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
 
     @property
     def ppn(self) -> float:
@@ -462,8 +463,9 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
             graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
     tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
+    mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
     system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
-                    nics=nics)
+                    nics=nics, gpu_mesh=mesh)
     if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
         system.pair_gbps["mixed_sm"] = True
     topo.route_cache[memo] = system
@@ -681,9 +683,10 @@ def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int
 
 
 def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
-    """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node, where NCCL's tree is a chain
-    (search.cc, the tree pattern inside a node). A GPU with a parent and a child sends the data up (reduce) and
-    down (broadcast): twice the size through its links; a chain of two moves it once each way. A GPU sends at
+    """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node whose GPUs reach each other through
+    switches (NVSwitch, PCIe), where NCCL's tree is a chain (search.cc, the tree pattern inside a node). A GPU
+    with a parent and a child sends the data up (reduce) and down (broadcast): twice the size through its one
+    port; a chain of two moves it once each way. A GPU sends at
     its graph bandwidth (the ring graph's channels x GB/s) with the protocol's factors of NCCL's tuning: Simple
     the tree factor, LL128 the one-node tree factor and per-channel cap, LL the ring's LL rate (8 B of data
     per 16 B line, capped by llMaxBw). NCCL's estimate divides LL by 3.8 instead, a rate a node's chain does
@@ -720,7 +723,7 @@ def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
-    if algo == "tree" and s.n_nodes == 1 and collective == "all_reduce":
+    if algo == "tree" and s.n_nodes == 1 and collective == "all_reduce" and not s.gpu_mesh:
         bw = chain_gbps(s, c, proto, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
