@@ -46,3 +46,23 @@ def test_older_nccl_caps_a_sends_channels():
         s = nccl_model.analyse(topo, list(range(8)), version)
         c = nccl_model.constants(version)
         assert nccl_model.p2p_op_channels(topo, s, c, names, GIB) == (channels, 32)
+
+
+def test_tree_on_an_nvlink_mesh_keeps_nccls_bandwidth():
+    """DGX-1V: a middle GPU of the chain sends up and down over different NVLinks, no port is shared."""
+    topo = load_system("dgx1-v100")
+    prediction = nccl_model.predict(topo, "all_reduce", list(range(8)), GIB, nccl_algo="tree", proto="Simple")
+    assert nccl_model.analyse(topo, list(range(8))).gpu_mesh
+    assert prediction.time_s == pytest.approx(prediction.nccl_time_s)
+
+
+@pytest.mark.parametrize("proto, per_block_gbps", [("Simple", 38.7 / 2), ("LL128", 36.7 / 2)])
+def test_ring_blocks_pass_over_each_chunk_once_per_primitive(proto, per_block_gbps):
+    """2 H200, all-gather: 24 blocks, each sends a chunk (one pass) and copies the peer's out (a second)."""
+    topo = load_system("hgx-h200")
+    two = _time_s(topo, "all_gather", 2, GIB, nccl_algo="ring", proto=proto)
+    busbw_gbps = GIB / 2 / two.time_s / 1e9
+    assert busbw_gbps == pytest.approx(24 * per_block_gbps / 2, rel=0.03)
+    # a broadcast makes one pass per send: the links (360 GB/s) set its pace
+    bcast = _time_s(topo, "broadcast", 2, GIB, nccl_algo="ring", proto="Simple")
+    assert GIB / bcast.time_s / 1e9 == pytest.approx(360, rel=0.03)
