@@ -686,11 +686,11 @@ def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
     """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node whose GPUs reach each other through
     switches (NVSwitch, PCIe), where NCCL's tree is a chain (search.cc, the tree pattern inside a node). A GPU
     with a parent and a child sends the data up (reduce) and down (broadcast): twice the size through its one
-    port; a chain of two moves it once each way. A GPU sends at
-    its graph bandwidth (the ring graph's channels x GB/s) with the protocol's factors of NCCL's tuning: Simple
-    the tree factor, LL128 the one-node tree factor and per-channel cap, LL the ring's LL rate (8 B of data
-    per 16 B line, capped by llMaxBw). NCCL's estimate divides LL by 3.8 instead, a rate a node's chain does
-    not run at (measured: forced Tree/LL on 2 and 4 H200 runs at the ring's LL rate)."""
+    port; a chain of two moves it once each way. A GPU sends at its graph bandwidth (the ring graph's channels
+    x GB/s) with the protocol's factors of NCCL's tuning: Simple the tree factor, LL128 the one-node tree
+    factor and per-channel cap, LL the ring's LL rate (8 B of data per 16 B line, capped by llMaxBw). NCCL's
+    estimate divides LL by 3.8 instead, a rate a node's chain does not run at (forced Tree/LL on 2 and 4 H200
+    runs at the ring's LL rate)."""
     send = s.ring.total_gbps * share
     if proto == "Simple":
         rate = send * c["tree_factor"]
@@ -786,11 +786,11 @@ def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
     per_gpu = s.ring.total_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
-    block = nbytes if collective == "send_recv" else nbytes / n
+    block = nbytes if collective == "send_recv" else nbytes / n  # bytes of one send
     op_channels, p2p_channels = p2p_op_channels(topo, s, c, names, block)
     channel_gbps = p2p_channel_gbps(s, c) * scale
     if s.n_nodes == 1:  # across nodes the network sets the pace
-        peers = 1 if collective in ("send_recv", "gather") else n - 1
+        peers = 1 if collective == "send_recv" else n - 1  # the busiest GPU's sends (or receives)
         per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
 
     def pair(a: str, b: str) -> float:
