@@ -165,6 +165,7 @@ class System:
     tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
     net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
     nics: list = field(default_factory=list)  # NicPath of each NIC of a node (several nodes only)
+    gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
 
     @property
     def ppn(self) -> float:
@@ -473,8 +474,9 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
             graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
     tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
+    mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
     system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
-                    nics=nics)
+                    nics=nics, gpu_mesh=mesh)
     if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
         system.pair_gbps["mixed_sm"] = True
     topo.route_cache[memo] = system
@@ -691,10 +693,53 @@ def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int
     return nc
 
 
+def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
+    """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node whose GPUs reach each other through
+    switches (NVSwitch, PCIe), where NCCL's tree is a chain (search.cc, the tree pattern inside a node). A GPU
+    with a parent and a child sends the data up (reduce) and down (broadcast): twice the size through its one
+    port; a chain of two moves it once each way. A GPU sends at its graph bandwidth (the ring graph's channels
+    x GB/s) with the protocol's factors of NCCL's tuning: Simple the tree factor, LL128 the one-node tree
+    factor and per-channel cap, LL the ring's LL rate (8 B of data per 16 B line, capped by llMaxBw). NCCL's
+    estimate divides LL by 3.8 instead, a rate a node's chain does not run at (forced Tree/LL on 2 and 4 H200
+    runs at the ring's LL rate)."""
+    send = s.ring.total_gbps * share
+    if proto == "Simple":
+        rate = send * c["tree_factor"]
+    elif proto == "LL128":
+        nch = (s.tree or s.ring).channels * share
+        rate = min(send * c["tree_ll128_factor_one_node"], nch * _row(c["per_channel_max_tree_ll128_bw"], s)[0])
+    else:
+        rate = min(_row(c["ll_max_bw"], s)[0], send * c["ring_ll_factor"])
+    return rate / (1 if s.n_ranks == 2 else 2)
+
+
+def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int) -> float:
+    """Algorithm bandwidth (GB/s) the thread blocks of a ring allow. Each channel is one block, and its
+    threads run one primitive after another for every chunk (device code, runRing): an all-reduce makes
+    2(n-1)+1 passes for 2(n-1) sends (the last one copies the result out of the receive buffer), an all-gather
+    or reduce-scatter n passes for n-1 sends, a broadcast or reduce one pass per send. A block moves at most
+    NCCL's per-channel ceiling of the protocol per pass (Simple: ``p2p_channel_gbps``; LL128:
+    perChMaxRingLL128Bw over the two blocks of a graph channel), so on few ranks, where the last pass weighs
+    most, the blocks and not the links set the pace."""
+    n = s.n_ranks
+    nsteps = _nsteps(collective, n)
+    passes_per_send = 1.0 if collective in _RING_ONLY else (nsteps + 1) / nsteps
+    if proto == "LL128":
+        per_block = _row(c["per_channel_max_ring_ll128_bw"], s)[_index2(s)] / 2
+    else:
+        per_block = p2p_channel_gbps(s, c)
+    return blocks * per_block / passes_per_send * n / nsteps
+
+
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
-    bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
+    if algo == "tree" and s.n_nodes == 1 and collective == "all_reduce" and not s.gpu_mesh:
+        bw = chain_gbps(s, c, proto, share) * scale
+    else:
+        bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
+    if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace
+        bw = min(bw, ring_block_gbps(s, c, collective, proto, nc) * scale)
     if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
@@ -702,27 +747,75 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
     return latency_us(s, c, collective, algo, proto) + nbytes / (1000 * bw), nc
 
 
+def _pow2_up(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
+
+
+def p2p_op_channels(topo: Topology, s: System, c: dict, names: list[str], nbytes: float) -> tuple[int, int]:
+    """Channels one send (or receive) of ``nbytes`` runs on when each of ``names`` exchanges with its peers, and
+    the p2p channels of the communicator. NCCL gives a peer 2 channels per NVLink of its path (2 on PCIe;
+    paths.cc ncclTopoComputeP2pChannels, rounded up to a power of two, at most the p2p channels: the collective
+    channels rounded up to a power of two); a send starts on the fewest channels that keep nRanks x channels
+    within the p2p channels and doubles them while a channel would carry more than 32 chunks (inside a node;
+    enqueue.cc addP2pToPlan)."""
+    nv = c["nvlink_bw_per_link"].get(s.sm, c["nvlink_bw_per_link"][80 if s.sm >= 80 else 70])
+    p2p_channels = min(_pow2_up(comm_channels(s, c, "ring")), c["max_channels"])
+    per_peer = p2p_channels
+    for a in names:
+        for b in names:
+            if a != b:
+                direct = s.ring.path_type == "NVL" and _node_of(topo, a) == _node_of(topo, b)
+                per_peer = min(per_peer, 2 * max(1, int(_pair_gbps(topo, s, c, a, b) / nv + 1e-9)) if direct else 2)
+    per_peer = min(_pow2_up(per_peer), p2p_channels)
+    n = len(names)
+    low = high = per_peer
+    while low * n > p2p_channels and low > 1:
+        low //= 2
+    while c.get("p2p_channels_per_op_quarter") and high * n > 4 * p2p_channels and high > 1:
+        high //= 2
+    step = c["p2p_chunk_bytes"]["nvlink" if s.ring.path_type == "NVL" else "pci"]
+    min_part, max_part = (step / 2, step) if s.n_nodes > 1 else (step / 8, step * 32)
+    nch = max(1, min(low, math.ceil(nbytes / min_part)))
+    while max(min_part, nbytes / nch) > max_part and nch <= high // 2:
+        nch *= 2
+    return nch, p2p_channels
+
+
+def p2p_channel_gbps(s: System, c: dict) -> float:
+    """GB/s one channel (one thread block) of point-to-point copies moves with the Simple protocol: NCCL's
+    per-channel ceiling of a Simple pattern (perChMaxTreeBw) over the two blocks a graph channel becomes once
+    the communicator doubles its channels (connect.cc)."""
+    return _row(c["per_channel_max_tree_bw"], s)[_index2(s)] / 2
+
+
 def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
-            scale: float) -> float:
+            scale: float) -> tuple[float, int]:
     """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's share of the graph
-    bandwidth and over each pair's path."""
+    bandwidth, over each pair's path and over the channels each send runs on (fewer for smaller sends).
+    Returns the time (us) and the channels one send runs on."""
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
     per_gpu = s.ring.total_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
+    block = nbytes if collective == "send_recv" else nbytes / n  # bytes of one send
+    op_channels, p2p_channels = p2p_op_channels(topo, s, c, names, block)
+    channel_gbps = p2p_channel_gbps(s, c) * scale
+    if s.n_nodes == 1:  # across nodes the network sets the pace
+        peers = 1 if collective == "send_recv" else n - 1  # the busiest GPU's sends (or receives)
+        per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
 
     def pair(a: str, b: str) -> float:
-        return min(per_gpu, _pair_gbps(topo, s, c, a, b) * scale)
+        path = _pair_gbps(topo, s, c, a, b) * scale
+        return min(per_gpu, path, op_channels * channel_gbps if s.n_nodes == 1 else path)
 
     if collective == "send_recv":
-        return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1])))
-    block = nbytes / n
+        return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1]))), op_channels
     if collective == "all_to_all":
         worst = max(block / pair(a, b) for a in names for b in names if a != b)
-        return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+        return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
     hub = names[root]
     worst = max(block / (pair(hub, b) if collective == "scatter" else pair(b, hub)) for b in names if b != hub)
-    return lat + max(block * (n - 1) / per_gpu, worst) / 1000
+    return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
 
 
 def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
@@ -775,8 +868,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                               host_bound_s(0.0, gpus_per_thread, nccl_version),
                               0.0, c["family"], s)
     if collective in _P2P_COLLECTIVES:
-        t = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
-        chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, comm_channels(s, c, "ring"))
+        t, nc = _p2p_us(topo, s, c, collective, list(ranks), nbytes, root, bandwidth_scale)
+        chosen = Estimate(P2P, "Simple", t * 1e-6, t * 1e-6, nc)
         candidates = [chosen]
     else:
         candidates = []

@@ -1,0 +1,68 @@
+"""What a run of NCCL moves beyond NCCL's own estimate: a tree inside one node is a chain, point-to-point sends
+run on as many channels as NCCL gives them for their size."""
+import pytest
+
+from meshscale.simulate import nccl_model
+from meshscale.topology import load_system
+
+GIB = 1 << 30
+MIB = 1 << 20
+
+
+def _time_s(topo, collective, n, nbytes, **kw):
+    return nccl_model.predict(topo, collective, list(range(n)), nbytes, nccl_version="2.28.9", nvls=False, **kw)
+
+
+def test_tree_in_one_node_moves_what_its_chain_moves():
+    topo = load_system("hgx-h200")
+    # a chain of two sends the data once each way, like a ring of two: the same protocol, about the same time
+    tree_ll = _time_s(topo, "all_reduce", 2, GIB, nccl_algo="tree", proto="LL")
+    ring_ll = _time_s(topo, "all_reduce", 2, GIB, nccl_algo="ring", proto="LL")
+    assert tree_ll.time_s == pytest.approx(ring_ll.time_s, rel=0.05)
+    # on four, the GPUs in the middle of the chain send it up and down: twice the time of a chain of two
+    two = _time_s(topo, "all_reduce", 2, GIB, nccl_algo="tree", proto="Simple")
+    four = _time_s(topo, "all_reduce", 4, GIB, nccl_algo="tree", proto="Simple")
+    assert four.time_s == pytest.approx(2 * two.time_s, rel=0.05)
+    # NCCL's estimate (its choice) is left as NCCL computes it: LL over a tree divided by 3.8
+    assert tree_ll.nccl_time_s > 1.5 * tree_ll.time_s
+
+
+@pytest.mark.parametrize("nbytes, channels", [(16 * MIB, 8), (64 * MIB, 8), (256 * MIB, 16), (GIB, 32)])
+def test_send_runs_on_the_channels_nccl_gives_its_size(nbytes, channels):
+    """4 H200: 32 p2p channels (2 per NVLink, 18 links, at most the 32 p2p channels); a send starts on 32 / 4 = 8
+    and doubles while a channel would carry more than 32 chunks of 512 KiB."""
+    prediction = _time_s(load_system("hgx-h200"), "send_recv", 4, nbytes)
+    assert prediction.channels == channels
+    per_channel_bytes_per_s = 38.7 / 2 * 1e9  # Hopper perChMaxTreeBw over the two blocks of a graph channel
+    floor_s = nbytes / min(channels * per_channel_bytes_per_s, 360e9)
+    assert floor_s < prediction.time_s < floor_s + 20e-6
+
+
+def test_older_nccl_caps_a_sends_channels():
+    """Before 2.22 a send ran on at most the channels that keep nRanks x them within 4 x the p2p channels."""
+    topo = load_system("dgx-a100")
+    names = [topo.device(r) for r in range(8)]
+    for version, channels in (("2.18.5", 16), ("2.28.9", 32)):
+        s = nccl_model.analyse(topo, list(range(8)), version)
+        c = nccl_model.constants(version)
+        assert nccl_model.p2p_op_channels(topo, s, c, names, GIB) == (channels, 32)
+
+
+def test_tree_on_an_nvlink_mesh_keeps_nccls_bandwidth():
+    """DGX-1V: a middle GPU of the chain sends up and down over different NVLinks, no port is shared."""
+    topo = load_system("dgx1-v100")
+    prediction = nccl_model.predict(topo, "all_reduce", list(range(8)), GIB, nccl_algo="tree", proto="Simple")
+    assert nccl_model.analyse(topo, list(range(8))).gpu_mesh
+    assert prediction.time_s == pytest.approx(prediction.nccl_time_s)
+
+
+@pytest.mark.parametrize("proto, per_block_gbps", [("Simple", 38.7 / 2), ("LL128", 36.7 / 2)])
+def test_ring_blocks_pass_over_each_chunk_once_per_primitive(proto, per_block_gbps):
+    """2 H200, all-gather: 24 blocks, each sends a chunk (one pass) and copies the peer's out (a second)."""
+    topo = load_system("hgx-h200")
+    two = _time_s(topo, "all_gather", 2, GIB, nccl_algo="ring", proto=proto)
+    busbw_gbps = GIB / 2 / two.time_s / 1e9
+    assert busbw_gbps == pytest.approx(24 * per_block_gbps / 2, rel=0.03)
+    # a broadcast makes one pass per send: the links (360 GB/s) set its pace
+    bcast = _time_s(topo, "broadcast", 2, GIB, nccl_algo="ring", proto="Simple")
+    assert GIB / bcast.time_s / 1e9 == pytest.approx(360, rel=0.03)
