@@ -84,6 +84,35 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
     assert "64" in r.stdout
 
 
+def test_cluster_sizes_a_cluster_file(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 124\n  nics: 4\n  link: edr\n  oversubscription: 2\n")
+    r = cli("cluster", "-s", path, "--json", tmp_path / "c.json")
+    assert r.exit_code == 0, r.output
+    assert "124 x dgx1-p100 (992 GPUs), 4x EDR" in r.stdout
+    meta = load_result(tmp_path / "c.json").meta
+    assert meta["oversubscription"] == 2 and meta["nics"] == 4
+    named = cli("cluster", "--node", "dgx1-p100", "--nodes", "124", "--nics", "4", "--link", "edr",
+                "--oversubscription", "2")
+    assert named.stdout == r.stdout.replace(f"wrote {tmp_path / 'c.json'}\n", "")  # one spec, however it is given
+    r = cli("cluster", "-s", path, "--nodes", "16", "--oversubscription", "1")  # options override the file
+    assert r.exit_code == 0 and "16 x dgx1-p100 (128 GPUs)" in r.stdout
+
+
+@pytest.mark.parametrize("text, words", [
+    ("cluster:\n  node: dgx1-p100\n  switches: 3\n", "unknown cluster key"),
+    ("cluster:\n  nodes: 4\n", "needs a mapping with at least 'node"),
+    ("cluster: [1, 2\n", "c.yaml"),
+    ("cluster:\n  node: no-such-system\n  nodes: 2\n", "no-such-system"),
+])
+def test_cluster_with_a_bad_file_is_one_line_exit_2(cli, tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    r = cli("cluster", "-s", path)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, words", [
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "100000"), "exceed"),
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--nics", "0"), "--nics: 0 is out of range"),
@@ -92,6 +121,7 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
     (("topo", "--nodes", "2"), "add --system"),
     (("plan", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--link", "x"), "unknown network link"),
     (("cluster", "--link", "10Gb/s,"), "latency"),
+    (("cluster", "-s", "dgx1-p100", "--node", "dgx1-v100"), "once"),
 ])
 def test_bad_cluster_input_is_one_line_exit_2(cli, args, words):
     r = cli(*args)
