@@ -182,3 +182,29 @@ def test_one_gpu_per_node_rings_run_over_the_nics(tmp_path):
     t_slow, t_fast = (predict_collective(t, "all_reduce", [0, 1], size).time_s for t in (slow, fast))
     assert size / t_slow < 3e9 < size / t_fast  # busbw = algbw on 2 ranks: below the 3 GB/s network, and far above it
     assert t_slow / t_fast > 5
+
+
+def _ring_busbw(**shape) -> float:
+    from meshscale.simulate import predict_collective
+    from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
+    topo = build_cluster(plan_cluster(ClusterSpec(node="dgx1-v100", nics=4, link="edr", **shape)))
+    return predict_collective(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="ring").busbw_bytes_per_s
+
+
+def test_an_oversubscribed_tree_slows_a_ring_only_where_it_climbs():
+    # one node per leaf: the ring's every hop climbs, through half as many up-links as NIC ports at 2:1
+    blocking = _ring_busbw(nodes=2, nodes_per_leaf=1, oversubscription=2)
+    assert blocking == pytest.approx(_ring_busbw(nodes=2, nodes_per_leaf=1) / 2, rel=0.05)
+    # four nodes per leaf: the ring leaves each leaf once, and two nodes' worth of up-links carry one node's traffic
+    assert _ring_busbw(nodes=8, oversubscription=2) == pytest.approx(_ring_busbw(nodes=8))
+
+
+def test_sim_of_an_oversubscribed_cluster_file(cli, tmp_path):
+    runs = {}
+    for k in (1, 2):
+        path = tmp_path / f"c{k}.yaml"
+        path.write_text(f"cluster:\n  node: dgx1-v100\n  nodes: 2\n  nodes_per_leaf: 1\n  oversubscription: {k}\n")
+        r = cli("sim", "all_reduce", "-s", path, "-b", "1G", "-e", "1G", "--algo", "nccl", "--json", tmp_path / f"s{k}.json")
+        assert r.exit_code == 0, r.output
+        runs[k] = load_result(tmp_path / f"s{k}.json").rows[0]["busbw_bytes_per_s"]
+    assert runs[2] == pytest.approx(runs[1] / 2, rel=0.05)
