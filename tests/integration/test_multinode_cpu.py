@@ -97,3 +97,17 @@ def test_one_host_rows_carry_a_prediction_and_the_table_shows_it():
         console.print(table)
     text = console.export_text()
     assert text.count("predicted") >= 4 and f"{small['predicted_time_s'] * 1e6:.2f}" in text
+
+
+def test_p2p_across_two_hosts_records_the_joined_topology(tmp_path):
+    from meshscale.results import load_result
+
+    out = tmp_path / "p2p.json"
+    node0, node1 = _agents(["bench", "p2p", "--cpus", "1", "--size", "4K", "--iters", "2", "--warmup-iters", "0",
+                            "--latency-iters", "2", "--json", str(out)])
+    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr[-3000:] + node1.stderr[-3000:]
+    result = load_result(out)
+    assert {(r["src"], r["dst"]) for r in result.rows if r["mode"] == "unidirectional"} == {("worker0", "worker1"),
+                                                                                            ("worker1", "worker0")}
+    topology = result.meta["topology"]
+    assert topology is not None and topology["attrs"]["hosts"] == ["host0", "host1"], topology and topology["attrs"]

@@ -84,6 +84,35 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
     assert "64" in r.stdout
 
 
+def test_cluster_sizes_a_cluster_file(cli, tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 124\n  nics: 4\n  link: edr\n  oversubscription: 2\n")
+    r = cli("cluster", "-s", path, "--json", tmp_path / "c.json")
+    assert r.exit_code == 0, r.output
+    assert "124 x dgx1-p100 (992 GPUs), 4x EDR" in r.stdout
+    meta = load_result(tmp_path / "c.json").meta
+    assert meta["oversubscription"] == 2 and meta["nics"] == 4
+    named = cli("cluster", "--node", "dgx1-p100", "--nodes", "124", "--nics", "4", "--link", "edr",
+                "--oversubscription", "2")
+    assert named.stdout == r.stdout.replace(f"wrote {tmp_path / 'c.json'}\n", "")  # one spec, however it is given
+    r = cli("cluster", "-s", path, "--nodes", "16", "--oversubscription", "1")  # options override the file
+    assert r.exit_code == 0 and "16 x dgx1-p100 (128 GPUs)" in r.stdout
+
+
+@pytest.mark.parametrize("text, words", [
+    ("cluster:\n  node: dgx1-p100\n  switches: 3\n", "unknown cluster key"),
+    ("cluster:\n  nodes: 4\n", "needs a mapping with at least 'node"),
+    ("cluster: [1, 2\n", "c.yaml"),
+    ("cluster:\n  node: no-such-system\n  nodes: 2\n", "no-such-system"),
+])
+def test_cluster_with_a_bad_file_is_one_line_exit_2(cli, tmp_path, text, words):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    r = cli("cluster", "-s", path)
+    assert r.exit_code == 2, r.output
+    assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
 @pytest.mark.parametrize("args, words", [
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "100000"), "exceed"),
     (("sim", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--nics", "0"), "--nics: 0 is out of range"),
@@ -92,6 +121,7 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
     (("topo", "--nodes", "2"), "add --system"),
     (("plan", "all_reduce", "-s", "dgx1-p100", "--nodes", "2", "--link", "x"), "unknown network link"),
     (("cluster", "--link", "10Gb/s,"), "latency"),
+    (("cluster", "-s", "dgx1-p100", "--node", "dgx1-v100"), "once"),
 ])
 def test_bad_cluster_input_is_one_line_exit_2(cli, args, words):
     r = cli(*args)
@@ -152,3 +182,29 @@ def test_one_gpu_per_node_rings_run_over_the_nics(tmp_path):
     t_slow, t_fast = (predict_collective(t, "all_reduce", [0, 1], size).time_s for t in (slow, fast))
     assert size / t_slow < 3e9 < size / t_fast  # busbw = algbw on 2 ranks: below the 3 GB/s network, and far above it
     assert t_slow / t_fast > 5
+
+
+def _ring_busbw(**shape) -> float:
+    from meshscale.simulate import predict_collective
+    from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
+    topo = build_cluster(plan_cluster(ClusterSpec(node="dgx1-v100", nics=4, link="edr", **shape)))
+    return predict_collective(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="ring").busbw_bytes_per_s
+
+
+def test_an_oversubscribed_tree_slows_a_ring_only_where_it_climbs():
+    # one node per leaf: the ring's every hop climbs, through half as many up-links as NIC ports at 2:1
+    blocking = _ring_busbw(nodes=2, nodes_per_leaf=1, oversubscription=2)
+    assert blocking == pytest.approx(_ring_busbw(nodes=2, nodes_per_leaf=1) / 2, rel=0.05)
+    # four nodes per leaf: the ring leaves each leaf once, and two nodes' worth of up-links carry one node's traffic
+    assert _ring_busbw(nodes=8, oversubscription=2) == pytest.approx(_ring_busbw(nodes=8))
+
+
+def test_sim_of_an_oversubscribed_cluster_file(cli, tmp_path):
+    runs = {}
+    for k in (1, 2):
+        path = tmp_path / f"c{k}.yaml"
+        path.write_text(f"cluster:\n  node: dgx1-v100\n  nodes: 2\n  nodes_per_leaf: 1\n  oversubscription: {k}\n")
+        r = cli("sim", "all_reduce", "-s", path, "-b", "1G", "-e", "1G", "--algo", "nccl", "--json", tmp_path / f"s{k}.json")
+        assert r.exit_code == 0, r.output
+        runs[k] = load_result(tmp_path / f"s{k}.json").rows[0]["busbw_bytes_per_s"]
+    assert runs[2] == pytest.approx(runs[1] / 2, rel=0.05)

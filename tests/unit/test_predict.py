@@ -6,7 +6,7 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
 from meshscale.predict.frameworks import FRAMEWORKS, buckets, resolve_framework
-from meshscale.predict.gradient_tensors import resnet50_tensors
+from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, resnet50_tensors
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.predict.step_time import exposed_exchange_s, per_rank_batch
@@ -39,23 +39,28 @@ def test_buckets_cover_gradients():
 
 
 def test_overlap_hides_all_but_the_tail():
-    sizes = [1.0] * 4
+    ready = [0.25, 0.5, 0.75, 1.0]
     times = [0.01] * 4
-    hidden = exposed_exchange_s(times, backward_s=0.2, compute_s=0.3, overlap=True, bucket_bytes=sizes)
+    hidden = exposed_exchange_s(times, ready, backward_s=0.2, compute_s=0.3, overlap=True)
     assert hidden == pytest.approx(0.01)  # only the last bucket sticks out
-    assert exposed_exchange_s(times, 0.2, 0.3, False, sizes) == pytest.approx(0.04)
-    slow = exposed_exchange_s([0.1] * 4, 0.2, 0.3, True, sizes)
+    assert exposed_exchange_s(times, ready, 0.2, 0.3, False) == pytest.approx(0.04)
+    slow = exposed_exchange_s([0.1] * 4, ready, 0.2, 0.3, True)
     assert 0.1 < slow < 0.4
 
 
 def test_each_framework_exchanges_its_own_calls():
     tensors = resnet50_tensors()
     assert len(tensors) == 161 and sum(tensors) == 25_557_032
+    assert [t.elements for t in resnet50_gradients()] == tensors
     gradient = 4 * sum(tensors)
-    assert FRAMEWORKS["ddp"].exchange_sizes(tensors) == buckets(gradient, 1 << 20, 25 << 20)
-    assert FRAMEWORKS["horovod"].exchange_sizes(tensors) == [64 << 20, gradient - (64 << 20)]
-    assert sum(FRAMEWORKS["ddp"].exchange_sizes(tensors, "bf16")) == gradient / 2
-    cntk = FRAMEWORKS["cntk-2016"].exchange_sizes(tensors)
+    sizes = lambda name, grads, wire=None: [b.nbytes for b in FRAMEWORKS[name].exchange(grads, wire)]  # noqa: E731
+    unknown = [GradientTensor(n) for n in tensors]  # readiness unknown: buckets cut at the byte
+    assert sizes("ddp", unknown) == buckets(gradient, 1 << 20, 25 << 20)
+    ddp = sizes("ddp", resnet50_gradients())  # whole tensors: the first bucket closes past 1 MiB
+    assert sum(ddp) == gradient and ddp[0] >= 1 << 20 and len(ddp) == 5
+    assert sizes("horovod", resnet50_gradients()) == [64 << 20, gradient - (64 << 20)]
+    assert sum(sizes("ddp", resnet50_gradients(), "bf16")) == gradient / 2
+    cntk = sizes("cntk-2016", resnet50_gradients())
     # one all-reduce per matrix over 32 KiB (53 of them), and one for the 108 small ones packed together
     assert len(cntk) == 54 and sum(cntk) == gradient and cntk[-1] == 4 * sum(t for t in tensors if 4 * t <= 32 << 10)
     assert not FRAMEWORKS["cntk-2016"].overlap and FRAMEWORKS["cntk-2016"].nccl_version == "1.6"

@@ -20,7 +20,7 @@ import torch
 from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
-from meshscale.bench.world_topology import spans_hosts, world_topology
+from meshscale.bench.world_topology import joined_topology, world_topology
 from meshscale.execute.world import World
 from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
@@ -246,7 +246,7 @@ class _RowFollower(threading.Thread):
 
 def _measure(ctx: RankContext, spec: CollectiveSpec, world: World, topology: Topology | None, row_log: str):
     """One rank's sweep, and the joined topology of the hosts when the ranks span several (else None)."""
-    joined = world_topology(world, ctx) if topology is None and spans_hosts() else None
+    joined = joined_topology(world, ctx, topology)
     return rank_sweep(ctx, spec, topology or joined, row_log), joined
 
 

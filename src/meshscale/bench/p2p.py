@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshscale.bench.world_topology import world_topology
+from meshscale.bench.world_topology import joined_topology, world_topology
 from meshscale.execute.world import World
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, launch
@@ -53,12 +53,13 @@ def bench_p2p(spec: P2PSpec, world: World, timeout_s: float = 120.0) -> Result:
     check_spec(spec)
     if world.size < 2 and world.backend == "gloo":
         raise MeshscaleError("p2p needs at least 2 CPU workers; use --cpus 2 or more")
+    topology = world_topology(world)
     if world.backend == "nccl":
         rows, devices = gpu_rows(spec, world.size), [f"gpu{i}" for i in range(world.size)]
     else:
-        rows = launch(cpu_rank, world.size, (spec,), backend="gloo", timeout_s=timeout_s)[0]
+        rows, joined = launch(_cpu_measure, world.size, (spec, world, topology), backend="gloo", timeout_s=timeout_s)[0]
         devices = [f"worker{i}" for i in range(world.size)]
-    topology = world_topology(world)
+        topology = topology or joined
     from meshscale.topology import to_dict
     modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
     return measured("bench-p2p", rows, spec=asdict(spec), devices=devices, modes=modes, backend=world.backend,
@@ -165,6 +166,11 @@ def _latency_gpu(dst: torch.Tensor, src: torch.Tensor, stream, idle, spec: P2PSp
 
 
 # ---- CPU workers: Gloo send/recv, one pair at a time -----------------------------------------------------
+def _cpu_measure(ctx: RankContext, spec: P2PSpec, world: World, topology):
+    """One rank's pairs, and the joined topology of the hosts when the ranks span several (else None)."""
+    return cpu_rank(ctx, spec), joined_topology(world, ctx, topology)
+
+
 def cpu_rank(ctx: RankContext, spec: P2PSpec) -> list[dict[str, Any]]:
     """Every ordered pair in turn (the others wait at a barrier); returns all rows on every rank."""
     n, me = ctx.world_size, ctx.rank

@@ -35,6 +35,12 @@ def world_topology(world: World, ctx: RankContext | None = None) -> Topology | N
     return host_topology(world)
 
 
+def joined_topology(world: World, ctx: RankContext, topology: Topology | None) -> Topology | None:
+    """Inside every rank: the hosts' topologies joined when the ranks span several hosts and ``topology`` (what
+    the launching process found) is not known; else None. Collective across hosts."""
+    return world_topology(world, ctx) if topology is None and spans_hosts() else None
+
+
 def host_topology(world: World) -> Topology | None:
     """The topology of this host's devices that ``world.size`` ranks use, or None when it has too few."""
     if world.backend == "gloo":  # CPU workers are CPU workers, on a GPU machine too

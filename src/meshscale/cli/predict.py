@@ -12,27 +12,37 @@ from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_fi
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import ClusterSpec, cluster_file_spec, describe, plan_cluster
+from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
-def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system (or file) of one node"),
-            nodes: int = typer.Option(124, "--nodes", help="number of nodes", callback=checked(Range(1, 1_000_000, integer=True))),
-            nics: int = typer.Option(4, "--nics", help="network ports per node", callback=checked(Range(1, 64, integer=True))),
-            link: str = typer.Option("edr", "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
+CLUSTER_NODES = 124  # the DGX-1 whitepaper's cluster, when neither --nodes nor a cluster file says
+
+
+def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a cluster file, or the catalog system (or file) of one node"),
+            node: Optional[str] = typer.Option(None, "--node", help="catalog system (or file) of one node (default dgx1-p100)"),
+            nodes: Optional[int] = typer.Option(None, "--nodes", help=f"number of nodes (default {CLUSTER_NODES})", callback=checked(Range(1, 1_000_000, integer=True))),
+            nics: Optional[int] = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
+            link: Optional[str] = typer.Option(None, "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
             levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
             nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
             radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
-            oversubscription: float = typer.Option(1.0, "--oversubscription", callback=checked(Range(1, 1024))),
-            gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA"),
+            oversubscription: Optional[float] = typer.Option(None, "--oversubscription", callback=checked(Range(1, 1024))),
+            gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG", callback=checked(output_file(plot=True))),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)", callback=checked(output_file()))) -> None:
-    """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency."""
-    plan = plan_cluster(ClusterSpec(node=node, nodes=nodes, nics=nics, link=link, levels=levels,
-                                    nodes_per_leaf=nodes_per_leaf, radix=radix, oversubscription=oversubscription,
-                                    gpudirect=gpudirect))
+    """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency. A cluster file
+    (``--system FILE``, as topo, plan, sim and predict take it) gives all of it; options override its fields."""
+    if system and node:
+        raise MeshscaleError("give the node system once: --system NAME|FILE or --node NAME")
+    system = system or node or "dgx1-p100"
+    if nodes is None and cluster_file_spec(system) is None:
+        nodes = CLUSTER_NODES
+    spec = cluster_spec(system, nodes, link, nics, gpudirect, levels=levels, nodes_per_leaf=nodes_per_leaf,
+                        radix=radix, oversubscription=oversubscription)
+    plan = plan_cluster(spec)
     figures = {
-        "nodes": nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
+        "nodes": spec.nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
         "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
         "node_peak_bits_per_s": plan.node_peak_bits_per_s, "node_bandwidth_bytes_per_s": plan.node_bandwidth_bytes_per_s,
         "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_whitepaper_bytes_per_s,
@@ -43,7 +53,9 @@ def cluster(node: str = typer.Option("dgx1-p100", "--node", help="catalog system
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
     if json_out:
-        Result("cluster", [figures], True, {"node": node, "link": link, "nics": nics, "gpudirect": gpudirect}).save(json_out)
+        Result("cluster", [figures], True, {"node": spec.node, "link": spec.link, "nics": spec.nics,
+                                             "gpudirect": spec.gpudirect, "oversubscription": spec.oversubscription}
+               ).save(json_out)
         typer.echo(f"wrote {json_out}")
 
 

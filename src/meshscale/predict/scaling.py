@@ -5,9 +5,8 @@ from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
-from meshscale.predict.frameworks import (FRAMEWORKS, MODE_FRAMEWORK, WIRE_BYTES, Framework,
-                                          check_mode)
-from meshscale.predict.gradient_tensors import gradient_tensors
+from meshscale.predict.frameworks import FRAMEWORKS, MODE_FRAMEWORK, WIRE_BYTES, Bucket, Framework, check_mode
+from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors
 from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile
 from meshscale.predict.step_time import StepPrediction, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
@@ -33,7 +32,7 @@ class Job:
     mode: str = "ddp"
     framework: Framework | None = None
     wire: str | None = None
-    tensor_params: list[int] | None = None
+    gradients: list[GradientTensor] | None = None
     notes: list[str] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -45,8 +44,8 @@ class Job:
             check_choice(self.wire, WIRE_BYTES, "wire precision")
         if self.framework is None and self.mode != "ps-sync":
             self.framework = FRAMEWORKS[MODE_FRAMEWORK[self.mode]]
-        if self.tensor_params is None:
-            self.tensor_params = gradient_tensors(self.model, self.params)
+        if self.gradients is None:
+            self.gradients = gradient_tensors(self.model, self.params)
 
     @property
     def route(self) -> str:
@@ -57,11 +56,15 @@ class Job:
     def overlap(self) -> bool:
         return bool(self.framework and self.framework.overlap)
 
-    def exchange_sizes(self) -> list[float]:
-        """Bytes of each exchange of one step: the framework's all-reduces, or one push to the server."""
+    def buckets(self) -> list[Bucket]:
+        """The exchanges of one step: the framework's all-reduces, or one push to the server after backward."""
         if self.framework is None:
-            return [float(self.params * WIRE_BYTES[self.wire or PS_WIRE])]
-        return self.framework.exchange_sizes(self.tensor_params, self.wire)
+            return [Bucket(float(self.params * WIRE_BYTES[self.wire or PS_WIRE]), 1.0)]
+        return self.framework.exchange(self.gradients, self.wire)
+
+    def exchange_sizes(self) -> list[float]:
+        """Bytes of each exchange of one step, in issue order."""
+        return [b.nbytes for b in self.buckets()]
 
     def exchange(self, fabric: Fabric, params: SimParams | None = None) -> Exchange:
         """The exchange on ``fabric``: the NCCL cost model of the framework's NCCL version, refined by ``params``
@@ -70,7 +73,7 @@ class Job:
         return Exchange(fabric, self.route, params, nccl_version=version)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
-        return predict_step(self.profile, exchange, self.exchange_sizes(), batch_per_rank, self.overlap)
+        return predict_step(self.profile, exchange, self.buckets(), batch_per_rank, self.overlap)
 
 
 def gpu_flops(topo: Topology) -> float | None:

@@ -1,11 +1,11 @@
 """Step time of data-parallel training: compute + the gradient exchange the backward pass does not hide +
 a fixed per-step overhead; and a scaling table like `meshscale scale`, marked predicted.
 
-The exchange is a list of all-reduces in the order they are issued (the framework says which: see
-`meshscale.predict.frameworks`). Gradients become ready during backward, the last layers first; a framework
-that overlaps starts each all-reduce as soon as its share of the gradients is ready and the previous one is
-done, so all but the tail hides behind backward; one that does not (CNTK in 2016, a parameter server) starts
-them all after backward.
+The exchange is a list of all-reduces in the order they are issued, each with the share of backward after which
+its gradients are complete (the framework says which calls: see `meshscale.predict.frameworks`; the model's
+layers when each gradient is complete: `meshscale.predict.gradient_tensors`). A framework that overlaps starts
+each all-reduce once its gradients are complete and the previous one is done, so what the backward still to run
+covers hides; one that does not (CNTK in 2016, a parameter server) starts them all after backward.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
 from meshscale.predict.exchange_cost import Exchange
+from meshscale.predict.frameworks import Bucket
 from meshscale.predict.profile import ComputeProfile
 
 BACKWARD_SHARE = 2 / 3          # backward is about twice forward
@@ -40,33 +41,31 @@ class StepPrediction:
         return self.world_size * self.batch_per_rank / self.step_time_s
 
 
-def exposed_exchange_s(bucket_times_s: list[float], backward_s: float, compute_s: float, overlap: bool,
-                       bucket_bytes: list[float]) -> float:
-    """Exchange time left after compute ends. With overlap bucket i is ready when backward has produced its
-    share of the gradients, and exchanges run one at a time; without, everything follows compute."""
+def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], backward_s: float, compute_s: float,
+                       overlap: bool) -> float:
+    """Exchange time left after compute ends. With overlap bucket i can start once ``ready_shares[i]`` of
+    backward (the last ``backward_s`` of compute) is done, and exchanges run one at a time; without, everything
+    follows compute."""
     if not overlap:
         return sum(bucket_times_s)
-    total, done, end = sum(bucket_bytes), 0.0, 0.0
-    start_backward = compute_s - backward_s
-    for nbytes, t in zip(bucket_bytes, bucket_times_s):
-        done += nbytes
-        ready = start_backward + backward_s * done / total
-        end = max(end, ready) + t
+    end, start_backward = 0.0, compute_s - backward_s
+    for share, t in zip(ready_shares, bucket_times_s):
+        end = max(end, start_backward + backward_s * share) + t
     return max(0.0, end - compute_s)
 
 
-def predict_step(profile: ComputeProfile, exchange: Exchange, sizes_bytes: list[float], batch_per_rank: int,
+def predict_step(profile: ComputeProfile, exchange: Exchange, buckets: list[Bucket], batch_per_rank: int,
                  overlap: bool) -> StepPrediction:
     """Predict one step of ``batch_per_rank`` samples on every rank of ``exchange.fabric``, exchanging
-    all-reduces of ``sizes_bytes`` (in issue order), overlapped with backward or after it."""
+    all-reduces of ``buckets`` (in issue order), overlapped with backward or after it."""
     if batch_per_rank < 1:
         raise MeshscaleError(f"batch per GPU must be at least 1, got {batch_per_rank}")
     fabric = exchange.fabric
     compute = profile.step_time(batch_per_rank)
     if fabric.world_size == 1:
         return StepPrediction(1, 1, batch_per_rank, compute, 0.0, 0.0, 0.0)
-    times = [exchange.allreduce_s(b) for b in sizes_bytes]
-    exposed = exposed_exchange_s(times, BACKWARD_SHARE * compute, compute, overlap, sizes_bytes)
+    times = [exchange.allreduce_s(b.nbytes) for b in buckets]
+    exposed = exposed_exchange_s(times, [b.ready_share for b in buckets], BACKWARD_SHARE * compute, compute, overlap)
     return StepPrediction(fabric.world_size, fabric.nodes, batch_per_rank, compute, sum(times), exposed,
                           DIST_OVERHEAD_S)
 

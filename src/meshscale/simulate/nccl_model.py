@@ -438,6 +438,27 @@ def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
     return out
 
 
+def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -> float:
+    """A node's network rate when every node sends at once around NCCL's ring over the nodes in rank order: the
+    ring passes between nodes of one leaf switch inside it and leaves each leaf once, with all of a node's
+    traffic, through the leaf's up-links; a tree oversubscribed k:1 has 1/k as many up-links as down-links, so it
+    slows the ring only where a leaf holds fewer than k nodes. One leaf: nothing climbs."""
+    def leaf_of(k: int) -> str | None:
+        nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == k]
+        return next((l.other(n) for n in nics for l in topo.links_of(n) if topo.nodes[l.other(n)].kind == "net_switch"),
+                    None)
+
+    leaves = {k: leaf_of(k) for k in nodes}
+    if None in leaves.values() or len(set(leaves.values())) < 2:
+        return node_gbps
+    rate = node_gbps
+    for leaf in set(leaves.values()):
+        up = sum(l.bandwidth_bytes_per_s for l in topo.links_of(leaf)
+                 if topo.nodes[l.other(leaf)].kind == "net_switch" and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1)
+        rate = min(rate, up / 1e9)
+    return rate
+
+
 def _node_of(topo: Topology, name: str) -> int:
     return int(topo.nodes[name].attrs.get("node", 0))
 
@@ -468,7 +489,7 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
     inter, net_extra_us, nics = 0.0, 0.0, []
     if len(nodes) > 1:
         nics = network_paths(topo, local, c)
-        inter = sum(n.gbps for n in nics) or c["net_bw_default"]
+        inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
         latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
         net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate

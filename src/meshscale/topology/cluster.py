@@ -317,23 +317,24 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
 
 
 def cluster_spec(system: str, nodes: int | None = None, link: str | None = None, nics: int | None = None,
-                 gpudirect: bool | None = None) -> ClusterSpec | None:
+                 gpudirect: bool | None = None, **shape) -> ClusterSpec | None:
     """The cluster ``--system NAME|FILE`` with ``--nodes N --link RATE --nics K --gpudirect`` names (a cluster file,
-    its fields overridden by the options given), or None when they name a single system."""
+    its fields overridden by the options given), or None when they name a single system. ``shape``: the tree's
+    other fields (levels, nodes_per_leaf, radix, oversubscription), None where not given."""
+    unknown = sorted(set(shape) - set(CLUSTER_FILE_KEYS))
+    if unknown:
+        raise TopologyError(f"unknown cluster field(s) {', '.join(unknown)}; use {', '.join(CLUSTER_FILE_KEYS)}")
     spec = cluster_file_spec(system)
-    cluster_options = {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect}
+    cluster_options = {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect, **shape}
     given = {k: v for k, v in cluster_options.items() if v is not None}
     if spec is None:
         if not given:
             return None
         if nodes is None:
-            named = ", ".join(f"--{k}" for k in given)
+            named = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise TopologyError(f"{named} describe a cluster; add --nodes N (nodes of {system}) or pass a cluster file")
         spec = ClusterSpec(node=system, nodes=nodes, link=link or "edr",
                            nics=nics if nics is not None else default_nics(link or "edr"))
-        if gpudirect is not None:
-            spec.gpudirect = gpudirect
-        return spec
     for key, value in given.items():
         setattr(spec, key, value)
     return spec

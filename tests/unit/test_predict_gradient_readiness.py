@@ -1,0 +1,113 @@
+"""When DDP's buckets can start: each gradient is complete after the backward of the layers from the output down to
+its own (a tied embedding only after its last use), a bucket once all its gradients are; and the emulated two-node
+predictions this gives."""
+from pathlib import Path
+
+import pytest
+
+from meshscale.predict.frameworks import FRAMEWORKS, ready_order
+from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors, resnet50_gradients, traced_gradients
+from meshscale.predict.step_time import exposed_exchange_s
+from meshscale.results import load_result
+from meshscale.train.models import _GPT
+
+DDP = FRAMEWORKS["ddp"]
+EMULATED = Path(__file__).resolve().parents[2] / "docs/results/emulated-two-node-2026-11-22"
+
+
+def test_tied_embedding_is_complete_last_and_the_head_readies_nothing():
+    cfg = _GPT["gpt-tiny"]
+    grads = gradient_tensors("gpt-tiny", 0)
+    wte = grads[0]
+    assert wte.elements == cfg.vocab_size * cfg.d_model and wte.ready_share == pytest.approx(1.0)
+    assert ready_order(grads)[-1] is wte  # the embedding's own backward comes last
+    # backward opens with the tied head (input and weight gradients, 2 x 2 x T d V FLOPs): nothing is complete
+    # before it is done
+    t, d, v, layers = cfg.seq_len, cfg.d_model, cfg.vocab_size, cfg.n_layer
+    head = 4 * t * d * v
+    total = head + 2 * (2 * 12 * layers * d * d * t + 2 * 2 * layers * d * t * t)  # blocks' matmuls, attention
+    assert min(g.ready_share for g in grads) == pytest.approx(head / total, rel=1e-6)
+
+
+def test_gpt_small_tied_embedding_is_the_last_bucket():
+    buckets = DDP.exchange(gradient_tensors("gpt-small", 0))
+    assert buckets[-1].ready_share == pytest.approx(1.0)
+    assert buckets[-1].nbytes >= 4 * 50257 * 768  # wte's 154 MB end the step
+    assert buckets[0].ready_share > 0.25  # the head's backward (about a quarter) readies nothing
+    assert [b.ready_share for b in buckets] == sorted(b.ready_share for b in buckets)
+
+
+def test_ddp_buckets_as_ddp_builds_them():
+    torch = pytest.importorskip("torch")
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available():
+        pytest.skip("torch without distributed")
+    grads = resnet50_gradients()
+    ordered = ready_order(grads)
+    limits = [1 << 20, 25 << 20]
+    indices, _ = dist._compute_bucket_assignment_by_size([torch.empty(t.elements, device="meta") for t in ordered],
+                                                         limits, [False] * len(ordered))
+    expected = [4.0 * sum(ordered[i].elements for i in bucket) for bucket in indices]
+    buckets = DDP.exchange(grads)
+    assert [b.nbytes for b in buckets] == expected
+    # a bucket starts once all its gradients are complete: its last tensor's share
+    assert [b.ready_share for b in buckets] == [max(ordered[i].ready_share for i in bucket) for bucket in indices]
+
+
+def test_a_bucket_waits_for_its_slowest_gradient():
+    mib = 1 << 20
+    grads = [GradientTensor(mib // 4, 0.9), GradientTensor(mib // 8, 0.2), GradientTensor(mib // 8, 0.1),
+             GradientTensor(mib, 0.05)]
+    buckets = DDP.exchange(grads)  # ready order: 1 MiB (0.05), then the rest in one bucket
+    assert [b.nbytes for b in buckets] == [4 * mib, 2 * mib]
+    assert [b.ready_share for b in buckets] == [0.05, 0.9]
+
+
+def test_a_big_first_layer_without_gradients_hides_less():
+    sizes = [4_000_000] * 20
+    byte_share = [GradientTensor(n, (i + 1) / 20) for i, n in enumerate(reversed(sizes))][::-1]
+    head_first = [GradientTensor(n, 0.3 + 0.7 * (i + 1) / 20) for i, n in enumerate(reversed(sizes))][::-1]
+
+    def exposed(grads):
+        buckets = DDP.exchange(grads)
+        times = [b.nbytes / 3e9 for b in buckets]
+        return exposed_exchange_s(times, [b.ready_share for b in buckets], 0.05, 0.075, True)
+
+    assert exposed(head_first) > exposed(byte_share) + 0.005
+
+
+def test_unknown_structure_falls_back_to_the_share_of_bytes():
+    grads = gradient_tensors("no-such-model", 50_000_000)
+    assert grads == [GradientTensor(50_000_000)]
+    buckets = DDP.exchange(grads)
+    total = 4 * 50_000_000
+    done = 0.0
+    for b in buckets:
+        done += b.nbytes
+        assert b.ready_share == pytest.approx(done / total)
+
+
+def test_resnet50_layout_matches_torchvision():
+    torch = pytest.importorskip("torch")
+    torchvision = pytest.importorskip("torchvision")
+    with torch.device("meta"):
+        model = torchvision.models.resnet50()
+    assert [p.numel() for p in model.parameters()] == [g.elements for g in resnet50_gradients()]
+    traced = traced_gradients("resnet50")  # the tracing other models get, on torchvision's ResNet-50
+    assert [g.ready_share for g in traced] == pytest.approx([g.ready_share for g in resnet50_gradients()])
+
+
+@pytest.mark.parametrize("model, batch, profile, bench, measured", [
+    ("gpt-small", 16, "gpt-small-profile.json", "allreduce.json", "gpt-small-2nodes.json"),
+    ("gpt-small", 16, "overlap/gpt-small-profile.json", "overlap/allreduce.json", "overlap/gpt-small-2nodes.json"),
+    ("resnet50", 128, "resnet50-profile.json", "allreduce.json", "resnet50-2nodes.json"),
+])
+def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profile, bench, measured):
+    """The commands of the emulated two-node README: the network fitted to the all_reduce alone."""
+    done = cli("predict", "-m", model, "-s", EMULATED / "node-h200-1gpu.json", "--nodes", "2", "--nics", "1",
+               "--bench", EMULATED / bench, "--profile", EMULATED / profile, "--batch", batch,
+               "--json", tmp_path / "pred.json")
+    assert done.exit_code == 0, done.stderr
+    predicted = load_result(tmp_path / "pred.json").rows[0]["throughput_samples_per_s"]
+    rate = load_result(EMULATED / measured).meta["summary"]["samples_per_s"]
+    assert predicted / rate - 1 == pytest.approx(0, abs=0.15)
