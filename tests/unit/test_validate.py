@@ -259,23 +259,23 @@ def test_script_reads_older_tables_and_appends_once(tmp_path):
 
 
 # ---- the model's accuracy over the corpus --------------------------------------------------------------------
-# The targets (BOUNDS, WORST_RATIO: 8% from 1 MiB up, 25% below, no row past 2x) are not met yet: on
-# 2026-11-22 the model stands at 21.2% / 39.2% / 2.92x (docs/results/validate.md). This test holds the model to
-# what it reaches now, so that no change makes it worse unnoticed; tighten it as mechanisms are added.
-REACHED = {"1 MiB and up": 0.23, "below 1 MiB": 0.42}
-REACHED_WORST = 3.0
+# The targets (BOUNDS, WORST_RATIO): 8% from 1 MiB up, 25% below, no row past 2x. Below 1 MiB and the worst row
+# are met (21.6%, 1.97x on 2026-11-22, docs/results/validate.md) and asserted as targets; from 1 MiB up the model
+# stands at 13.7%: this test holds it there, so that no change makes it worse unnoticed, and fails once the
+# target is met so that the target replaces it.
+REACHED = {"1 MiB and up": 0.14}
 
 
 def test_model_accuracy_on_the_whole_corpus_does_not_regress():
     summary = validate_corpus().meta["summary"]
     classes = summary["classes"]
     report = {name: c["geomean_abs_error"] for name, c in classes.items()}
-    assert summary["unpredicted"] == 0, summary
+    assert classes["below 1 MiB"]["geomean_abs_error"] <= validation.BOUNDS["below 1 MiB"] == 0.25, report
+    assert summary["worst_times_off"] <= validation.WORST_RATIO == 2.0, (summary["worst_row"], summary["worst_times_off"])
     for name, reached in REACHED.items():
         assert classes[name]["geomean_abs_error"] <= reached, report
-        assert classes[name]["bound"] == validation.BOUNDS[name] < reached  # the targets stay the issue's
-    assert summary["worst_times_off"] <= REACHED_WORST, (summary["worst_row"], summary["worst_times_off"])
-    assert not summary["passed"]  # when this fails, the targets are met: make the test assert them instead
+        assert classes[name]["bound"] == validation.BOUNDS[name] < reached  # the target stays the issue's
+    assert not summary["passed"]  # when this fails, every target is met: make the test assert them instead
 
 
 def test_one_run_against_its_prediction_and_its_report_section():

@@ -185,9 +185,12 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     sizes = sorted({r["size_bytes"] for r in rows})
     if len(sizes) < 2:
         raise MeshscaleError(f"the network fit needs {collective} rows at two sizes or more, got {len(sizes)}")
+    # least squares of the relative error: a row's noise grows with its time (a 1 MiB and a 512 MiB row span
+    # three decades), so an absolute fit would let one slow large row set the latency
     design = np.array([[1.0, float(r["size_bytes"])] for r in rows])
     times = np.array([float(r["time_s"]) for r in rows])
-    intercept_s, s_per_byte = np.linalg.lstsq(design, times, rcond=None)[0]
+    weight = 1.0 / times
+    intercept_s, s_per_byte = np.linalg.lstsq(design * weight[:, None], times * weight, rcond=None)[0]
     if s_per_byte <= 0:
         raise MeshscaleError(f"the measured {collective} times do not grow with size; the fit needs a sweep "
                              "that reaches bandwidth-bound sizes (e.g. -b 1M -e 1G)")
