@@ -738,6 +738,17 @@ def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int
     return blocks * per_block / passes_per_send * n / nsteps
 
 
+def nvls_loop_bytes(s: System, c: dict, nbytes: int, channels: int) -> int:
+    """Bytes one loop of the NVLS all-reduce moves on one node: channels x heads (one per GPU) x the chunk NCCL
+    picks for ``nbytes`` (enqueue.cc calcCollChunking: 128 KiB, shrunk to 64 / 32 / 16 KiB for smaller calls)."""
+    concurrent = channels * int(s.ppn)
+    chunk = c["nvls_chunk_max_bytes"]
+    for times, smaller in c["nvls_chunk_shrink"]:
+        if nbytes < times * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    return concurrent * chunk
+
+
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
@@ -751,7 +762,12 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
             bw *= c["tree_correction"][proto][log_size]
-    return launch_overhead_us(proto) + latency_us(s, c, collective, algo, proto) + nbytes / (1000 * bw), nc
+    moved = nbytes
+    if algo == "nvls" and collective == "all_reduce" and s.n_nodes == 1:
+        # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
+        # pass the stages one after another before the pipeline runs full
+        moved += (c["nvls_pipeline_stages"] - 1) * min(nbytes, nvls_loop_bytes(s, c, nbytes, nc))
+    return launch_overhead_us(proto) + latency_us(s, c, collective, algo, proto) + moved / (1000 * bw), nc
 
 
 def _pow2_up(x: int) -> int:
