@@ -164,7 +164,8 @@ def test_launch_overhead_floor_leaves_nccl_choice_and_large_calls_alone():
     floor_us = nccl_model.call_floor_us(s, c, "all_gather")
     assert floor_us == pytest.approx(7.2 + 5.0)  # NCCL's Ring/LL 7.2 us (its printed table) + the overhead
     small = predict_collective(topo, "all_gather", [0, 1], 1024, nvls=False)
-    assert small.time_s == pytest.approx(floor_us * 1e-6) and small.detail.startswith("nccl ring/LL")
+    # the overhead on top of NCCL's Ring/LL time: the floor + 1 KiB at LL's rate (a fraction of a us)
+    assert floor_us * 1e-6 < small.time_s < (floor_us + 0.2) * 1e-6 and small.detail.startswith("nccl ring/LL")
     # LL128's own latency (NCCL: 15.9 us) is above the floor: forcing it changes nothing
     ll128 = predict_collective(topo, "all_gather", [0, 1], 1024, nccl_algo="ring", proto="LL128")
     assert ll128.time_s * 1e6 == pytest.approx(15.9, rel=0.05)
@@ -173,6 +174,27 @@ def test_launch_overhead_floor_leaves_nccl_choice_and_large_calls_alone():
     # point-to-point calls have their own latency, no collective floor
     p2p = nccl_model.predict(topo, "send_recv", [0, 1], 1024)
     assert p2p.time_s == pytest.approx(p2p.candidates[0].time_s)
+
+
+def test_launch_overhead_adds_to_ll_and_simple_calls_of_any_size():
+    """NCCL's estimate is the kernel's time: an LL or Simple call pays the launch overhead on top of NCCL's
+    latency + size / bandwidth at every size; LL128's base latency already holds it; NCCL's choice is
+    unchanged (it compares its own estimates)."""
+    topo = load_system("hgx-h200")
+    s = nccl_model.analyse(topo, [0, 1])
+    c = nccl_model.constants()
+    for proto, extra_us in (("Simple", 5.0), ("LL", 5.0), ("LL128", 0.0)):
+        for nbytes in (4 << 20, 64 << 20, GIB):
+            p = nccl_model.predict(topo, "all_gather", [0, 1], nbytes, nccl_algo="ring", proto=proto)
+            kernel_us = nccl_model._predicted_us(s, c, "all_gather", "ring", proto, nbytes, 1.0)[0] - extra_us
+            bw = min(nccl_model.bus_bandwidth(s, c, "all_gather", "ring", proto, nvls_traffic=True),
+                     nccl_model.ring_block_gbps(s, c, "all_gather", proto, 24) if proto != "LL" else 1e9)
+            assert kernel_us == pytest.approx(nccl_model.latency_us(s, c, "all_gather", "ring", proto)
+                                              + nbytes / (1000 * bw), rel=1e-9), (proto, nbytes)
+            assert p.time_s * 1e6 == pytest.approx(kernel_us + extra_us, rel=1e-9), (proto, nbytes)
+    assert nccl_model.launch_overhead_us("LL128") == 0.0 < nccl_model.launch_overhead_us("Simple")
+    chosen = nccl_model.predict(topo, "all_gather", [0, 1], 4 << 20)
+    assert chosen.candidates[0].nccl_time_s == min(e.nccl_time_s for e in chosen.candidates)
 
 
 def test_host_launch_is_per_nccl_family():

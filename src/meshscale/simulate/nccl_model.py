@@ -9,8 +9,8 @@ NVLink bandwidth per link by generation, PCI width x rate, the CPU-to-CPU link b
 ladders and channel duplication), then evaluates NCCL's formulas with the constants of ``nccl_tuning.yaml``.
 
 The choice is NCCL's (argmin of its own estimates). The predicted time adds what NCCL's estimate leaves out
-but a run shows: channels shed for small messages (enqueue.cc), the traffic an NVLS all-reduce really moves
-over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N). Trees use
+but a run shows: the CUDA launch and per-call set-up, channels shed for small messages (enqueue.cc), the
+traffic an NVLS all-reduce really moves over each GPU's links, and the host thread that launches one GPU after another (nccl-tests -g N). Trees use
 their own graph (chains, search.cc), as NCCL's tuning reads graphs[algorithm].
 """
 from __future__ import annotations
@@ -120,6 +120,13 @@ def host_bound_s(device_s: float, gpus_per_thread: int, version: str | None = No
     takes the longer of the thread's G issues and the device's own ``device_s`` (one GPU per thread: its
     launch overlaps the previous call)."""
     return max(max(1, gpus_per_thread) * host_launch_s(version), device_s)
+
+
+def launch_overhead_us(proto: str) -> float:
+    """What a call of ``proto`` pays on top of NCCL's estimate: the CUDA launch and NCCL's per-call set-up
+    (see the data file). LL128's estimate already holds it (its base latency is at or above what LL128 calls
+    take in a loop), so LL128 pays nothing more. A separate term: NCCL's choice does not see it."""
+    return float(_data()["launch_overhead_us"]) if proto in _data()["launch_overhead_protocols"] else 0.0
 
 
 def call_floor_us(s: System, c: dict, collective: str) -> float:
@@ -752,6 +759,17 @@ def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int
     return blocks * per_block / passes_per_send * n / nsteps
 
 
+def nvls_loop_bytes(s: System, c: dict, nbytes: int, channels: int) -> int:
+    """Bytes one loop of the NVLS all-reduce moves on one node: channels x heads (one per GPU) x the chunk NCCL
+    picks for ``nbytes`` (enqueue.cc calcCollChunking: 128 KiB, shrunk to 64 / 32 / 16 KiB for smaller calls)."""
+    concurrent = channels * int(s.ppn)
+    chunk = c["nvls_chunk_max_bytes"]
+    for times, smaller in c["nvls_chunk_shrink"]:
+        if nbytes < times * concurrent * chunk and chunk > smaller:
+            chunk = smaller
+    return concurrent * chunk
+
+
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
@@ -765,7 +783,12 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
             bw *= c["tree_correction"][proto][log_size]
-    return latency_us(s, c, collective, algo, proto) + nbytes / (1000 * bw), nc
+    moved = nbytes
+    if algo == "nvls" and collective == "all_reduce" and s.n_nodes == 1:
+        # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
+        # pass the stages one after another before the pipeline runs full
+        moved += (c["nvls_pipeline_stages"] - 1) * min(nbytes, nvls_loop_bytes(s, c, nbytes, nc))
+    return launch_overhead_us(proto) + latency_us(s, c, collective, algo, proto) + moved / (1000 * bw), nc
 
 
 def _pow2_up(x: int) -> int:
