@@ -41,10 +41,10 @@ def test_buckets_cover_gradients():
 def test_overlap_hides_all_but_the_tail():
     ready = [0.25, 0.5, 0.75, 1.0]
     times = [0.01] * 4
-    hidden = exposed_exchange_s(times, ready, backward_s=0.2, compute_s=0.3, overlap=True)
+    hidden = exposed_exchange_s(times, ready, backward_s=0.2, compute_s=0.3)
     assert hidden == pytest.approx(0.01)  # only the last bucket sticks out
-    assert exposed_exchange_s(times, ready, 0.2, 0.3, False) == pytest.approx(0.04)
-    slow = exposed_exchange_s([0.1] * 4, ready, 0.2, 0.3, True)
+    assert exposed_exchange_s(times, [1.0] * 4, 0.2, 0.3) == pytest.approx(0.04)  # no overlap: all after backward
+    slow = exposed_exchange_s([0.1] * 4, ready, 0.2, 0.3)
     assert 0.1 < slow < 0.4
 
 

@@ -45,8 +45,7 @@ class Bucket:
 class Framework:
     """One framework's gradient exchange. ``bucket_bytes`` > 0: fused buckets of that size (the first one
     ``first_bucket_bytes``), of whole tensors when ``whole_tensors`` and the tensors are known (else cut at the
-    byte); 0: one all-reduce
-    per gradient tensor, tensors of at most ``pack_bytes`` packed into one extra buffer."""
+    byte); 0: one all-reduce per gradient tensor, tensors of at most ``pack_bytes`` packed into one extra buffer."""
 
     name: str
     overlap: bool                 # buckets start while backward still runs

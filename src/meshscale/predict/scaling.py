@@ -73,7 +73,7 @@ class Job:
         return Exchange(fabric, self.route, params, nccl_version=version)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
-        return predict_step(self.profile, exchange, self.buckets(), batch_per_rank, self.overlap)
+        return predict_step(self.profile, exchange, self.buckets(), batch_per_rank)
 
 
 def gpu_flops(topo: Topology) -> float | None:

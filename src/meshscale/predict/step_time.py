@@ -41,23 +41,20 @@ class StepPrediction:
         return self.world_size * self.batch_per_rank / self.step_time_s
 
 
-def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], backward_s: float, compute_s: float,
-                       overlap: bool) -> float:
-    """Exchange time left after compute ends. With overlap bucket i can start once ``ready_shares[i]`` of
-    backward (the last ``backward_s`` of compute) is done, and exchanges run one at a time; without, everything
-    follows compute."""
-    if not overlap:
-        return sum(bucket_times_s)
-    end, start_backward = 0.0, compute_s - backward_s
+def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], backward_s: float,
+                       compute_s: float) -> float:
+    """Exchange time left after compute ends: bucket i can start once ``ready_shares[i]`` of backward (the last
+    ``backward_s`` of compute) is done (1.0: after backward, as a framework that does not overlap starts them),
+    and exchanges run one at a time."""
+    end = -compute_s  # times counted from the end of compute: all after backward sums exactly to the exchange
     for share, t in zip(ready_shares, bucket_times_s):
-        end = max(end, start_backward + backward_s * share) + t
-    return max(0.0, end - compute_s)
+        end = max(end, -backward_s * (1.0 - share)) + t
+    return max(0.0, end)
 
 
-def predict_step(profile: ComputeProfile, exchange: Exchange, buckets: list[Bucket], batch_per_rank: int,
-                 overlap: bool) -> StepPrediction:
+def predict_step(profile: ComputeProfile, exchange: Exchange, buckets: list[Bucket], batch_per_rank: int) -> StepPrediction:
     """Predict one step of ``batch_per_rank`` samples on every rank of ``exchange.fabric``, exchanging
-    all-reduces of ``buckets`` (in issue order), overlapped with backward or after it."""
+    all-reduces of ``buckets`` (in issue order), each started once its gradients are complete."""
     if batch_per_rank < 1:
         raise MeshscaleError(f"batch per GPU must be at least 1, got {batch_per_rank}")
     fabric = exchange.fabric
@@ -65,7 +62,7 @@ def predict_step(profile: ComputeProfile, exchange: Exchange, buckets: list[Buck
     if fabric.world_size == 1:
         return StepPrediction(1, 1, batch_per_rank, compute, 0.0, 0.0, 0.0)
     times = [exchange.allreduce_s(b.nbytes) for b in buckets]
-    exposed = exposed_exchange_s(times, [b.ready_share for b in buckets], BACKWARD_SHARE * compute, compute, overlap)
+    exposed = exposed_exchange_s(times, [b.ready_share for b in buckets], BACKWARD_SHARE * compute, compute)
     return StepPrediction(fabric.world_size, fabric.nodes, batch_per_rank, compute, sum(times), exposed,
                           DIST_OVERHEAD_S)
 
