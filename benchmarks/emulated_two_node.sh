@@ -44,3 +44,10 @@ if [ -n "${OVERLAP:-}" ]; then
     --json "$OUTDIR/gpt-small-2nodes-timed.json"
   two_nodes allreduce-25m bench collective all_reduce -b 25M -e 150M -f 6 --json "$OUTDIR/allreduce-25m.json"
 fi
+# REPEAT=N: GPT-small over the two nodes N more times with DDP's default buckets, each followed by the all_reduce
+# sweep again, to see how far the training point and the network move from run to run (every run kept).
+for i in $(seq 1 "${REPEAT:-0}"); do
+  two_nodes "gpt-small-2nodes-r$i" train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
+    --no-timing --json "$OUTDIR/gpt-small-2nodes-r$i.json"
+  two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-r$i.json"
+done
