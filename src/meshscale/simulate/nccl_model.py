@@ -770,20 +770,61 @@ def nvls_loop_bytes(s: System, c: dict, nbytes: int, channels: int) -> int:
     return concurrent * chunk
 
 
+def chain_fill_chunks(n: int, chunks: float) -> float:
+    """Chunk times (of the chain's steady pace) a tree all-reduce on a chain of ``n`` GPUs takes beyond its
+    ``chunks`` chunks per channel, when a chunk is forwarded whole (store and forward). Device code (runTreeSplit):
+    every GPU but the root runs a reduce-up group and a broadcast-down group at once; the root (one end of the
+    chain) reduces and sends down in one pass. Position k from the leaf (root at n-1) sends its first chunk
+    after the k hops that bring it there, sends each chunk ``load`` times (up and down in the middle of the
+    chain, once at either end) and its last send is followed by the hops left to the leaf. A GPU's port sets
+    a bound of entry + load x chunks + exit hop times; the slowest port sends ``max load`` chunks per steady
+    chunk time."""
+    if n < 2:
+        return 0.0
+    peak_load = 2 if n > 2 else 1
+    bounds = []
+    for k in range(n):
+        if k == 0:                  # the leaf: its last chunk still climbs n-2 hops and comes down n-1
+            entry, load, exit_hops = 0, 1, 2 * n - 3
+        elif k == n - 1:            # the root: reduce and send down in one pass
+            entry, load, exit_hops = n - 1, 1, n - 2
+        else:                       # the last send is the broadcast down, k-1 hops above the leaf
+            entry, load, exit_hops = k, 2, k - 1
+        bounds.append(entry + load * chunks + exit_hops)
+    return max(bounds) / peak_load - chunks
+
+
+def tree_fill_bytes(s: System, c: dict, proto: str, nbytes: int, channels: int) -> float:
+    """Bytes-equivalent of the pipeline fill of a tree all-reduce on a one-node chain: Simple forwards a chunk
+    (one step of its buffer: ``tree_simple_chunk_bytes``, enqueue.cc calcCollChunking) only when the whole chunk
+    has arrived, so the first chunk's trip up and down the chain costs chunk times (``chain_fill_chunks``). LL
+    and LL128 carry a flag in every line, so a GPU forwards each line as it lands: their fill is the per-hop
+    latency NCCL already counts."""
+    if proto != "Simple" or channels < 1:
+        return 0.0
+    per_channel = nbytes / channels
+    chunk = min(c["tree_simple_chunk_bytes"], per_channel)
+    if chunk <= 0:
+        return 0.0
+    return chain_fill_chunks(s.n_ranks, per_channel / chunk) * chunk * channels
+
+
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
     share = nc / comm_channels(s, c, algo)
-    if algo == "tree" and s.n_nodes == 1 and collective == "all_reduce" and not s.gpu_mesh:
+    moved = nbytes
+    chain = algo == "tree" and s.n_nodes == 1 and collective == "all_reduce" and not s.gpu_mesh
+    if chain:
         bw = chain_gbps(s, c, proto, share) * scale
+        moved += tree_fill_bytes(s, c, proto, nbytes, nc)
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
     if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace
         bw = min(bw, ring_block_gbps(s, c, collective, proto, nc) * scale)
-    if algo == "tree":  # NCCL's own size correction of trees stands for the pipeline it does not model
+    if algo == "tree" and not chain:  # NCCL's own size correction stands for the pipeline of trees not modelled
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
             bw *= c["tree_correction"][proto][log_size]
-    moved = nbytes
     if algo == "nvls" and collective == "all_reduce" and s.n_nodes == 1:
         # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
         # pass the stages one after another before the pipeline runs full
