@@ -35,7 +35,8 @@ def test_send_runs_on_the_channels_nccl_gives_its_size(nbytes, channels):
     assert prediction.channels == channels
     per_channel_bytes_per_s = 38.7 / 2 * 1e9  # Hopper perChMaxTreeBw over the two blocks of a graph channel
     floor_s = nbytes / min(channels * per_channel_bytes_per_s, 360e9)
-    assert floor_s < prediction.time_s < floor_s + 20e-6
+    drain_s = 512 * 1024 / 38.7e9  # the last 512 KiB chunk's copy inside the receiver (test_nccl_p2p_pipeline)
+    assert floor_s + drain_s < prediction.time_s < floor_s + drain_s + 20e-6
 
 
 def test_older_nccl_caps_a_sends_channels():

@@ -873,11 +873,33 @@ def p2p_channel_gbps(s: System, c: dict) -> float:
     return _row(c["per_channel_max_tree_bw"], s)[_index2(s)] / 2
 
 
+def p2p_local_copy_gbps(s: System, c: dict) -> float:
+    """GB/s one channel's block copies a chunk between a p2p receive buffer and a user buffer of the same GPU:
+    NCCL's per-channel ceiling of the Simple protocol (perChMaxTreeBw) whole. The half of it that
+    ``p2p_channel_gbps`` gives a block is for copies that cross a link (NVLink, PCI), where the link's round
+    trips and not the block set the pace; a copy inside the GPU's own memory does not pay them."""
+    return _row(c["per_channel_max_tree_bw"], s)[_index2(s)]
+
+
+def p2p_drain_us(s: System, c: dict, part_bytes: float, works_per_channel: int, scale: float = 1.0) -> float:
+    """Microseconds a channel's part of a send (``part_bytes``) takes beyond its bytes over the link: the chunk
+    pipeline's fill. A point-to-point chunk (NCCL_P2P_NVL_CHUNKSIZE / PCI_CHUNKSIZE, one FIFO step) passes two
+    copies one after the other: the link copy and a copy inside one GPU (P2P write, Hopper and others: the
+    receiver copies the chunk out of its FIFO into the user buffer; P2P read, Ampere on NVLink: the sender
+    first copies it into its own FIFO, which the receiver reads). The chunks overlap the two copies (NCCL_STEPS
+    FIFO slots), so a part pays the link copy of every chunk plus the local copy of one chunk; a part of one
+    chunk or less runs the two copies back to back. ``works_per_channel`` sends sharing a block split its
+    warps (sendrecv.h: nWarpPerWork = nWarps / nWorks), so their last chunks drain one block's rate."""
+    chunk = min(part_bytes, c["p2p_chunk_bytes"]["nvlink" if s.ring.path_type == "NVL" else "pci"])
+    return max(1, works_per_channel) * chunk / (1000 * p2p_local_copy_gbps(s, c) * scale)
+
+
 def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
             scale: float) -> tuple[float, int]:
     """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's share of the graph
-    bandwidth, over each pair's path and over the channels each send runs on (fewer for smaller sends).
-    Returns the time (us) and the channels one send runs on."""
+    bandwidth, over each pair's path and over the channels each send runs on (fewer for smaller sends), and
+    inside a node the fill of each channel's chunk pipeline (``p2p_drain_us``). Returns the time (us) and the
+    channels one send runs on."""
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
@@ -888,6 +910,8 @@ def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int
     if s.n_nodes == 1:  # across nodes the network sets the pace
         peers = 1 if collective == "send_recv" else n - 1  # the busiest GPU's sends (or receives)
         per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
+        works = math.ceil(peers * op_channels / p2p_channels)
+        lat += p2p_drain_us(s, c, block / op_channels, works, scale)
 
     def pair(a: str, b: str) -> float:
         path = _pair_gbps(topo, s, c, a, b) * scale
