@@ -9,20 +9,23 @@ import meshscale.predict.whitepaper as whitepaper
 from meshscale.predict.whitepaper import MEASURED, reproduce
 
 
-# The targets: each 8-GPU throughput within 15%, NVLink / PCIe (1.38 weak, 1.63 strong) within 10%. All hold
-# but the weak PCIe point: predicted 1281 img/s against 1096 (+16.8%), so the weak ratio is 1.23 (-11%). The
-# PCIe exchange the model gives (34.6 ms for CNTK's 54 all-reduces across QPI) would have to be about 100 ms;
-# the strong figure, with the same exchange, agrees within 4% (docs/results/predict-whitepaper.md).
+# The targets: each 8-GPU throughput within 15%, NVLink / PCIe (1.38 weak, 1.63 strong) within 10%. The P100
+# PCIe computes slower than the profiled SXM2 by the FP32 rates at the base clocks (1328 vs 1126 MHz: 1.18), the
+# clock each holds under its power cap at full load (docs/results/predict-whitepaper.md).
 TARGET, RATIO_TARGET = 0.15, 0.10
-REACHED = {"weak": ((TARGET, 0.18), 0.12), "strong": ((TARGET, TARGET), RATIO_TARGET)}
 
 
 @pytest.mark.parametrize("mode", ["weak", "strong"])
-def test_figure_within_the_targets_except_the_weak_pcie_point(mode):
+def test_figure_within_the_targets(mode):
     fig = reproduce(mode)
-    (nvlink_bound, pcie_bound), ratio_bound = REACHED[mode]
-    assert abs(fig.errors[0]) < nvlink_bound and abs(fig.errors[1]) < pcie_bound, (mode, fig.predicted, fig.exposed_s)
-    assert fig.ratio == pytest.approx(MEASURED[mode][0] / MEASURED[mode][1], rel=ratio_bound), (mode, fig.exposed_s)
+    assert abs(fig.errors[0]) < TARGET and abs(fig.errors[1]) < TARGET, (mode, fig.predicted, fig.exposed_s)
+    assert fig.ratio == pytest.approx(MEASURED[mode][0] / MEASURED[mode][1], rel=RATIO_TARGET), (mode, fig.exposed_s)
+
+
+def test_pcie_compute_is_the_base_clock_ratio_of_the_whole_step():
+    weak, strong = reproduce("weak"), reproduce("strong")
+    for fig in (weak, strong):
+        assert fig.compute_s[1] / fig.compute_s[0] == pytest.approx(1328 / 1126, rel=1e-3)
 
 
 def test_nvlink_beats_pcie_more_in_strong_scaling():

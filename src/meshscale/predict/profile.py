@@ -22,9 +22,10 @@ class ComputeProfile:
     batches: list[int]
     step_time_s: list[float]
     gpu_model: str = ""
-    gpu_flops: float | None = None   # the profiled GPU's rate (FP32 FLOP/s), to rescale to another GPU
+    gpu_flops: float | None = None   # the profiled GPU's peak rate (FP32 FLOP/s), to rescale to another GPU
     source: str = ""
     notes: list[str] = field(default_factory=list)
+    gpu_base_flops: float | None = None  # its FP32 rate at the base clock, where known (`sustained_ratio`)
 
     def __post_init__(self) -> None:
         if not self.batches or len(self.batches) != len(self.step_time_s):
@@ -50,7 +51,21 @@ class ComputeProfile:
     def scaled(self, factor: float, note: str) -> "ComputeProfile":
         """The same profile with every time multiplied by ``factor`` (another GPU, a calibration)."""
         return ComputeProfile(self.batches, [x * factor for x in self.step_time_s], self.gpu_model, self.gpu_flops,
-                              self.source, self.notes + [note])
+                              self.source, self.notes + [note], self.gpu_base_flops)
+
+
+def sustained_ratio(profile: ComputeProfile, gpu_attrs: dict) -> tuple[float, str] | None:
+    """How much slower a GPU of catalog ``gpu_attrs`` runs ``profile``'s steps than the profiled GPU, and which
+    rate says so; None when either rate is unknown. A training step keeps the GPU at full load, where GPU Boost
+    raises the clock only as far as the power cap allows; what the datasheet guarantees there is the base clock.
+    So the FP32 rates at the base clocks are compared when both GPUs have one (P100 SXM2 1328 MHz at 300 W,
+    P100 PCIe 1126 MHz at 250 W: 1.18, against 1.14 at the boost clocks), else the peak rates."""
+    base, peak = gpu_attrs.get("fp32_flops_base"), gpu_attrs.get("fp32_flops")
+    if profile.gpu_base_flops and base:
+        return profile.gpu_base_flops / float(base), "FP32 at base clock"
+    if profile.gpu_flops and peak:
+        return profile.gpu_flops / float(peak), "FP32 peak"
+    return None
 
 
 def linear_profile(per_sample_s: float, fixed_s: float, batches=(1, 8, 64, 256), **kw) -> ComputeProfile:
@@ -66,6 +81,7 @@ def linear_profile(per_sample_s: float, fixed_s: float, batches=(1, 8, 64, 256),
 P100_RESNET50_IMAGES_PER_S = 200.0
 P100_TENSORFLOW_RESNET50_IMAGES_PER_S = {64: 219.0, 32: 195.0}
 P100_FP32_FLOPS = 10.6e12
+P100_FP32_FLOPS_BASE = 3584 * 2 * 1.328e9  # 3584 FP32 cores x 2 (FMA) at the SXM2's 1328 MHz base clock
 
 
 def p100_resnet50_profile() -> ComputeProfile:
@@ -74,6 +90,7 @@ def p100_resnet50_profile() -> ComputeProfile:
     fixed_s = b1 / r1 - b1 * (b2 / r2 - b1 / r1) / (b2 - b1)
     per_sample_s = (64 / P100_RESNET50_IMAGES_PER_S - fixed_s) / 64
     return linear_profile(per_sample_s, fixed_s, gpu_model="Tesla P100-SXM2-16GB", gpu_flops=P100_FP32_FLOPS,
+                          gpu_base_flops=P100_FP32_FLOPS_BASE,
                           source="documented P100 ResNet-50 profile (DGX-1 whitepaper 1-GPU rate, TensorFlow "
                                  "benchmarks' batch dependence)",
                           notes=[f"compute: documented P100 ResNet-50, {P100_RESNET50_IMAGES_PER_S:.0f} img/s at batch 64, "
@@ -81,7 +98,7 @@ def p100_resnet50_profile() -> ComputeProfile:
 
 
 def documented_profile(model: str, gpu_model: str) -> ComputeProfile | None:
-    """A published profile of ``model`` on a GPU of ``gpu_model``'s family (rescaled later to its FP32 rate)."""
+    """A published profile of ``model`` on a GPU of ``gpu_model``'s family (rescaled later by `sustained_ratio`)."""
     if model == "resnet50" and "P100" in gpu_model:
         return p100_resnet50_profile()
     return None

@@ -7,7 +7,7 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
 from meshscale.predict.frameworks import FRAMEWORKS, MODE_FRAMEWORK, WIRE_BYTES, Bucket, Framework, check_mode
 from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors
-from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile
+from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile, sustained_ratio
 from meshscale.predict.step_time import StepPrediction, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
@@ -86,7 +86,7 @@ def gpu_flops(topo: Topology) -> float | None:
 def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample: float | None,
                 efficiency: float = 0.4, model: str = "") -> ComputeProfile:
     """The compute profile on ``topo``'s GPU: a measured one, else a documented one for ``model`` on that GPU's
-    family (either rescaled by the FP32 rate when taken on a GPU of another rate), else one from the model's
+    family (either rescaled by `sustained_ratio` when taken on a GPU of another rate), else one from the model's
     FLOPs. A one-line error when none is possible."""
     target = gpu_flops(topo)
     profile = profile or documented_profile(model, topo.gpu_model)
@@ -94,10 +94,11 @@ def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample
         if not flops_per_sample:
             raise MeshscaleError("the model has no profile and no FLOPs per sample; pass --profile profile.json")
         return flops_profile(flops_per_sample, target or 0.0, efficiency, gpu_model=topo.gpu_model)
-    if profile.gpu_flops and target and abs(profile.gpu_flops / target - 1) > 1e-3:
-        return profile.scaled(profile.gpu_flops / target,
-                              f"compute x {profile.gpu_flops / target:.3f}: profile GPU {profile.gpu_flops / 1e12:.1f} "
-                              f"vs {topo.gpu_model} {target / 1e12:.1f} TFLOP/s FP32")
+    devices = topo.devices()
+    ratio = sustained_ratio(profile, topo.nodes[devices[0]].attrs if devices else {})
+    if ratio and abs(ratio[0] - 1) > 1e-3:
+        return profile.scaled(ratio[0], f"compute x {ratio[0]:.3f}: {profile.gpu_model or 'profile GPU'} vs "
+                                        f"{topo.gpu_model}, {ratio[1]}")
     return profile
 
 

@@ -2,8 +2,9 @@
 8-GPU PCIe server, predicted by the same model as `meshscale predict --model resnet50 --compare nvlink-pcie
 --framework cntk-2016`, with nothing fitted to the figures. The setting is described:
 - compute: the documented P100 ResNet-50 profile (200 img/s at batch 64, the figures' one-GPU bar; the fixed
-  per-step cost from TensorFlow's published P100 benchmarks), the PCIe server's P100 PCIe slower by its FP32
-  rate (`meshscale.predict.profile`);
+  per-step cost from TensorFlow's published P100 benchmarks), the PCIe server's P100 PCIe slower by the FP32
+  rates at the base clocks, the clock each holds under its power cap at full load (1328 vs 1126 MHz;
+  `meshscale.predict.profile.sustained_ratio`);
 - exchange: CNTK 2016 (`meshscale.predict.frameworks`): after backward, one fp32 all-reduce per gradient
   matrix over 32 KiB and one for the packed rest, on NCCL 1.6 at its published link rates, timed by the
   collective model on each system's topology.
