@@ -75,7 +75,7 @@ def predicted_beside(scale: Result) -> tuple[Result, str]:
         return scale, f"no prediction: {why}"
     cpu = topo.device_kind != "gpu"
     where = topo.title or topo.name
-    note = (f"PREDICTED on {where}" + (" (the CPU/Gloo model: shared memory at an assumed rate)" if cpu else "")
+    note = (f"PREDICTED on {where}" + (" (the CPU/Gloo model: link rates assumed, not measured)" if cpu else "")
             + f"; compute {job.profile.source}, exchange {job.framework.name if job.framework else 'parameter server'} "
             f"by meshscale's model")
     out = [dict(r, predicted_samples_per_s=p["predicted_samples_per_s"], prediction_error=p["error"])
