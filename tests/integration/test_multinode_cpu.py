@@ -111,3 +111,25 @@ def test_p2p_across_two_hosts_records_the_joined_topology(tmp_path):
                                                                                             ("worker1", "worker0")}
     topology = result.meta["topology"]
     assert topology is not None and topology["attrs"]["hosts"] == ["host0", "host1"], topology and topology["attrs"]
+
+
+def test_scale_under_torchrun_sweeps_inside_the_world_and_predicts_on_the_joined_hosts(tmp_path):
+    from meshscale.results import load_result
+
+    out = tmp_path / "scale.json"
+    node0, node1 = _agents(["scale", "--weak", "--batch", "8", "-m", "small-cnn", "--steps", "4", "--timing-warmup", "1",
+                            "--cpus", "1,2", "--timeout-s", "30", "--json", str(out)])
+    assert node0.returncode == 0 and node1.returncode == 0, node0.stderr[-3000:] + node1.stderr[-3000:]
+    text = node0.stdout
+    assert "weak scaling on 2 hosts (host0, host1)" in text and "PREDICTED/s" in text, text
+    assert "PREDICTED on 2 hosts (host0, host1)" in text and "CPU/Gloo model" in text, text
+    result = load_result(out)
+    assert result.meta["topology"]["attrs"]["hosts"] == ["host0", "host1"]
+    assert [r["world_size"] for r in result.rows] == [1, 2]  # a sweep inside torchrun's 2 ranks
+    lines = text.splitlines()
+    for row in result.rows:  # each table row shows its measured figure and, beside it, the predicted one
+        cells = [f"{row[k]:,.1f}" for k in ("throughput_samples_per_s", "predicted_samples_per_s")]
+        assert row["predicted_samples_per_s"] > 0, row
+        assert any(line.strip("│ ").startswith(f"{row['world_size']} ") and all(c in line for c in cells)
+                   for line in lines), (cells, text)
+    assert "samples/s" not in node1.stdout  # only rank 0 prints

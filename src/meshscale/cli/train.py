@@ -16,6 +16,7 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
+from meshscale.execute import in_torchrun
 from meshscale.execute.world import World, resolve_sweep, resolve_world
 from meshscale.train.config import OptionField, config_from_options, option_fields
 from meshscale.units import parse_ints
@@ -118,33 +119,50 @@ def scale(
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
 ) -> None:
-    """Weak or strong scaling over 1, 2, 4 ... workers: throughput, speedup, efficiency, communication share."""
+    """Weak or strong scaling over 1, 2, 4 ... workers: throughput beside meshscale's prediction for the
+    topology the run used, speedup, efficiency, communication share. Under torchrun: a sweep inside its world
+    (default 1, the ranks of one node, all ranks), over the hosts' joined topology; rank 0 prints."""
     from meshscale import plots
+    from meshscale.predict.against_measured import predicted_beside
     from meshscale.train.runner import notices
-    from meshscale.train.scale import scale as run_scale
+    from meshscale.train.scale import scale as run_scale, torchrun_worlds
 
     if weak == strong:
         raise MeshscaleError("choose one of --weak (with --batch) or --strong (with --global-batch)")
     size = options[("batch_per_rank",)] if weak else global_batch
     if not size:
         raise MeshscaleError("--weak needs --batch N" if weak else "--strong needs --global-batch N")
-    worlds = resolve_sweep(parse_ints(gpus, "--gpus") if gpus else None, parse_ints(cpus, "--cpus") if cpus else None)
-    cfg = config_from_options({**options, ("batch_per_rank",): size}, device=worlds[0].device)
+    gpu_list, cpu_list = (parse_ints(gpus, "--gpus") if gpus else None), (parse_ints(cpus, "--cpus") if cpus else None)
+    if in_torchrun():  # torchrun fixed the world: sweep inside it, on GPUs where there are any unless --cpus
+        if gpu_list and cpu_list:
+            raise MeshscaleError("give --gpus or --cpus, not both")
+        sizes, device = torchrun_worlds(gpu_list or cpu_list), resolve_world(None, 1 if cpus else None).device
+    else:
+        worlds = resolve_sweep(gpu_list, cpu_list)
+        sizes, device = [w.size for w in worlds], worlds[0].device
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    cfg = config_from_options({**options, ("batch_per_rank",): size}, device=device)
     _check_extras(cfg)
-    for line in notices(cfg, worlds[-1].size):
+    for line in notices(cfg, sizes[-1]) if rank0 else ():
         typer.echo(line, err=True)
     console = text_console()
-    result = run_scale(cfg, [w.size for w in worlds], weak, size,
+    result = run_scale(cfg, sizes, weak, size,
                        on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
-    _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling", result.rows,
-           ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "speedup", "efficiency",
-            "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
+    if not rank0:
+        return
+    result, note = predicted_beside(result)
+    hosts = result.meta.get("hosts")
+    where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
+    _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling{where}", result.rows,
+           ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "predicted_samples_per_s",
+            "prediction_error", "speedup", "efficiency", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
+    typer.echo(note)
     write_result_files(result, json_out, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
 
 
-_LABELS = {"world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
+_LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error", "world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
            "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
            "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
 
@@ -177,6 +195,8 @@ def _fmt(key: str, v) -> str:
         return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
     if key in ("comm_share", "efficiency", "eval_accuracy"):
         return f"{v:.0%}"
+    if key == "prediction_error":
+        return f"{v:+.1%}"
     if isinstance(v, float):
         return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}"
     return str(v)

@@ -27,10 +27,9 @@ from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
 from meshscale.execute.launch import NCCL_SAFETY_ENV
 from meshscale.execute.world import resolve_world
-from meshscale.predict.against_measured import compare_scale
-from meshscale.predict.profile import ComputeProfile
+from meshscale.predict.against_measured import calibrated_job, compare_scale
 from meshscale.predict.request import PredictRequest, predict_rows
-from meshscale.predict.scaling import Job, prediction_result
+from meshscale.predict.scaling import prediction_result
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.report.doctor import run_doctor
@@ -43,7 +42,6 @@ from meshscale.topology import subset, to_dict
 from meshscale.topology.catalog import load_catalog
 from meshscale.topology.discover import discover
 from meshscale.train.config import TrainConfig
-from meshscale.train.models import get_model
 from meshscale.train.runner import profile as train_profile
 from meshscale.train.scale import scale
 from meshscale.units import parse_bytes, sweep_sizes
@@ -270,12 +268,8 @@ def whitepaper_results() -> dict[str, Result]:
 def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
     """meshscale's prediction of this machine's scale run, point by point: the compute profile is the run's own
     1-rank steps, the exchange is simulated on ``topo`` (with ``params`` calibrated from bench p2p)."""
-    ones = {r["batch_per_rank"]: r["step_time_s"] for r in scale.rows if r["world_size"] == 1 and r.get("step_time_s")}
-    if not ones:
-        raise MeshscaleError("the scale run has no 1-rank step to take the compute profile from")
-    model = scale.meta.get("model", "small-cnn")
-    profile = ComputeProfile(list(ones), list(ones.values()), source="the tour's 1-rank steps")
-    job = Job(model, get_model(model).params, profile, max(ones), True)
+    job = calibrated_job(scale)
+    model = job.model
     rows = compare_scale(scale, job, topo, params)
     out = []
     for mode in sorted({r["mode"] for r in rows}):

@@ -56,14 +56,19 @@ def validate(cfg: TrainConfig) -> None:
     resolve(cfg)  # unknown model, missing data folder, bad token file
 
 
+def check_rank_config(cfg: TrainConfig) -> None:
+    """`validate` for one rank of a world that may span nodes: only this rank's device is checked."""
+    validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0)))
+    check_ps_servers(cfg)
+
+
 def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows). Under torchrun
     this process is one rank and the world is torchrun's."""
     if in_torchrun():
         world = resolve_world(None, None)  # torchrun's world, on GPUs where there are any
         cfg.world, cfg.device = world.size, world.device
-        validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0)))  # the world spans nodes: check only this rank's device
-        check_ps_servers(cfg)
+        check_rank_config(cfg)
     else:
         validate(cfg)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
