@@ -104,6 +104,10 @@ def test_resnet50_layout_matches_torchvision():
     ("gpt-small", 16, "gpt-small-profile.json", "allreduce.json", "gpt-small-2nodes.json", 0.23),
     ("gpt-small", 16, "overlap/gpt-small-profile.json", "overlap/allreduce.json", "overlap/gpt-small-2nodes.json", 0.15),
     ("resnet50", 128, "resnet50-profile.json", "allreduce.json", "resnet50-2nodes.json", 0.15),
+    # the fourth call: three GPT-small runs, each beside the all_reduce sweep measured next to it
+    ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce.json", "repeats/gpt-small-2nodes.json", 0.15),
+    ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce-r1.json", "repeats/gpt-small-2nodes-r1.json", 0.15),
+    ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce-r2.json", "repeats/gpt-small-2nodes-r2.json", 0.15),
 ])
 def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profile, bench, measured, within):
     """The commands of the emulated two-node README: the network fitted to the all_reduce alone."""
