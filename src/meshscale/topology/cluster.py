@@ -18,8 +18,8 @@ Rail-optimized (``network="rail"``), after NVIDIA's DGX SuperPOD reference archi
 (2023): NIC k of every node (the NIC nearest GPU k) goes to the leaf switch of rail k, one port per node, so
 same-rail NICs of different nodes are one switch apart. A rail leaf holds as many nodes as it has down-ports
 (up-links reserved as for a fat-tree leaf: 32 + 32 on a 64-port NDR switch, the SuperPOD's 32-node scalable unit);
-more nodes make more rail groups, every rail leaf linked to a level of spine switches (at most one link from a
-spine to each leaf, as in the tree). One group has no spine: traffic between different rails crosses a node's
+more nodes make more rail groups, every rail leaf's up-links spread over a level of spine switches whose ports
+all face the leaves (at most one link from a spine to each leaf; the SuperPOD's 16 spines for 32 rail leaves). One group has no spine: traffic between different rails crosses a node's
 NVLink to the NIC of the right rail (NCCL's PXN), as in a rail-only network.
 """
 from __future__ import annotations
@@ -220,7 +220,7 @@ def _rail_shape(spec: ClusterSpec, net: NetLink, radix: int, gpus: int) -> _Shap
                             "use a larger --radix or fewer --nodes-per-leaf")
     ports = per_group + up
     groups = math.ceil(spec.nodes / per_group)
-    max2 = per_group * (ports // spec.nics)  # a spine has one link to each of `ports` rail leaves
+    max2 = per_group * (radix // spec.nics)  # a spine (all its ports) has one link to each of up to `radix` rail leaves
     levels = spec.levels or (1 if groups == 1 else 2)
     if levels not in (1, 2):
         raise TopologyError(f"--levels {levels}: a rail-optimized network is modelled with 1 or 2 levels (rail leaves, "
@@ -230,12 +230,12 @@ def _rail_shape(spec: ClusterSpec, net: NetLink, radix: int, gpus: int) -> _Shap
                             "holds; use --levels 2")
     if spec.nodes > max(max2, per_group):
         raise TopologyError(f"{spec.nodes} nodes exceed the {max(max2, per_group)} the rails of {radix}-port switches hold "
-                            f"({per_group} nodes per rail group, {max(1, ports // spec.nics)} groups of {spec.nics} "
+                            f"({per_group} nodes per rail group, {max(1, radix // spec.nics)} groups of {spec.nics} "
                             "rails under one spine level); use fewer nodes, a larger --radix or --network fat-tree")
     leaves = groups * spec.nics
     if levels == 1:
         return _Shape(per_group, per_group, up, 1, [leaves], per_group, 1, False)
-    spines = math.ceil(leaves * up / ports)
+    spines = math.ceil(leaves * up / radix)
     return _Shape(per_group, per_group, up, 2, [leaves, spines], max2, 3 if groups > 1 else 1, groups > 1)
 
 
