@@ -71,7 +71,7 @@ def test_an_oversubscribed_fat_tree_cuts_the_ring_where_rails_do_not():
     assert tree < 0.6 * full
     # the same nodes on rails, one node per rail group: each rail leaf carries one NIC's share of the ring
     rails = _ring(1 << 30, nodes=4, nodes_per_leaf=1, oversubscription=2, network="rail")
-    assert rails.busbw_bytes_per_s == pytest.approx(full, rel=1e-6)
+    assert rails.busbw_bytes_per_s == pytest.approx(full, rel=1e-3)  # (3 hops vs 1: a few us on 1 GiB)
     # the whole group on one rail leaf per rail: nothing climbs at all
     assert _ring(1 << 30, nodes=4, oversubscription=2, network="rail").busbw_bytes_per_s == pytest.approx(full, rel=1e-6)
 
