@@ -111,15 +111,17 @@ def test_network_option_on_every_cluster_command(cli, tmp_path):
     assert load_result(tmp_path / "p.json").meta["network"] == "rail"
 
 
+def _cluster_file(tmp_path, **fields) -> str:
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n" + "".join(f"  {k}: {v}\n" for k, v in fields.items()))
+    return str(path)
+
+
 def test_a_cluster_file_names_its_network(cli, tmp_path):
-    path = tmp_path / "rails.yaml"
-    path.write_text("cluster:\n  node: hgx-h100\n  nodes: 40\n  nics: 8\n  link: ndr\n  network: rail\n"
-                    "  oversubscription: 2\n")
-    r = cli("cluster", "-s", path)
-    assert r.exit_code == 0, r.output
-    assert "1 rail group(s) of up to 42 nodes" in r.stdout
+    path = _cluster_file(tmp_path, node="hgx-h100", nodes=40, nics=8, link="ndr", network="rail", oversubscription=2)
+    assert "1 rail group(s) of up to 42 nodes" in cli("cluster", "-s", path).stdout
     assert cli("topo", "-s", path, "--network", "fat-tree").stdout.count("fat tree:") == 1  # options override
-    topo = system_or_cluster(str(path))
+    topo = system_or_cluster(path)
     assert topo.attrs["cluster"]["network"] == "rail" and topo.attrs["cluster"]["oversubscription"] == 2
 
 
@@ -163,9 +165,7 @@ def test_bad_network_input_is_one_line_exit_2(cli, args, words):
 
 
 def test_a_cluster_file_with_an_unknown_network_is_exit_2(cli, tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text("cluster:\n  node: hgx-h100\n  nodes: 2\n  network: dragonfly\n")
-    r = cli("sim", "all_reduce", "-s", path)
+    r = cli("sim", "all_reduce", "-s", _cluster_file(tmp_path, node="hgx-h100", nodes=2, network="dragonfly"))
     assert r.exit_code == 2 and "unknown network 'dragonfly'" in r.stderr
 
 
