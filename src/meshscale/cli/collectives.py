@@ -11,7 +11,8 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
-from meshscale.cli.topology import GPUDIRECT_HELP, LINK_HELP, NICS_HELP, NODES_HELP
+from meshscale.cli.topology import (GPUDIRECT_HELP, LINK_HELP, NETWORK_OPTION, NICS_HELP, NODES_HELP,
+                                    OVERSUBSCRIPTION_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
@@ -20,7 +21,7 @@ from meshscale.units import gbps, parse_bytes, parse_ints
 def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
            bench: Optional[Path] = None, cluster: Optional[dict] = None):
     """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
-    parameters from the common options; ``cluster``: the --nodes/--link/--nics/--gpudirect options. On a
+    parameters from the common options; ``cluster``: the `cluster_options` (--nodes, --link, ...). On a
     cluster, ``bench`` (a measured multi-node all_reduce) fits the network instead of the links."""
     from dataclasses import replace
 
@@ -63,10 +64,6 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
     return topology, ranks, params
 
 
-def _cluster_options(nodes: Optional[int], link: Optional[str], nics: Optional[int], gpudirect: Optional[bool]) -> dict:
-    return {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect}
-
-
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
 NCCL_PROTO_HELP = "force NCCL's protocol as NCCL_PROTO does: LL, LL128, Simple"
 NCCL_VERSION_HELP = "NCCL version whose cost model to use (default 2.28; 2.20, 2.18, 2.7, 1.6 families)"
@@ -98,13 +95,15 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
          nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
          gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+         network: Optional[str] = NETWORK_OPTION,
+         oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
     """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
     bottleneck, bound), beside what NCCL would pick and take."""
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, _cluster_options(nodes, link, nics, gpudirect))
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
                   **_nccl_options(nccl_algo, proto, nccl_version, nvls))
     typer.echo(format_plan(p))
@@ -139,6 +138,8 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+        network: Optional[str] = NETWORK_OPTION,
+        oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file())),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
@@ -147,7 +148,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, _cluster_options(nodes, link, nics, gpudirect))
+    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params, **_nccl_options(nccl_algo, proto, nccl_version, nvls))
     how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"

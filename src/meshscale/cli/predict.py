@@ -1,4 +1,5 @@
-"""`meshscale cluster` (size a fat-tree cluster of a system) and `meshscale predict` (training scaling)."""
+"""`meshscale cluster` (size the network of a cluster of a system: a fat tree or rails) and `meshscale predict`
+(training scaling)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -9,6 +10,7 @@ from rich.table import Table
 
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
+from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
@@ -27,11 +29,13 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
             levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
             nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
             radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
-            oversubscription: Optional[float] = typer.Option(None, "--oversubscription", callback=checked(Range(1, 1024))),
+            oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
             gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
-            plot: Optional[Path] = typer.Option(None, "--plot", help="draw the tree to this PNG", callback=checked(output_file(plot=True))),
+            network: Optional[str] = NETWORK_OPTION,
+            plot: Optional[Path] = typer.Option(None, "--plot", help="draw the network to this PNG", callback=checked(output_file(plot=True))),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)", callback=checked(output_file()))) -> None:
-    """Size a fat-tree cluster of a system: switches per level, bandwidth, bisection, latency. A cluster file
+    """Size the network of a cluster of a system (a fat tree, or rails with --network rail): switches per level,
+    hops between nodes, bandwidth, bisection, latency. A cluster file
     (``--system FILE``, as topo, plan, sim and predict take it) gives all of it; options override its fields."""
     if system and node:
         raise MeshscaleError("give the node system once: --system NAME|FILE or --node NAME")
@@ -39,14 +43,15 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
     if nodes is None and cluster_file_spec(system) is None:
         nodes = CLUSTER_NODES
     spec = cluster_spec(system, nodes, link, nics, gpudirect, levels=levels, nodes_per_leaf=nodes_per_leaf,
-                        radix=radix, oversubscription=oversubscription)
+                        radix=radix, oversubscription=oversubscription, network=network)
     plan = plan_cluster(spec)
     figures = {
         "nodes": spec.nodes, "gpus": plan.world_size, "levels": plan.levels, "nodes_per_leaf": plan.nodes_per_leaf,
         "switch_radix": plan.radix, "switches_per_level": plan.switches, "max_nodes_at_these_levels": plan.max_nodes,
         "node_peak_bits_per_s": plan.node_peak_bits_per_s, "node_bandwidth_bytes_per_s": plan.node_bandwidth_bytes_per_s,
         "bisection_bytes_per_s": plan.bisection_bytes_per_s, "bisection_whitepaper_bytes_per_s": plan.bisection_whitepaper_bytes_per_s,
-        "switch_hops": plan.switch_hops, "latency_s": plan.latency_s,
+        "switch_hops": plan.switch_hops, "latency_s": plan.latency_s, "network": spec.network, "rails": plan.rails,
+        "groups": plan.groups,
     }
     typer.echo(describe(plan))
     if plot:
@@ -54,7 +59,8 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
     if json_out:
         Result("cluster", [figures], True, {"node": spec.node, "link": spec.link, "nics": spec.nics,
-                                             "gpudirect": spec.gpudirect, "oversubscription": spec.oversubscription}
+                                             "gpudirect": spec.gpudirect, "oversubscription": spec.oversubscription,
+                                             "network": spec.network}
                ).save(json_out)
         typer.echo(f"wrote {json_out}")
 
@@ -80,6 +86,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us"),
             nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
+            network: Optional[str] = NETWORK_OPTION,
+            oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
             batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)", callback=checked(BATCH)),
             global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)", callback=checked(GLOBAL_BATCH)),
@@ -106,17 +114,23 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
+    shape = {"network": network, "oversubscription": oversubscription}
     spec = cluster_file_spec(system)
     if spec is not None:  # a cluster file: its node, network and size (a sweep up to it unless --nodes says)
         system, link, nics, gpudirect = spec.node, spec.link, nics or spec.nics, spec.gpudirect
         nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
+        file_shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
+        shape = {**file_shape, **{k: v for k, v in shape.items() if v is not None}}
+    elif not nodes and any(v is not None for v in shape.values()):
+        raise MeshscaleError("--network and --oversubscription describe a cluster; add --nodes (e.g. 1,2,4,8) or "
+                             "pass a cluster file")
     calibrated = ""
     if nodes and bench:  # a measured multi-node all_reduce fits the network, not the links inside a node
         from meshscale.results import load_result
         from meshscale.simulate.link_fit import fit_network
         from meshscale.topology.cluster import system_or_cluster
 
-        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect), load_result(bench))
+        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect, **shape), load_result(bench))
         link, bench, calibrated = fit.link, None, f" ({fit.source})"
         typer.echo(fit.source, err=True)
     if weak and global_batch is not None:
@@ -126,7 +140,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     rows, job, measured = predict_rows(PredictRequest(
         model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
-        gpudirect=gpudirect, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
+        gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
         algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
         measured=from_result))
     model = job.model
@@ -148,7 +162,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out or csv_path:
-        write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link),
+        write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link,
+                                             **({k: v for k, v in shape.items() if v is not None} if nodes else {})),
                            json_out, csv_path)
 
 

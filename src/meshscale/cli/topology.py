@@ -11,7 +11,7 @@ from meshscale.cli.output import print_tables
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog
-from meshscale.topology.cluster import cluster_spec, describe, plan_cluster, system_or_cluster
+from meshscale.topology.cluster import NETWORKS, cluster_spec, describe, plan_cluster, system_or_cluster
 from meshscale.topology.discover import discover
 from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
@@ -24,17 +24,30 @@ NODES_HELP = "a cluster of this many --system nodes (NCCL's model across nodes)"
 LINK_HELP = "cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"
 NICS_HELP = "network ports per node (default 4; 2 for Ethernet)"
 GPUDIRECT_HELP = "GPUDirect RDMA between NICs and GPUs (default on; NCCL uses it only through PCIe switches)"
+# one option object per cluster field, shared by every command that takes a cluster (plan, sim, topo, predict, cluster)
+NETWORK_OPTION = typer.Option(None, "--network", help=f"cluster network: {' or '.join(NETWORKS)} (default fat-tree; "
+                              "rail: NIC k of every node on rail k's leaf switch)")
+OVERSUBSCRIPTION_OPTION = typer.Option(None, "--oversubscription", callback=checked(Range(1, 1024)),
+                                       help="leaf down-links per up-link, k for k:1 (default 1, non-blocking)")
 
 
-def resolve_system(system: Optional[str], workers: Optional[int] = None, nodes: Optional[int] = None,
-                   link: Optional[str] = None, nics: Optional[int] = None, gpudirect: Optional[bool] = None):
-    """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with
-    ``--nodes``/``--link``/``--nics``/``--gpudirect``), or this machine (with a notice if no GPU)."""
+def cluster_options(nodes: Optional[int] = None, link: Optional[str] = None, nics: Optional[int] = None,
+                    gpudirect: Optional[bool] = None, network: Optional[str] = None,
+                    oversubscription: Optional[float] = None) -> dict:
+    """The cluster options of a command line, by `cluster_spec`'s names (None: not given)."""
+    return {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect, "network": network,
+            "oversubscription": oversubscription}
+
+
+def resolve_system(system: Optional[str], workers: Optional[int] = None, **cluster):
+    """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with the
+    `cluster_options`: ``--nodes``, ``--link``, ``--nics``, ``--gpudirect``, ``--network``, ``--oversubscription``),
+    or this machine (with a notice if no GPU)."""
     if system:
-        return system_or_cluster(system, nodes, link, nics, gpudirect), ""
-    if any(v is not None for v in (nodes, link, nics, gpudirect)):
-        raise MeshscaleError("--nodes, --link, --nics and --gpudirect describe a cluster of a node system; "
-                             "add --system NAME|FILE")
+        return system_or_cluster(system, **cluster), ""
+    given = [f"--{k}" for k, v in cluster.items() if v is not None]
+    if given:
+        raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
     found = discover(workers)
     return found.topology, found.notice
 
@@ -45,14 +58,17 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
          nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
          link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
          nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
-         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP)) -> None:
+         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+         network: Optional[str] = NETWORK_OPTION,
+         oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram. A cluster
     (a cluster file, or --nodes N): its summary, then one node's matrix."""
     check_choice(fmt, FORMATS, "format")
-    topology, notice = resolve_system(system, None, nodes, link, nics, gpudirect)
+    cluster = cluster_options(nodes, link, nics, gpudirect, network, oversubscription)
+    topology, notice = resolve_system(system, None, **cluster)
     if notice:
         typer.echo(notice, err=True)
-    spec = cluster_spec(system, nodes, link, nics, gpudirect) if system else None
+    spec = cluster_spec(system, **cluster) if system else None
     if fmt == "matrix" and spec is not None:
         plan = plan_cluster(spec)
         node = plan.node_topology

@@ -63,7 +63,7 @@ def cluster_fabric(spec: ClusterSpec, nodes: int, params: SimParams | None = Non
         bandwidth = min(bandwidth, host_bandwidth(plan.node_topology) / 2)
         latency += 2 * params.message_latency_of("pcie")
     fabric = Fabric(plan.node_topology, plan.gpus_per_node, nodes, bandwidth, latency,
-                    f"{nodes} x {plan.node_topology.name} ({spec.nics}x {plan.net.name})",
+                    f"{nodes} x {plan.node_topology.name} ({spec.nics}x {plan.net.name}{', rails' if plan.rails else ''})",
                     cluster_topology(replace(spec, nodes=nodes)) if nodes > 1 else None)
     return fabric, plan
 

@@ -3,7 +3,7 @@
 or predictions beside a measured `scale` run."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
@@ -35,6 +35,7 @@ class PredictRequest:
     link: str = "edr"
     nics: int | None = None                  # None: 4, or 2 for Ethernet
     gpudirect: bool = True
+    cluster_shape: dict = field(default_factory=dict)  # the cluster's other fields (network, oversubscription, ...)
     batch_per_gpu: int = 64                  # weak scaling
     global_batch: int | None = None          # strong scaling when given
     mode: str | None = None                  # `meshscale train`'s modes (None: the framework's, else ddp)
@@ -100,8 +101,9 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         elif req.nodes:
             net = variant if kind == "link" else req.link
             nics = req.nics or (2 if "gbe" in net else 4)
-            found = predict_cluster(job, ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect),
-                                    list(req.nodes))
+            shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
+            found = predict_cluster(job, ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect,
+                                                     **shape), list(req.nodes))
         else:
             found = predict_system(job, topo, list(req.gpus), params)
         rows += [dict(r, variant=variant) for r in found]

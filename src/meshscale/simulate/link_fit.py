@@ -197,7 +197,8 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     node_bytes_per_s = 2 * (ranks - 1) / ranks / s_per_byte
     nics = cluster["nics"]
     spec = ClusterSpec(node=cluster["node"], nodes=cluster["nodes"], nics=nics, link=cluster["link"],
-                       levels=cluster["levels"], gpudirect=cluster["gpudirect"])
+                       levels=cluster["levels"], gpudirect=cluster["gpudirect"],
+                       network=cluster.get("network", "fat-tree"), oversubscription=cluster.get("oversubscription", 1.0))
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
     measured = build_cluster(plan_cluster(ClusterSpec(**{**vars(spec), "nodes": nodes})))
     s = nccl_model.analyse(measured, list(range(ranks)))

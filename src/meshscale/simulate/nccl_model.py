@@ -446,24 +446,34 @@ def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
 
 
 def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -> float:
-    """A node's network rate when every node sends at once around NCCL's ring over the nodes in rank order: the
-    ring passes between nodes of one leaf switch inside it and leaves each leaf once, with all of a node's
-    traffic, through the leaf's up-links; a tree oversubscribed k:1 has 1/k as many up-links as down-links, so it
-    slows the ring only where a leaf holds fewer than k nodes. One leaf: nothing climbs."""
-    def leaf_of(k: int) -> str | None:
-        nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == k]
-        return next((l.other(n) for n in nics for l in topo.links_of(n) if topo.nodes[l.other(n)].kind == "net_switch"),
-                    None)
-
-    leaves = {k: leaf_of(k) for k in nodes}
-    if None in leaves.values() or len(set(leaves.values())) < 2:
+    """A node's network rate when every node sends at once around NCCL's ring over the nodes in rank order. The
+    ring crosses nodes NIC k to NIC k (NCCL keeps each channel on one NIC, rail-aligned), so it passes inside
+    any set of nodes whose NICs share their leaf switches: one leaf in a fat tree, one leaf per rail (a rail
+    group) in a rail-optimized network. It leaves each such group once, with all of a node's traffic, each NIC's
+    share through its leaf's up-links: a tree oversubscribed k:1 has 1/k as many up-links as down-links, so it
+    slows the ring only where a leaf holds fewer than k nodes; a rail leaf carries one NIC's share of the ring,
+    so its up-links rarely bind. One group: nothing climbs."""
+    leaves = _leaves_by_node(topo)
+    groups = {tuple(leaves.get(k, ())) for k in nodes}
+    if () in groups or len(groups) < 2:
         return node_gbps
     rate = node_gbps
-    for leaf in set(leaves.values()):
-        up = sum(l.bandwidth_bytes_per_s for l in topo.links_of(leaf)
-                 if topo.nodes[l.other(leaf)].kind == "net_switch" and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1)
-        rate = min(rate, up / 1e9)
+    for group in groups:
+        for leaf in set(group):
+            up = sum(l.bandwidth_bytes_per_s for l in topo.links_of(leaf) if topo.nodes[l.other(leaf)].kind == "net_switch"
+                     and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1)
+            rate = min(rate, up / 1e9 * len(group) / group.count(leaf))  # the leaf carries its NICs' share
     return rate
+
+
+def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:
+    """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out)."""
+    out: dict[int, list[str]] = {}
+    for nic in topo.nodes_of("nic"):
+        switch = next((l.other(nic) for l in topo.links_of(nic) if topo.nodes[l.other(nic)].kind == "net_switch"), None)
+        if switch is not None:
+            out.setdefault(_node_of(topo, nic), []).append(switch)
+    return out
 
 
 def _node_of(topo: Topology, name: str) -> int:

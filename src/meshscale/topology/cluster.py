@@ -1,4 +1,5 @@
-"""Clusters: N copies of a node system joined by a two- or three-level fat tree of InfiniBand or Ethernet.
+"""Clusters: N copies of a node system joined by a fat tree (two or three levels) or a rail-optimized network
+of InfiniBand or Ethernet.
 
 `plan_cluster` sizes the tree and computes its figures by formula (switches per level, per-node peak,
 bisection, worst-case latency); `build_cluster` turns the plan into a `Topology` (node names prefixed
@@ -12,6 +13,14 @@ Assumptions, after the NVIDIA DGX-1 System Architecture whitepaper (2017), secti
   switches; beyond that a third level (pods of half as many leaves, the other half of the ports going up);
 - InfiniBand latency 1.01 us system to system plus 0.09 us per EDR switch hop; Ethernet figures chosen so
   that the 3-hop worst case is the whitepaper's 5 us.
+
+Rail-optimized (``network="rail"``), after NVIDIA's DGX SuperPOD reference architecture and Wang et al., "Rail-only"
+(2023): NIC k of every node (the NIC nearest GPU k) goes to the leaf switch of rail k, one port per node, so
+same-rail NICs of different nodes are one switch apart. A rail leaf holds as many nodes as it has down-ports
+(up-links reserved as for a fat-tree leaf: 32 + 32 on a 64-port NDR switch, the SuperPOD's 32-node scalable unit);
+more nodes make more rail groups, every rail leaf's up-links spread over a level of spine switches whose ports
+all face the leaves (at most one link from a spine to each leaf; the SuperPOD's 16 spines for 32 rail leaves). One group has no spine: traffic between different rails crosses a node's
+NVLink to the NIC of the right rail (NCCL's PXN), as in a rail-only network.
 """
 from __future__ import annotations
 
@@ -51,6 +60,7 @@ NET_LINKS = {
 
 
 STATED_RADIX = 64  # switch ports assumed for a network given by its rate alone
+NETWORKS = ("fat-tree", "rail")
 
 
 def net_link(name: str) -> NetLink:
@@ -84,6 +94,7 @@ class ClusterSpec:
     radix: int | None = None
     oversubscription: float = 1.0
     gpudirect: bool = True
+    network: str = "fat-tree"     # or "rail": a leaf per rail (and rail group)
 
 
 @dataclass
@@ -94,7 +105,7 @@ class ClusterPlan:
     node_topology: Topology
     net: NetLink
     levels: int
-    nodes_per_leaf: int
+    nodes_per_leaf: int           # on a rail network: nodes per rail group (one port each on every rail leaf)
     radix: int
     ports_used: int               # ports of each switch in use (down + up)
     down_ports_per_leaf: int
@@ -105,8 +116,8 @@ class ClusterPlan:
     node_peak_bits_per_s: float             # nominal, both directions (DGX-1 whitepaper: 800 Gb/s)
     bisection_bytes_per_s: float            # per direction, at the ports' data rate (halves of whole leaves)
     bisection_whitepaper_bytes_per_s: float  # both directions, the DGX-1 whitepaper's formula (6,012 GB/s)
-    switch_hops: int                        # worst case
-    latency_s: float                        # worst case, node to node
+    switch_hops: int                        # worst case (on a rail network: between same-rail NICs)
+    latency_s: float                        # worst case, node to node (ditto)
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -117,6 +128,31 @@ class ClusterPlan:
     def world_size(self) -> int:
         return self.spec.nodes * self.gpus_per_node
 
+    @property
+    def rails(self) -> int:
+        """Rails of a rail-optimized network (one per NIC of a node); 0 on a fat tree."""
+        return self.spec.nics if self.spec.network == "rail" else 0
+
+    @property
+    def groups(self) -> int:
+        """Leaves of a fat tree, rail groups of a rail network: sets of nodes whose traffic stays under one leaf
+        (per rail)."""
+        return math.ceil(self.spec.nodes / self.nodes_per_leaf)
+
+    def leaves_of_node(self, k: int) -> list[int]:
+        """The level-1 switch of each NIC of node ``k``: all on its leaf in a fat tree, NIC j on rail j's leaf
+        of its group in a rail network."""
+        group = k // self.nodes_per_leaf
+        if self.rails:
+            return [group * self.rails + j for j in range(self.spec.nics)]
+        return [group] * self.spec.nics
+
+    def layout(self) -> str:
+        """The network in words: "2-level fat tree", "rail-optimized, 8 rails, 2 levels"."""
+        if self.rails:
+            return f"rail-optimized, {self.rails} rails, {self.levels} level{'s' if self.levels > 1 else ''}"
+        return f"{self.levels}-level fat tree"
+
 
 def _nodes_per_leaf(nics: int, radix: int, oversubscription: float) -> int:
     """The most nodes whose ports plus their up-links fit on one switch."""
@@ -126,17 +162,22 @@ def _nodes_per_leaf(nics: int, radix: int, oversubscription: float) -> int:
     return n
 
 
-def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
-    """Size the fat tree for ``spec`` and compute its figures; a one-line error if it cannot be built."""
-    net = net_link(spec.link)
-    if spec.nodes < 1:
-        raise TopologyError(f"a cluster needs at least one node, got {spec.nodes}; pass --nodes 1 or more")
-    if spec.nics < 1:
-        raise TopologyError(f"a cluster node needs at least one NIC, got {spec.nics}; pass --nics 1 or more")
-    if spec.oversubscription < 1:
-        raise TopologyError(f"oversubscription {spec.oversubscription} is below 1; use 1 (non-blocking) or more")
-    node_topo = require_devices(load_system(spec.node))
-    radix = spec.radix or net.radix
+@dataclass
+class _Shape:
+    """How a network is sized: nodes per leaf (rail group), ports of a leaf, levels, switches per level, the most
+    nodes these levels hold, worst hops, and whether traffic between groups climbs through oversubscribed up-links."""
+
+    per_leaf: int
+    down: int
+    up: int
+    levels: int
+    switches: list[int]
+    max_nodes: int
+    hops: int
+    climbs: bool
+
+
+def _fat_tree_shape(spec: ClusterSpec, net: NetLink, radix: int) -> _Shape:
     per_leaf = spec.nodes_per_leaf or _nodes_per_leaf(spec.nics, radix, spec.oversubscription)
     down = per_leaf * spec.nics
     up = math.ceil(down / spec.oversubscription)
@@ -160,23 +201,76 @@ def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
         raise TopologyError(f"{spec.nodes} nodes exceed the {max3} a three-level tree of {radix}-port switches holds; "
                             "use a larger --radix or fewer nodes")
     if levels == 1:
-        switches, max_nodes, hops = [1], per_leaf, 1
-    elif levels == 2:
-        switches, max_nodes, hops = [leaves, up], max2, 3
+        return _Shape(per_leaf, down, up, 1, [1], per_leaf, 1, False)
+    if levels == 2:
+        return _Shape(per_leaf, down, up, 2, [leaves, up], max2, 3, True)
+    pods = math.ceil(leaves / pod_leaves)
+    return _Shape(per_leaf, down, up, 3, [leaves, pods * up, math.ceil(pods * up * pod_leaves / ports)], max3, 5, True)
+
+
+def _rail_shape(spec: ClusterSpec, net: NetLink, radix: int, gpus: int) -> _Shape:
+    if spec.nodes > 1 and spec.nics < gpus:
+        raise TopologyError(f"a rail-optimized network gives each GPU of a node its own NIC and rail (NIC k, nearest "
+                            f"GPU k, on rail k); {spec.node} has {gpus} GPUs per node but {spec.nics} NICs: pass "
+                            f"--nics {gpus} or --network fat-tree")
+    per_group = spec.nodes_per_leaf or _nodes_per_leaf(1, radix, spec.oversubscription)
+    up = math.ceil(per_group / spec.oversubscription)
+    if per_group < 1 or per_group + up > radix:
+        raise TopologyError(f"{per_group} nodes per rail leaf and their up-links do not fit a {radix}-port switch; "
+                            "use a larger --radix or fewer --nodes-per-leaf")
+    ports = per_group + up
+    groups = math.ceil(spec.nodes / per_group)
+    max2 = per_group * (radix // spec.nics)  # a spine (all its ports) has one link to each of up to `radix` rail leaves
+    levels = spec.levels or (1 if groups == 1 else 2)
+    if levels not in (1, 2):
+        raise TopologyError(f"--levels {levels}: a rail-optimized network is modelled with 1 or 2 levels (rail leaves, "
+                            "spines); use --levels 2 or --network fat-tree")
+    if levels == 1 and groups > 1:
+        raise TopologyError(f"{spec.nodes} nodes need {groups} rail groups of {per_group} nodes, more than one level "
+                            "holds; use --levels 2")
+    if spec.nodes > max(max2, per_group):
+        raise TopologyError(f"{spec.nodes} nodes exceed the {max(max2, per_group)} the rails of {radix}-port switches hold "
+                            f"({per_group} nodes per rail group, {max(1, radix // spec.nics)} groups of {spec.nics} "
+                            "rails under one spine level); use fewer nodes, a larger --radix or --network fat-tree")
+    leaves = groups * spec.nics
+    if levels == 1:
+        return _Shape(per_group, per_group, up, 1, [leaves], per_group, 1, False)
+    spines = math.ceil(leaves * up / radix)
+    return _Shape(per_group, per_group, up, 2, [leaves, spines], max2, 3 if groups > 1 else 1, groups > 1)
+
+
+def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
+    """Size the network for ``spec`` and compute its figures; a one-line error if it cannot be built."""
+    net = net_link(spec.link)
+    if spec.nodes < 1:
+        raise TopologyError(f"a cluster needs at least one node, got {spec.nodes}; pass --nodes 1 or more")
+    if spec.nics < 1:
+        raise TopologyError(f"a cluster node needs at least one NIC, got {spec.nics}; pass --nics 1 or more")
+    if spec.oversubscription < 1:
+        raise TopologyError(f"oversubscription {spec.oversubscription} is below 1; use 1 (non-blocking) or more")
+    if spec.network not in NETWORKS:
+        raise TopologyError(f"unknown network {spec.network!r}; use {' or '.join(NETWORKS)}")
+    node_topo = require_devices(load_system(spec.node))
+    radix = spec.radix or net.radix
+    if spec.network == "rail":
+        shape = _rail_shape(spec, net, radix, len(node_topo.devices()))
     else:
-        pods = math.ceil(leaves / pod_leaves)
-        switches, max_nodes, hops = [leaves, pods * up, math.ceil(pods * up * pod_leaves / ports)], max3, 5
+        shape = _fat_tree_shape(spec, net, radix)
     node_bw = spec.nics * net.bandwidth_bytes_per_s
     half = spec.nodes // 2
-    bisection = half * node_bw / (spec.oversubscription if levels > 1 else 1.0)
-    whitepaper = spec.nodes * spec.nics * 2 * net.nominal_gbits * 1e9 * net.whitepaper_encoding / 8 * 0.5
-    whitepaper /= spec.oversubscription if levels > 1 else 1.0
+    blocking = spec.oversubscription if shape.climbs else 1.0
+    bisection = half * node_bw / blocking
+    whitepaper = spec.nodes * spec.nics * 2 * net.nominal_gbits * 1e9 * net.whitepaper_encoding / 8 * 0.5 / blocking
     notes = []
     if not spec.gpudirect:
         notes.append("GPUDirect RDMA off: GPU traffic is staged through host memory (NICs hang off the CPUs)")
-    return ClusterPlan(spec, node_topo, net, levels, per_leaf, radix, ports, down, up, switches, max_nodes,
-                       node_bw, 2 * spec.nics * net.nominal_gbits * 1e9, bisection, whitepaper,
-                       hops if spec.nodes > 1 else 0,
+    if spec.network == "rail" and shape.levels == 1 and spec.nodes > 1:
+        notes.append("one rail group, no spine: traffic between different rails crosses a node's NVLink to the NIC "
+                     "of the right rail (NCCL's PXN)")
+    hops = shape.hops if spec.nodes > 1 else 0
+    return ClusterPlan(spec, node_topo, net, shape.levels, shape.per_leaf, radix, shape.down + shape.up, shape.down,
+                       shape.up, shape.switches, shape.max_nodes, node_bw, 2 * spec.nics * net.nominal_gbits * 1e9,
+                       bisection, whitepaper, hops,
                        (net.system_latency_s + hops * net.switch_latency_s) if spec.nodes > 1 else 0.0, notes)
 
 
@@ -226,9 +320,18 @@ def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[di
     return nodes, [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
 
 
+def _bundled(pairs: list[tuple[str, str]], net: NetLink) -> list[Link]:
+    """One link per switch pair, its ``count`` the parallel cables between them."""
+    bundles: dict[tuple[str, str], int] = {}
+    for key in pairs:
+        bundles[key] = bundles.get(key, 0) + 1
+    return [Link(a, b, net.kind, net.bandwidth_bytes_per_s * n, 0.0, count=n, rate=net.name) for (a, b), n in bundles.items()]
+
+
 def build_cluster(plan: ClusterPlan) -> Topology:
-    """The cluster as one `Topology`: every node copied with prefix ``n<k>/``, NICs linked to leaf switches,
-    leaves to level-2 switches (one link to each), level-2 to level-3 by pod. Switches carry latency_s."""
+    """The cluster as one `Topology`: every node copied with prefix ``n<k>/``, NICs linked to leaf switches
+    (`ClusterPlan.leaves_of_node`), leaves to level-2 switches (a fat tree: one link to each; rails: each leaf's
+    up-links spread over the spines), level-2 to level-3 by pod. Switches carry latency_s."""
     node, net, spec = plan.node_topology, plan.net, plan.spec
     gpus = len(node.devices())
     nodes: dict[str, Node] = {}
@@ -240,24 +343,30 @@ def build_cluster(plan: ClusterPlan) -> Topology:
         copied, copied_links = node_copy(node, k, k * gpus)
         nodes.update(copied)
         links += copied_links
-        leaf = f"l1/{k // plan.nodes_per_leaf}"
-        for j, (nic, at) in enumerate(points):
+        for j, ((nic, at), leaf) in enumerate(zip(points, plan.leaves_of_node(k))):
             if nic is None:  # a NIC the system file does not have: add it on a x16 slot
                 nic = f"net{j}"
                 nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
                 links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
             nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect)
+            if plan.rails:
+                nodes[p + nic].attrs["rail"] = j
             if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory
                 for i, l in enumerate(links):
                     if p + nic in (l.a, l.b) and l.kind == "pcie":
                         links[i] = Link(**{**vars(l), "a": p + nic, "b": p + _host_of(node, l.other(p + nic)[len(p):])})
-            links.append(Link(p + nic, leaf, net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
+            links.append(Link(p + nic, f"l1/{leaf}", net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
     sw = {"latency_s": net.switch_latency_s, "radix": plan.radix, "rate": net.name}
     for level, count in enumerate(plan.switches, start=1):
         for s in range(count):
-            nodes[f"l{level}/{s}"] = Node(f"l{level}/{s}", "net_switch", dict(sw, level=level))
+            rail = {"rail": s % plan.rails, "group": s // plan.rails} if plan.rails and level == 1 else {}
+            nodes[f"l{level}/{s}"] = Node(f"l{level}/{s}", "net_switch", dict(sw, level=level, **rail))
     bw = net.bandwidth_bytes_per_s
-    if plan.levels >= 2:
+    if plan.rails and plan.levels == 2:
+        spines, up = plan.switches[1], plan.up_ports_per_leaf
+        links += _bundled([(f"l1/{leaf}", f"l2/{(leaf * up + u) % spines}")
+                           for leaf in range(plan.switches[0]) for u in range(up)], net)
+    elif plan.levels >= 2:
         pod_leaves = plan.ports_used // 2 if plan.levels == 3 else plan.switches[0]
         for leaf in range(plan.switches[0]):
             pod = leaf // pod_leaves
@@ -266,26 +375,25 @@ def build_cluster(plan: ClusterPlan) -> Topology:
                 links.append(Link(f"l1/{leaf}", f"l2/{spine}", net.kind, bw, 0.0, rate=net.name))
     if plan.levels == 3:
         up = plan.ports_used - plan.ports_used // 2
-        bundles: dict[tuple[str, str], int] = {}
-        for spine in range(plan.switches[1]):
-            for j in range(up):  # spread each level-2 switch's up-links over the level-3 switches
-                key = (f"l2/{spine}", f"l3/{(spine * up + j) % plan.switches[2]}")
-                bundles[key] = bundles.get(key, 0) + 1
-        links += [Link(a, b, net.kind, bw * n, 0.0, count=n, rate=net.name) for (a, b), n in bundles.items()]
-    title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.levels}-level fat tree"
+        # spread each level-2 switch's up-links over the level-3 switches
+        links += _bundled([(f"l2/{spine}", f"l3/{(spine * up + j) % plan.switches[2]}")
+                           for spine in range(plan.switches[1]) for j in range(up)], net)
+    title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.layout()}"
     attrs = {"cluster": {"node": spec.node, "nodes": spec.nodes, "nics": spec.nics, "link": net.name,
-                         "levels": plan.levels, "gpudirect": spec.gpudirect, "latency_s": plan.latency_s}}
-    return Topology(f"{node.name}x{spec.nodes}-{net.name}", nodes, links, title, attrs)
+                         "levels": plan.levels, "gpudirect": spec.gpudirect, "latency_s": plan.latency_s,
+                         "network": spec.network, "oversubscription": spec.oversubscription}}
+    suffix = "-rail" if plan.rails else ""
+    return Topology(f"{node.name}x{spec.nodes}-{net.name}{suffix}", nodes, links, title, attrs)
 
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",
-                     "gpudirect")
+                     "gpudirect", "network")
 
 
 def cluster_file_spec(path: str) -> ClusterSpec | None:
     """The `ClusterSpec` of a cluster file (YAML with a top-level ``cluster:`` mapping of node, nodes, nics,
-    link, levels, oversubscription, gpudirect; link a name, ``25GB/s,5us``, or {rate, latency}); None for any
-    other file or name (a system)."""
+    link, levels, oversubscription, gpudirect, network; link a name, ``25GB/s,5us``, or {rate, latency}); None for
+    any other file or name (a system)."""
     from pathlib import Path
 
     from meshscale.validation import load_structured
@@ -319,8 +427,8 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
 def cluster_spec(system: str, nodes: int | None = None, link: str | None = None, nics: int | None = None,
                  gpudirect: bool | None = None, **shape) -> ClusterSpec | None:
     """The cluster ``--system NAME|FILE`` with ``--nodes N --link RATE --nics K --gpudirect`` names (a cluster file,
-    its fields overridden by the options given), or None when they name a single system. ``shape``: the tree's
-    other fields (levels, nodes_per_leaf, radix, oversubscription), None where not given."""
+    its fields overridden by the options given), or None when they name a single system. ``shape``: the network's
+    other fields (network, levels, nodes_per_leaf, radix, oversubscription), None where not given."""
     unknown = sorted(set(shape) - set(CLUSTER_FILE_KEYS))
     if unknown:
         raise TopologyError(f"unknown cluster field(s) {', '.join(unknown)}; use {', '.join(CLUSTER_FILE_KEYS)}")
@@ -341,10 +449,10 @@ def cluster_spec(system: str, nodes: int | None = None, link: str | None = None,
 
 
 def system_or_cluster(system: str, nodes: int | None = None, link: str | None = None, nics: int | None = None,
-                      gpudirect: bool | None = None) -> Topology:
+                      gpudirect: bool | None = None, **shape) -> Topology:
     """The system, or the cluster of it, that `cluster_spec` finds in these options, as one `Topology`. Every
     command resolves ``--system`` (and the cluster options) through here."""
-    spec = cluster_spec(system, nodes, link, nics, gpudirect)
+    spec = cluster_spec(system, nodes, link, nics, gpudirect, **shape)
     return load_system(system) if spec is None else build_cluster(plan_cluster(spec))
 
 
@@ -352,16 +460,30 @@ def describe(plan: ClusterPlan) -> str:
     """The cluster's figures as lines of text (what `meshscale cluster` and `topo` print)."""
     spec = plan.spec
     lines = [f"{spec.nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {spec.nics}x {plan.net.name.upper()} "
-             f"per node, GPUDirect RDMA {'on' if spec.gpudirect else 'off'}",
-             f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {plan.radix}-port "
-             f"switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)"]
-    lines += [f"  level-{k} switches: {count}" for k, count in enumerate(plan.switches, start=1)]
+             f"per node, GPUDirect RDMA {'on' if spec.gpudirect else 'off'}"]
+    ports = f"{plan.radix}-port switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)"
+    if plan.rails:
+        lines += [f"  rail-optimized:  {plan.rails} rails (NIC k of every node, nearest GPU k, on rail k), "
+                  f"{plan.levels} level(s), {plan.groups} rail group(s) of up to {plan.nodes_per_leaf} nodes, {ports}",
+                  f"  level-1 switches: {plan.switches[0]} ({plan.switches[0] // plan.rails} per rail)"]
+        lines += [f"  level-2 switches: {count} (spine)" for count in plan.switches[1:]]
+        across = ("3 switch hops through the spine" if plan.levels > 1
+                  else "none through the network: over a node's NVLink to the right rail")
+        between = (f"1 switch hop on a rail inside a group, {plan.switch_hops} across groups" if plan.groups > 1
+                   else "1 switch hop on a rail")
+        lines += [f"  node to node:    {between}; across rails: {across}"]
+    else:
+        lines += [f"  fat tree:        {plan.levels} level(s), {plan.nodes_per_leaf} nodes per level-1 switch, {ports}"]
+        lines += [f"  level-{k} switches: {count}" for k, count in enumerate(plan.switches, start=1)]
+        if plan.groups > 1:
+            lines += [f"  node to node:    1 switch hop on one leaf, {plan.switch_hops} across leaves"]
     lines += [f"  holds up to:     {plan.max_nodes} nodes at {plan.levels} level(s)",
               f"  per-node peak:   {plan.node_peak_bits_per_s / 1e9:,.0f} Gb/s (nominal, both directions); "
               f"{plan.node_bandwidth_bytes_per_s / 1e9:,.1f} GB/s data per direction",
               f"  bisection:       {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 whitepaper counts it "
               f"(nominal x encoding, both directions); {plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction at data rate",
-              f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops)"]
+              f"  worst latency:   {plan.latency_s * 1e6:.2f} us ({plan.switch_hops} switch hops"
+              f"{', same rail' if plan.rails else ''})"]
     lines += [f"  note: {note}" for note in plan.notes]
     return "\n".join(lines)
 

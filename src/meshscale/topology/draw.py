@@ -81,13 +81,14 @@ def topology_figure(topology: Topology) -> Figure:
 
 
 def draw_fat_tree(plan: ClusterPlan, path: str | Path) -> Path:
-    """Write the drawing of a cluster's fat tree to ``path`` (png, svg or pdf by suffix)."""
+    """Write the drawing of a cluster's network (fat tree or rails) to ``path`` (png, svg or pdf by suffix)."""
     return plots.save(fat_tree_figure(plan), path)
 
 
 @plots.styled
 def fat_tree_figure(plan: ClusterPlan) -> Figure:
-    """The fat tree: switches per level as rows of boxes, nodes under their leaves (dense meshes are thinned)."""
+    """The network: switches per level as rows of boxes, nodes under their leaves (a rail network: each node
+    under its rail group's leaf of every rail), dense meshes thinned."""
     fig = Figure(figsize=(12, 2 + 1.3 * plan.levels))
     ax = fig.add_subplot()
     n_nodes = plan.spec.nodes
@@ -99,7 +100,8 @@ def fat_tree_figure(plan: ClusterPlan) -> Figure:
     pos = {name: xs(count) for name, count in rows}
     leaves = pos["level 1"]
     for k, x in enumerate(pos["nodes"]):
-        ax.plot([x, leaves[k // plan.nodes_per_leaf]], [0, 1], lw=0.3, color="grey")
+        for leaf in sorted(set(plan.leaves_of_node(k))):
+            ax.plot([x, leaves[leaf]], [0, 1], lw=0.3, color="grey")
     for level in range(2, plan.levels + 1):
         lower, upper = pos[f"level {level - 1}"], pos[f"level {level}"]
         step = max(1, len(lower) * len(upper) // 600)  # thin very dense meshes
@@ -114,7 +116,7 @@ def fat_tree_figure(plan: ClusterPlan) -> Figure:
     ax.set_xlim(-0.2, 1.02)
     ax.axis("off")
     ax.set_title(f"{n_nodes} x {plan.node_topology.name}, {plan.spec.nics}x {plan.net.name.upper()}: "
-                 f"{plan.levels}-level fat tree, bisection {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 "
+                 f"{plan.layout()}, bisection {plan.bisection_whitepaper_bytes_per_s / 1e9:,.0f} GB/s as the DGX-1 "
                  f"whitepaper counts it ({plan.bisection_bytes_per_s / 1e9:,.0f} GB/s per direction), worst latency "
                  f"{plan.latency_s * 1e6:.2f} us", fontsize=9)
     return fig
