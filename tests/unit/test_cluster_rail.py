@@ -172,3 +172,23 @@ def test_a_cluster_file_with_an_unknown_network_is_exit_2(cli, tmp_path):
 def test_describe_of_a_fat_tree_is_unchanged_where_it_was_one_leaf():
     text = describe(plan_cluster(ClusterSpec(nodes=4)))
     assert "fat tree:" in text and "node to node" not in text  # one leaf: no hops to compare
+
+
+def test_nvls_across_nodes_is_held_to_the_network_as_nccl_tunes_it():
+    # tuning.cc: NVLS all-reduce runs at min(bwIntra, bwInter), NVLS tree at min(bwIntra, bwInter / 2) beyond two
+    # nodes: a slower network lowers both (before, the NVLS tree ignored it and kept 520 GB/s on any network)
+    def busbw(link, nodes):
+        topo = build_cluster(plan_cluster(ClusterSpec(nodes=nodes, node="hgx-h100", nics=8, link=link)))
+        p = nccl_model.predict(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="nvls_tree")
+        return (1 << 30) * 2 * (p.system.n_ranks - 1) / p.system.n_ranks / p.time_s / 1e9
+    fast, slow = busbw("ndr", 4), busbw("hdr", 4)
+    assert slow < 0.75 * fast  # HDR is half NDR's rate
+    assert busbw("ndr", 2) > busbw("ndr", 4)  # two nodes: the whole bwInter; more: half of it
+
+
+def test_a_small_call_on_many_nodes_is_floored_by_the_trees_latency_not_the_rings():
+    # the per-call floor is NCCL's cheapest latency: across 16 nodes the tree's log depth, not a 30-step ring
+    topo = build_cluster(plan_cluster(ClusterSpec(nodes=16, **H100)))
+    p = nccl_model.predict(topo, "all_reduce", _ranks(topo), 4096)
+    ring_ll_us = nccl_model.latency_us(p.system, nccl_model.constants(), "all_reduce", "ring", "LL")
+    assert p.time_s * 1e6 < 0.5 * ring_ll_us

@@ -131,9 +131,11 @@ def launch_overhead_us(proto: str) -> float:
 
 def call_floor_us(s: System, c: dict, collective: str) -> float:
     """The least time (us) one call of ``collective`` takes in a back-to-back loop: the CUDA launch and NCCL's
-    per-call overhead (see the data file) on top of NCCL's cheapest latency for it (Ring/LL). A separate
-    term: NCCL's choice does not see it."""
-    return float(_data()["launch_overhead_us"]) + latency_us(s, c, collective, "ring", "LL")
+    per-call overhead (see the data file) on top of NCCL's cheapest latency for it (LL on the algorithm of fewest
+    steps: the ring in one node, the tree's log-depth across many). A separate term: NCCL's choice does not see it."""
+    lowest = min(latency_us(s, c, collective, a, "LL") for a in ("ring", "tree")
+                 if a == "ring" or enabled(s, c, collective, a, "LL", True))
+    return float(_data()["launch_overhead_us"]) + lowest
 
 
 # ---- what NCCL derives from the topology ------------------------------------------------------------------
@@ -580,6 +582,8 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     if algo in ("nvls", "nvls_tree"):
         nch_nvls = c["nvls_channels"] * share
         per_ch = g.total_gbps / c["nvls_channels"]
+        if s.n_nodes > 1:  # tuning.cc: NVLS min(bwIntra, bwInter); NVLS tree min(bwIntra, bwInter / 2) beyond 2 nodes
+            per_ch = min(per_ch, s.inter_gbps / c["nvls_channels"] / (2 if algo == "nvls_tree" and s.n_nodes > 2 else 1))
         eff = c["nvls_efficiency"][s.arch]
         if nvls_traffic and collective == "all_reduce":
             # multimem reduce reads each GPU's buffer once and returns its share; the multicast store sends the
