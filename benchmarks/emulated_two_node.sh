@@ -51,3 +51,10 @@ for i in $(seq 1 "${REPEAT:-0}"); do
     --no-timing --json "$OUTDIR/gpt-small-2nodes-r$i.json"
   two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-r$i.json"
 done
+# SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,
+# then both "nodes"), each row with the prediction on the joined two-host topology beside it.
+if [ -n "${SCALE:-}" ]; then
+  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps 30 --timing-warmup 10 \
+    --no-timing --json "$OUTDIR/scale-2hosts.json"
+  cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
+fi

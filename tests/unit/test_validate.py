@@ -261,9 +261,9 @@ def test_script_reads_older_tables_and_appends_once(tmp_path):
 # ---- the model's accuracy over the corpus --------------------------------------------------------------------
 # The targets (BOUNDS, WORST_RATIO): 8% from 1 MiB up, 25% below, no row past 2x. Below 1 MiB and the worst row
 # are met (20.2%, 1.93x on 2026-11-22, docs/results/validate.md) and asserted as targets; from 1 MiB up the model
-# stands at 10.2%: this test holds it there, so that no change makes it worse unnoticed, and fails once the
+# stands at 9.0% (473 rows, 99 of them held out until predicted): this test holds it there, so that no change makes it worse unnoticed, and fails once the
 # target is met so that the target replaces it.
-REACHED = {"1 MiB and up": 0.11}
+REACHED = {"1 MiB and up": 0.095}
 
 
 def test_model_accuracy_on_the_whole_corpus_does_not_regress():
