@@ -87,3 +87,15 @@ def test_the_table_shows_measured_predicted_and_error_side_by_side(cli, monkeypa
     assert f"{beside.rows[1]['predicted_samples_per_s']:,.1f}" in eight
     assert f"{beside.rows[1]['prediction_error']:+.1%}" in eight and f"{fabricated.rows[1]['throughput_samples_per_s']:,.1f}" in eight
     assert "PREDICTED/s" in run.stdout and "calibrated from this run's 1-worker row" in run.stdout
+
+
+def test_a_run_without_per_step_timing_takes_its_step_time_from_its_throughput():
+    # `scale --no-timing` leaves step, compute and comm times empty: the 1-worker row's batch over its throughput
+    # is then its step time (a 2-GPU torchrun run on the device machine printed "no prediction" before)
+    scale = _scale(load_system("dgx1-v100"), worlds=(1, 2))
+    for r in scale.rows:
+        r.update(step_time_s=None, compute_s=None, data_s=None)
+    profile = run_profile(scale)
+    assert profile.step_time_s == pytest.approx([ONE_WORKER_STEP_S])
+    result, note = predicted_beside(scale)
+    assert result.rows[0]["prediction_error"] == pytest.approx(0, abs=1e-9) and "no prediction" not in note

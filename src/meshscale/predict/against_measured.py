@@ -34,11 +34,18 @@ def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams 
     return rows
 
 
+def _step_time_s(row: dict) -> float | None:
+    """A row's step time: as timed, or (a run with --no-timing) its global batch over its throughput."""
+    if row.get("step_time_s"):
+        return float(row["step_time_s"])
+    rate, batch = row.get("throughput_samples_per_s"), row.get("global_batch") or row.get("batch_per_rank")
+    return float(batch) / float(rate) if rate and batch else None
+
+
 def run_profile(scale: Result) -> ComputeProfile:
     """The compute profile a scale run measured itself: the step time of its 1-worker rows (no exchange in
-    them), else the compute and data time of its smallest world's row."""
-    ones = {int(r["batch_per_rank"]): float(r["step_time_s"]) for r in scale.rows
-            if r.get("world_size") == 1 and r.get("step_time_s")}
+    them; without per-step timing, batch over throughput), else the compute and data time of its smallest world's row."""
+    ones = {int(r["batch_per_rank"]): _step_time_s(r) for r in scale.rows if r.get("world_size") == 1 and _step_time_s(r)}
     if ones:
         return ComputeProfile(list(ones), list(ones.values()), source="calibrated from this run's 1-worker row")
     timed = [r for r in scale.rows if r.get("compute_s") and r.get("batch_per_rank")]

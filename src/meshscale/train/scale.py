@@ -36,6 +36,8 @@ def configurations(cfg: TrainConfig, worlds: list[int], weak: bool, batch: int) 
     """One config per world size: ``batch`` per rank (weak) or ``batch`` in all, split evenly (strong)."""
     if not worlds or min(worlds) < 1:
         raise MeshscaleError("give world sizes of at least 1, e.g. --cpus 1,2,4")
+    if cfg.device == "cuda" and not in_torchrun():  # under torchrun the world is torchrun's, checked there
+        check_gpus(max(worlds))
     out = []
     for n in sorted(set(worlds)):
         if not weak and batch % n:
@@ -65,8 +67,6 @@ def scale(cfg: TrainConfig, worlds: list[int], weak: bool, batch: int, on_row: R
     configs = configurations(cfg, worlds, weak, batch)
     if in_torchrun():
         return _torchrun_scale(cfg, configs, weak, batch, on_row)
-    if cfg.device == "cuda":
-        check_gpus(max(worlds))
     validate(configs[0])
     topology = world_topology(World(max(worlds), "nccl" if cfg.device == "cuda" else "gloo"))
     rows: list[dict] = []
