@@ -99,3 +99,25 @@ def test_a_run_without_per_step_timing_takes_its_step_time_from_its_throughput()
     assert profile.step_time_s == pytest.approx([ONE_WORKER_STEP_S])
     result, note = predicted_beside(scale)
     assert result.rows[0]["prediction_error"] == pytest.approx(0, abs=1e-9) and "no prediction" not in note
+
+
+def test_predict_from_a_two_host_run_uses_whole_nodes_of_the_cluster_and_its_own_profile(cli, tmp_path):
+    # `predict --from` a scale run of 1 and 2 one-GPU hosts: the 2-GPU row is two nodes of the cluster (a one-GPU
+    # system has no second GPU), and `--profile` takes the run's own 1-worker row
+    import json
+    from pathlib import Path
+    node = Path(__file__).parents[2] / "docs/results/emulated-two-node-2026-11-22/node-h200-1gpu.json"
+    scale = _scale(load_system(node), worlds=(1, 2))
+    scale.save(tmp_path / "scale.json")
+    out = tmp_path / "p.json"
+    args = ["predict", "-m", "resnet50", "--from", tmp_path / "scale.json", "--profile", tmp_path / "scale.json",
+            "-s", node, "--nodes", "1,2", "--nics", "1", "--batch", "64", "--json", out]
+    rows = {}
+    for link in ("10gbe", "400gbe"):
+        done = cli(*args, "--link", link)
+        assert done.exit_code == 0, done.stderr
+        rows[link] = json.loads(out.read_text())["rows"]
+    one, two = rows["10gbe"]
+    assert one["predicted_samples_per_s"] == pytest.approx(64 / ONE_WORKER_STEP_S)  # the run's own profile
+    assert 0 < two["predicted_samples_per_s"] < 2 * one["predicted_samples_per_s"]
+    assert rows["400gbe"][1]["predicted_samples_per_s"] > two["predicted_samples_per_s"]  # the network is the cluster's

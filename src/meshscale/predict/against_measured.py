@@ -6,18 +6,31 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import system_fabric
-from meshscale.predict.profile import ComputeProfile
+from meshscale.predict.exchange_cost import Fabric, cluster_fabric, system_fabric
+from meshscale.predict.profile import run_profile
 from meshscale.predict.scaling import Job
 from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, from_dict
+from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
 
-def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams | None = None) -> list[dict]:
+def _fabric(topo: Topology, world: int, cluster: ClusterSpec | None, params: SimParams | None) -> Fabric:
+    """The fabric a row of ``world`` GPUs ran on: part of one node, or whole nodes of ``cluster``."""
+    per_node = len(topo.devices())
+    if cluster is None or world <= per_node:
+        return system_fabric(topo, world)
+    if world % per_node:
+        raise MeshscaleError(f"a row of {world} GPUs is not a whole number of {per_node}-GPU nodes")
+    return cluster_fabric(cluster, world // per_node, params)[0]
+
+
+def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams | None = None,
+                  cluster: ClusterSpec | None = None) -> list[dict]:
     """For every row of a "scale" result (world_size, batch_per_rank, throughput_samples_per_s), the
-    predicted throughput on ``topo`` and the error predicted / measured - 1."""
+    predicted throughput on ``topo`` (or, for rows of more GPUs than one node of it has, on that many full nodes
+    of ``cluster``) and the error predicted / measured - 1."""
     if measured.kind != "scale":
         raise MeshscaleError(f"--from wants a `meshscale scale` result (kind 'scale'), got kind {measured.kind!r}")
     rows = []
@@ -27,35 +40,11 @@ def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams 
         except (KeyError, TypeError, ValueError):
             raise MeshscaleError("a scale row lacks world_size, batch_per_rank or throughput_samples_per_s; "
                                  "give a file `meshscale scale --json` wrote") from None
-        pred = job.step(job.exchange(system_fabric(topo, world), params), batch).throughput_samples_per_s
+        pred = job.step(job.exchange(_fabric(topo, world, cluster, params), params), batch).throughput_samples_per_s
         rows.append({"world_size": world, "mode": row.get("mode", ""), "batch_per_rank": batch,
                      "global_batch": world * batch, "measured_samples_per_s": meas,
                      "predicted_samples_per_s": pred, "error": pred / meas - 1})
     return rows
-
-
-def _step_time_s(row: dict) -> float | None:
-    """A row's step time: as timed, or (a run with --no-timing) its global batch over its throughput."""
-    if row.get("step_time_s"):
-        return float(row["step_time_s"])
-    rate, batch = row.get("throughput_samples_per_s"), row.get("global_batch") or row.get("batch_per_rank")
-    return float(batch) / float(rate) if rate and batch else None
-
-
-def run_profile(scale: Result) -> ComputeProfile:
-    """The compute profile a scale run measured itself: the step time of its 1-worker rows (no exchange in
-    them; without per-step timing, batch over throughput), else the compute and data time of its smallest world's row."""
-    ones = {int(r["batch_per_rank"]): _step_time_s(r) for r in scale.rows if r.get("world_size") == 1 and _step_time_s(r)}
-    if ones:
-        return ComputeProfile(list(ones), list(ones.values()), source="calibrated from this run's 1-worker row")
-    timed = [r for r in scale.rows if r.get("compute_s") and r.get("batch_per_rank")]
-    if not timed:
-        raise MeshscaleError("the scale run has no 1-worker row and no compute time to take the compute profile from; "
-                             "include 1 in the world sizes")
-    smallest = min(timed, key=lambda r: r["world_size"])
-    return ComputeProfile([int(smallest["batch_per_rank"])], [smallest["compute_s"] + (smallest.get("data_s") or 0.0)],
-                          source=f"calibrated from this run's {smallest['world_size']}-worker row (its compute and "
-                                 "data time)")
 
 
 def calibrated_job(scale: Result) -> Job:

@@ -122,16 +122,49 @@ def flops_profile(flops_per_sample: float, gpu_flops: float, efficiency: float =
 def profile_from_result(result: Result, gpu_flops: float | None = None) -> ComputeProfile:
     """The profile in a `meshscale train --profile-batches` result (rows: batch_per_rank, step_time_s;
     several rows per batch are averaged)."""
+    if result.kind == "scale":
+        return run_profile(result, gpu_flops)
     if result.kind != "train" or not result.meta.get("profile"):
-        raise MeshscaleError(f"--profile wants a single-GPU profile (kind 'train' with meta.profile true), got kind "
-                             f"{result.kind!r}; make one with `meshscale train --profile-batches ...`")
+        raise MeshscaleError(f"--profile wants a single-GPU profile (kind 'train' with meta.profile true) or a scale run "
+                             f"with a 1-worker row, got kind {result.kind!r}; make one with `meshscale train "
+                             "--profile-batches ...`")
     times: dict[int, list[float]] = {}
     for row in result.rows:
         if "batch_per_rank" in row and row.get("step_time_s"):
             times.setdefault(int(row["batch_per_rank"]), []).append(float(row["step_time_s"]))
     if not times:
         raise MeshscaleError("the profile has no rows with batch_per_rank and step_time_s")
-    gpus = result.machine.get("gpus") or []
-    model = gpus[0] if gpus else result.meta.get("device", "")
-    return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], str(model), gpu_flops,
+    model = _gpu_of(result)
+    return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], model, gpu_flops,
                           source=f"measured profile ({result.meta.get('model', '?')} on {model or 'this machine'})")
+
+
+def _step_time_s(row: dict) -> float | None:
+    """A row's step time: as timed, or (a run with --no-timing) its global batch over its throughput."""
+    if row.get("step_time_s"):
+        return float(row["step_time_s"])
+    rate, batch = row.get("throughput_samples_per_s"), row.get("global_batch") or row.get("batch_per_rank")
+    return float(batch) / float(rate) if rate and batch else None
+
+
+def _gpu_of(result: Result) -> str:
+    """The GPU a result was measured on (its machine record), else its device."""
+    gpus = result.machine.get("gpus") or []
+    return str(gpus[0] if gpus else result.meta.get("device", ""))
+
+
+def run_profile(scale: Result, gpu_flops: float | None = None) -> ComputeProfile:
+    """The compute profile a scale run measured itself: the step time of its 1-worker rows (no exchange in
+    them; without per-step timing, batch over throughput), else the compute and data time of its smallest world's row."""
+    ones = {int(r["batch_per_rank"]): _step_time_s(r) for r in scale.rows if r.get("world_size") == 1 and _step_time_s(r)}
+    if ones:
+        return ComputeProfile(list(ones), list(ones.values()), _gpu_of(scale), gpu_flops,
+                              source="calibrated from this run's 1-worker row")
+    timed = [r for r in scale.rows if r.get("compute_s") and r.get("batch_per_rank")]
+    if not timed:
+        raise MeshscaleError("the scale run has no 1-worker row and no compute time to take the compute profile from; "
+                             "include 1 in the world sizes")
+    smallest = min(timed, key=lambda r: r["world_size"])
+    return ComputeProfile([int(smallest["batch_per_rank"])], [smallest["compute_s"] + (smallest.get("data_s") or 0.0)],
+                          _gpu_of(scale), gpu_flops, source=f"calibrated from this run's {smallest['world_size']}-worker row (its compute and "
+                                 "data time)")

@@ -96,14 +96,16 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
                   req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
                   framework=framework, wire=req.wire)
-        if measured:
-            found = compare_scale(measured, job, topo, params)
-        elif req.nodes:
+        cluster = None
+        if req.nodes:
             net = variant if kind == "link" else req.link
             nics = req.nics or (2 if "gbe" in net else 4)
             shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
-            found = predict_cluster(job, ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect,
-                                                     **shape), list(req.nodes))
+            cluster = ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect, **shape)
+        if measured:
+            found = compare_scale(measured, job, topo, params, cluster)
+        elif cluster:
+            found = predict_cluster(job, cluster, list(req.nodes))
         else:
             found = predict_system(job, topo, list(req.gpus), params)
         rows += [dict(r, variant=variant) for r in found]
