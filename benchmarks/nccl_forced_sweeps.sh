@@ -11,12 +11,20 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 GPUS=$(python3 -c 'import torch; print(torch.cuda.device_count())')
 python3 -c 'import torch; print("torch", torch.__version__, "nccl", ".".join(map(str, torch.cuda.nccl.version())))' | tee "$OUTDIR/versions.txt"
-sweep() {  # name collective env...
+sweep() {  # name collective env...  (MIN_BYTES / FACTOR: the sweep's start and step, 1K and 4 by default)
   local name=$1 coll=$2; shift 2
-  env "$@" timeout 150 python3 -m meshscale bench collective "$coll" --impl nccl -g "$GPUS" -b 1K -e 1G -f 4 \
+  env "$@" timeout 150 python3 -m meshscale bench collective "$coll" --impl nccl -g "$GPUS" -b "${MIN_BYTES:-1K}" -e 1G -f "${FACTOR:-4}" \
     --json "$OUTDIR/$name.json" > "$OUTDIR/$name.txt" 2>&1
   echo "$name: exit $? $(grep -c '^│ ' "$OUTDIR/$name.txt") rows"
 }
+# HOLDOUT=1: instead, every collective at NCCL's own choice, 1 MiB - 1 GiB by factors of 2 (half the sizes are not
+# in the reference tables): new corpus rows, first used as a held-out check of the cost model.
+if [ -n "${HOLDOUT:-}" ]; then
+  for coll in ${COLLECTIVES:-all_reduce all_gather reduce_scatter broadcast reduce all_to_all send_recv}; do
+    MIN_BYTES=1M FACTOR=2 sweep "$coll" "$coll"
+  done
+  exit 0
+fi
 if [ -z "${NO_DEFAULT:-}" ]; then
   sweep all_reduce-default all_reduce NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
   sweep all_gather-default all_gather NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=INIT,GRAPH,TUNING
