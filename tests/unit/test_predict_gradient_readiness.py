@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from meshscale.errors import MeshscaleError
+
 from meshscale.predict.frameworks import FRAMEWORKS, ready_order
 from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors, resnet50_gradients, traced_gradients
 from meshscale.predict.step_time import exposed_exchange_s
@@ -98,6 +100,39 @@ def test_resnet50_layout_matches_torchvision():
     assert [g.ready_share for g in traced] == pytest.approx([g.ready_share for g in resnet50_gradients()])
 
 
+def test_readiness_measured_on_one_device_orders_the_gradients_as_backward_completes_them():
+    from meshscale.train.config import TrainConfig
+    from meshscale.train.readiness import gradient_readiness
+    cfg = _GPT["gpt-tiny"]
+    measured = gradient_readiness(TrainConfig(model="gpt-tiny"), batch=4, steps=3, warmup=1)
+    traced = gradient_tensors("gpt-tiny", 0)
+    assert [e for e, _ in measured] == [g.elements for g in traced]  # parameter order, every parameter
+    shares = [share for _, share in measured]
+    assert all(0 <= s <= 1 for s in shares)
+    assert shares[0] == max(shares) and shares[0] > 0.9  # the tied embedding: complete at the very end
+    first_block, last_block = shares[1:13], shares[-14:-2]  # (block 0's tensors, block n-1's)
+    assert max(last_block) < min(first_block)  # backward completes the output side first
+    assert min(shares) > 0  # nothing before the tied head's and the loss's backward
+
+
+def test_a_profile_with_measured_readiness_sets_when_the_buckets_start(tmp_path):
+    from meshscale.predict.profile import profile_from_result
+    from meshscale.predict.scaling import Job
+    from meshscale.results import Result
+    elements = [g.elements for g in gradient_tensors("gpt-tiny", 0)]
+    late = Result("train", [{"batch_per_rank": 8, "step_time_s": 0.1}], meta={
+        "profile": True, "model": "gpt-tiny", "gradients": [[e, 0.9 if i else 1.0] for i, e in enumerate(elements)]})
+    profile = profile_from_result(late)
+    job = Job("gpt-tiny", sum(elements), profile, 8)
+    assert [g.ready_share for g in job.gradients] == [1.0] + [0.9] * (len(elements) - 1)
+    assert any("measured by the profile run" in n for n in job.notes)
+    other = Job("gpt-tiny", sum(elements) + 1, profile, 8)  # another model's profile: its own readiness is kept
+    assert [g.ready_share for g in other.gradients] == [g.ready_share for g in gradient_tensors("gpt-tiny", 0)]
+    bad = Result("train", late.rows, meta={**late.meta, "gradients": [["x", 1]]})
+    with pytest.raises(MeshscaleError, match="meta.gradients"):
+        profile_from_result(bad)
+
+
 @pytest.mark.parametrize("model, batch, profile, bench, measured, within", [
     # the first call's GPT-small point is outside the 15% target (+22%: the model hides more of the exchange
     # behind backward than the run did); held where it is so that it gets no worse
@@ -108,6 +143,14 @@ def test_resnet50_layout_matches_torchvision():
     ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce.json", "repeats/gpt-small-2nodes.json", 0.15),
     ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce-r1.json", "repeats/gpt-small-2nodes-r1.json", 0.15),
     ("gpt-small", 16, "repeats/gpt-small-profile.json", "repeats/allreduce-r2.json", "repeats/gpt-small-2nodes-r2.json", 0.15),
+    # the same points with a profile that measured when backward completes each gradient (readiness/): the first
+    # call's point moves from +22.1% to +15.0%
+    ("gpt-small", 16, "readiness/gpt-small-profile.json", "allreduce.json", "gpt-small-2nodes.json", 0.16),
+    ("gpt-small", 16, "readiness/gpt-small-profile.json", "overlap/allreduce.json", "overlap/gpt-small-2nodes.json", 0.15),
+    ("gpt-small", 16, "readiness/gpt-small-profile.json", "repeats/allreduce.json", "repeats/gpt-small-2nodes.json", 0.15),
+    ("gpt-small", 16, "readiness/gpt-small-profile.json", "repeats/allreduce-r1.json", "repeats/gpt-small-2nodes-r1.json", 0.15),
+    ("gpt-small", 16, "readiness/gpt-small-profile.json", "repeats/allreduce-r2.json", "repeats/gpt-small-2nodes-r2.json", 0.15),
+    ("resnet50", 128, "readiness/resnet50-profile.json", "allreduce.json", "resnet50-2nodes.json", 0.15),
 ])
 def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profile, bench, measured, within):
     """The commands of the emulated two-node README: the network fitted to the all_reduce alone."""

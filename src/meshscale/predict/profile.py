@@ -7,11 +7,12 @@ points, so the fixed per-step cost that makes small batches inefficient is kept.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from meshscale.errors import MeshscaleError
+from meshscale.predict.gradient_tensors import GradientTensor
 from meshscale.results import Result
 
 
@@ -26,6 +27,7 @@ class ComputeProfile:
     source: str = ""
     notes: list[str] = field(default_factory=list)
     gpu_base_flops: float | None = None  # its FP32 rate at the base clock, where known (`sustained_ratio`)
+    gradients: tuple[GradientTensor, ...] | None = None  # when backward completed each gradient, as measured
 
     def __post_init__(self) -> None:
         if not self.batches or len(self.batches) != len(self.step_time_s):
@@ -50,8 +52,7 @@ class ComputeProfile:
 
     def scaled(self, factor: float, note: str) -> "ComputeProfile":
         """The same profile with every time multiplied by ``factor`` (another GPU, a calibration)."""
-        return ComputeProfile(self.batches, [x * factor for x in self.step_time_s], self.gpu_model, self.gpu_flops,
-                              self.source, self.notes + [note], self.gpu_base_flops)
+        return replace(self, step_time_s=[x * factor for x in self.step_time_s], notes=self.notes + [note])
 
 
 def sustained_ratio(profile: ComputeProfile, gpu_attrs: dict) -> tuple[float, str] | None:
@@ -135,7 +136,11 @@ def profile_from_result(result: Result, gpu_flops: float | None = None) -> Compu
     if not times:
         raise MeshscaleError("the profile has no rows with batch_per_rank and step_time_s")
     model = _gpu_of(result)
-    return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], model, gpu_flops,
+    try:
+        gradients = tuple(GradientTensor(int(e), float(share)) for e, share in result.meta.get("gradients") or ()) or None
+    except (TypeError, ValueError):
+        raise MeshscaleError("the profile's meta.gradients is not a list of [elements, ready share] pairs") from None
+    return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], model, gpu_flops, gradients=gradients,
                           source=f"measured profile ({result.meta.get('model', '?')} on {model or 'this machine'})")
 
 

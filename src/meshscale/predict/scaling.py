@@ -44,6 +44,9 @@ class Job:
             check_choice(self.wire, WIRE_BYTES, "wire precision")
         if self.framework is None and self.mode != "ps-sync":
             self.framework = FRAMEWORKS[MODE_FRAMEWORK[self.mode]]
+        if self.gradients is None and self.profile.gradients and sum(g.elements for g in self.profile.gradients) == self.params:
+            self.gradients = list(self.profile.gradients)
+            self.notes.append("gradient readiness: measured by the profile run (when backward completed each gradient)")
         if self.gradients is None:
             self.gradients = gradient_tensors(self.model, self.params)
 

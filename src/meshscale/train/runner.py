@@ -15,6 +15,7 @@ from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainCo
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
+from meshscale.train.readiness import gradient_readiness
 
 PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
@@ -100,7 +101,8 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     """Time per step on ONE device for each per-device batch size (fresh process each): rows with
     batch_per_rank and step_time_s, meta.profile = True (the predictor's input). Timed as the scaled runs are
     (``timing`` off): no device sync inside the window, one at each end; the step time is the window's mean, so
-    there is no compute / data split (None)."""
+    there is no compute / data split (None). meta.gradients: when backward completes each gradient
+    (`gradient_readiness`), which the predictor's overlap of the exchange with backward takes."""
     rows = []
     for b in batches:
         one = replace(cfg, world=1, batch_per_rank=b, timing=False, checkpoint=CheckpointOptions(), logging=LogOptions())
@@ -108,5 +110,7 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
         rate = s["samples_per_s"]
         rows.append({"batch_per_rank": b, "step_time_s": b / rate if rate else None, "compute_s": s["compute_s"],
                      "data_s": s["data_s"], "samples_per_s": rate})
+    gradients = gradient_readiness(cfg, max(batches))  # when backward completes each gradient, at the largest batch
     return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
-                    timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)))
+                    timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)),
+                    gradients=[[elements, share] for elements, share in gradients], gradients_batch=max(batches))

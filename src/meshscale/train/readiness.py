@@ -1,0 +1,70 @@
+"""When backward completes each gradient, measured: the predictor's overlap of a gradient exchange with backward
+depends on it, and counting it in FLOPs misses the memory-bound work (a 50k-token vocabulary's loss and head
+take half of GPT-2 small's backward on an H200, a quarter of its FLOPs). One device, the run's model, precision
+and batch: each parameter's post-accumulate hook marks the time (CUDA events on a GPU, the clock on a CPU), and
+the share of the backward pass done by then is the median over a few steps."""
+from __future__ import annotations
+
+import statistics
+import time
+
+import torch
+
+from meshscale.train.config import TrainConfig
+from meshscale.train.models import get_model
+from meshscale.train.step import loss_fn
+
+
+def _inputs(spec, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    if spec.input_kind == "tokens":
+        x = torch.randint(0, spec.num_classes, (batch, *spec.input_shape), device=device)
+        return x, x
+    return (torch.randn(batch, *spec.input_shape, device=device),
+            torch.randint(0, spec.num_classes, (batch,), device=device))
+
+
+class _Marks:
+    """Timestamps in stream order: CUDA events on a GPU, read after a sync; the wall clock on a CPU."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+
+    def now(self):
+        if not self.cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start, mark) -> float:
+        return start.elapsed_time(mark) * 1e-3 if self.cuda else mark - start
+
+
+def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int = 2) -> list[tuple[int, float]]:
+    """(elements, share of backward done when its gradient is complete) per parameter, in parameter order."""
+    device = torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
+    spec = get_model(cfg.model)
+    torch.manual_seed(0)
+    model = spec.build().to(device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    x, y = _inputs(spec, batch, device)
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.speed.precision)
+    marks = _Marks(device)
+    ready: dict[int, object] = {}
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda p: ready.__setitem__(id(p), marks.now()))
+    shares: list[list[float]] = []
+    for step in range(warmup + steps):
+        model.zero_grad(set_to_none=True)
+        ready.clear()
+        with torch.autocast(device.type, dtype=dtype, enabled=dtype is not None):
+            loss = loss_fn(spec.input_kind, model(x), y)
+        start = marks.now()
+        loss.backward()
+        end = marks.now()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if step >= warmup:
+            total = marks.seconds(start, end)
+            shares.append([min(1.0, max(0.0, marks.seconds(start, ready[id(p)]) / total)) for p in params])
+    return [(p.numel(), statistics.median(s[i] for s in shares)) for i, p in enumerate(params)]
