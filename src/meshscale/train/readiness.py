@@ -67,4 +67,8 @@ def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int
         if step >= warmup:
             total = marks.seconds(start, end)
             shares.append([min(1.0, max(0.0, marks.seconds(start, ready[id(p)]) / total)) for p in params])
-    return [(p.numel(), statistics.median(s[i] for s in shares)) for i, p in enumerate(params)]
+    out = [(p.numel(), statistics.median(s[i] for s in shares)) for i, p in enumerate(params)]
+    del model, params, x, y, loss
+    if device.type == "cuda":  # this runs in the launching process: give the memory back to the runs it starts
+        torch.cuda.empty_cache()
+    return out
