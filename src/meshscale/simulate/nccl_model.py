@@ -924,6 +924,8 @@ def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int
     if s.n_nodes == 1:  # across nodes the network sets the pace
         peers = 1 if collective == "send_recv" else n - 1  # the busiest GPU's sends (or receives)
         per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
+        # a round's send and receive are one work on the same channels (enqueue.cc addP2pToPlan); only
+        # when the parts of all sends outnumber the p2p channels do two works share a block
         works = math.ceil(peers * op_channels / p2p_channels)
         lat += p2p_drain_us(s, c, block / op_channels, works, scale)
 
