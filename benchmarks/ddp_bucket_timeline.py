@@ -8,13 +8,15 @@ and when its all-reduce has finished; rank 0 prints the last step's timeline in 
 from __future__ import annotations
 
 import argparse
-import os
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from meshscale.train.models import get_model
+from torchrun_rank import join
+
+from meshscale.train.readiness import sample_batch
+from meshscale.train.step import loss_fn
 
 
 def main() -> None:
@@ -23,16 +25,9 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local if torch.cuda.device_count() > local else 0)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    spec = get_model(args.model)
+    rank, device, spec = join(args.model)
     model = DDP(spec.build().to(device), device_ids=[device.index])
-    tokens = spec.input_kind == "tokens"
-    x = (torch.randint(0, spec.num_classes, (args.batch, *spec.input_shape), device=device) if tokens
-         else torch.randn(args.batch, *spec.input_shape, device=device))
-    y = x if tokens else torch.randint(0, spec.num_classes, (args.batch,), device=device)
+    x, y = sample_batch(spec, args.batch, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     marks: list[tuple[int, int, torch.cuda.Event, torch.cuda.Event]] = []
 
@@ -56,9 +51,7 @@ def main() -> None:
         dist.barrier()
         start.record()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            out = model(x)
-            loss = (torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten()) if tokens
-                    else torch.nn.functional.cross_entropy(out.float(), y))
+            loss = loss_fn(spec.input_kind, model(x), y)
         forward_done.record()
         loss.backward()
         optimizer.step()

@@ -8,28 +8,20 @@ Prints the compute and the exchange time of each, and their slowdowns when they 
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 
 import torch
 import torch.distributed as dist
 
-from meshscale.train.models import get_model
+from torchrun_rank import join
 
-
-def _inputs(spec, batch: int, device: torch.device):
-    if spec.input_kind == "tokens":
-        x = torch.randint(0, spec.num_classes, (batch, *spec.input_shape), device=device)
-        return x, x
-    return torch.randn(batch, *spec.input_shape, device=device), torch.randint(0, spec.num_classes, (batch,), device=device)
+from meshscale.train.readiness import sample_batch
+from meshscale.train.step import loss_fn
 
 
 def _loss(model, spec, x, y):
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        out = model(x)
-        if spec.input_kind == "tokens":
-            return torch.nn.functional.cross_entropy(out.flatten(0, 1).float(), y.flatten())
-        return torch.nn.functional.cross_entropy(out.float(), y)
+        return loss_fn(spec.input_kind, model(x), y)
 
 
 def main() -> None:
@@ -39,13 +31,9 @@ def main() -> None:
     ap.add_argument("--buckets", type=int, default=6, help="all-reduces of 25 MiB each per iteration")
     ap.add_argument("--iters", type=int, default=8)
     args = ap.parse_args()
-    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", 0))
-    device = torch.device("cuda", local if torch.cuda.device_count() > local else 0)
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-    spec = get_model(args.model)
+    rank, device, spec = join(args.model)
     model = spec.build().to(device)
-    x, y = _inputs(spec, args.batch, device)
+    x, y = sample_batch(spec, args.batch, device)
     buckets = [torch.ones(25 * 2**20 // 4, device=device) for _ in range(args.buckets)]
     side = torch.cuda.Stream(device)
 

@@ -15,7 +15,8 @@ from meshscale.train.models import get_model
 from meshscale.train.step import loss_fn
 
 
-def _inputs(spec, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_batch(spec, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Random inputs and targets of ``batch`` samples for ``spec`` (tokens predict themselves, images a class)."""
     if spec.input_kind == "tokens":
         x = torch.randint(0, spec.num_classes, (batch, *spec.input_shape), device=device)
         return x, x
@@ -47,7 +48,7 @@ def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int
     torch.manual_seed(0)
     model = spec.build().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    x, y = _inputs(spec, batch, device)
+    x, y = sample_batch(spec, batch, device)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.speed.precision)
     marks = _Marks(device)
     ready: dict[int, object] = {}
