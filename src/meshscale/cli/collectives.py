@@ -11,7 +11,7 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, write_result_files
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
-from meshscale.cli.topology import (GPUDIRECT_HELP, LINK_HELP, NETWORK_OPTION, NICS_HELP, NODES_HELP,
+from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
@@ -91,10 +91,10 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)", callback=checked(output_file((".svg", ".png")))),
          schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here", callback=checked(output_file())),
-         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
-         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
-         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
-         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+         nodes: Optional[int] = NODES_OPTION,
+         link: Optional[str] = LINK_OPTION,
+         nics: Optional[int] = NICS_OPTION,
+         gpudirect: Optional[bool] = GPUDIRECT_OPTION,
          network: Optional[str] = NETWORK_OPTION,
          oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
@@ -134,10 +134,10 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives", callback=checked(ROOT)),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
-        nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
-        link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
-        nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
-        gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+        nodes: Optional[int] = NODES_OPTION,
+        link: Optional[str] = LINK_OPTION,
+        nics: Optional[int] = NICS_OPTION,
+        gpudirect: Optional[bool] = GPUDIRECT_OPTION,
         network: Optional[str] = NETWORK_OPTION,
         oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file())),

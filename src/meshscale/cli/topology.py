@@ -20,11 +20,16 @@ from meshscale.validation import Range, atomic_write
 FORMATS = ("matrix", "json", "svg", "png")
 
 
-NODES_HELP = "a cluster of this many --system nodes (NCCL's model across nodes)"
-LINK_HELP = "cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"
-NICS_HELP = "network ports per node (default 4; 2 for Ethernet)"
-GPUDIRECT_HELP = "GPUDirect RDMA between NICs and GPUs (default on; NCCL uses it only through PCIe switches)"
-# one option object per cluster field, shared by every command that takes a cluster (plan, sim, topo, predict, cluster)
+# one option object per cluster field, shared by every command that takes a cluster of a --system (plan, sim, topo;
+# --network and --oversubscription also predict and cluster)
+NODES_OPTION = typer.Option(None, "--nodes", help="a cluster of this many --system nodes (NCCL's model across nodes)",
+                            callback=checked(Range(1, 1_000_000, integer=True)))
+LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a "
+                           "stated rate such as 25GB/s,5us")
+NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)",
+                           callback=checked(Range(1, 64, integer=True)))
+GPUDIRECT_OPTION = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA between NICs and GPUs "
+                                "(default on; NCCL uses it only through PCIe switches)")
 NETWORK_OPTION = typer.Option(None, "--network", help=f"cluster network: {' or '.join(NETWORKS)} (default fat-tree; "
                               "rail: NIC k of every node on rail k's leaf switch)")
 OVERSUBSCRIPTION_OPTION = typer.Option(None, "--oversubscription", callback=checked(Range(1, 1024)),
@@ -55,10 +60,10 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None, **clust
 def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
          fmt: str = typer.Option("matrix", "--format", help="matrix, json, svg or png"),
          output: Optional[Path] = typer.Option(None, "--output", help="file to write (svg/png default: <name>.<format>)", callback=checked(output_file())),
-         nodes: Optional[int] = typer.Option(None, "--nodes", help=NODES_HELP, callback=checked(Range(1, 1_000_000, integer=True))),
-         link: Optional[str] = typer.Option(None, "--link", help=LINK_HELP),
-         nics: Optional[int] = typer.Option(None, "--nics", help=NICS_HELP, callback=checked(Range(1, 64, integer=True))),
-         gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help=GPUDIRECT_HELP),
+         nodes: Optional[int] = NODES_OPTION,
+         link: Optional[str] = LINK_OPTION,
+         nics: Optional[int] = NICS_OPTION,
+         gpudirect: Optional[bool] = GPUDIRECT_OPTION,
          network: Optional[str] = NETWORK_OPTION,
          oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram. A cluster
