@@ -112,12 +112,16 @@ def test_ranks_scale_as_the_formulas_say():
     assert nccl_bus[2] == pytest.approx(nccl_bus[8], rel=0.02)
     alg = {n: nccl_model.bus_bandwidth(systems[n], c, "all_gather", "ring", "Simple") for n in (2, 8)}
     assert alg[2] / alg[8] == pytest.approx((2 / 1) / (8 / 7), rel=0.02)
-    # the run: the links set busbw from 4 ranks up; on 2, the blocks' copy-out pass (1 of 3 passes per 2 sends)
+    # the run: a loop's 2(n-1) link steps and one copy inside the GPU, in lock step: busbw climbs towards the
+    # link with the rank count, as the copy-out step weighs less
     bus = {n: predict_collective(topo, "all_reduce", list(range(n)), 4 * GIB, nvls=False).busbw_bytes_per_s
            for n in (2, 4, 8)}
-    assert bus[4] == pytest.approx(bus[8], rel=0.02)
-    blocks_gbps = 24 * c["per_channel_max_tree_bw"]["hopper"][0] / 2
-    assert bus[2] == pytest.approx(blocks_gbps / 1.5 * 1e9, rel=0.02) and bus[2] < bus[4]
+    link = systems[2].ring.total_gbps
+    local = 24 * c["per_channel_max_tree_bw"]["hopper"][0]
+    for n in (2, 4, 8):
+        sends = 2 * (n - 1)
+        assert bus[n] == pytest.approx(sends / (sends / link + 1 / local) * 1e9, rel=0.01), n
+    assert bus[2] < bus[4] < bus[8] < link * 1e9
 
 
 def test_host_thread_driving_several_gpus_sets_a_floor():
@@ -187,8 +191,8 @@ def test_launch_overhead_adds_to_ll_and_simple_calls_of_any_size():
         for nbytes in (4 << 20, 64 << 20, GIB):
             p = nccl_model.predict(topo, "all_gather", [0, 1], nbytes, nccl_algo="ring", proto=proto)
             kernel_us = nccl_model._predicted_us(s, c, "all_gather", "ring", proto, nbytes, 1.0)[0] - extra_us
-            bw = min(nccl_model.bus_bandwidth(s, c, "all_gather", "ring", proto, nvls_traffic=True),
-                     nccl_model.ring_block_gbps(s, c, "all_gather", proto, 24) if proto != "LL" else 1e9)
+            bw = (nccl_model.ring_loop_gbps(s, c, "all_gather", proto, 24) if proto != "LL"
+                  else nccl_model.bus_bandwidth(s, c, "all_gather", "ring", proto))
             assert kernel_us == pytest.approx(nccl_model.latency_us(s, c, "all_gather", "ring", proto)
                                               + nbytes / (1000 * bw), rel=1e-9), (proto, nbytes)
             assert p.time_s * 1e6 == pytest.approx(kernel_us + extra_us, rel=1e-9), (proto, nbytes)

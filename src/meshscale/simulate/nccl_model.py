@@ -755,22 +755,29 @@ def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
     return rate / (1 if s.n_ranks == 2 else 2)
 
 
-def ring_block_gbps(s: System, c: dict, collective: str, proto: str, blocks: int) -> float:
-    """Algorithm bandwidth (GB/s) the thread blocks of a ring allow. Each channel is one block, and its
-    threads run one primitive after another for every chunk (device code, runRing): an all-reduce makes
-    2(n-1)+1 passes for 2(n-1) sends (the last one copies the result out of the receive buffer), an all-gather
-    or reduce-scatter n passes for n-1 sends, a broadcast or reduce one pass per send. A block moves at most
-    NCCL's per-channel ceiling of the protocol per pass (Simple: ``p2p_channel_gbps``; LL128:
-    perChMaxRingLL128Bw over the two blocks of a graph channel), so on few ranks, where the last pass weighs
-    most, the blocks and not the links set the pace."""
+def ring_loop_gbps(s: System, c: dict, collective: str, proto: str, blocks: int, share: float = 1.0) -> float:
+    """Algorithm bandwidth (GB/s) of a ring inside one node, loop by loop. In NCCL's device code (runRing of
+    all_gather.h, reduce_scatter.h, all_reduce.h) a channel's block runs the steps of a loop one after another,
+    one chunk each: an all-gather or reduce-scatter n-1 steps that send over the link, an all-reduce 2(n-1),
+    and then one step inside the GPU (recv / recvReduceCopy: out of the receive buffer into the user buffer).
+    Each step waits for the previous GPU's, so every GPU and channel runs the same step at once, and while the
+    last one copies inside the GPU the link carries nothing: a loop of n chunks takes sends x chunk / link rate
+    + chunk / local rate. Link rate: the ring graph's (NCCL's bus bandwidth with the protocol's factors), at
+    most NCCL's per-channel ceiling per block (Simple: ``p2p_channel_gbps``; LL128: perChMaxRingLL128Bw over
+    the two blocks of a graph channel); local rate: perChMaxTreeBw per block, as for the copies of point-to-point
+    calls inside one GPU (``p2p_local_copy_gbps``). Broadcast and reduce make one step per chunk on each GPU,
+    the busiest over the link. LL is left to NCCL's llMaxBw, a ceiling of the whole kernel."""
     n = s.n_ranks
-    nsteps = _nsteps(collective, n)
-    passes_per_send = 1.0 if collective in _RING_ONLY else (nsteps + 1) / nsteps
+    sends = _nsteps(collective, n)
+    link = bus_bandwidth(s, c, collective, "ring", proto, share) * sends / n  # back from algorithm to bus
     if proto == "LL128":
         per_block = _row(c["per_channel_max_ring_ll128_bw"], s)[_index2(s)] / 2
     else:
         per_block = p2p_channel_gbps(s, c)
-    return blocks * per_block / passes_per_send * n / nsteps
+    link = min(link, blocks * per_block)
+    if collective in _RING_ONLY:
+        return link
+    return n / (sends / link + 1 / (blocks * p2p_local_copy_gbps(s, c)))
 
 
 def nvls_loop_bytes(s: System, c: dict, nbytes: int, channels: int) -> int:
@@ -834,7 +841,7 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, nvls_traffic=True) * scale
     if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace
-        bw = min(bw, ring_block_gbps(s, c, collective, proto, nc) * scale)
+        bw = ring_loop_gbps(s, c, collective, proto, nc, share) * scale
     if algo == "tree" and not chain:  # NCCL's own size correction stands for the pipeline of trees not modelled
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
