@@ -22,9 +22,10 @@ two_nodes() {  # name, meshscale arguments...
   wait
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
+batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU
 two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
 for model in ${MODELS-resnet50 gpt-small}; do
-  batch=$([ $model = resnet50 ] && echo 128 || echo 16)
+  batch=$(batch_of $model)
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 --batch $batch \
     --steps 40 --timing-warmup 10 --no-timing --json "$OUTDIR/$model-1gpu.json" > "$OUTDIR/$model-1gpu.txt" 2>&1
   echo "$model 1 GPU: $(grep -i 'samples/s\|throughput' "$OUTDIR/$model-1gpu.txt" | tail -1)"
@@ -44,11 +45,13 @@ if [ -n "${OVERLAP:-}" ]; then
     --json "$OUTDIR/gpt-small-2nodes-timed.json"
   two_nodes allreduce-25m bench collective all_reduce -b 25M -e 150M -f 6 --json "$OUTDIR/allreduce-25m.json"
 fi
-# REPEAT=N: GPT-small over the two nodes N more times with DDP's default buckets, each followed by the all_reduce
-# sweep again, to see how far the training point and the network move from run to run (every run kept).
+# REPEAT=N: REPEAT_MODEL (GPT-small by default) over the two nodes N more times with DDP's default buckets, each
+# followed by the all_reduce sweep again, to see how far the training point and the network move from run to run
+# (every run kept).
+rmodel=${REPEAT_MODEL:-gpt-small}
 for i in $(seq 1 "${REPEAT:-0}"); do
-  two_nodes "gpt-small-2nodes-r$i" train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
-    --no-timing --json "$OUTDIR/gpt-small-2nodes-r$i.json"
+  two_nodes "$rmodel-2nodes-r$i" train --model $rmodel --precision bf16 --batch $(batch_of $rmodel) --steps 40 \
+    --timing-warmup 10 --no-timing --json "$OUTDIR/$rmodel-2nodes-r$i.json"
   two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-r$i.json"
 done
 # SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,

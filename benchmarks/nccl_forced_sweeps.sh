@@ -18,10 +18,13 @@ sweep() {  # name collective env...  (MIN_BYTES / FACTOR: the sweep's start and 
   echo "$name: exit $? $(grep -c '^│ ' "$OUTDIR/$name.txt") rows"
 }
 # HOLDOUT=1: instead, every collective at NCCL's own choice, 1 MiB - 1 GiB by factors of 2 (half the sizes are not
-# in the reference tables): new corpus rows, first used as a held-out check of the cost model.
+# in the reference tables): new corpus rows, first used as a held-out check of the cost model. With TUNING=1 NCCL
+# also logs its choice per call (rank 0: "<Func>: <bytes> Bytes -> Algo <a> proto <p> channel{Lo..Hi}={lo..hi}").
 if [ -n "${HOLDOUT:-}" ]; then
+  log=$([ -n "${TUNING:-}" ] && echo "NCCL_DEBUG=INFO NCCL_DEBUG_SUBSYS=TUNING")
   for coll in ${COLLECTIVES:-all_reduce all_gather reduce_scatter broadcast reduce all_to_all send_recv}; do
-    MIN_BYTES=1M FACTOR=2 sweep "$coll" "$coll"
+    MIN_BYTES=${MIN_BYTES:-1M} FACTOR=2 sweep "$coll" "$coll" $log
+    [ -n "$log" ] && grep -o '[A-Za-z]*: [0-9]* Bytes -> Algo .*' "$OUTDIR/$coll.txt" | sed 's/ comm .*//' | sort | uniq -c > "$OUTDIR/$coll-choices.txt"
   done
   exit 0
 fi
