@@ -149,7 +149,10 @@ EMULATED_POINTS = (
     + [("gpt-small", 16, "readiness/gpt-small-profile.json", bench, run, 0.16 if run == FIRST_CALL else 0.15)
        for _, bench, run in GPT_SMALL_POINTS]
     + [("resnet50", 128, profile, "allreduce.json", "resnet50-2nodes.json", 0.15)
-       for profile in ("resnet50-profile.json", "readiness/resnet50-profile.json")])
+       for profile in ("resnet50-profile.json", "readiness/resnet50-profile.json")]
+    # the fifth call: ResNet-50 at batch 64, three runs, each beside the sweep measured next to it
+    + [("resnet50", 64, "resnet64/resnet50-profile.json", f"resnet64/allreduce{r}.json", f"resnet64/resnet50-2nodes{r}.json",
+        0.15) for r in ("", "-r1", "-r2")])
 
 
 @pytest.mark.parametrize("model, batch, profile, bench, measured, within", EMULATED_POINTS)
