@@ -116,7 +116,8 @@ def test_ranks_scale_as_the_formulas_say():
     # link with the rank count, as the copy-out step weighs less
     bus = {n: predict_collective(topo, "all_reduce", list(range(n)), 4 * GIB, nvls=False).busbw_bytes_per_s
            for n in (2, 4, 8)}
-    link = systems[2].ring.total_gbps
+    link = systems[2].ring.link_gbps  # 18 NVLinks x 20.6 GB/s
+    assert link == pytest.approx(370.8) and systems[2].ring.total_gbps == 360.0
     local = 24 * c["per_channel_max_tree_bw"]["hopper"][0]
     for n in (2, 4, 8):
         sends = 2 * (n - 1)

@@ -142,13 +142,15 @@ def call_floor_us(s: System, c: dict, collective: str) -> float:
 
 @dataclass
 class Graph:
-    """A channel graph as NCCL's search leaves it: channels, GB/s per channel, the farthest path type used."""
+    """A channel graph as NCCL's search leaves it: channels, GB/s per channel, the farthest path type used, and
+    what its links carry at their capacity (``capacity_gbps``; 0: the search's channels x speed)."""
 
     channels: int
     bw_gbps: float
     path_type: str = "NVL"
     same_channels: bool = True
     orders: list[list[str]] = field(default_factory=list)
+    capacity_gbps: float = 0.0
 
     @property
     def link(self) -> str:
@@ -157,6 +159,14 @@ class Graph:
     @property
     def total_gbps(self) -> float:
         return self.channels * self.bw_gbps
+
+    @property
+    def link_gbps(self) -> float:
+        """GB/s a GPU's bytes cross its links at: the capacity of the links the channels use (NCCL's per-link
+        figures, e.g. 18 NVLinks x 20.6 = 370.8 on an H100 / H200, as NCCL prints it as the system's maxBw),
+        not the search's speed step (12 channels x 30 = 360 there), which NCCL's estimate and choice keep.
+        Measured on 2 H200, broadcast and reduce at 1 GiB run at 366-371 GB/s: above the speed step."""
+        return max(self.capacity_gbps, self.total_gbps)
 
 
 @dataclass
@@ -366,10 +376,15 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
             hops = [(u, v) for r in rings for u, v in zip(r, r[1:] + (r[:1] if closed else []))]
             worst = max((paths[h].path_type for h in hops), key=PATH_TYPES.index)
             same = all(r == rings[0] for r in rings)
+            load: dict = {}  # per unit of channel speed, summed over every hop of every ring
+            for hop in hops:
+                for k, f in paths[hop].uses:
+                    load[k] = load.get(k, 0.0) + f
+            capacity_gbps = nch * min(capacity[k] / x for k, x in load.items())
             if bw >= c["duplicate_min_bw"] and not (sm > 80 and bw < c["duplicate_sm90_max_bw"] and nch > 4):
                 dup = min(2 * nch, dup_limit)
                 bw, nch = bw / math.ceil(dup / nch), dup
-            return Graph(nch, bw, worst, same, rings)
+            return Graph(nch, bw, worst, same, rings, capacity_gbps)
     raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
 
 
@@ -739,12 +754,12 @@ def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
     """Algorithm bandwidth (GB/s) a tree all-reduce runs at inside one node whose GPUs reach each other through
     switches (NVSwitch, PCIe), where NCCL's tree is a chain (search.cc, the tree pattern inside a node). A GPU
     with a parent and a child sends the data up (reduce) and down (broadcast): twice the size through its one
-    port; a chain of two moves it once each way. A GPU sends at its graph bandwidth (the ring graph's channels
-    x GB/s) with the protocol's factors of NCCL's tuning: Simple the tree factor, LL128 the one-node tree
-    factor and per-channel cap, LL the ring's LL rate (8 B of data per 16 B line, capped by llMaxBw). NCCL's
+    port; a chain of two moves it once each way. A GPU sends at its links' capacity (``Graph.link_gbps``)
+    with the protocol's factors of NCCL's tuning: Simple the tree factor, LL128 the one-node tree factor and
+    per-channel cap, LL the ring's LL rate (8 B of data per 16 B line, capped by llMaxBw). NCCL's
     estimate divides LL by 3.8 instead, a rate a node's chain does not run at (forced Tree/LL on 2 and 4 H200
     runs at the ring's LL rate)."""
-    send = s.ring.total_gbps * share
+    send = s.ring.link_gbps * share
     if proto == "Simple":
         rate = send * c["tree_factor"]
     elif proto == "LL128":
@@ -762,14 +777,15 @@ def ring_loop_gbps(s: System, c: dict, collective: str, proto: str, blocks: int,
     and then one step inside the GPU (recv / recvReduceCopy: out of the receive buffer into the user buffer).
     Each step waits for the previous GPU's, so every GPU and channel runs the same step at once, and while the
     last one copies inside the GPU the link carries nothing: a loop of n chunks takes sends x chunk / link rate
-    + chunk / local rate. Link rate: the ring graph's (NCCL's bus bandwidth with the protocol's factors), at
-    most NCCL's per-channel ceiling per block (Simple: ``p2p_channel_gbps``; LL128: perChMaxRingLL128Bw over
+    + chunk / local rate. Link rate: NCCL's bus bandwidth with the protocol's factors, at the links' capacity
+    (``Graph.link_gbps``), at most NCCL's per-channel ceiling per block (Simple: ``p2p_channel_gbps``; LL128: perChMaxRingLL128Bw over
     the two blocks of a graph channel); local rate: perChMaxTreeBw per block, as for the copies of point-to-point
     calls inside one GPU (``p2p_local_copy_gbps``). Broadcast and reduce make one step per chunk on each GPU,
     the busiest over the link. LL is left to NCCL's llMaxBw, a ceiling of the whole kernel."""
     n = s.n_ranks
     sends = _nsteps(collective, n)
-    link = bus_bandwidth(s, c, collective, "ring", proto, share) * sends / n  # back from algorithm to bus
+    # NCCL's bus bandwidth, back from algorithm to bus, at the links' capacity rather than the search's speed
+    link = bus_bandwidth(s, c, collective, "ring", proto, share) * sends / n * s.ring.link_gbps / s.ring.total_gbps
     if proto == "LL128":
         per_block = _row(c["per_channel_max_ring_ll128_bw"], s)[_index2(s)] / 2
     else:
@@ -917,14 +933,14 @@ def p2p_drain_us(s: System, c: dict, part_bytes: float, works_per_channel: int, 
 
 def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
             scale: float) -> tuple[float, int]:
-    """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's share of the graph
-    bandwidth, over each pair's path and over the channels each send runs on (fewer for smaller sends), and
+    """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's links (their capacity,
+    ``Graph.link_gbps``), over each pair's path and over the channels each send runs on (fewer for smaller sends), and
     inside a node the fill of each channel's chunk pipeline (``p2p_drain_us``). Returns the time (us) and the
     channels one send runs on."""
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
-    per_gpu = s.ring.total_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
+    per_gpu = s.ring.link_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
     block = nbytes if collective == "send_recv" else nbytes / n  # bytes of one send
     op_channels, p2p_channels = p2p_op_channels(topo, s, c, names, block)
     channel_gbps = p2p_channel_gbps(s, c) * scale
