@@ -56,8 +56,10 @@ for i in $(seq 1 "${REPEAT:-0}"); do
 done
 # SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,
 # then both "nodes"), each row with the prediction on the joined two-host topology beside it.
+# Then the all_reduce sweep again, so the run sits between two measurements of the network.
 if [ -n "${SCALE:-}" ]; then
   two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps 30 --timing-warmup 10 \
     --no-timing --json "$OUTDIR/scale-2hosts.json"
   cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
+  two_nodes allreduce-after-scale bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-after-scale.json"
 fi

@@ -259,23 +259,20 @@ def test_script_reads_older_tables_and_appends_once(tmp_path):
 
 
 # ---- the model's accuracy over the corpus --------------------------------------------------------------------
-# The targets (BOUNDS, WORST_RATIO): 8% from 1 MiB up, 25% below, no row past 2x. Below 1 MiB and the worst row
-# are met (20.1%, 1.93x on 2026-11-22, docs/results/validate.md) and asserted as targets; from 1 MiB up the model
-# stands at 8.02% (550 rows, 176 of them held out until predicted): this test holds it there, so that no change
-# makes it worse unnoticed, and fails once the target is met so that the target replaces it.
-REACHED = {"1 MiB and up": 0.0825}
+# The targets (BOUNDS, WORST_RATIO): 8% from 1 MiB up, 25% below, no row past 2x. On 2026-11-22 (night): 7.97% over
+# 649 rows from 1 MiB up (275 of them held out until predicted), 20.1% below, worst row 1.93x
+# (docs/results/validate.md). The margin from 1 MiB up is thin: a change that costs 0.2% there fails this test.
 
 
-def test_model_accuracy_on_the_whole_corpus_does_not_regress():
+def test_model_accuracy_on_the_whole_corpus_meets_the_targets():
     summary = validate_corpus().meta["summary"]
     classes = summary["classes"]
     report = {name: c["geomean_abs_error"] for name, c in classes.items()}
-    assert classes["below 1 MiB"]["geomean_abs_error"] <= validation.BOUNDS["below 1 MiB"] == 0.25, report
-    assert summary["worst_times_off"] <= validation.WORST_RATIO == 2.0, (summary["worst_row"], summary["worst_times_off"])
-    for name, reached in REACHED.items():
-        assert classes[name]["geomean_abs_error"] <= reached, report
-        assert classes[name]["bound"] == validation.BOUNDS[name] < reached  # the target stays the issue's
-    assert not summary["passed"]  # when this fails, every target is met: make the test assert them instead
+    assert validation.BOUNDS == {"1 MiB and up": 0.08, "below 1 MiB": 0.25} and validation.WORST_RATIO == 2.0
+    for name, bound in validation.BOUNDS.items():
+        assert classes[name]["geomean_abs_error"] <= bound, report
+    assert summary["worst_times_off"] <= validation.WORST_RATIO, (summary["worst_row"], summary["worst_times_off"])
+    assert summary["passed"]
 
 
 def test_one_run_against_its_prediction_and_its_report_section():
