@@ -15,7 +15,8 @@ two_nodes() {  # name, meshscale arguments...
   local name=$1; shift
   PORT=$((PORT + 1))
   for node in 0 1; do
-    env $NET CUDA_VISIBLE_DEVICES=$node MESHSCALE_HOSTNAME=node$node timeout 300 python3 -m torch.distributed.run \
+    pin=$([ -n "${PIN:-}" ] && echo "taskset -c $((node * 8))-$((node * 8 + 7))")  # PIN=1: 8 cores per "node"
+    env $NET CUDA_VISIBLE_DEVICES=$node MESHSCALE_HOSTNAME=node$node timeout 300 $pin python3 -m torch.distributed.run \
       --nnodes 2 --nproc-per-node 1 --node-rank $node --master-addr 127.0.0.1 --master-port $PORT \
       -m meshscale "$@" > "$OUTDIR/$name.node$node.txt" 2>&1 &
   done
@@ -24,6 +25,9 @@ two_nodes() {  # name, meshscale arguments...
 }
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU
 two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
+for i in $(seq 2 "${SWEEPS:-1}"); do  # SWEEPS=N: the sweep N times back to back, to see the path's own spread
+  two_nodes "allreduce-s$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-s$i.json"
+done
 for model in ${MODELS-resnet50 gpt-small}; do
   batch=$(batch_of $model)
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 --batch $batch \

@@ -153,6 +153,10 @@ EMULATED_POINTS = (
     # the sixth call: GPT-small twice more; the second run met a slower path than its sweep (+18.4%, held at 19%)
     + [("gpt-small", 16, "gpt-sixth/gpt-small-profile.json", f"gpt-sixth/allreduce{r}.json",
         f"gpt-sixth/gpt-small-2nodes{r}.json", 0.19 if r else 0.15) for r in ("", "-r1")]
+    # the seventh call: GPT-small with each agent pinned to 8 cores, each run beside the sweep next to it
+    + [("gpt-small", 16, "pinned/gpt-small-profile.json", bench, run, 0.15)
+       for bench, run in (("pinned/allreduce-s3.json", "pinned/gpt-small-2nodes.json"),
+                          ("pinned/allreduce-r1.json", "pinned/gpt-small-2nodes-r1.json"))]
     # the fifth call: ResNet-50 at batch 64, three runs, each beside the sweep measured next to it
     + [("resnet50", 64, "resnet64/resnet50-profile.json", f"resnet64/allreduce{r}.json", f"resnet64/resnet50-2nodes{r}.json",
         0.15) for r in ("", "-r1", "-r2")])

@@ -778,10 +778,11 @@ def ring_loop_gbps(s: System, c: dict, collective: str, proto: str, blocks: int,
     Each step waits for the previous GPU's, so every GPU and channel runs the same step at once, and while the
     last one copies inside the GPU the link carries nothing: a loop of n chunks takes sends x chunk / link rate
     + chunk / local rate. Link rate: NCCL's bus bandwidth with the protocol's factors, at the links' capacity
-    (``Graph.link_gbps``), at most NCCL's per-channel ceiling per block (Simple: ``p2p_channel_gbps``; LL128: perChMaxRingLL128Bw over
-    the two blocks of a graph channel); local rate: perChMaxTreeBw per block, as for the copies of point-to-point
-    calls inside one GPU (``p2p_local_copy_gbps``). Broadcast and reduce make one step per chunk on each GPU,
-    the busiest over the link. LL is left to NCCL's llMaxBw, a ceiling of the whole kernel."""
+    (``Graph.link_gbps``), at most NCCL's per-channel ceiling per block (Simple: ``p2p_channel_gbps``; LL128:
+    perChMaxRingLL128Bw over the two blocks of a graph channel); local rate: perChMaxTreeBw per block, as for
+    the copies of point-to-point calls inside one GPU (``p2p_local_copy_gbps``). Broadcast and reduce make one
+    step per chunk on each GPU, the busiest over the link. LL is left to NCCL's llMaxBw, a ceiling of the whole
+    kernel."""
     n = s.n_ranks
     sends = _nsteps(collective, n)
     # NCCL's bus bandwidth, back from algorithm to bus, at the links' capacity rather than the search's speed
@@ -933,10 +934,10 @@ def p2p_drain_us(s: System, c: dict, part_bytes: float, works_per_channel: int, 
 
 def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int], nbytes: int, root: int,
             scale: float) -> tuple[float, int]:
-    """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's links (their capacity,
-    ``Graph.link_gbps``), over each pair's path and over the channels each send runs on (fewer for smaller sends), and
-    inside a node the fill of each channel's chunk pipeline (``p2p_drain_us``). Returns the time (us) and the
-    channels one send runs on."""
+    """Grouped sends and receives: one Ring/Simple step of latency; bytes over each GPU's links (their
+    capacity, ``Graph.link_gbps``), over each pair's path and over the channels each send runs on (fewer for
+    smaller sends), and inside a node the fill of each channel's chunk pipeline (``p2p_drain_us``). Returns the
+    time (us) and the channels one send runs on."""
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
