@@ -4,6 +4,7 @@
 # Measures all_reduce 1 MiB - 512 MiB and ResNet-50 / GPT-small weak scaling (1 GPU, then the two nodes), plus
 # the one-GPU profiles a prediction needs.
 #   bash benchmarks/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
+# NCCL's own socket settings pass through, e.g. NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 (four streams).
 set -u
 OUTDIR="${1:-/tmp/two-node}"
 mkdir -p "$OUTDIR"
@@ -23,6 +24,7 @@ two_nodes() {  # name, meshscale arguments...
   wait
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
+STEPS_GIVEN=${STEPS:-}; WARMUP_GIVEN=${WARMUP:-}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}  # training steps per run, the first WARMUP untimed
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU
 two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
 for i in $(seq 2 "${SWEEPS:-1}"); do  # SWEEPS=N: the sweep N times back to back, to see the path's own spread
@@ -31,38 +33,39 @@ done
 for model in ${MODELS-resnet50 gpt-small}; do
   batch=$(batch_of $model)
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 --batch $batch \
-    --steps 40 --timing-warmup 10 --no-timing --json "$OUTDIR/$model-1gpu.json" > "$OUTDIR/$model-1gpu.txt" 2>&1
+    --steps $STEPS --timing-warmup $WARMUP --no-timing --json "$OUTDIR/$model-1gpu.json" > "$OUTDIR/$model-1gpu.txt" 2>&1
   echo "$model 1 GPU: $(grep -i 'samples/s\|throughput' "$OUTDIR/$model-1gpu.txt" | tail -1)"
-  two_nodes "$model-2nodes" train --model $model --precision bf16 --batch $batch --steps 40 --timing-warmup 10 \
+  two_nodes "$model-2nodes" train --model $model --precision bf16 --batch $batch --steps $STEPS --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/$model-2nodes.json"
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 \
-    --profile-batches $((batch / 2)),$batch --steps 20 --timing-warmup 5 --json "$OUTDIR/$model-profile.json" \
+    --profile-batches $((batch / 2)),$batch --steps ${STEPS_GIVEN:-20} --timing-warmup ${WARMUP_GIVEN:-5} --json "$OUTDIR/$model-profile.json" \
     > "$OUTDIR/$model-profile.txt" 2>&1
 done
 # OVERLAP=1: GPT-small over the two nodes three more ways, to see how much of the exchange hides behind backward:
 # one bucket (nothing can overlap), and with the per-step compute / comm split (--timing); each with its one-GPU
 # profile measured above.
 if [ -n "${OVERLAP:-}" ]; then
-  two_nodes gpt-small-2nodes-onebucket train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
+  two_nodes gpt-small-2nodes-onebucket train --model gpt-small --precision bf16 --batch 16 --steps $STEPS --timing-warmup $WARMUP \
     --no-timing --bucket-cap-mb 1000 --json "$OUTDIR/gpt-small-2nodes-onebucket.json"
-  two_nodes gpt-small-2nodes-timed train --model gpt-small --precision bf16 --batch 16 --steps 40 --timing-warmup 10 \
+  two_nodes gpt-small-2nodes-timed train --model gpt-small --precision bf16 --batch 16 --steps $STEPS --timing-warmup $WARMUP \
     --json "$OUTDIR/gpt-small-2nodes-timed.json"
   two_nodes allreduce-25m bench collective all_reduce -b 25M -e 150M -f 6 --json "$OUTDIR/allreduce-25m.json"
 fi
-# REPEAT=N: REPEAT_MODEL (GPT-small by default) over the two nodes N more times with DDP's default buckets, each
-# followed by the all_reduce sweep again, to see how far the training point and the network move from run to run
-# (every run kept).
-rmodel=${REPEAT_MODEL:-gpt-small}
+# REPEAT=N: the models of REPEAT_MODEL (GPT-small by default; a list runs each in turn) over the two nodes N more
+# times with DDP's default buckets, each round followed by the all_reduce sweep again, to see how far the training
+# points and the network move from run to run (every run kept).
 for i in $(seq 1 "${REPEAT:-0}"); do
-  two_nodes "$rmodel-2nodes-r$i" train --model $rmodel --precision bf16 --batch $(batch_of $rmodel) --steps 40 \
-    --timing-warmup 10 --no-timing --json "$OUTDIR/$rmodel-2nodes-r$i.json"
+  for rmodel in ${REPEAT_MODEL:-gpt-small}; do
+    two_nodes "$rmodel-2nodes-r$i" train --model $rmodel --precision bf16 --batch $(batch_of $rmodel) --steps $STEPS \
+      --timing-warmup $WARMUP --no-timing --json "$OUTDIR/$rmodel-2nodes-r$i.json"
+  done
   two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-r$i.json"
 done
 # SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,
 # then both "nodes"), each row with the prediction on the joined two-host topology beside it.
 # Then the all_reduce sweep again, so the run sits between two measurements of the network.
 if [ -n "${SCALE:-}" ]; then
-  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps 30 --timing-warmup 10 \
+  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps ${STEPS_GIVEN:-30} --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/scale-2hosts.json"
   cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
   two_nodes allreduce-after-scale bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-after-scale.json"

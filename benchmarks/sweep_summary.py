@@ -1,0 +1,5 @@
+import json, sys, glob, os
+for d in sys.argv[1:]:
+    for f in sorted(glob.glob(os.path.join(d, "allreduce*.json"))):
+        rows = json.load(open(f))["rows"]
+        print(os.path.basename(d), os.path.basename(f), " ".join(f"{r['busbw_bytes_per_s']/1e9:.2f}" for r in rows))
