@@ -5,6 +5,8 @@
 # the one-GPU profiles a prediction needs.
 #   bash benchmarks/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
 # NCCL's own socket settings pass through, e.g. NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 (four streams).
+# STEPS=N / WARMUP=N: training steps per run (default 40, the first 10 untimed; ResNet-50 at batch 64 then times
+# only one second, so STEPS=120 for it); ITERS=N: timed iterations per sweep size.
 set -u
 OUTDIR="${1:-/tmp/two-node}"
 mkdir -p "$OUTDIR"
@@ -24,11 +26,12 @@ two_nodes() {  # name, meshscale arguments...
   wait
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
+ITERS=${ITERS:-20}  # timed iterations per sweep size (nccl-tests' 20: 11 ms in all at 4 MiB on this path)
 STEPS_GIVEN=${STEPS:-}; WARMUP_GIVEN=${WARMUP:-}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}  # training steps per run, the first WARMUP untimed
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU
-two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce.json"
+two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce.json"
 for i in $(seq 2 "${SWEEPS:-1}"); do  # SWEEPS=N: the sweep N times back to back, to see the path's own spread
-  two_nodes "allreduce-s$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-s$i.json"
+  two_nodes "allreduce-s$i" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-s$i.json"
 done
 for model in ${MODELS-resnet50 gpt-small}; do
   batch=$(batch_of $model)
@@ -59,7 +62,7 @@ for i in $(seq 1 "${REPEAT:-0}"); do
     two_nodes "$rmodel-2nodes-r$i" train --model $rmodel --precision bf16 --batch $(batch_of $rmodel) --steps $STEPS \
       --timing-warmup $WARMUP --no-timing --json "$OUTDIR/$rmodel-2nodes-r$i.json"
   done
-  two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-r$i.json"
+  two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-r$i.json"
 done
 # SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,
 # then both "nodes"), each row with the prediction on the joined two-host topology beside it.
@@ -68,5 +71,5 @@ if [ -n "${SCALE:-}" ]; then
   two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps ${STEPS_GIVEN:-30} --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/scale-2hosts.json"
   cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
-  two_nodes allreduce-after-scale bench collective all_reduce -b 1M -e 512M -f 2 --json "$OUTDIR/allreduce-after-scale.json"
+  two_nodes allreduce-after-scale bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-after-scale.json"
 fi
