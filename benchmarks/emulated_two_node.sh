@@ -27,11 +27,13 @@ two_nodes() {  # name, meshscale arguments...
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
 ITERS=${ITERS:-20}  # timed iterations per sweep size (nccl-tests' 20: 11 ms in all at 4 MiB on this path)
-STEPS_GIVEN=${STEPS:-}; WARMUP_GIVEN=${WARMUP:-}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}  # training steps per run, the first WARMUP untimed
+sweep() { two_nodes "$1" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/$1.json"; }
+# training steps per run, the first WARMUP untimed; STEPS / WARMUP, when given, set the profile and `scale` too
+PROFILE_STEPS=${STEPS:-20}; PROFILE_WARMUP=${WARMUP:-5}; SCALE_STEPS=${STEPS:-30}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU
-two_nodes allreduce bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce.json"
+sweep allreduce
 for i in $(seq 2 "${SWEEPS:-1}"); do  # SWEEPS=N: the sweep N times back to back, to see the path's own spread
-  two_nodes "allreduce-s$i" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-s$i.json"
+  sweep "allreduce-s$i"
 done
 for model in ${MODELS-resnet50 gpt-small}; do
   batch=$(batch_of $model)
@@ -41,7 +43,7 @@ for model in ${MODELS-resnet50 gpt-small}; do
   two_nodes "$model-2nodes" train --model $model --precision bf16 --batch $batch --steps $STEPS --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/$model-2nodes.json"
   CUDA_VISIBLE_DEVICES=0 timeout 300 python3 -m meshscale train --gpus 1 --model $model --precision bf16 \
-    --profile-batches $((batch / 2)),$batch --steps ${STEPS_GIVEN:-20} --timing-warmup ${WARMUP_GIVEN:-5} --json "$OUTDIR/$model-profile.json" \
+    --profile-batches $((batch / 2)),$batch --steps $PROFILE_STEPS --timing-warmup $PROFILE_WARMUP --json "$OUTDIR/$model-profile.json" \
     > "$OUTDIR/$model-profile.txt" 2>&1
 done
 # OVERLAP=1: GPT-small over the two nodes three more ways, to see how much of the exchange hides behind backward:
@@ -62,14 +64,14 @@ for i in $(seq 1 "${REPEAT:-0}"); do
     two_nodes "$rmodel-2nodes-r$i" train --model $rmodel --precision bf16 --batch $(batch_of $rmodel) --steps $STEPS \
       --timing-warmup $WARMUP --no-timing --json "$OUTDIR/$rmodel-2nodes-r$i.json"
   done
-  two_nodes "allreduce-r$i" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-r$i.json"
+  sweep "allreduce-r$i"
 done
 # SCALE=1: `meshscale scale` under the two torchrun agents: a weak-scaling sweep inside torchrun's world (1 rank,
 # then both "nodes"), each row with the prediction on the joined two-host topology beside it.
 # Then the all_reduce sweep again, so the run sits between two measurements of the network.
 if [ -n "${SCALE:-}" ]; then
-  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps ${STEPS_GIVEN:-30} --timing-warmup $WARMUP \
+  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps $SCALE_STEPS --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/scale-2hosts.json"
   cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
-  two_nodes allreduce-after-scale bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/allreduce-after-scale.json"
+  sweep allreduce-after-scale
 fi
