@@ -27,7 +27,7 @@ two_nodes() {  # name, meshscale arguments...
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
 ITERS=${ITERS:-20}  # timed iterations per sweep size (nccl-tests' 20: 11 ms in all at 4 MiB on this path)
-sweep() { two_nodes "$1" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --json "$OUTDIR/$1.json"; }
+sweep() { two_nodes "$1" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --iter-times --json "$OUTDIR/$1.json"; }
 # training steps per run, the first WARMUP untimed; STEPS / WARMUP, when given, set the profile and `scale` too
 PROFILE_STEPS=${STEPS:-20}; PROFILE_WARMUP=${WARMUP:-5}; SCALE_STEPS=${STEPS:-30}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU

@@ -103,6 +103,23 @@ def test_cli_json_result_schema(tmp_path, cli):
     json.loads(out.read_text())  # plain JSON, no NaN tricks
 
 
+def test_cli_iter_times_adds_the_median_and_slowest_call(tmp_path, cli):
+    out = tmp_path / "ar.json"
+    run = cli("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "4K", "-n", "5", "-w", "1",
+              "--iter-times", "--json", str(out))
+    assert run.exit_code == 0, run.stderr
+    assert "median(us)" in run.stdout and "slowest(us)" in run.stdout
+    rows = load_result(out).rows
+    assert len(rows) == 3
+    for row in rows:  # the mean of five calls lies between their median's lower half and the slowest
+        assert 0 < row["iter_median_s"] <= row["iter_max_s"]
+        assert row["time_s"] <= row["iter_max_s"] * (1 + 1e-9)
+    plain = cli("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
+                "--json", str(tmp_path / "plain.json"))
+    assert plain.exit_code == 0 and "slowest(us)" not in plain.stdout
+    assert "iter_median_s" not in load_result(tmp_path / "plain.json").rows[0]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", ["native", "nccl"])
 @pytest.mark.parametrize("cuda_graph", [False, True])
@@ -113,8 +130,10 @@ def test_gpu_sweep_is_correct(cuda_graph, impl):
     collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
     spec = CollectiveSpec(collectives=collectives, sizes_bytes=[n * 1024, n * (1 << 20)], dtype="bfloat16",
                           op="avg" if not cuda_graph else "sum", root=0, places=("out", "in"), warmup_iters=2, iters=5,
-                          cuda_graph=cuda_graph, impl=impl)
+                          cuda_graph=cuda_graph, impl=impl, iter_times=cuda_graph)
     result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
     assert {r["collective"] for r in result.rows} == set(collectives)
     assert all(r["wrong"] == 0 for r in result.rows)
+    for r in result.rows if cuda_graph else ():  # each call timed by events between the replays
+        assert 0 < r["iter_median_s"] <= r["iter_max_s"] and r["time_s"] <= r["iter_max_s"] * 1.001
     assert all(r["bound_busbw_bytes_per_s"] for r in result.rows)

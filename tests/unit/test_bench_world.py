@@ -73,6 +73,15 @@ def test_cpu_time_op_is_per_iteration_and_after_warmup():
     assert 0.01 <= per_op < 0.5
 
 
+def test_cpu_time_op_times_each_call_and_a_stall_shows_in_the_slowest():
+    seconds = iter([0.01, 0.01, 0.01, 0.12, 0.01])  # two warm-up calls, then three timed: the second stalls
+    each = []
+    per_op = time_op(lambda: time.sleep(next(seconds)), torch.device("cpu"), lambda: None, 2, 3, iter_seconds=each)
+    assert len(each) == 3
+    assert max(each) >= 0.12 and sorted(each)[1] < 0.06  # the median is a normal call
+    assert per_op == pytest.approx(sum(each) / 3, rel=1e-9)  # the mean is still nccl-tests' figure
+
+
 def test_ranks_beyond_the_visible_gpus_have_no_local_topology(monkeypatch):
     """Two torchrun agents on one host, one GPU each (CUDA_VISIBLE_DEVICES=0 and 1): NVML still sees both GPUs,
     but this process's two ranks are not both here, so there is no local topology to bound them with."""
@@ -87,3 +96,17 @@ def test_ranks_beyond_the_visible_gpus_have_no_local_topology(monkeypatch):
     assert wt.world_topology(World(2, "nccl")) is None
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")
     assert len(wt.world_topology(World(2, "nccl")).devices()) == 2
+
+
+def test_closing_lines_say_when_the_bound_rests_on_an_assumed_network():
+    from meshscale.bench.tables import closing_lines
+    from meshscale.results import measured
+    row = {"busbw_bytes_per_s": 9.3e9, "wrong": 0}
+    title = "2 hosts (node0, node1): 1x NVIDIA H200 each, joined by 10 GbE assumed (no port with a known rate)"
+    assumed = measured("bench-collective", [row], topology={"title": title, "attrs": {
+        "network_ports": {"node0": ["assumed"], "node1": ["assumed"]}}})
+    known = measured("bench-collective", [row], topology={"title": "2 hosts", "attrs": {
+        "network_ports": {"node0": ["mlx5_0"], "node1": ["mlx5_0"]}}})
+    note = [line for line in closing_lines(assumed) if "assumed" in line]
+    assert len(note) == 1 and "faster than assumed" in note[0]
+    assert not any("assumed" in line for line in closing_lines(known))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import tempfile
 import threading
 import warnings
@@ -50,6 +51,7 @@ class CollectiveSpec:
     cuda_graph: bool = False
     impl: str = "native"
     algo: str | None = None
+    iter_times: bool = False  # also time each call: the median and the slowest call beside nccl-tests' mean
 
 
 def parse_collectives(names: list[str]) -> list[str]:
@@ -139,14 +141,15 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                 case.reset()
                 # the sweep's first op also pays the fresh communicator's connection setup: more warm-up
                 warmup = max(spec.warmup_iters, FIRST_OP_WARMUP) if not rows and ctx.device.type == "cuda" else spec.warmup_iters
+                each = [] if spec.iter_times else None
                 t = time_op(lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, warmup, spec.iters,
-                            spec.cuda_graph)
+                            spec.cuda_graph, each)
                 wrong = -1
                 if spec.check:  # a fresh run on fresh inputs: the timed loop overwrote in-place buffers
                     case.reset()
                     run_op(case.inp, case.out)
                     wrong = count_wrong(case, spec.op, n)
-                per_rank = all_ranks([t, wrong], ctx.device)
+                per_rank = all_ranks([t, wrong, *((statistics.median(each), max(each)) if each else ())], ctx.device)
                 time_s = reduce_times([r[0] for r in per_rank], spec.average)
                 algbw, busbw = k.algbw_busbw(size, time_s, n)
                 rows.append({
@@ -157,6 +160,9 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                     "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
                     "rank_times_s": [r[0] for r in per_rank],
                 })
+                if each:  # each rank's median and slowest call, reduced over ranks as the mean time is
+                    rows[-1]["iter_median_s"] = reduce_times([r[2] for r in per_rank], spec.average)
+                    rows[-1]["iter_max_s"] = reduce_times([r[3] for r in per_rank], spec.average)
                 if row_log:
                     with open(row_log, "a") as log:
                         log.write(json.dumps(rows[-1]) + "\n")

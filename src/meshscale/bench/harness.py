@@ -37,35 +37,42 @@ def reduce_times(times_s: list[float], average: int) -> float:
 
 
 def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,
-            iters: int, cuda_graph: bool = False) -> float:
+            iters: int, cuda_graph: bool = False, iter_seconds: list[float] | None = None) -> float:
     """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones (on a
-    GPU back-to-back with the warm-up, so they are timed in steady state)."""
+    GPU back-to-back with the warm-up, so they are timed in steady state). Given a list, ``iter_seconds`` also
+    receives each timed call's own seconds (a CUDA event between calls on a GPU: the calls stay back-to-back)."""
     if device.type == "cuda":
-        return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph)
+        return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds)
     for _ in range(warmup_iters):
         run()
     barrier()  # start together, so the slowest rank's time includes no waiting for late starters
-    start = time.perf_counter()
+    marks = [time.perf_counter()]
     for _ in range(iters):
         run()  # Gloo collectives block until done
-    return (time.perf_counter() - start) / iters
+        if iter_seconds is not None:
+            marks.append(time.perf_counter())
+    if iter_seconds is None:
+        marks.append(time.perf_counter())
+    else:
+        iter_seconds.extend(b - a for a, b in zip(marks, marks[1:]))
+    return (marks[-1] - marks[0]) / iters
 
 
 def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
-               cuda_graph: bool) -> float:
+               cuda_graph: bool, iter_seconds: list[float] | None) -> float:
     # Everything runs on a stream of its own, as in nccl-tests (cudaStreamNonBlocking): the legacy default stream
     # synchronizes with every other stream of the device (on the 2x H200, the difference was within run-to-run noise).
     caller = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
     stream.wait_stream(caller)  # the inputs were written on the caller's stream
     with torch.cuda.stream(stream):
-        seconds = _time_on_current_stream(run, barrier, warmup_iters, iters, cuda_graph)
+        seconds = _time_on_current_stream(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds)
     caller.wait_stream(stream)
     return seconds
 
 
 def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
-                            cuda_graph: bool) -> float:
+                            cuda_graph: bool, iter_seconds: list[float] | None) -> float:
     if cuda_graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -92,13 +99,19 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
         dist.all_reduce(torch.zeros(1, device=torch.cuda.current_device()))
     for _ in range(lead_in):
         step()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
+    # one event between calls when each call is timed (recording one queues no wait: the calls stay back-to-back)
+    marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if iter_seconds is not None else 2)]
+    marks[0].record()
+    for i in range(1, iters + 1):
         step()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1e3 / iters
+        if iter_seconds is not None:
+            marks[i].record()
+    if iter_seconds is None:
+        marks[-1].record()
+    marks[-1].synchronize()
+    if iter_seconds is not None:
+        iter_seconds.extend(a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:]))
+    return marks[0].elapsed_time(marks[-1]) / 1e3 / iters
 
 
 def all_ranks(values: list[float], device: torch.device) -> list[list[float]]:

@@ -27,8 +27,10 @@ def collective_tables(result: Result) -> list[Table]:
         for col in ("size(B)", "count", "type", "redop", "root"):
             table.add_column(col, justify="right")
         places = [p for p in (False, True) if any(r["inplace"] == p for r in group)]  # torch lacks some variants
+        each = any("iter_median_s" in r for r in group)  # --iter-times
+        columns = ("time(us)", "algbw GB/s", "busbw GB/s", "#wrong") + (("median(us)", "slowest(us)") if each else ())
         for inplace in places:
-            for col in ("time(us)", "algbw GB/s", "busbw GB/s", "#wrong"):
+            for col in columns:
                 table.add_column(f"{'in-place' if inplace else 'out-of-place'}\n{col}", justify="right")
         table.add_column("bound\nGB/s", justify="right")
         table.add_column("%bound", justify="right")
@@ -46,7 +48,8 @@ def collective_tables(result: Result) -> list[Table]:
                 r = by_place.get(inplace)
                 cells += ([f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}",
                            f"{gbps(r['busbw_bytes_per_s']):.2f}", "N/A" if r["wrong"] is None else str(r["wrong"])]
-                          if r else ["-"] * 4)
+                          + ([f"{r['iter_median_s'] * 1e6:.2f}", f"{r['iter_max_s'] * 1e6:.2f}"] if each else [])
+                          if r else ["-"] * len(columns))
             bound = first.get("bound_busbw_bytes_per_s")
             best = max(r["busbw_bytes_per_s"] for r in same)
             cells += [f"{gbps(bound):.1f}" if bound else "-", f"{100 * best / bound:.0f}%" if bound else "-"]
@@ -142,4 +145,8 @@ def closing_lines(result: Result) -> list[str]:
     lines = [f"# Out of bounds values : {wrong} {verdict}", f"# Avg bus bandwidth    : {mean_busbw:g} GB/s"]
     if result.meta.get("interrupted"):
         lines.append(f"# interrupted after {len(rows)} rows")
+    topology = result.meta.get("topology") or {}
+    if any("assumed" in ports for ports in (topology.get("attrs", {}).get("network_ports") or {}).values()):
+        lines.append(f"# bound and predicted figures are on {topology.get('title')}: a %bound over 100% says the "
+                     f"path between hosts is faster than assumed")
     return lines

@@ -55,6 +55,7 @@ def collective(
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
+    iter_times: bool = typer.Option(False, "--iter-times", help="also time each call: the median and the slowest call of each size beside the mean (a stall the mean hides shows)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
@@ -76,7 +77,8 @@ def collective(
     spec = CollectiveSpec(collectives=parse_collectives(collectives or []),
                           sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
-                          check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo)
+                          check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo,
+                          iter_times=iter_times)
     stream = RowStream(spec.places, lambda line: typer.echo(line)) if _is_rank0() else None
     try:
         result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
