@@ -6,7 +6,7 @@
 #   bash benchmarks/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
 # NCCL's own socket settings pass through, e.g. NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 (four streams).
 # STEPS=N / WARMUP=N: training steps per run (default 40, the first 10 untimed; ResNet-50 at batch 64 then times
-# only one second, so STEPS=120 for it); ITERS=N: timed iterations per sweep size.
+# only one second, so STEPS=120 for it); ITERS=N: timed iterations per sweep size; CYCLES=N: cycles per sweep.
 set -u
 OUTDIR="${1:-/tmp/two-node}"
 mkdir -p "$OUTDIR"
@@ -27,7 +27,8 @@ two_nodes() {  # name, meshscale arguments...
   echo "$name: $(tail -1 "$OUTDIR/$name.node0.txt")"
 }
 ITERS=${ITERS:-20}  # timed iterations per sweep size (nccl-tests' 20: 11 ms in all at 4 MiB on this path)
-sweep() { two_nodes "$1" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS --iter-times --json "$OUTDIR/$1.json"; }
+CYCLES=${CYCLES:-1}  # CYCLES=N: each sweep N times in one launch, each size the median cycle (nccl-tests' -N)
+sweep() { two_nodes "$1" bench collective all_reduce -b 1M -e 512M -f 2 -n $ITERS -N $CYCLES --iter-times --json "$OUTDIR/$1.json"; }
 # training steps per run, the first WARMUP untimed; STEPS / WARMUP, when given, set the profile and `scale` too
 PROFILE_STEPS=${STEPS:-20}; PROFILE_WARMUP=${WARMUP:-5}; SCALE_STEPS=${STEPS:-30}; STEPS=${STEPS:-40}; WARMUP=${WARMUP:-10}
 batch_of() { [ $1 = resnet50 ] && echo "${RESNET_BATCH:-128}" || echo "${GPT_BATCH:-16}"; }  # per GPU

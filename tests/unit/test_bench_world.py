@@ -110,3 +110,19 @@ def test_closing_lines_say_when_the_bound_rests_on_an_assumed_network():
     note = [line for line in closing_lines(assumed) if "assumed" in line]
     assert len(note) == 1 and "faster than assumed" in note[0]
     assert not any("assumed" in line for line in closing_lines(known))
+
+
+def test_the_median_cycle_is_reported_and_a_single_cycle_is_left_alone():
+    from meshscale.bench.collective import median_over_cycles
+
+    def row(cycle, time_s, wrong=0):
+        return {"collective": "all_reduce", "size_bytes": 4 << 20, "inplace": True, "time_s": time_s,
+                "rank_times_s": [time_s * 0.99, time_s * 1.01], "wrong": wrong, "cycle": cycle,
+                "algbw_bytes_per_s": 0.0, "busbw_bytes_per_s": 0.0}
+    slow_phase = [row(0, 450e-6), row(1, 860e-6, wrong=1), row(2, 440e-6)]  # the second cycle met a slow phase
+    (one,) = median_over_cycles(slow_phase, 2)
+    assert one["time_s"] == 450e-6 and one["cycle_times_s"] == [450e-6, 860e-6, 440e-6]
+    assert one["busbw_bytes_per_s"] == pytest.approx((4 << 20) / 450e-6)  # 2 ranks: busbw = algbw
+    assert one["rank_times_s"] == pytest.approx([450e-6 * 0.99, 450e-6 * 1.01]) and one["wrong"] == 1
+    (alone,) = median_over_cycles(slow_phase[:1], 2)
+    assert alone["time_s"] == 450e-6 and "cycle_times_s" not in alone and "cycle" not in alone

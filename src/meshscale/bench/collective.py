@@ -52,6 +52,7 @@ class CollectiveSpec:
     impl: str = "native"
     algo: str | None = None
     iter_times: bool = False  # also time each call: the median and the slowest call beside nccl-tests' mean
+    cycles: int = 1  # the whole sweep this many times (nccl-tests' -N); each size reports the median cycle
 
 
 def parse_collectives(names: list[str]) -> list[str]:
@@ -73,8 +74,8 @@ def validate(spec: CollectiveSpec, world: World) -> None:
     if spec.impl == "nccl" and world.backend != "nccl":
         raise MeshscaleError("--impl nccl calls NCCL directly and needs GPUs; use --impl native with CPU workers")
     check_average(spec.average)
-    if spec.iters < 1 or spec.warmup_iters < 0:
-        raise MeshscaleError("--iters must be >= 1 and --warmup-iters >= 0")
+    if spec.iters < 1 or spec.warmup_iters < 0 or spec.cycles < 1:
+        raise MeshscaleError("--iters and --cycles must be >= 1 and --warmup-iters >= 0")
     if spec.op == "avg" and world.backend == "gloo" and any(kind(c).reducing for c in spec.collectives):
         # Gloo rejects ReduceOp.AVG up to torch 2.7 at least, and int32 even in 2.13: refuse it everywhere
         raise MeshscaleError("--op avg needs NCCL (GPUs); Gloo does not average: use --op sum with --cpus")
@@ -114,7 +115,8 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
     # before the first timed loop (its setup threads slowed that loop 2x: all_reduce 1 KiB 31 us instead of 15)
     ctx.barrier()
     try:
-        _sweep(ctx, spec, topology, comm, rows, row_log if ctx.rank == 0 else None)
+        for cycle in range(spec.cycles):
+            _sweep(ctx, spec, topology, comm, rows, row_log if ctx.rank == 0 else None, cycle)
     finally:
         if comm is not None:
             torch.cuda.synchronize()
@@ -123,7 +125,7 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
 
 
 def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list,
-           row_log: str | None) -> None:
+           row_log: str | None, cycle: int) -> None:
     n, elem = ctx.world_size, DTYPES[spec.dtype].itemsize
     for collective in spec.collectives:
         k = kind(collective)
@@ -158,7 +160,7 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                     "root": spec.root if k.rooted else -1, "inplace": place == "in", "time_s": time_s,
                     "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
                     "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
-                    "rank_times_s": [r[0] for r in per_rank],
+                    "rank_times_s": [r[0] for r in per_rank], "cycle": cycle,
                 })
                 if each:  # each rank's median and slowest call, reduced over ranks as the mean time is
                     rows[-1]["iter_median_s"] = reduce_times([r[2] for r in per_rank], spec.average)
@@ -203,9 +205,37 @@ def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120
     return _result(spec, world, joined or topology, rows)
 
 
+def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
+    """One row per (collective, size, place) from the rows of every cycle: the median cycle's time (and per rank,
+    and of each call's median and slowest), bandwidths from it, the wrong elements of all cycles, and each cycle's
+    time in ``cycle_times_s``. Rows of a single cycle come back as they are."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault((row["collective"], row["size_bytes"], row["inplace"]), []).append(row)
+    if all(len(same) == 1 for same in groups.values()):
+        return [{k: v for k, v in row.items() if k != "cycle"} for row in rows]
+    combined = []
+    for same in groups.values():
+        row = dict(same[0])
+        row.pop("cycle", None)
+        row["cycle_times_s"] = [r["time_s"] for r in same]
+        row["time_s"] = statistics.median(row["cycle_times_s"])
+        row["algbw_bytes_per_s"], row["busbw_bytes_per_s"] = kind(row["collective"]).algbw_busbw(
+            row["size_bytes"], row["time_s"], world_size)
+        row["rank_times_s"] = [statistics.median(ts) for ts in zip(*(r["rank_times_s"] for r in same))]
+        row["wrong"] = None if row["wrong"] is None else sum(r["wrong"] for r in same)
+        if "iter_median_s" in row:
+            row["iter_median_s"] = statistics.median(r["iter_median_s"] for r in same)
+            row["iter_max_s"] = max(r["iter_max_s"] for r in same)
+        combined.append(row)
+    return combined
+
+
 def _result(spec: CollectiveSpec, world: World, topology: Topology | None, rows: list[dict],
             interrupted: bool = False) -> Result:
-    """The "bench-collective" Result of ``rows``, each given the topology's bound and predicted figures."""
+    """The "bench-collective" Result of ``rows`` (the median over cycles), each given the topology's bound and
+    predicted figures."""
+    rows = median_over_cycles(rows, world.size)
     bounds, predictions = _model_figures(topology, spec, world.size)
     for row in rows:
         row["bound_busbw_bytes_per_s"] = bounds.get(row["collective"])

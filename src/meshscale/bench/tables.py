@@ -22,13 +22,17 @@ def collective_tables(result: Result) -> list[Table]:
         world = result.meta.get("world_size", "?")
         hosts = result.meta.get("hosts")
         where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
+        cycles = (result.meta.get("spec") or {}).get("cycles", 1)
+        of_cycles = f", median of {cycles} cycles" if cycles > 1 else ""
         table = Table(title=f"{collective}: {world} ranks over {result.meta.get('backend', '?')}{where}, "
-                            f"time = {_AVERAGE[result.meta.get('average', 3)]}")
+                            f"time = {_AVERAGE[result.meta.get('average', 3)]}{of_cycles}")
         for col in ("size(B)", "count", "type", "redop", "root"):
             table.add_column(col, justify="right")
         places = [p for p in (False, True) if any(r["inplace"] == p for r in group)]  # torch lacks some variants
         each = any("iter_median_s" in r for r in group)  # --iter-times
-        columns = ("time(us)", "algbw GB/s", "busbw GB/s", "#wrong") + (("median(us)", "slowest(us)") if each else ())
+        spread = any("cycle_times_s" in r for r in group)  # --cycles: the slowest cycle's time over the fastest
+        columns = (("time(us)", "algbw GB/s", "busbw GB/s", "#wrong") + (("median(us)", "slowest(us)") if each else ())
+                   + (("cycles max/min",) if spread else ()))
         for inplace in places:
             for col in columns:
                 table.add_column(f"{'in-place' if inplace else 'out-of-place'}\n{col}", justify="right")
@@ -49,6 +53,7 @@ def collective_tables(result: Result) -> list[Table]:
                 cells += ([f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}",
                            f"{gbps(r['busbw_bytes_per_s']):.2f}", "N/A" if r["wrong"] is None else str(r["wrong"])]
                           + ([f"{r['iter_median_s'] * 1e6:.2f}", f"{r['iter_max_s'] * 1e6:.2f}"] if each else [])
+                          + ([f"{max(r['cycle_times_s']) / min(r['cycle_times_s']):.2f}"] if spread else [])
                           if r else ["-"] * len(columns))
             bound = first.get("bound_busbw_bytes_per_s")
             best = max(r["busbw_bytes_per_s"] for r in same)
@@ -97,9 +102,13 @@ class RowStream:
     def __init__(self, places: tuple[str, ...], echo: Callable[[str], None]):
         self.places, self.echo = places, echo
         self._collective: str | None = None
+        self._cycle = 0
         self._pending: list[dict] = []
 
     def add(self, row: dict) -> None:
+        if row.get("cycle", 0) != self._cycle:
+            self._cycle, self._collective = row["cycle"], None
+            self.echo(f"# cycle {self._cycle + 1}")
         if row["collective"] != self._collective:
             self._collective = row["collective"]
             self.echo(f"# {row['collective']}")

@@ -47,6 +47,7 @@ def collective(
     place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
     warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
     iters: int = typer.Option(20, "--iters", "-n", callback=checked(COUNT)),
+    cycles: int = typer.Option(1, "--cycles", "-N", help="run the whole sweep N times (nccl-tests' -N): each cycle's lines print, each size reports the median cycle", callback=checked(COUNT)),
     average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)", callback=checked(Range(0, 3, integer=True))),
     check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
     no_check: bool = typer.Option(False, "--no-check", help="the same as -c 0"),
@@ -78,7 +79,7 @@ def collective(
                           sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo,
-                          iter_times=iter_times)
+                          iter_times=iter_times, cycles=cycles)
     stream = RowStream(spec.places, lambda line: typer.echo(line)) if _is_rank0() else None
     try:
         result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
