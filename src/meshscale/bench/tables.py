@@ -97,18 +97,19 @@ def p2p_tables(result: Result) -> list[Table]:
 
 class RowStream:
     """nccl-tests' text lines, one per size as soon as its places (out-of-place, in-place) are measured:
-    ``add(row)`` for each row as it comes, ``echo(line)`` prints."""
+    ``add(row)`` for each row as it comes, ``echo(line)`` prints; with ``cycles`` > 1 a line opens each cycle."""
 
-    def __init__(self, places: tuple[str, ...], echo: Callable[[str], None]):
-        self.places, self.echo = places, echo
+    def __init__(self, places: tuple[str, ...], echo: Callable[[str], None], cycles: int = 1):
+        self.places, self.echo, self.cycles = places, echo, cycles
         self._collective: str | None = None
-        self._cycle = 0
+        self._cycle: int | None = None
         self._pending: list[dict] = []
 
     def add(self, row: dict) -> None:
         if row.get("cycle", 0) != self._cycle:
-            self._cycle, self._collective = row["cycle"], None
-            self.echo(f"# cycle {self._cycle + 1}")
+            self._cycle, self._collective = row.get("cycle", 0), None
+            if self.cycles > 1:
+                self.echo(f"# cycle {self._cycle + 1} of {self.cycles}")
         if row["collective"] != self._collective:
             self._collective = row["collective"]
             self.echo(f"# {row['collective']}")

@@ -80,7 +80,7 @@ def collective(
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo,
                           iter_times=iter_times, cycles=cycles)
-    stream = RowStream(spec.places, lambda line: typer.echo(line)) if _is_rank0() else None
+    stream = RowStream(spec.places, lambda line: typer.echo(line), spec.cycles) if _is_rank0() else None
     try:
         result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
     except SweepInterrupted as stop:
