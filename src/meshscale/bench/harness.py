@@ -40,7 +40,7 @@ def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[],
             iters: int, cuda_graph: bool = False, iter_seconds: list[float] | None = None) -> float:
     """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones (on a
     GPU back-to-back with the warm-up, so they are timed in steady state). Given a list, ``iter_seconds`` also
-    receives each timed call's own seconds (a CUDA event between calls on a GPU: the calls stay back-to-back)."""
+    receives each timed call's own seconds (a CUDA event between calls on a GPU)."""
     if device.type == "cuda":
         return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds)
     for _ in range(warmup_iters):
@@ -99,7 +99,8 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
         dist.all_reduce(torch.zeros(1, device=torch.cuda.current_device()))
     for _ in range(lead_in):
         step()
-    # one event between calls when each call is timed (recording one queues no wait: the calls stay back-to-back)
+    # one event between calls when each call is timed: the GPU does not wait on it, but each record costs the host
+    # about 10 us, which shows where the host sets the pace (small sizes; docs/bench.md)
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if iter_seconds is not None else 2)]
     marks[0].record()
     for i in range(1, iters + 1):
