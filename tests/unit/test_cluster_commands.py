@@ -63,6 +63,7 @@ def test_sim_and_plan_take_a_cluster(cli):
     r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--link", "25GB/s,3us", "-b", "64M", "-e", "64M")
     assert r.exit_code == 0, r.output
     assert "dgx1-v100x2-25GBps-3us" in r.stdout and "15]" in r.stdout and "nccl" in r.stdout
+    assert "bound: not computed across a cluster's nodes" in r.stdout  # the bound column's "-" is explained
     r = cli("plan", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--gpus", "4", "--bytes", "1M")
     assert r.exit_code == 0, r.output  # the first 4 GPUs: one node
     assert "NCCL:" in r.stdout

@@ -161,6 +161,8 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
+    if "cluster" in topology.attrs:
+        table.caption = "bound: not computed across a cluster's nodes (its max-flow routes every pair of GPUs)"
     print_tables(table)
     write_result_files(result, json_path, csv_path)
 
