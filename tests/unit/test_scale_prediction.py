@@ -123,3 +123,18 @@ def test_predict_from_a_two_host_run_uses_whole_nodes_of_the_cluster_and_its_own
     assert one["predicted_samples_per_s"] == pytest.approx(64 / ONE_WORKER_STEP_S)  # the run's own profile
     assert 0 < two["predicted_samples_per_s"] < 2 * one["predicted_samples_per_s"]
     assert rows["400gbe"][1]["predicted_samples_per_s"] > two["predicted_samples_per_s"]  # the network is the cluster's
+
+
+def test_a_run_over_hosts_joined_by_an_assumed_network_says_how_to_measure_it():
+    from pathlib import Path
+
+    from meshscale.topology.multinode import ASSUMED_PORT, HostReport, join_hosts
+    from meshscale.topology.nics import Port
+    node = load_system(Path(__file__).parents[2] / "docs/results/emulated-two-node-2026-11-22/node-h200-1gpu.json")
+    assumed = join_hosts([HostReport("node0", node), HostReport("node1", node)])
+    known = join_hosts([HostReport(h, node, [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0)]) for h in ("node0", "node1")])
+    assert ASSUMED_PORT.name in assumed.attrs["network_ports"]["node0"]
+    _, note = predicted_beside(_scale(assumed, worlds=(1, 2)))
+    assert "10 GbE assumed" in note and "measure it with `bench collective" in note and "--bench ar.json" in note
+    _, note = predicted_beside(_scale(known, worlds=(1, 2)))
+    assert "PREDICTED on" in note and "a guess" not in note

@@ -9,6 +9,7 @@ from rich.table import Table
 from meshscale.bench.cases import DTYPE_LABELS
 from meshscale.collectives.kinds import kind
 from meshscale.results import Result
+from meshscale.topology.multinode import network_assumed
 from meshscale.units import gbps
 
 
@@ -156,7 +157,7 @@ def closing_lines(result: Result) -> list[str]:
     if result.meta.get("interrupted"):
         lines.append(f"# interrupted after {len(rows)} rows")
     topology = result.meta.get("topology") or {}
-    if any("assumed" in ports for ports in (topology.get("attrs", {}).get("network_ports") or {}).values()):
+    if network_assumed(topology.get("attrs") or {}):
         lines.append(f"# bound and predicted figures are on {topology.get('title')}: a %bound over 100% says the "
                      f"path between hosts is faster than assumed")
     return lines

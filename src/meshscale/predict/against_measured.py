@@ -13,6 +13,7 @@ from meshscale.results import Result
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, from_dict
 from meshscale.topology.cluster import ClusterSpec
+from meshscale.topology.multinode import network_assumed
 from meshscale.train.models import get_model
 
 
@@ -57,6 +58,10 @@ def calibrated_job(scale: Result) -> Job:
                wire=wire if wire in ("bf16", "fp16") else None)
 
 
+_ASSUMED_NETWORK = ("; the network between hosts is a guess: measure it with `bench collective all_reduce -b 1M -e 512M "
+                    "--json ar.json` under the same torchrun, then `predict --from` this run's JSON with `--bench ar.json`")
+
+
 def predicted_beside(scale: Result) -> tuple[Result, str]:
     """``scale`` with each row given ``predicted_samples_per_s`` and ``prediction_error`` (predicted / measured
     - 1) on the topology the run used (``meta.topology``), and one line saying what the prediction rests on, or
@@ -74,7 +79,7 @@ def predicted_beside(scale: Result) -> tuple[Result, str]:
     where = topo.title or topo.name
     note = (f"PREDICTED on {where}" + (" (the CPU/Gloo model: link rates assumed, not measured)" if cpu else "")
             + f"; compute {job.profile.source}, exchange {job.framework.name if job.framework else 'parameter server'} "
-            f"by meshscale's model")
+            f"by meshscale's model" + (_ASSUMED_NETWORK if network_assumed(topo.attrs) else ""))
     out = [dict(r, predicted_samples_per_s=p["predicted_samples_per_s"], prediction_error=p["error"])
            for r, p in zip(scale.rows, rows)]
     meta = dict(scale.meta, prediction={"note": note, "profile": job.profile.source, "system": topo.name})

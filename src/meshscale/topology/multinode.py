@@ -21,6 +21,11 @@ ASSUMED_PORT = Port("assumed", "ethernet", "up", 10.0, rate_text="10 GbE assumed
 _NET = {"infiniband": NET_LINKS["ndr"], "ethernet": NET_LINKS["100gbe"]}
 
 
+def network_assumed(attrs: dict) -> bool:
+    """True when a joined topology's ``attrs`` say some host had no port of a known rate (`ASSUMED_PORT`)."""
+    return any(ASSUMED_PORT.name in ports for ports in (attrs.get("network_ports") or {}).values())
+
+
 def hostname() -> str:
     """This host's name for joining: $MESHSCALE_HOSTNAME when set, else the kernel's node name."""
     return os.environ.get(HOSTNAME_ENV) or os.uname().nodename
