@@ -135,6 +135,6 @@ def test_a_run_over_hosts_joined_by_an_assumed_network_says_how_to_measure_it():
     known = join_hosts([HostReport(h, node, [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0)]) for h in ("node0", "node1")])
     assert ASSUMED_PORT.name in assumed.attrs["network_ports"]["node0"]
     _, note = predicted_beside(_scale(assumed, worlds=(1, 2)))
-    assert "10 GbE assumed" in note and "measure it with `bench collective" in note and "--bench ar.json" in note
+    assert "10 GbE assumed" in note and "measure it (`bench collective" in note and "--bench ar.json" in note
     _, note = predicted_beside(_scale(known, worlds=(1, 2)))
     assert "PREDICTED on" in note and "a guess" not in note

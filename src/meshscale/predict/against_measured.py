@@ -58,8 +58,10 @@ def calibrated_job(scale: Result) -> Job:
                wire=wire if wire in ("bf16", "fp16") else None)
 
 
-_ASSUMED_NETWORK = ("; the network between hosts is a guess: measure it with `bench collective all_reduce -b 1M -e 512M "
-                    "--json ar.json` under the same torchrun, then `predict --from` this run's JSON with `--bench ar.json`")
+# the command that gives such a run a measured network (the one the emulated two-node check uses)
+_ASSUMED_NETWORK = ("; the network between hosts is a guess: measure it (`bench collective all_reduce -b 1M -e 512M "
+                    "--json ar.json` under the same torchrun) and predict again with `predict --from RUN.json --profile "
+                    "RUN.json -s NODE --nodes 1,HOSTS --nics K --bench ar.json` (NODE: one host's system)")
 
 
 def predicted_beside(scale: Result) -> tuple[Result, str]:
