@@ -208,7 +208,7 @@ def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120
 def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
     """One row per (collective, size, place) from the rows of every cycle: the median cycle's time (and per rank,
     and of each call's median and slowest), bandwidths from it, the wrong elements of all cycles, and each cycle's
-    time in ``cycle_times_s``. Rows of a single cycle come back as they are."""
+    time in ``cycle_times_s``. Rows of a single cycle come back as they are, less their cycle number."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         groups.setdefault((row["collective"], row["size_bytes"], row["inplace"]), []).append(row)

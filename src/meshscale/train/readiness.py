@@ -11,17 +11,9 @@ import time
 import torch
 
 from meshscale.train.config import TrainConfig
+from meshscale.train.data import Batches, synthetic
 from meshscale.train.models import get_model
 from meshscale.train.step import loss_fn
-
-
-def sample_batch(spec, batch: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Random inputs and targets of ``batch`` samples for ``spec`` (tokens predict themselves, images a class)."""
-    if spec.input_kind == "tokens":
-        x = torch.randint(0, spec.num_classes, (batch, *spec.input_shape), device=device)
-        return x, x
-    return (torch.randn(batch, *spec.input_shape, device=device),
-            torch.randint(0, spec.num_classes, (batch,), device=device))
 
 
 class _Marks:
@@ -48,7 +40,7 @@ def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int
     torch.manual_seed(0)
     model = spec.build().to(device)
     params = [p for p in model.parameters() if p.requires_grad]
-    x, y = sample_batch(spec, batch, device)
+    x, y = Batches(synthetic(spec.input_kind, spec.input_shape, spec.num_classes), batch, 0, 1, 0, device).get(0)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.speed.precision)
     marks = _Marks(device)
     ready: dict[int, object] = {}
