@@ -1,0 +1,122 @@
+"""A parallel layout: how many ways the world is split along each dimension, and where each group's ranks sit.
+
+Ranks are laid out as torchtitan's device mesh and Megatron-LM's default order lay them out, the fastest-varying
+dimension first: tensor (tp), context (cp), sharded data (fsdp), replicated data (dp), pipeline (pp). So a tp group
+is consecutive ranks (inside a node first), and pipeline stages are the farthest apart.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import prod
+
+from meshscale.errors import MeshscaleError
+
+# inner (consecutive ranks) to outer
+DIMENSIONS = ("tp", "cp", "fsdp", "dp", "pp")
+PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+CHECKPOINTING = ("none", "selective", "full")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """Degrees of parallelism (each >= 1; their product is the world size) and the pipeline's schedule."""
+
+    dp: int = 1     # replicated data parallel (DDP-style all-reduce of gradients)
+    fsdp: int = 1   # sharded data parallel (FSDP2 / ZeRO-3: parameters, gradients and optimizer state sharded)
+    tp: int = 1     # tensor (and sequence) parallel inside each layer
+    pp: int = 1     # pipeline stages
+    cp: int = 1     # context parallel: the sequence split across ranks, attention exchanged in a ring
+    pp_schedule: str = "1f1b"
+    micro_batches: int = 1          # per step, per pipeline (>= pp for a pipeline to fill)
+    stages_per_rank: int = 1        # interleaved-1f1b: virtual stages per rank
+
+    @property
+    def world_size(self) -> int:
+        return prod(self.degrees().values())
+
+    @property
+    def data_parallel(self) -> int:
+        """Ranks that see different samples: replicas x shards."""
+        return self.dp * self.fsdp
+
+    def degrees(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in DIMENSIONS}
+
+    def describe(self) -> str:
+        parts = [f"{name}{n}" for name, n in self.degrees().items() if n > 1]
+        text = " ".join(parts) or "one rank"
+        if self.pp > 1:
+            text += f" ({self.pp_schedule}, {self.micro_batches} micro-batches)"
+        return text
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """Rank -> its index along each dimension."""
+        out = {}
+        for name in DIMENSIONS:
+            n = getattr(self, name)
+            out[name], rank = rank % n, rank // n
+        return out
+
+    def rank_of(self, coords: dict[str, int]) -> int:
+        rank, stride = 0, 1
+        for name in DIMENSIONS:
+            rank += coords.get(name, 0) * stride
+            stride *= getattr(self, name)
+        return rank
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """Every group of ranks that communicate along ``dim`` (each a list of global ranks, in order)."""
+        if dim not in DIMENSIONS:
+            raise MeshscaleError(f"unknown parallel dimension {dim!r}; use one of {', '.join(DIMENSIONS)}")
+        seen: dict[tuple, list[int]] = {}
+        for rank in range(self.world_size):
+            c = self.coordinates(rank)
+            key = tuple(v for k, v in c.items() if k != dim)
+            seen.setdefault(key, []).append(rank)
+        return list(seen.values())
+
+    def group_of(self, dim: str, rank: int = 0) -> list[int]:
+        c = self.coordinates(rank)
+        return [self.rank_of({**c, dim: i}) for i in range(getattr(self, dim))]
+
+
+def check_layout(layout: ParallelLayout, world_size: int | None = None, model=None, seq_len: int | None = None,
+                 batch: int | None = None) -> ParallelLayout:
+    """Refuse, in one line naming the field and the rule, a layout that cannot run: degrees below 1, a product
+    that is not the world size, tp not dividing the heads (and key/value heads), pp above the layers, cp not
+    dividing the sequence into 2 x cp chunks (load-balanced causal attention), micro-batches below the stages."""
+    for name, n in layout.degrees().items():
+        if not isinstance(n, int) or n < 1:
+            raise MeshscaleError(f"--{name} {n}: must be a whole number >= 1")
+    if layout.pp_schedule not in PP_SCHEDULES:
+        raise MeshscaleError(f"--pp-schedule {layout.pp_schedule}: use one of {', '.join(PP_SCHEDULES)}")
+    if world_size is not None and layout.world_size != world_size:
+        shown = " x ".join(f"{k} {v}" for k, v in layout.degrees().items() if v > 1) or "1"
+        raise MeshscaleError(f"layout {shown} = {layout.world_size} ranks, but the world has {world_size}; "
+                             "the product of --dp --fsdp --tp --pp --cp must equal the number of workers")
+    if layout.micro_batches < 1:
+        raise MeshscaleError(f"--micro-batches {layout.micro_batches}: must be >= 1")
+    if layout.pp > 1 and layout.micro_batches < layout.pp:
+        raise MeshscaleError(f"--micro-batches {layout.micro_batches}: a pipeline of {layout.pp} stages needs at "
+                             f"least {layout.pp} micro-batches")
+    if batch is not None and layout.pp > 1 and batch % layout.micro_batches:
+        raise MeshscaleError(f"--batch {batch}: must be divisible by --micro-batches {layout.micro_batches}")
+    if model is not None:
+        if model.heads % layout.tp:
+            raise MeshscaleError(f"--tp {layout.tp}: must divide the model's {model.heads} attention heads")
+        if model.kv_heads % layout.tp and layout.tp % model.kv_heads:
+            raise MeshscaleError(f"--tp {layout.tp}: must divide the model's {model.kv_heads} key/value heads "
+                                 "(or be a multiple of them)")
+        if model.ffn_dim % layout.tp:
+            raise MeshscaleError(f"--tp {layout.tp}: must divide the model's FFN size {model.ffn_dim}")
+        stages = layout.pp * (layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1)
+        if stages > model.layers:
+            raise MeshscaleError(f"--pp {layout.pp}: {stages} pipeline stages for {model.layers} layers; each stage "
+                                 "needs at least one layer")
+        if seq_len is not None:
+            if seq_len > model.max_seq_len:
+                raise MeshscaleError(f"--seq-len {seq_len}: longer than the model's {model.max_seq_len} positions")
+            if layout.cp > 1 and seq_len % (2 * layout.cp):
+                raise MeshscaleError(f"--seq-len {seq_len}: context parallelism of {layout.cp} splits the sequence "
+                                     f"into {2 * layout.cp} chunks; use a multiple of {2 * layout.cp}")
+    return layout

@@ -1,0 +1,132 @@
+"""Transformer shapes, layouts and the memory arithmetic: mechanisms, and the presets against their sources."""
+import json
+
+import pytest
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import DIMENSIONS, ParallelLayout, check_layout
+from meshscale.models.memory import activation_elements_per_token, training_memory
+from meshscale.models.transformer import load_model_config, preset, preset_names
+
+
+@pytest.mark.parametrize("name", [n for n in preset_names() if preset(n).published_params])
+def test_preset_parameter_count_is_the_published_one(name):
+    cfg = preset(name)
+    # GPT-3's paper rounds to 175.0B; every other source gives the exact count of the released weights
+    tolerance = 0.005 if "rounded" in cfg.source else 0.0
+    assert abs(cfg.params() / cfg.published_params - 1) <= tolerance
+
+
+def _hf_llama(cfg):
+    return {"model_type": "llama", "num_hidden_layers": cfg.layers, "hidden_size": cfg.d_model,
+            "num_attention_heads": cfg.heads, "num_key_value_heads": cfg.kv_heads, "intermediate_size": cfg.ffn_dim,
+            "vocab_size": cfg.vocab_size, "max_position_embeddings": cfg.max_seq_len,
+            "tie_word_embeddings": cfg.tie_embeddings, "rope_theta": cfg.rope_theta}
+
+
+@pytest.mark.parametrize("name", ["llama3-8b", "llama-1b", "llama2-7b"])
+def test_hf_config_gives_the_preset_count(tmp_path, name):
+    cfg = preset(name)
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(_hf_llama(cfg)))
+    assert load_model_config(str(path)).params() == cfg.params()
+
+
+def test_hf_gpt2_config(tmp_path):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12,
+                                "vocab_size": 50257, "n_positions": 1024}))
+    assert load_model_config(str(path)).params() == preset("gpt2-small").params()
+
+
+@pytest.mark.parametrize("change,field", [({"num_hidden_layers": 0}, "num_hidden_layers"),
+                                          ({"hidden_size": -5}, "hidden_size"),
+                                          ({"num_attention_heads": "x"}, "num_attention_heads"),
+                                          ({"num_attention_heads": 7}, "divisible")])
+def test_bad_hf_config_names_the_field(tmp_path, change, field):
+    data = {**_hf_llama(preset("llama-tiny")), **change}
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(MeshscaleError) as err:
+        load_model_config(str(path))
+    assert field in str(err.value) or field.replace("num_hidden_layers", "layers") in str(err.value)
+
+
+def test_missing_hf_field(tmp_path):
+    data = _hf_llama(preset("llama-tiny"))
+    del data["vocab_size"]
+    (tmp_path / "config.json").write_text(json.dumps(data))
+    with pytest.raises(MeshscaleError, match="vocab_size"):
+        load_model_config(str(tmp_path / "config.json"))
+
+
+def test_training_flops_exceed_six_n_by_the_attention_term():
+    cfg = preset("llama3-8b")
+    short, long = cfg.training_flops_per_token(1024), cfg.training_flops_per_token(8192)
+    assert short > 6 * cfg.matmul_params() and long > short
+    assert long - short == pytest.approx(12 * cfg.layers * cfg.d_model * (8192 - 1024))
+
+
+@pytest.mark.parametrize("layout", [ParallelLayout(fsdp=2, tp=2, pp=2, micro_batches=2),
+                                    ParallelLayout(dp=2, cp=3), ParallelLayout(tp=4, fsdp=2)])
+def test_groups_partition_the_world(layout):
+    for dim in DIMENSIONS:
+        groups = layout.groups(dim)
+        ranks = sorted(r for g in groups for r in g)
+        assert ranks == list(range(layout.world_size))
+        assert all(len(g) == getattr(layout, dim) for g in groups)
+        for g in groups:
+            assert layout.group_of(dim, g[0]) == g
+
+
+def test_tp_groups_are_consecutive_and_pp_farthest():
+    layout = ParallelLayout(fsdp=2, tp=4, pp=2, micro_batches=2)
+    assert layout.group_of("tp", 0) == [0, 1, 2, 3]
+    assert layout.group_of("pp", 0) == [0, 8]
+
+
+@pytest.mark.parametrize("layout,world,rule", [
+    (ParallelLayout(fsdp=2, tp=2), 8, "world has 8"),
+    (ParallelLayout(tp=3), 3, "attention heads"),
+    (ParallelLayout(pp=4, micro_batches=4), 4, "at least one layer"),
+    (ParallelLayout(pp=2, micro_batches=1), 2, "at least 2 micro-batches"),
+    (ParallelLayout(cp=2), 2, "multiple of 4"),
+])
+def test_bad_layouts_are_refused_with_the_rule(layout, world, rule):
+    with pytest.raises(MeshscaleError, match=rule):
+        check_layout(layout, world, preset("llama-tiny"), seq_len=30)
+
+
+def test_sequence_longer_than_positions():
+    with pytest.raises(MeshscaleError, match="positions"):
+        check_layout(ParallelLayout(), 1, preset("llama-tiny"), seq_len=65)
+
+
+def test_memory_falls_with_sharding_and_checkpointing():
+    cfg = preset("llama3-8b")
+    kw = dict(batch=2, seq_len=4096)
+    totals = [training_memory(cfg, ParallelLayout(fsdp=n), **kw).total_bytes for n in (1, 2, 4, 8)]
+    assert totals == sorted(totals, reverse=True)
+    acts = [training_memory(cfg, ParallelLayout(fsdp=8), checkpointing=c, **kw).activations_bytes
+            for c in ("none", "selective", "full")]
+    assert acts == sorted(acts, reverse=True)
+    # tensor and context parallelism split the activations
+    base = training_memory(cfg, ParallelLayout(fsdp=2), **kw).activations_bytes
+    assert training_memory(cfg, ParallelLayout(fsdp=2, tp=2), **kw).activations_bytes == pytest.approx(base / 2)
+    assert training_memory(cfg, ParallelLayout(fsdp=2, cp=2), **kw).activations_bytes == pytest.approx(base / 2)
+
+
+def test_pipeline_schedules_hold_different_numbers_of_micro_batches():
+    cfg = preset("llama3-8b")
+    kw = dict(batch=8, seq_len=2048)
+    gpipe = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8, pp_schedule="gpipe"), stage=0, **kw)
+    one_f = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8), stage=0, **kw)
+    assert gpipe.activations_bytes == pytest.approx(2 * one_f.activations_bytes)
+    later = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8), stage=3, **kw)
+    assert later.activations_bytes < one_f.activations_bytes and later.logits_bytes > 0 == one_f.logits_bytes
+
+
+def test_full_checkpointing_keeps_one_value_per_hidden_unit():
+    cfg = preset("llama-1b")
+    assert activation_elements_per_token(cfg, "full") == cfg.d_model
+    assert activation_elements_per_token(cfg, "none") > activation_elements_per_token(cfg, "selective")
