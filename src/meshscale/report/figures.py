@@ -434,6 +434,9 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(topology_section(topo))
     if by_kind["bench-p2p"]:
         out.append(p2p_section(by_kind["bench-p2p"], topo))
+    if by_kind["bench-pairs"]:
+        from meshscale.report.pairs_section import pairs_section
+        out += [pairs_section(s) for s in by_kind["bench-pairs"]]
     # a one-rank "collective" exchanges nothing: its busbw is zero or meaningless, so it draws no curve
     collectives = [s for s in by_kind["bench-collective"] if s.result.meta.get("world_size") != 1]
     if collectives or by_kind["sim"]:
