@@ -446,6 +446,10 @@ def sections(sources: list[Source]) -> list[Section]:
     for s in by_kind["train"]:
         if s.result.meta.get("profile"):
             out.append(profile_section(s))
+        trace = ((s.result.meta.get("config") or {}).get("logging") or {}).get("trace")
+        if trace:  # `train --trace`: the timeline of a few steps, for a trace viewer
+            out.append(Section(f"Timeline ({s.label})", table=[{"Chrome trace": trace,
+                                                                 "open with": "https://ui.perfetto.dev or chrome://tracing"}]))
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
