@@ -13,6 +13,7 @@ import re
 import subprocess
 import time
 from dataclasses import dataclass
+from typing import Any, Callable
 
 from meshscale.report.doctor import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
 
@@ -121,66 +122,67 @@ def check_xid(env: DoctorEnv) -> list[Check]:
     return out
 
 
-def check_ecc(env: DoctorEnv) -> list[Check]:
-    """Uncorrected errors since the driver loaded (volatile) and over the GPU's life (aggregate)."""
+def _per_gpu(env: DoctorEnv, check_one: Callable[[Any, int, Any], list[Check]]) -> list[Check]:
+    """``check_one(nvml, index, handle)``'s lines for every GPU; none without NVML."""
     if env.nvml is None:
         return []
-    nvml, out = env.nvml, []
-    for i, handle, _ in gpus(env):
-        count = {(kind, when): _call(nvml.nvmlDeviceGetTotalEccErrors, handle, kind, when)
-                 for kind in (ECC_CORRECTED, ECC_UNCORRECTED) for when in (ECC_VOLATILE, ECC_AGGREGATE)}
-        if all(v is None for v in count.values()):
-            continue  # ECC off or not supported (consumer GPUs)
-        text = (f"uncorrected {count[ECC_UNCORRECTED, ECC_VOLATILE]} since boot, {count[ECC_UNCORRECTED, ECC_AGGREGATE]} "
-                f"lifetime; corrected {count[ECC_CORRECTED, ECC_VOLATILE]} since boot, "
-                f"{count[ECC_CORRECTED, ECC_AGGREGATE]} lifetime")
-        if count[ECC_UNCORRECTED, ECC_VOLATILE]:
-            out.append(Check("fail", f"ecc GPU{i}", text + ": memory errors ECC could not correct",
-                             "drain the GPU and reset it (`nvidia-smi -r`) so the bad rows are remapped/retired; "
-                             "if uncorrected errors return, RMA"))
-        elif count[ECC_UNCORRECTED, ECC_AGGREGATE]:
-            out.append(Check("warn", f"ecc GPU{i}", text + ": past uncorrected errors",
-                             "check that their rows were remapped (`nvidia-smi -q -d ROW_REMAPPER`); watch for new ones"))
-        else:
-            out.append(Check("pass", f"ecc GPU{i}", text))
-    return out
+    return [line for i, handle, _ in gpus(env) for line in check_one(env.nvml, i, handle)]
+
+
+def check_ecc(env: DoctorEnv) -> list[Check]:
+    return _per_gpu(env, _ecc)
+
+
+def _ecc(nvml: Any, i: int, handle: Any) -> list[Check]:
+    """Uncorrected errors since the driver loaded (volatile) and over the GPU's life (aggregate)."""
+    count = {(kind, when): _call(nvml.nvmlDeviceGetTotalEccErrors, handle, kind, when)
+             for kind in (ECC_CORRECTED, ECC_UNCORRECTED) for when in (ECC_VOLATILE, ECC_AGGREGATE)}
+    if all(v is None for v in count.values()):
+        return []  # ECC off or not supported (consumer GPUs)
+    text = (f"uncorrected {count[ECC_UNCORRECTED, ECC_VOLATILE]} since boot, {count[ECC_UNCORRECTED, ECC_AGGREGATE]} "
+            f"lifetime; corrected {count[ECC_CORRECTED, ECC_VOLATILE]} since boot, "
+            f"{count[ECC_CORRECTED, ECC_AGGREGATE]} lifetime")
+    if count[ECC_UNCORRECTED, ECC_VOLATILE]:
+        return [Check("fail", f"ecc GPU{i}", text + ": memory errors ECC could not correct",
+                      "drain the GPU and reset it (`nvidia-smi -r`) so the bad rows are remapped/retired; "
+                      "if uncorrected errors return, RMA")]
+    if count[ECC_UNCORRECTED, ECC_AGGREGATE]:
+        return [Check("warn", f"ecc GPU{i}", text + ": past uncorrected errors",
+                      "check that their rows were remapped (`nvidia-smi -q -d ROW_REMAPPER`); watch for new ones")]
+    return [Check("pass", f"ecc GPU{i}", text)]
 
 
 def check_retired_memory(env: DoctorEnv) -> list[Check]:
+    return _per_gpu(env, _retired_memory)
+
+
+def _retired_memory(nvml: Any, i: int, handle: Any) -> list[Check]:
     """Row remapping (Ampere and later) and page retirement (earlier GPUs)."""
-    if env.nvml is None:
-        return []
-    nvml, out = env.nvml, []
-    for i, handle, _ in gpus(env):
-        rows = _call(nvml.nvmlDeviceGetRemappedRows, handle)
-        if rows is not None:
-            corrected, uncorrected, pending, failed = rows
-            text = f"{corrected} row(s) remapped after corrected and {uncorrected} after uncorrected errors"
-            if failed:
-                out.append(Check("fail", f"row-remap GPU{i}", text + "; a remap FAILED (no spare row left)",
-                                 "the GPU cannot hide its bad memory any more: take it out of service and RMA it"))
-            elif pending:
-                out.append(Check("warn", f"row-remap GPU{i}", text + "; a remap is pending until the GPU resets",
-                                 "drain the GPU and reset it (`nvidia-smi -r`) or reboot to apply the remap"))
-            else:
-                out.append(Check("pass", f"row-remap GPU{i}", text))
-            continue
-        pages = [_call(nvml.nvmlDeviceGetRetiredPages, handle, cause) for cause in (RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT)]
-        pending = _call(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
-        if all(p is None for p in pages) and pending is None:
-            continue
-        single, double = (len(p or []) for p in pages)
-        text = f"{single} page(s) retired after single-bit and {double} after double-bit errors"
+    rows = _call(nvml.nvmlDeviceGetRemappedRows, handle)
+    if rows is not None:
+        corrected, uncorrected, pending, failed = rows
+        text = f"{corrected} row(s) remapped after corrected and {uncorrected} after uncorrected errors"
+        if failed:
+            return [Check("fail", f"row-remap GPU{i}", text + "; a remap FAILED (no spare row left)",
+                          "the GPU cannot hide its bad memory any more: take it out of service and RMA it")]
         if pending:
-            out.append(Check("warn", f"retired-pages GPU{i}", text + "; a retirement is pending until the GPU resets",
-                             "drain the GPU and reset it (`nvidia-smi -r`) or reboot to retire the page"))
-        elif double:
-            out.append(Check("warn", f"retired-pages GPU{i}", text,
-                             "NVIDIA's guidance: RMA once retired pages reach the GPU's limit (60 on V100-class "
-                             "boards) or when they keep growing"))
-        else:
-            out.append(Check("pass", f"retired-pages GPU{i}", text))
-    return out
+            return [Check("warn", f"row-remap GPU{i}", text + "; a remap is pending until the GPU resets",
+                          "drain the GPU and reset it (`nvidia-smi -r`) or reboot to apply the remap")]
+        return [Check("pass", f"row-remap GPU{i}", text)]
+    pages = [_call(nvml.nvmlDeviceGetRetiredPages, handle, cause) for cause in (RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT)]
+    pending = _call(nvml.nvmlDeviceGetRetiredPagesPendingStatus, handle)
+    if all(p is None for p in pages) and pending is None:
+        return []
+    single, double = (len(p or []) for p in pages)
+    text = f"{single} page(s) retired after single-bit and {double} after double-bit errors"
+    if pending:
+        return [Check("warn", f"retired-pages GPU{i}", text + "; a retirement is pending until the GPU resets",
+                      "drain the GPU and reset it (`nvidia-smi -r`) or reboot to retire the page")]
+    if double:
+        return [Check("warn", f"retired-pages GPU{i}", text,
+                      "NVIDIA's guidance: RMA once retired pages reach the GPU's limit (60 on V100-class boards) "
+                      "or when they keep growing")]
+    return [Check("pass", f"retired-pages GPU{i}", text)]
 
 
 def _nvlink_counts(env: DoctorEnv, handle) -> dict[tuple[int, int], int]:
@@ -247,25 +249,21 @@ def _nvlink_lines(gpu: int, before: dict, after: dict) -> list[Check]:
 
 
 def check_throttle(env: DoctorEnv) -> list[Check]:
-    if env.nvml is None:
-        return []
-    nvml, out = env.nvml, []
+    return _per_gpu(env, _throttle)
+
+
+def _throttle(nvml: Any, i: int, handle: Any) -> list[Check]:
     read = getattr(nvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or getattr(
         nvml, "nvmlDeviceGetCurrentClocksThrottleReasons", None)
-    if read is None:
+    mask = _call(read, handle) if read else None
+    if mask is None:
         return []
-    for i, handle, _ in gpus(env):
-        mask = _call(read, handle)
-        if mask is None:
-            continue
-        found = [(text, status) for bit, (text, status) in THROTTLE_REASONS.items() if mask & bit]
-        if not found:
-            out.append(Check("pass", f"throttle GPU{i}", "no thermal, power or hardware slowdown"))
-            continue
-        status = _worst(s for _, s in found)
-        out.append(Check(status, f"throttle GPU{i}", "clocks held down by " + "; ".join(t for t, _ in found),
-                         THROTTLE_FIX if status != "info" else ""))
-    return out
+    found = [(text, status) for bit, (text, status) in THROTTLE_REASONS.items() if mask & bit]
+    if not found:
+        return [Check("pass", f"throttle GPU{i}", "no thermal, power or hardware slowdown")]
+    status = _worst(s for _, s in found)
+    return [Check(status, f"throttle GPU{i}", "clocks held down by " + "; ".join(t for t, _ in found),
+                  THROTTLE_FIX if status != "info" else "")]
 
 
 def check_persistence(env: DoctorEnv) -> list[Check]:
