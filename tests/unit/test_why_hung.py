@@ -21,13 +21,13 @@ def _hang_rank(rank: int, port: int, out: str) -> None:
     """Two collectives together, then rank 0 enters an all_reduce that rank 1 skips; each dumps its trace."""
     torch.set_num_threads(1)
     store = dist.TCPStore("127.0.0.1", port, 2, is_master=False, timeout=timedelta(seconds=30))
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=HANG_TIMEOUT_S))
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=2, timeout=timedelta(seconds=30))
     t = torch.ones(8)
     dist.all_reduce(t)
     dist.broadcast(t, 0)
     if rank == 0:
-        try:
-            dist.all_reduce(t)  # rank 1 never joins: this times out
+        try:  # rank 1 never joins: this one times out (the others had the group's long timeout, for a busy machine)
+            dist.all_reduce(t, async_op=True).wait(timeout=timedelta(seconds=HANG_TIMEOUT_S))
         except RuntimeError:
             pass
     Path(out, f"nccl_trace_rank_{rank}").write_bytes(torch._C._distributed_c10d._dump_fr_trace())
