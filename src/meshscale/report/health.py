@@ -113,7 +113,7 @@ def check_xid(env: DoctorEnv) -> list[Check]:
         bus = nvml_text(env.nvml.nvmlDeviceGetPciInfo(handle).busId)
         codes = sorted({e.code for e in events if _bus_match(bus, e.bus_id)})
         if not codes:
-            out.append(Check("pass", f"xid GPU{i}", "no XID event in the kernel log since boot"))
+            out.append(Check("pass", f"xid GPU{i}", "no XID event in the kernel log (as far back as its buffer reaches)"))
             continue
         said = [f"XID {c}: {XIDS.get(c, ('see the XID guide', 'warn'))[0]}" for c in codes]
         status = _worst(XIDS.get(c, ("", "warn"))[1] for c in codes)
