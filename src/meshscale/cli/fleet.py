@@ -66,8 +66,8 @@ def pairs_table(result) -> Table:
         table.add_column(col, justify="left" if col == "pair" else "right")
     for r in result.rows:
         expected = r.get("expected_bytes_per_s")
-        table.add_row(f"{r['a']}-{r['b']}", str(r["round"]), f"{gbps(r['p2p_bytes_per_s']):.2f}",
-                      f"{gbps(r['all_reduce_busbw_bytes_per_s']):.2f}", f"{gbps(expected):.1f}" if expected else "-",
+        table.add_row(f"{r['a']}-{r['b']}", str(r["round"]), f"{gbps(r['p2p_bytes_per_s']):.3g}",
+                      f"{gbps(r['all_reduce_busbw_bytes_per_s']):.3g}", f"{gbps(expected):.1f}" if expected else "-",
                       f"{r['p2p_bytes_per_s'] / expected:.0%}" if expected else "-")
     return table
 
