@@ -203,6 +203,28 @@ class FakeNVML:
             raise NVMLError("Not Found")
         return (h, k)
 
+    # error and health counters (doctor's health checks): absent keys are "not supported" on this GPU
+    def _counter(self, h, key, index=None):
+        """A counter's value; a list is a counter read several times (each read takes the next value)."""
+        value = self._get(h, key)
+        if index is not None:
+            if index not in value:
+                raise NVMLError_NotSupported(f"{key}[{index}]")
+            value = value[index]
+        if isinstance(value, list):
+            return value.pop(0) if len(value) > 1 else value[0]
+        return value
+
+    def nvmlDeviceGetTotalEccErrors(self, h, kind, when): return self._counter(h, "ecc", (kind, when))
+    def nvmlDeviceGetRemappedRows(self, h): return tuple(self._get(h, "remapped_rows"))
+    def nvmlDeviceGetRetiredPages(self, h, cause): return list(self._get(h, "retired_pages")[cause])
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h): return self._counter(h, "retired_pending")
+    def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter): return self._counter(h, "nvlink_errors", (link, counter))
+    def nvmlDeviceGetPcieReplayCounter(self, h): return self._counter(h, "pcie_replay")
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h): return self._counter(h, "throttle")
+    def nvmlDeviceGetPersistenceMode(self, h): return self._counter(h, "persistence")
+    def nvmlDeviceGetPerformanceState(self, h): return self._counter(h, "pstate")
+
     def nvmlDeviceGetP2PStatus(self, a, b, cap):
         status = self._get(a, "p2p")[str(b)]
         # the dump recorded the WRITE capability (nvidia-ml-py defines READ's index as a tuple, which failed)

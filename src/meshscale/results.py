@@ -20,7 +20,7 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.validation import atomic_write, load_structured, mapping, number, sequence
 
 SCHEMA = "meshscale-result/1"
-KINDS = ("topology", "bench-collective", "bench-p2p", "bench-host-copy", "sim", "plan", "place", "train", "scale", "predict",
+KINDS = ("topology", "bench-collective", "bench-p2p", "bench-pairs", "bench-host-copy", "sim", "plan", "place", "train", "scale", "predict",
          "cluster", "doctor", "tour", "validate")
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "GLOO_", "MASTER_", "WORLD_SIZE")
@@ -66,6 +66,7 @@ REQUIRED_ROW_KEYS = {
     "bench-collective": ("collective", "size_bytes", "busbw_bytes_per_s"),
     "sim": ("collective", "size_bytes", "busbw_bytes_per_s"),
     "bench-p2p": ("src", "dst"),
+    "bench-pairs": ("rank_a", "rank_b", "p2p_bytes_per_s"),
     "scale": ("world_size", "throughput_samples_per_s"),
     "predict": ("world_size", "throughput_samples_per_s"),
 }

@@ -149,6 +149,8 @@ OPTIONS = [
     (("bench", "p2p"), "--iters", ["0", "-3", "nan"]), (("bench", "p2p"), "--latency-iters", ["0", "1e9"]),
     (("bench", "p2p"), "--size", ["0", "-1", "big"]), (("bench", "p2p"), "--cpus", ["0", "100000"]),
     (("bench", "p2p"), "--timeout-s", ["0", "nan", "-1"]),
+    (("bench", "pairs"), "--size", ["0", "-1", "big"]), (("bench", "pairs"), "--cpus", ["0", "1", "100000"]),
+    (("bench", "pairs"), "--iters", ["0", "-1"]), (("doctor",), "--level", ["0", "4", "x"]),
     (("train",), "--lr", ["nan", "inf", "-1", "0"]), (("train",), "--batch", ["0", "-1", "100000000"]),
     (("train",), "--steps", ["0", "-1", "1e20"]), (("train",), "--bucket-cap-mb", ["0", "-1", "nan", "inf"]),
     (("train",), "--fusion-mb", ["0", "-4", "nan"]), (("train",), "--lr-warmup-steps", ["-1"]),
@@ -181,7 +183,7 @@ OPTION_CASES = [(words, option, value) for words, option, values in OPTIONS for 
 # commands and their output options: (command words, option, kind) where kind is file, plot or dir
 OUTPUTS = [
     (("bench", "collective", "--cpus", "2"), "--json", "file"), (("bench", "p2p", "--cpus", "2"), "--json", "file"),
-    (("bench", "p2p", "--cpus", "2"), "--plot", "plot"), (("plan", "all_reduce", "-s", "dgx1-v100"), "--json", "file"),
+    (("bench", "p2p", "--cpus", "2"), "--plot", "plot"), (("bench", "pairs", "--cpus", "2"), "--json", "file"), (("plan", "all_reduce", "-s", "dgx1-v100"), "--json", "file"),
     (("plan", "all_reduce", "-s", "dgx1-v100"), "--svg", "plot"), (("plan", "all_reduce", "-s", "dgx1-v100"), "--schedule", "file"),
     (("sim", "all_reduce", "-s", "dgx1-v100"), "--json", "file"), (("topo", "-s", "dgx1-v100"), "--output", "file"),
     (("cluster",), "--json", "file"), (("cluster",), "--plot", "plot"), (("predict",), "--json", "file"),

@@ -145,7 +145,7 @@ def test_cli_doctor_writes_json_and_fails_on_a_failed_check(tmp_path, monkeypatc
     from meshscale.results import load_result
 
     checks = [Check("pass", "driver", "570"), Check("fail", "shm", "64 MiB", "run with --ipc=host")]
-    monkeypatch.setattr("meshscale.report.doctor.run_doctor", lambda: checks)
+    monkeypatch.setattr("meshscale.report.doctor_levels.run_levels", lambda level: checks)
     out = tmp_path / "doctor.json"
     monkeypatch.setattr(sys, "argv", ["meshscale", "doctor", "--json", str(out)])
     with pytest.raises(SystemExit) as info:

@@ -27,7 +27,7 @@ def host_copy(size_bytes: int = 256 << 20, iters: int = 10, warmup_iters: int = 
             host = torch.ones(size_bytes, dtype=torch.uint8, pin_memory=memory == "pinned")
             for direction in DIRECTIONS:
                 dst, src = (gpu, host) if direction == "host->device" else (host, gpu)
-                seconds = _seconds_per_copy(dst, src, iters, warmup_iters)
+                seconds = seconds_per_copy(dst, src, iters, warmup_iters)
                 rows.append({"direction": direction, "memory": memory, "size_bytes": size_bytes, "seconds": seconds,
                              "bandwidth_bytes_per_s": size_bytes / seconds})
             del host
@@ -35,7 +35,7 @@ def host_copy(size_bytes: int = 256 << 20, iters: int = 10, warmup_iters: int = 
                     iters=iters, warmup_iters=warmup_iters)
 
 
-def _seconds_per_copy(dst, src, iters: int, warmup_iters: int) -> float:
+def seconds_per_copy(dst, src, iters: int, warmup_iters: int) -> float:
     """Mean seconds of ``dst.copy_(src)`` on the current stream. A pageable copy blocks the host while the
     driver stages it through its own pinned buffer; the events still bracket all of it on the stream."""
     import torch

@@ -11,7 +11,7 @@ import sys
 
 import typer
 
-from meshscale.cli import bench, collectives, predict, report, topology, train
+from meshscale.cli import bench, collectives, fleet, predict, report, topology, train
 from meshscale.errors import MeshscaleError
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -40,7 +40,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
     """Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction."""
 
 
-for module in (topology, bench, collectives, train, predict, report):
+for module in (topology, bench, collectives, train, predict, report, fleet):
     module.register(app)
 
 # (command words..., spelling) -> the new spelling, or "removed: <reason>". A spelling is an option, optionally

@@ -70,10 +70,14 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 
 
-def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON", callback=checked(output_file()))) -> None:
-    """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network and versions."""
-    from meshscale.report.doctor import run_doctor
-    checks = run_doctor()
+def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON", callback=checked(output_file())),
+           level: int = typer.Option(1, "--level", help="1 configuration and error counters; 2 + memory and PCIe copies "
+                                     "per GPU; 3 + every GPU pair and an all_reduce (dcgmi diag -r LEVEL where installed)",
+                                     callback=checked(Range(1, 3, integer=True)))) -> None:
+    """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network, versions and the GPUs'
+    error and health counters; --level 2 and 3 also measure."""
+    from meshscale.report.doctor_levels import run_levels
+    checks = run_levels(level)
     console = text_console()
     for c in checks:
         console.print(f"[{STATUS_STYLE[c.status]}]{c.status.upper():<5}[/] {c.name}: {c.message}")

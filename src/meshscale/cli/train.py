@@ -103,6 +103,8 @@ def train(
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
         print_tables(table)
+    if cfg.logging.trace and Path(cfg.logging.trace).exists():
+        typer.echo(f"wrote {cfg.logging.trace} (rank 0's steps: open it in https://ui.perfetto.dev or chrome://tracing)")
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")
 

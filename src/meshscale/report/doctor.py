@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import resource
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -16,6 +17,7 @@ from meshscale.report.verdicts import expected_nvlinks
 from meshscale.topology.nvml_discovery import cpu_list, mask_cpus
 from meshscale.topology.nics import (RELATIONS, gpu_pci_path, infiniband_ports, interface_names, pci_relation,
                                      read_sysfs)
+from meshscale.errors import MeshscaleError
 from meshscale.units import format_bytes
 
 SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
@@ -90,6 +92,8 @@ class DoctorEnv:
     statvfs: Callable[[str], Any] = os.statvfs
     memlock_bytes: Callable[[], int] = _memlock_bytes  # -1 when unlimited
     versions: Callable[[], dict[str, Any]] = _versions
+    kernel_log: Callable[[], str] = lambda: ""  # the kernel ring buffer (XID lines); real() reads dmesg
+    sleep: Callable[[float], None] = time.sleep  # between two reads of the error counters
 
     @classmethod
     def real(cls) -> "DoctorEnv":
@@ -100,20 +104,21 @@ class DoctorEnv:
             nvml = pynvml
         except Exception as exc:  # library missing, no driver, driver/library mismatch
             error = f"{type(exc).__name__}: {exc}".strip(": ")
-        return cls(environ=dict(os.environ), nvml=nvml, nvml_error=error)
+        from meshscale.report.health import kernel_log
+        return cls(environ=dict(os.environ), nvml=nvml, nvml_error=error, kernel_log=kernel_log)
 
 
-def _text(value: Any) -> str:
+def nvml_text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _gpus(env: DoctorEnv) -> list[tuple[int, Any, str]]:
+def nvml_gpus(env: DoctorEnv) -> list[tuple[int, Any, str]]:
     """(index, handle, name) of every GPU NVML sees."""
     nvml = env.nvml
     out = []
     for i in range(nvml.nvmlDeviceGetCount()):
         handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        out.append((i, handle, _text(nvml.nvmlDeviceGetName(handle))))
+        out.append((i, handle, nvml_text(nvml.nvmlDeviceGetName(handle))))
     return out
 
 
@@ -122,14 +127,14 @@ def check_driver(env: DoctorEnv) -> list[Check]:
         return [Check("warn", "driver", f"no NVIDIA driver or NVML ({env.nvml_error or 'not found'}): meshscale will use "
                       "CPU workers over Gloo and the simulator",
                       "install the NVIDIA driver (nvidia-smi must work); in Docker run with --gpus all")]
-    driver = _text(env.nvml.nvmlSystemGetDriverVersion())
+    driver = nvml_text(env.nvml.nvmlSystemGetDriverVersion())
     return [Check("pass", "driver", f"NVIDIA driver {driver}, NVML present")]
 
 
 def check_gpu_count(env: DoctorEnv) -> list[Check]:
     if env.nvml is None:
         return [Check("info", "gpus", "no GPU visible (see driver)")]
-    gpus = _gpus(env)
+    gpus = nvml_gpus(env)
     if not gpus:
         return [Check("warn", "gpus", "the driver is loaded but sees no GPU", "check `nvidia-smi`; in a container pass --gpus all")]
     names = sorted({name for _, _, name in gpus})
@@ -173,7 +178,7 @@ def _link_states(env: DoctorEnv, handle) -> tuple[int, int, bool]:
 def virtual_machine(env: DoctorEnv) -> str:
     """Why this looks like a virtual machine ("" when it does not): NVML's virtualization mode of a GPU
     (passthrough, vGPU) or the hypervisor flag in /proc/cpuinfo."""
-    for i, handle, _ in _gpus(env):
+    for i, handle, _ in nvml_gpus(env):
         try:
             mode = env.nvml.nvmlDeviceGetVirtualizationMode(handle)
         except Exception:  # older drivers and fakes lack the call
@@ -192,7 +197,7 @@ def check_nvlink(env: DoctorEnv) -> list[Check]:
     a VM, a partition of a larger board) is told apart from links down on a multi-GPU board."""
     if env.nvml is None:
         return []
-    gpus, out = _gpus(env), []
+    gpus, out = nvml_gpus(env), []
     states = {i: _link_states(env, handle) for i, handle, _ in gpus}
     any_peer = any(up or peer for up, _, peer in states.values())
     vm = virtual_machine(env) if not any_peer or len(gpus) == 1 else ""
@@ -221,7 +226,7 @@ def check_nvlink(env: DoctorEnv) -> list[Check]:
 def check_p2p(env: DoctorEnv) -> list[Check]:
     if env.nvml is None:
         return []
-    gpus = _gpus(env)
+    gpus = nvml_gpus(env)
     if len(gpus) < 2:
         return []
     bad = []
@@ -243,12 +248,17 @@ def check_pcie(env: DoctorEnv) -> list[Check]:
     if env.nvml is None:
         return []
     nvml, out = env.nvml, []
-    for i, handle, _ in _gpus(env):
+    for i, handle, _ in nvml_gpus(env):
         gen, max_gen = nvml.nvmlDeviceGetCurrPcieLinkGeneration(handle), nvml.nvmlDeviceGetMaxPcieLinkGeneration(handle)
         width, max_width = nvml.nvmlDeviceGetCurrPcieLinkWidth(handle), nvml.nvmlDeviceGetMaxPcieLinkWidth(handle)
+        rates = _pcie_rates(gen, width, max_gen, max_width)
         if width < max_width:
-            out.append(Check("warn", f"pcie GPU{i}", f"PCIe link runs x{width} of x{max_width}",
-                             "reseat the card or move it to a full-width slot; check the riser and BIOS lane bifurcation"))
+            out.append(Check("warn", f"pcie GPU{i}", f"PCIe link runs x{width} of x{max_width}, gen {gen} of {max_gen}"
+                             f"{rates}: trained down", "reseat the card or move it to a full-width slot; check the "
+                             "riser and BIOS lane bifurcation"))
+        elif gen < max_gen and _busy(env, handle):
+            out.append(Check("warn", f"pcie GPU{i}", f"PCIe gen {gen} of {max_gen} (x{width}){rates} while the GPU "
+                             "is busy (P0)", "check the slot, riser and the BIOS PCIe speed setting; reseat the card"))
         elif gen < max_gen:
             # GPUs lower the PCIe generation when idle to save power: only a loaded GPU says something.
             out.append(Check("info", f"pcie GPU{i}", f"PCIe gen {gen} of {max_gen} (x{width}); normal when idle",
@@ -256,6 +266,24 @@ def check_pcie(env: DoctorEnv) -> list[Check]:
         else:
             out.append(Check("pass", f"pcie GPU{i}", f"PCIe gen {gen} x{width}"))
     return out
+
+
+def _pcie_rates(gen: int, width: int, max_gen: int, max_width: int) -> str:
+    """" (x GB/s of y GB/s per direction)", or "" for a generation or width the link table lacks."""
+    from meshscale.topology.links import pcie_bandwidth
+    try:
+        now, full = pcie_bandwidth(gen, width), pcie_bandwidth(max_gen, max_width)
+    except MeshscaleError:
+        return ""
+    return f" ({now / 1e9:.1f} GB/s of {full / 1e9:.1f} GB/s per direction)"
+
+
+def _busy(env: DoctorEnv, handle) -> bool:
+    """Whether the GPU runs at its top performance state (P0), where a low PCIe generation is no power saving."""
+    try:
+        return env.nvml.nvmlDeviceGetPerformanceState(handle) == 0
+    except Exception:  # older drivers and fakes lack the call: assume idle, as before
+        return False
 
 
 def check_shm(env: DoctorEnv) -> list[Check]:
@@ -375,7 +403,7 @@ def check_ib_ports(env: DoctorEnv) -> list[Check]:
 
 
 def _gpu_bus_ids(env: DoctorEnv) -> list[tuple[int, str]]:
-    return [(i, _text(env.nvml.nvmlDeviceGetPciInfo(handle).busId)) for i, handle, _ in _gpus(env)]
+    return [(i, nvml_text(env.nvml.nvmlDeviceGetPciInfo(handle).busId)) for i, handle, _ in nvml_gpus(env)]
 
 
 def check_gpudirect(env: DoctorEnv) -> list[Check]:
@@ -428,7 +456,7 @@ def check_numa_binding(env: DoctorEnv) -> list[Check]:
     inter-socket link for every copy and launch."""
     if env.nvml is None:
         return [Check("info", "numa-binding", "no GPU: rank-to-NUMA binding does not apply")]
-    gpus = {i: handle for i, handle, _ in _gpus(env)}
+    gpus = {i: handle for i, handle, _ in nvml_gpus(env)}
     words = max(1, -(-(os.cpu_count() or 1) // 64))
     visible = [int(x) for x in env.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip().isdigit()]
     if "LOCAL_RANK" not in env.environ:
@@ -470,10 +498,12 @@ CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, ch
 
 
 def run_doctor(env: DoctorEnv | None = None) -> list[Check]:
-    """Every check's lines. A check that itself breaks becomes a warn line, never a traceback."""
+    """Every check's lines, configuration then error and health counters (`report/health.py`). A check that
+    itself breaks becomes a warn line, never a traceback."""
+    from meshscale.report.health import CHECKS as HEALTH_CHECKS
     env = env or DoctorEnv.real()
     out = []
-    for check in CHECKS:
+    for check in (*CHECKS, *HEALTH_CHECKS):
         try:
             out += check(env)
         except Exception as exc:

@@ -434,6 +434,9 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(topology_section(topo))
     if by_kind["bench-p2p"]:
         out.append(p2p_section(by_kind["bench-p2p"], topo))
+    if by_kind["bench-pairs"]:
+        from meshscale.report.pairs_section import pairs_section
+        out += [pairs_section(s) for s in by_kind["bench-pairs"]]
     # a one-rank "collective" exchanges nothing: its busbw is zero or meaningless, so it draws no curve
     collectives = [s for s in by_kind["bench-collective"] if s.result.meta.get("world_size") != 1]
     if collectives or by_kind["sim"]:
@@ -443,6 +446,10 @@ def sections(sources: list[Source]) -> list[Section]:
     for s in by_kind["train"]:
         if s.result.meta.get("profile"):
             out.append(profile_section(s))
+        trace = ((s.result.meta.get("config") or {}).get("logging") or {}).get("trace")
+        if trace:  # `train --trace`: the timeline of a few steps, for a trace viewer
+            out.append(Section(f"Timeline ({s.label})", table=[{"Chrome trace": trace,
+                                                                 "open with": "https://ui.perfetto.dev or chrome://tracing"}]))
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))

@@ -7,7 +7,7 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Iterator, Optional
 
-from meshscale.validation import Check, Range
+from meshscale.validation import Check, Range, check_output_file
 
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 
@@ -97,6 +97,9 @@ class LogOptions:
     jsonl: Optional[str] = option(None, "--log", help="JSONL file, one line per step", train_only=True)
     tensorboard: Optional[str] = option(None, "--tensorboard", help="TensorBoard log folder (if installed)",
                                         train_only=True)
+    trace: Optional[str] = option(None, "--trace", help="Chrome trace (.json) of a few steps of rank 0: data, forward, "
+                                  "backward, each collective, optimizer", train_only=True,
+                                  check=lambda value, where: check_output_file(value, where, (".json",)))
     progress: bool = False           # rich progress bar on rank 0
 
 

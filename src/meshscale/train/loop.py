@@ -17,6 +17,7 @@ from meshscale.train.graphed import EAGER_STEPS
 from meshscale.train.step import evaluate, run_step
 from meshscale.train.step_log import StepLog
 from meshscale.train.timing import Window
+from meshscale.train.trace import StepTracer
 
 
 def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
@@ -26,6 +27,7 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start = restore(ctx, t)
     log = open_log(ctx, cfg, start)
     window = Window(t.clock, first_timed_step(t, start))
+    tracer = StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t)
     max_param_diff = 0.0
     try:
         for step in range(start, cfg.steps):
@@ -33,7 +35,8 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
             if cfg.debug.fault_step == step and ctx.rank == ctx.world_size - 1:
                 os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
             window.at_step(step)
-            row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
+            with tracer.step(step):
+                row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
             if cfg.debug.verify_sync:
                 max_param_diff = max(max_param_diff, difference_to_rank0(t))
             # untimed: the loss stays on the device until the log flushes (a graph's is overwritten: copy it)
@@ -45,6 +48,7 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         window.stop()
         log.flush()
     finally:
+        tracer.close()
         log.close()
     out = {"summary": summarize(ctx, t, start, len(log.rows), window, max_param_diff),
            "rows": log.rows if ctx.rank == 0 else []}
