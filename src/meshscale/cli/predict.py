@@ -107,6 +107,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
+            partition: Optional[str] = typer.Option(None, "--partition", help="train on slices of the GPUs: a MIG profile "
+                                                    "(3g.40gb) or a time-sliced vGPU share (1/4); --gpus counts slices"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
@@ -133,6 +135,9 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect, **shape), load_result(bench))
         link, bench, calibrated = fit.link, None, f" ({fit.source})"
         typer.echo(fit.source, err=True)
+    if partition and nodes:
+        raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
+                             "over the network like whole GPUs)")
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
@@ -142,8 +147,12 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
         gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
         algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result))
+        measured=from_result, partition=partition))
     model = job.model
+    if partition:
+        from meshscale.topology import load_system
+        from meshscale.topology.partitions import system_partition
+        typer.echo(system_partition(load_system(system), partition).describe())
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
