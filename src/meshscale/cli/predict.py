@@ -33,6 +33,12 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
             gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
             network: Optional[str] = NETWORK_OPTION,
             plot: Optional[Path] = typer.Option(None, "--plot", help="draw the network to this PNG", callback=checked(output_file(plot=True))),
+            slurm_topology: Optional[str] = typer.Option(None, "--slurm-topology", help="write the network for Slurm's "
+                                                         "topology/tree or topology/block plugin: tree or block"),
+            slurm_file: Path = typer.Option(Path("topology.conf"), "--slurm-file", help="where --slurm-topology writes: "
+                                            "topology.conf syntax, or topology.yaml syntax for a .yaml file",
+                                            callback=checked(output_file((".conf", ".yaml", ".yml")))),
+            slurm_nodes: str = typer.Option("node", "--slurm-nodes", help="host name prefix of the nodes (node000, node001, ...)"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)", callback=checked(output_file()))) -> None:
     """Size the network of a cluster of a system (a fat tree, or rails with --network rail): switches per level,
     hops between nodes, bandwidth, bisection, latency. A cluster file
@@ -53,7 +59,14 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s, "network": spec.network, "rails": plan.rails,
         "groups": plan.groups,
     }
+    handoff = None
+    if slurm_topology:  # before any output: a network Slurm's plugin cannot express is an error, not half a run
+        from meshscale.topology.slurm import slurm_topology as for_slurm
+        handoff = for_slurm(plan, slurm_topology, slurm_nodes)
     typer.echo(describe(plan))
+    if handoff:
+        from meshscale.topology.slurm import write_topology
+        typer.echo(f"wrote {write_topology(handoff, slurm_file)} (Slurm topology/{handoff.kind})")
     if plot:
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
