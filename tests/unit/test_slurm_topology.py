@@ -130,3 +130,35 @@ def test_cluster_writes_the_file_and_refuses_what_slurm_cannot_express(cli, tmp_
     assert r.exit_code == 2 and r.stderr.count("\n") == 1 and not bad.exists() and r.stdout == ""
     r = cli("cluster", "--system", "dgx1-p100", "--nodes", "8", "--slurm-topology", "ring", "--slurm-file", bad)
     assert r.exit_code == 2 and "tree, block" in r.stderr
+
+
+def test_gres_links_are_the_nvlinks_between_gpus_and_bind_each_task_to_its_gpu():
+    from meshscale.topology import load_system, relation
+    from meshscale.topology.slurm import gres_binding
+
+    topo = load_system("dgx1-v100")
+    binding = gres_binding(topo, [0, 3, 4, 7])
+    matrix = {}
+    for line in binding.gres_lines:
+        fields = dict(word.split("=", 1) for word in line.split())
+        matrix[int(fields["File"].removeprefix("/dev/nvidia"))] = [int(x) for x in fields["Links"].split(",")]
+    for i, row in matrix.items():
+        assert row[i] == -1
+        for j, count in enumerate(row):
+            if j != i:  # nvidia-smi's NV# count, 0 where no NVLink joins them
+                r = relation(topo, i, j)
+                assert count == (int(r[2:]) if r.startswith("NV") else 0)
+    assert "--gpu-bind=map_gpu:0,3,4,7" in binding.srun_options and "--gres=gpu:4" in binding.srun_options
+    numa = [topo.nodes[topo.device(i)].attrs["numa"] for i in (0, 3, 4, 7)]
+    assert f"--cpu-bind=map_ldom:{','.join(map(str, numa))}" in binding.srun_options
+
+
+def test_place_prints_the_slurm_binding_and_places_on_slices(cli):
+    r = cli("place", "--system", "dgx1-p100", "--gpus", "2", "--free", "0,1,4", "--slurm")
+    assert r.exit_code == 0, r.output
+    assert "Name=gpu" in r.stdout and "srun --gres=gpu:2" in r.stdout
+    r = cli("place", "--system", "dgx-a100", "--partition", "3g.20gb", "--gpus", "2", "--free", "0,1,2")
+    assert r.exit_code == 0, r.output
+    assert "MIG instance 3g.20gb" in r.stdout and "UUID" in r.stdout
+    bad = cli("place", "--system", "dgx-a100", "--partition", "3g.40gb", "--gpus", "2")
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1

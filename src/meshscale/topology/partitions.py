@@ -65,11 +65,16 @@ class Partition:
                 "(no NVLink or P2P between slices)")
 
 
+def _facts(gpu_model: str) -> dict:
+    from meshscale.topology.nvml_discovery import model_facts
+    return model_facts(gpu_model)[0]
+
+
 def mig_profiles(gpu_model: str) -> list[MigProfile]:
     """The MIG profiles of a GPU model as NVML or the catalog spells it; empty for a GPU without MIG."""
-    from meshscale.topology.nvml_discovery import GPU_MODELS_FILE, model_facts
+    from meshscale.topology.nvml_discovery import GPU_MODELS_FILE
 
-    facts, _ = model_facts(gpu_model)
+    facts = _facts(gpu_model)
     if not facts.get("mig"):
         return []
     import yaml
@@ -95,6 +100,7 @@ def parse_partition(text: str, gpu_model: str, gpu_sms: int | None = None) -> Pa
         raise MeshscaleError(f"--partition {text}: not a MIG profile of {gpu_model}; use one of "
                              f"{', '.join(p.name for p in profiles)}, or a time-sliced share such as 1/4")
     # an instance's SMs against the whole GPU's (a 7g instance of an A100 has 98 of its 108), else the guide's fraction
+    gpu_sms = gpu_sms or _facts(gpu_model).get("sm_count")
     compute = profile.sms / gpu_sms if profile.sms and gpu_sms else profile.sm_slices / COMPUTE_SLICES
     share = profile.memory_slices / MEMORY_SLICES
     return Partition(text, "mig", compute, share, share, profile.instances, gpu_model, MIG_SOURCE)
@@ -153,3 +159,29 @@ def split_system(topo: Topology, text: str) -> tuple[Topology, Partition]:
     """``topo`` with its GPUs split as ``text`` says (`parse_partition`), and the partition."""
     partition = system_partition(topo, text)
     return partitioned(topo, partition), partition
+
+
+def partition_text(instance_name: str, gpu_model: str, gpu_sms: int | None = None) -> str:
+    """A MIG instance as NVML names it ("NVIDIA H100 80GB HBM3 MIG 3g.40gb") with its shares of the GPU."""
+    m = re.search(r"\d+g\.\d+gb", instance_name)
+    if not m:
+        return instance_name or "unnamed instance"
+    try:
+        p = parse_partition(m.group(0), gpu_model, gpu_sms)
+    except MeshscaleError:
+        return f"{m.group(0)} (not in the MIG profiles meshscale knows for {gpu_model})"
+    return f"{p.name} ({p.compute_share:.0%} of the SMs, {p.memory_bandwidth_share:.0%} of the memory bandwidth)"
+
+
+def partition_lines(topo: Topology) -> list[str]:
+    """One line per GPU in MIG mode (as NVML discovery found it): its instances and their shares."""
+    lines = []
+    for gpu in topo.gpus():
+        attrs = topo.nodes[gpu].attrs
+        if attrs.get("mig_mode") != "enabled":
+            continue
+        found = [partition_text(i.get("name") or "", attrs.get("model", ""), attrs.get("sm_count"))
+                 for i in attrs.get("mig_instances") or []]
+        lines.append(f"{gpu}: MIG on, {len(found)} instance(s){': ' + '; '.join(found) if found else ''}; instances "
+                     "exchange through host memory (no NVLink or P2P)")
+    return lines

@@ -327,3 +327,44 @@ def write_topology(topo: SlurmTopology, path) -> "Path":
     path = Path(path)
     text = topology_yaml(topo) if path.suffix in (".yaml", ".yml") else topology_conf(topo)
     return atomic_write(path, text)
+
+
+# ---- a job's GPUs on one node ------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class SlurmBinding:
+    """The chosen GPUs as Slurm takes them: gres.conf lines (device file, cores near it, NVLinks to every GPU of
+    the node) and the srun options that bind one task to each GPU and to the CPU socket (NUMA domain) beside it."""
+
+    gres_lines: tuple[str, ...]
+    srun_options: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+
+def gres_binding(topo, devices: list[int]) -> SlurmBinding:
+    """gres.conf(5) lines for ``devices`` of ``topo``: ``File=/dev/nvidiaN``, ``Cores=`` (the GPU's CPU affinity,
+    where discovery knows it) and ``Links=`` (NVLinks to device 0, 1, ... of the node; -1 for itself, 0 for none,
+    as nvidia-smi counts them through NVSwitches too); and srun's ``--gres=gpu:K --ntasks-per-node=K
+    --gpu-bind=map_gpu:... --cpu-bind=map_ldom:...`` (one task per GPU, each on its GPU's NUMA domain)."""
+    from meshscale.topology.queries import relation
+
+    every = [topo.nodes[d].index for d in topo.devices()]
+    lines, domains, notes = [], [], []
+    for i in devices:
+        attrs = topo.nodes[topo.device(i)].attrs
+        links = ",".join("-1" if j == i else (lambda r: r[2:] if r.startswith("NV") else "0")(relation(topo, i, j))
+                         for j in every)
+        cores = f" Cores={attrs['cpu_affinity']}" if attrs.get("cpu_affinity") else ""
+        kind = re.sub(r"[^A-Za-z0-9]+", "_", str(attrs.get("model", "gpu")).replace("NVIDIA ", "")).strip("_").lower()
+        lines.append(f"Name=gpu Type={kind} File=/dev/nvidia{i}{cores} Links={links}")
+        domains.append(attrs.get("numa"))
+    if not any(attrs.get("cpu_affinity") for attrs in (topo.nodes[topo.device(i)].attrs for i in devices)):
+        notes.append("the system file gives no CPU affinity per GPU: gres.conf has no Cores= (discovery on the node "
+                     "gives them)")
+    options = [f"--gres=gpu:{len(devices)}", f"--ntasks-per-node={len(devices)}",
+               f"--gpu-bind=map_gpu:{','.join(map(str, devices))}"]
+    if all(d is not None for d in domains):
+        options.append(f"--cpu-bind=map_ldom:{','.join(map(str, domains))}")
+    else:
+        notes.append("no NUMA node known for every chosen GPU: no --cpu-bind")
+    return SlurmBinding(tuple(lines), tuple(options), tuple(notes))
