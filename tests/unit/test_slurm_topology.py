@@ -162,3 +162,29 @@ def test_place_prints_the_slurm_binding_and_places_on_slices(cli):
     assert "MIG instance 3g.20gb" in r.stdout and "UUID" in r.stdout
     bad = cli("place", "--system", "dgx-a100", "--partition", "3g.40gb", "--gpus", "2")
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
+
+
+def test_the_handoff_script_writes_the_cluster_and_gres_files(tmp_path):
+    import os
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if not shutil.which("bash"):
+        pytest.fail("bash is needed to test the Slurm script")
+    root = Path(__file__).resolve().parents[2]
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "meshscale").write_text(f"#!/bin/bash\nexec {sys.executable} -m meshscale \"$@\"\n")
+    (bin_dir / "meshscale").chmod(0o755)
+    # no nvidia-smi on this PATH: the script places on the catalog system's GPUs
+    env = dict(os.environ, PATH=f"{bin_dir}:/usr/bin:/bin", CONF_DIR=str(tmp_path / "conf"), NODES="16", GPUS="8",
+               PYTHONPATH=os.pathsep.join(sys.path))
+    done = subprocess.run(["bash", str(root / "scripts" / "slurm" / "handoff.sh")], env=env, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert len(parse_topology_conf((tmp_path / "conf" / "topology.conf").read_text()).leaves()) == 4
+    gres = (tmp_path / "conf" / "gres.conf").read_text().splitlines()
+    assert len(gres) == 8 and all(line.startswith("Name=gpu ") and "Links=" in line for line in gres)
+    assert (tmp_path / "conf" / "srun-binding.txt").read_text().startswith("srun --gres=gpu:8")
