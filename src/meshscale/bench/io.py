@@ -15,6 +15,7 @@ in the background during each epoch, so the source must then deliver the demand 
 """
 from __future__ import annotations
 
+import math
 import os
 import time
 from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
@@ -414,6 +415,10 @@ def report_lines(report: IoReport) -> list[str]:
         if limit != "GPUs" and report.demand:
             lines.append(f"  the GPUs would wait for data: {limit} delivers {rates[limit] / rates['GPUs']:.0%} "
                          f"of the demand")
+        if limit == "decoding" and report.demand:  # decoding is per-core work: it scales with the processes
+            per_process = report.decode.samples_per_s / report.decode.readers
+            lines.append(f"  at {per_process:,.0f} samples/s per decoding process, the demand needs "
+                         f"{math.ceil(rates['GPUs'] / per_process)} processes (cores) decoding")
     cache = report.cache()
     if cache and cache.needed:
         staged = ("larger than a DGX-1's 7.6 TB SSD cache: staged through it during each epoch, so the source itself "
