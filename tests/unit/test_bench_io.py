@@ -146,3 +146,13 @@ def test_an_unreadable_path_is_refused(tmp_path):
 def test_an_image_folder_for_a_token_model_is_refused(images):
     with pytest.raises(MeshscaleError, match="pick a model"):
         io.bench_io(io.IoSpec(images, sample_shape=(32,), decode=False))
+
+
+def test_the_report_shows_the_rates_side_by_side(images, tmp_path):
+    from meshscale.report.html import load_sources, render
+
+    report = _report(images, demand_per_s=1e12)
+    path = io.io_result(report).save(tmp_path / "io.json")
+    page = render(load_sources([path]))
+    assert f"the limit is {report.limit}" in page
+    assert all(stage in page for stage in ("read (first pass)", "read (cached pass)", "decode", "GPUs (PREDICTED)"))
