@@ -156,3 +156,16 @@ def test_the_report_shows_the_rates_side_by_side(images, tmp_path):
     page = render(load_sources([path]))
     assert f"the limit is {report.limit}" in page
     assert all(stage in page for stage in ("read (first pass)", "read (cached pass)", "decode", "GPUs (PREDICTED)"))
+
+
+def _stuck(*_):
+    import time
+    time.sleep(60)
+
+
+def test_a_stuck_reader_ends_at_the_timeout_and_is_killed():
+    import time
+    start = time.monotonic()
+    with pytest.raises(MeshscaleError, match="longer than 0.5 s"):
+        io._run(_stuck, [(), ()], 0.5, "the test pass")
+    assert time.monotonic() - start < 10

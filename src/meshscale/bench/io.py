@@ -18,9 +18,8 @@ from __future__ import annotations
 import math
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor, TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass, field
-from multiprocessing import get_context
+from multiprocessing import TimeoutError, get_context
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
@@ -241,11 +240,6 @@ def _shares(data: DataFiles, readers: int) -> list[list[tuple[str, int, int]]]:
             for r in range(readers) if r * step < data.total_bytes]
 
 
-def _pool(readers: int) -> ProcessPoolExecutor:
-    # fork: the children start in milliseconds and inherit the imported modules; they run one thread each
-    return ProcessPoolExecutor(max_workers=readers, mp_context=get_context("fork"), initializer=_one_thread)
-
-
 def _one_thread() -> None:
     try:
         import torch
@@ -254,14 +248,22 @@ def _one_thread() -> None:
         pass
 
 
-def _gather(futures: list, timeout_s: float, what: str) -> list:
-    deadline = time.monotonic() + timeout_s
+def _run(work, shares: list[tuple], timeout_s: float, what: str) -> list:
+    """``work(*share)`` for every share, one process each, within ``timeout_s`` in all; the processes are killed
+    when it ends, so a stuck read cannot outlive the command. fork: the children start in milliseconds and
+    inherit the imported modules; they run one thread each."""
+    pool = get_context("fork").Pool(len(shares), initializer=_one_thread)
     try:
-        return [f.result(timeout=max(0.0, deadline - time.monotonic())) for f in futures]
-    except FutureTimeout:
+        pending = [pool.apply_async(work, share) for share in shares]
+        deadline = time.monotonic() + timeout_s
+        return [p.get(timeout=max(0.0, deadline - time.monotonic())) for p in pending]
+    except TimeoutError:
         raise MeshscaleError(f"{what} took longer than {timeout_s:g} s; raise --timeout-s or read a smaller data set") from None
     except OSError as exc:
         raise MeshscaleError(f"{what} failed: {exc}") from None
+    finally:
+        pool.terminate()
+        pool.join()
 
 
 def read_pass(data: DataFiles, readers: int, label: str, timeout_s: float, evict_first: bool = False) -> PassRate:
@@ -269,8 +271,7 @@ def read_pass(data: DataFiles, readers: int, label: str, timeout_s: float, evict
     the last one's end (process start-up excluded)."""
     evicted = evict(data.files) if evict_first else False
     shares = _shares(data, readers)
-    with _pool(len(shares)) as pool:
-        spans = _gather([pool.submit(_read_share, s) for s in shares], timeout_s, f"the {label} pass")
+    spans = _run(_read_share, [(s,) for s in shares], timeout_s, f"the {label} pass")
     seconds = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
     return PassRate(label, len(data.files), sum(b for _, _, b in spans), max(seconds, 1e-9), len(shares), evicted)
 
@@ -299,9 +300,8 @@ def decode_rate(data: DataFiles, readers: int, sample_shape: tuple[int, ...], vo
     stride = data.samples / n
     chosen = [int(i * stride) for i in range(n)]
     shares = [chosen[r::readers] for r in range(readers) if chosen[r::readers]]
-    with _pool(len(shares)) as pool:
-        futures = [pool.submit(_decode_share, str(data.root), data.kind, s, tuple(sample_shape), vocab) for s in shares]
-        spans = _gather(futures, timeout_s, "decoding")
+    spans = _run(_decode_share, [(str(data.root), data.kind, s, tuple(sample_shape), vocab) for s in shares],
+                 timeout_s, "decoding")
     seconds = max(e for _, e, _ in spans) - min(s for s, _, _ in spans)
     what = "x".join(map(str, sample_shape)) + (" float32" if data.kind == "images" else " token ids")
     return DecodeRate(n, max(seconds, 1e-9), len(shares), what)
