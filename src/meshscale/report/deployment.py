@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import re
 import shutil
-from pathlib import Path
 
 from meshscale.report.doctor import Check, DoctorEnv, _gpus, _text, check_memlock, check_shm
 
