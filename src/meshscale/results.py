@@ -20,7 +20,8 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.validation import atomic_write, load_structured, mapping, number, sequence
 
 SCHEMA = "meshscale-result/1"
-KINDS = ("topology", "bench-collective", "bench-p2p", "bench-pairs", "bench-host-copy", "sim", "plan", "place", "train", "scale", "predict",
+KINDS = ("topology", "bench-collective", "bench-p2p", "bench-pairs", "bench-host-copy", "bench-io", "sim", "plan", "place",
+         "train", "scale", "predict",
          "cluster", "doctor", "tour", "validate")
 ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
                 "GLOO_", "MASTER_", "WORLD_SIZE")

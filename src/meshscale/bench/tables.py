@@ -161,3 +161,25 @@ def closing_lines(result: Result) -> list[str]:
         lines.append(f"# bound and predicted figures are on {topology.get('title')}: a %bound over 100% says the "
                      f"path between hosts is faster than assumed")
     return lines
+
+
+def io_table(report) -> Table:
+    """`bench io`'s rates side by side (an `IoReport`): each read pass, decoding and the GPUs' demand, in
+    samples/s and bytes/s."""
+    from meshscale.units import format_bytes
+
+    table = Table(title=f"input pipeline of {report.data.root} ({report.data.kind})")
+    for c in ("stage", "processes", "seconds", "files/s", "read/s", "samples/s"):
+        table.add_column(c, justify="left" if c == "stage" else "right")
+    for p in (report.first, report.cached):
+        table.add_row(f"read, {p.label} pass" + ("" if p.label != "first" or p.evicted else " (not evicted)"),
+                      str(p.readers), f"{p.seconds:.3f}", f"{p.files_per_s:,.0f}", f"{format_bytes(p.bytes_per_s)}/s",
+                      f"{report.storage_samples_per_s(p):,.0f}")
+    if report.decode:
+        d = report.decode
+        table.add_row(f"decode to {d.what}", str(d.readers), f"{d.seconds:.3f}", "-", "-", f"{d.samples_per_s:,.0f}")
+    if report.demand:
+        need = report.demand.samples_per_s * report.data.bytes_per_sample
+        table.add_row("GPUs" + (" (PREDICTED)" if report.demand.predicted else " (measured)"), "-", "-", "-",
+                      f"{format_bytes(need)}/s", f"{report.demand.samples_per_s:,.0f}")
+    return table

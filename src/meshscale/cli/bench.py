@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 
 from meshscale.cli.output import print_tables, write_result_files
-from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
+from meshscale.cli.checks import (BATCH, COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
 from meshscale.validation import Range
 from meshscale.collectives.kinds import NAMES
@@ -133,6 +133,40 @@ def p2p(
     write_result_files(result, json_path, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
+
+
+@bench_app.command("io")
+def io(
+    path: Path = typer.Argument(..., help="a folder of images (<class>/<image>, the ImageFolder layout) or a token file (.npy, uint16 .bin)"),
+    readers: int = typer.Option(2, "--readers", help="reader (and decoder) processes", callback=checked(CPU_COUNT)),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="the model trained on it: its input size, and with --system the predicted demand"),
+    system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file whose GPUs --model is predicted on"),
+    gpus: int = typer.Option(8, "--gpus", help="GPUs of --system the run uses", callback=checked(GPU_COUNT)),
+    batch: int = typer.Option(64, "--batch", help="batch per GPU", callback=checked(BATCH)),
+    from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `train` or `scale` result: its samples/s is the demand"),
+    decode_samples: int = typer.Option(2000, "--decode-samples", help="samples decoded to time decoding (spread over the set)", callback=checked(COUNT)),
+    no_decode: bool = typer.Option(False, "--no-decode", help="time reading only"),
+    timeout_s: float = typer.Option(600.0, "--timeout-s", help="longest any pass may take", callback=checked(TIMEOUT_S)),
+    json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
+) -> None:
+    """Read and decode rates of a data set beside a training run's demand: is storage, decoding or the GPUs the limit?"""
+    from meshscale.bench.io import IoSpec, bench_io, io_result, measured_demand, predicted_demand, report_lines
+    from meshscale.bench.tables import io_table
+
+    shape, vocab = None, 1 << 16
+    if model:
+        from meshscale.train.models import get_model
+        spec = get_model(model)
+        shape, vocab = spec.input_shape, spec.num_classes
+    demand = measured_demand(from_result) if from_result else None
+    if demand is None and model:
+        demand = predicted_demand(model, system, gpus, batch)
+    report = bench_io(IoSpec(path, readers, shape, vocab, not no_decode, decode_samples, timeout_s), demand)
+    print_tables(io_table(report))
+    for line in report_lines(report):
+        typer.echo(line)
+    write_result_files(io_result(report), json_path, csv_path)
 
 
 def register(app: typer.Typer) -> None:

@@ -171,6 +171,8 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
           free: Optional[str] = typer.Option(None, "--free", help="free device indices, e.g. 0,1,3,5 (default: all)"),
           system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
           nbytes: str = typer.Option("64M", "--bytes", help="all_reduce size to rank by (a gradient bucket)", callback=checked(size_bytes)),
+          partition: Optional[str] = typer.Option(None, "--partition", help="place on slices of the GPUs: a MIG profile (3g.40gb) or a time-sliced share (1/4); --free and --gpus then count slices (slice k of GPU g is g x slices-per-GPU + k)"),
+          slurm: bool = typer.Option(False, "--slurm", help="also print the chosen GPUs' gres.conf lines (cores, NVLinks) and srun binding options"),
           json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
     """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
     model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
@@ -180,6 +182,12 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
     topology, notice = resolve_system(system)
     if notice:
         typer.echo(notice, err=True)
+    if partition:
+        from meshscale.topology.partitions import split_system
+        topology, split = split_system(topology, partition)
+        typer.echo(split.describe())
+        typer.echo(f"slice k of GPU g is device g x {split.per_gpu} + k; CUDA_VISIBLE_DEVICES takes a MIG instance by "
+                   "its UUID (nvidia-smi -L)" if split.kind == "mig" else f"slice k of GPU g is device g x {split.per_gpu} + k")
     size = parse_bytes(nbytes)
     listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
     ranked = rank_placements(topology, gpus, listed, size)
@@ -194,6 +202,15 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
         typer.echo(f"  why: {line}")
     if json_path:
         typer.echo(f"wrote {placement_result(topology, ranked, gpus, listed or [], size).save(json_path)}")
+    if slurm:
+        from meshscale.topology.slurm import gres_binding
+        binding = gres_binding(topology, best.devices)
+        typer.echo("gres.conf (Slurm) for the chosen GPUs:")
+        for line in binding.gres_lines:
+            typer.echo(f"  {line}")
+        for note in binding.notes:
+            typer.echo(f"  note: {note}")
+        typer.echo("srun " + " ".join(binding.srun_options))
     typer.echo(best.cuda_visible_devices)
 
 

@@ -33,6 +33,12 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
             gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
             network: Optional[str] = NETWORK_OPTION,
             plot: Optional[Path] = typer.Option(None, "--plot", help="draw the network to this PNG", callback=checked(output_file(plot=True))),
+            slurm_topology: Optional[str] = typer.Option(None, "--slurm-topology", help="write the network for Slurm's "
+                                                         "topology/tree or topology/block plugin: tree or block"),
+            slurm_file: Path = typer.Option(Path("topology.conf"), "--slurm-file", help="where --slurm-topology writes: "
+                                            "topology.conf syntax, or topology.yaml syntax for a .yaml file",
+                                            callback=checked(output_file((".conf", ".yaml", ".yml")))),
+            slurm_nodes: str = typer.Option("node", "--slurm-nodes", help="host name prefix of the nodes (node000, node001, ...)"),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind cluster)", callback=checked(output_file()))) -> None:
     """Size the network of a cluster of a system (a fat tree, or rails with --network rail): switches per level,
     hops between nodes, bandwidth, bisection, latency. A cluster file
@@ -53,7 +59,14 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s, "network": spec.network, "rails": plan.rails,
         "groups": plan.groups,
     }
+    handoff = None
+    if slurm_topology:  # before any output: a network Slurm's plugin cannot express is an error, not half a run
+        from meshscale.topology.slurm import slurm_topology as for_slurm
+        handoff = for_slurm(plan, slurm_topology, slurm_nodes)
     typer.echo(describe(plan))
+    if handoff:
+        from meshscale.topology.slurm import write_topology
+        typer.echo(f"wrote {write_topology(handoff, slurm_file)} (Slurm topology/{handoff.kind})")
     if plot:
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
@@ -107,6 +120,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
+            partition: Optional[str] = typer.Option(None, "--partition", help="train on slices of the GPUs: a MIG profile "
+                                                    "(3g.40gb) or a time-sliced vGPU share (1/4); --gpus counts slices"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
@@ -133,6 +148,9 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect, **shape), load_result(bench))
         link, bench, calibrated = fit.link, None, f" ({fit.source})"
         typer.echo(fit.source, err=True)
+    if partition and nodes:
+        raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
+                             "over the network like whole GPUs)")
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
@@ -142,8 +160,12 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
         gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
         algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result))
+        measured=from_result, partition=partition))
     model = job.model
+    if partition:
+        from meshscale.topology import load_system
+        from meshscale.topology.partitions import system_partition
+        typer.echo(system_partition(load_system(system), partition).describe())
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"

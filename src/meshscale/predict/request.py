@@ -48,6 +48,7 @@ class PredictRequest:
     bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
     compare: str | None = None
     measured: Path | None = None
+    partition: str | None = None             # each GPU split into MIG instances ("3g.40gb") or time slices ("1/4")
 
     @property
     def weak(self) -> bool:
@@ -88,6 +89,10 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     for variant in variants:
         system = variant if kind == "system" else req.system
         topo = require_devices(load_system(system))
+        partition = None
+        if req.partition:
+            from meshscale.topology.partitions import split_system
+            topo, partition = split_system(topo, req.partition)
         params = calibrate(topo, p2p) if p2p else None
         if bench:
             params = calibrate_collective(topo, bench, params or SimParams())
@@ -96,6 +101,8 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
                   req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
                   framework=framework, wire=req.wire)
+        if partition:  # the whole GPU's step on the slice's share of it
+            job.profile = job.profile.scaled(partition.step_time_factor, partition.describe())
         cluster = None
         if req.nodes:
             net = variant if kind == "link" else req.link

@@ -493,8 +493,14 @@ def check_versions(env: DoctorEnv) -> list[Check]:
     return [Check("pass", "versions", text + ", Gloo available")]
 
 
+def _deployment_checks(env: DoctorEnv) -> list[Check]:
+    from meshscale.report.deployment import check_container, check_partitions  # it imports this module
+    return check_container(env) + check_partitions(env)
+
+
 CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, check_shm, check_memlock,
-          check_nccl_env, check_network, check_gpudirect, check_peermem, check_numa_binding, check_versions)
+          check_nccl_env, check_network, check_gpudirect, check_peermem, check_numa_binding, check_versions,
+          _deployment_checks)
 
 
 def run_doctor(env: DoctorEnv | None = None) -> list[Check]:

@@ -423,6 +423,16 @@ def predict_section(sources: list[Source]) -> Section:
     return Section("Predicted scaling (not measured)", table=table)
 
 
+def io_section(source: Source) -> Section:
+    """`bench io`: storage, decoding and the GPUs' demand side by side in samples/s, and which one limits."""
+    meta, columns = source.result.meta, ("readers", "time_s", "files_per_s", "read_bytes_per_s", "samples_per_s")
+    table = [{"stage": r["stage"] + (" (PREDICTED)" if r.get("predicted") else ""),
+              **{c: "-" if r.get(c) is None else f"{r[c]:,.3g}" if c == "time_s" else f"{r[c]:,.0f}" for c in columns}}
+             for r in source.result.rows]
+    return Section(f"Input pipeline of {meta.get('path')} ({source.label}): the limit is {meta.get('limit')}",
+                   table=table)
+
+
 def sections(sources: list[Source]) -> list[Section]:
     """Every section the results support, in reading order; kinds with no figure are listed as tables."""
     by_kind = defaultdict(list)
@@ -461,6 +471,8 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(cluster_section(s))
     for s in by_kind["validate"]:
         out.append(validate_section(s))
+    for s in by_kind["bench-io"]:
+        out.append(io_section(s))
     for s in by_kind["doctor"]:
         out.append(Section("Doctor: driver, links, shared memory, NCCL knobs, network, versions", table=s.result.rows))
     return out

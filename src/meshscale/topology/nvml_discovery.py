@@ -207,6 +207,11 @@ def _add_sm_counts(gpus: list[dict], counts: dict[str, int]) -> None:
             gpu["sm_count"] = sm
 
 
+def mig_instances(nvml, handle) -> list[dict]:
+    """The MIG instances (name, uuid, memory_bytes) of one GPU of an initialised NVML module (doctor's too)."""
+    return _mig_instances(_Calls(nvml), handle)
+
+
 def _mig_instances(call: _Calls, handle) -> list[dict]:
     out = []
     for k in range(call("nvmlDeviceGetMaxMigDeviceCount", handle) or 0):

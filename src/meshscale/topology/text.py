@@ -59,5 +59,7 @@ def summary(topo: Topology) -> str:
         return (f"{topo.title or topo.name}: {n} CPU worker{'s' if n != 1 else ''} (Gloo), shared memory "
                 f"{gbps(shm):.0f} GB/s per worker per direction{f', {source}' if source else ''}")
     nvlink, pcie = per_gpu_bandwidth(topo)
-    return (f"{topo.title or topo.name}: {n} GPU{'s' if n != 1 else ''} ({topo.gpu_model}), "
-            f"NVLink {gbps(nvlink):.0f} GB/s and PCIe {gbps(pcie):.1f} GB/s per device per direction")
+    from meshscale.topology.partitions import partition_lines
+    return "\n".join([f"{topo.title or topo.name}: {n} GPU{'s' if n != 1 else ''} ({topo.gpu_model}), "
+                      f"NVLink {gbps(nvlink):.0f} GB/s and PCIe {gbps(pcie):.1f} GB/s per device per direction",
+                      *partition_lines(topo)])
