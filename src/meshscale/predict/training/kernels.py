@@ -4,9 +4,10 @@ achievable fractions GPU libraries document.
 - A matrix multiplication (or a convolution as the implicit GEMM cuDNN runs) of M x K by K x N is split into
   output tiles of TILE x TILE, one thread block each, run in waves of one tile per SM: a partly filled last tile
   and a partly filled last wave waste their share of the machine (tile and wave quantization, NVIDIA Deep
-  Learning Performance Guide, "Matrix Multiplication Background"); too few tiles are split along K. What a full wave reaches is the library's
-  large-GEMM ceiling: GEMM_CEILING of the dense tensor-core peak (cuBLAS 12.0 on H100 SXM, BF16: about
-  740 TFLOP/s of 989, NVIDIA's "New cuBLAS 12.0 Features and Matrix Multiplication Performance on Hopper" post).
+  Learning Performance Guide, "Matrix Multiplication Background"); too few tiles are split along K. What full
+  waves reach is the measured large-GEMM ceiling of the generation, GEMM_CEILING: the maximum achievable matmul
+  FLOPS over shapes (BF16, PyTorch matmul: A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, GH200 821.0 of
+  989; Stas Bekman's Machine Learning Engineering Open Book, "Maximum Achievable Matmul FLOPS comparison table").
   Its operands cross HBM at least once, so a thin product is bandwidth-bound instead.
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
@@ -24,7 +25,9 @@ from math import ceil
 from meshscale.predict.training.hardware import GpuSpec
 
 TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper for large problems
-GEMM_CEILING = 0.75        # large-GEMM fraction of the dense tensor-core peak (cuBLAS 12.0, H100 BF16)
+# measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
+GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
+GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (BabelStream on A100/H100)
 KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (PyTorch CUDA Graphs blog post)
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
@@ -94,7 +97,8 @@ class Rates:
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
-    return Rates(gpu.matmul_flops(precision) * GEMM_CEILING, gpu.matmul_flops(precision, conv=True) * GEMM_CEILING,
+    ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
+    return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
                  gpu.sm_count, factor)
 
