@@ -249,10 +249,19 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
              show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
              json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
-             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
+             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
+             training: bool = typer.Option(False, "--training", help="the training corpus: published training runs "
+                                           "predicted by the step model (--corpus: a training YAML)")) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys
+
+    if training:
+        if system or collective or algo != "nccl":
+            raise MeshscaleError("--training validates the training corpus; --system, --collective and --algo are "
+                                 "for the collectives corpus")
+        _validate_training(corpus, show_all, json_out, csv_path)
+        return
 
     from meshscale.predict.validate import validate_corpus
     from meshscale.units import format_bytes
@@ -297,6 +306,42 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
     write_result_files(result, json_out, csv_path)
     if not summary["passed"]:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
+
+
+def _validate_training(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
+    import math
+    import sys
+
+    from meshscale.predict.training.validate import validate_training
+
+    result = validate_training(corpus)
+    summary = result.meta["summary"]
+    rows = result.rows if show_all else sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])))[:WORST_ROWS_SHOWN]
+    table = Table(title=f"{'every run' if show_all else f'{len(rows)} worst runs'} of {summary['rows']} "
+                        f"({Path(result.meta['corpus']).name}) - PREDICTED vs published")
+    for c in ("row", "GPU", "GPUs", "model", "layout", "seq", "ckpt", "measured", "predicted", "error", "source"):
+        table.add_column(c, justify="right" if c in ("row", "GPUs", "seq", "measured", "predicted", "error") else "left")
+    for r in rows:
+        unit = "tok/s/GPU" if r["metric"] == "tokens_per_s_per_gpu" else "samples/s"
+        table.add_row(str(r["row"]), r["gpu"], str(r["world_size"]), r["model"], r["layout"], str(r["seq_len"] or "-"),
+                      r["activation_checkpointing"], f"{r['measured']:,.0f} {unit}", f"{r['predicted']:,.0f}",
+                      _percent(r["error"]), r["source"][:60])
+    console = text_console()
+    print_tables(table, console=console)
+    families = Table(title="per GPU family")
+    for c in ("family", "runs", "geomean |error|", "mean error"):
+        families.add_column(c, justify="left" if c == "family" else "right")
+    for name, f in summary["by_family"].items():
+        families.add_row(name, str(f["rows"]), f"{f['geomean_abs_error']:.1%}", _percent(f["mean_error"]))
+    print_tables(families, console=console)
+    console.print(f"geomean |error| {summary['geomean_abs_error']:.1%} over {summary['rows']} runs (bound "
+                  f"{summary['geomean_bound']:.0%}); worst run {summary['worst_row']}, {summary['worst_times_off']:.2f}x "
+                  f"off (bound {summary['worst_bound']:g}x)")
+    console.print(f"({summary['error_definition']})")
+    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
+    write_result_files(result, json_out, csv_path)
+    if not summary["passed"]:
+        sys.exit(1)
 
 
 def register(app: typer.Typer) -> None:
