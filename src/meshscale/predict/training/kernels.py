@@ -13,9 +13,11 @@ achievable fractions GPU libraries document.
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation (ATTENTION_FRACTION).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
-  bytes at HBM_FRACTION of the datasheet bandwidth.
+  bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
+  datasheet figure; not a figure measured here).
 - No kernel takes less than KERNEL_FLOOR_S: launched from eager PyTorch, each op costs a few microseconds of
-  host dispatch and launch, which the GPU waits out when the kernel itself is shorter.
+  host dispatch and launch ("Accelerating PyTorch with CUDA Graphs", PyTorch blog), which the GPU waits out when
+  the kernel itself is shorter (a stated allowance).
 """
 from __future__ import annotations
 
@@ -28,8 +30,8 @@ TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper fo
 # measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
 GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
-HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (BabelStream on A100/H100)
-KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (PyTorch CUDA Graphs blog post)
+HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
+KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (stated allowance)
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
 # Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
 # Hopper: FlashAttention-2, what PyTorch's SDPA runs, reaches only 35% on H100 (FlashAttention-3 paper, abstract);
