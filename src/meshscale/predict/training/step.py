@@ -12,7 +12,8 @@ Pipeline (pp stages, m micro-batches, v virtual stages per rank for interleaved 
 (m + (pp - 1) / v) x (forward + backward) of one micro-batch (GPipe and 1F1B: v = 1; Narayanan et al. 2021);
 the bubble is what exceeds m x (forward + backward).
 
-FSDP2 (shard group fsdp): each layer's parameters are all-gathered in the compute precision before its forward
+FSDP2 (shard group fsdp): each layer's parameters are all-gathered in the compute precision (fp32 under
+torch.autocast, whose parameters stay fp32) before its forward
 and (resharded after forward when there is no pipeline, FSDP2's default) again before its backward; its
 gradients are reduce-scattered in fp32. FSDP2 prefetches the next layer's all-gather while this layer computes,
 so per layer only what the collective takes beyond the layer's compute is exposed, plus the first all-gather
@@ -212,7 +213,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
 
     # FSDP2 and replicas, per layer of this stage over the whole step
     layer_params = model.layer_params() / layout.tp
-    gather = coll("all_gather", layer_params * e, "fsdp")
+    param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
+    gather = coll("all_gather", layer_params * param_bytes, "fsdp")
     reduce = coll("reduce_scatter", layer_params * 4, "fsdp")
     replicate = coll("all_reduce", layer_params * 4 / layout.fsdp, "dp")
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline

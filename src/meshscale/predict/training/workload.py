@@ -3,8 +3,11 @@
 Transformers (Llama and GPT-2 styles, as `meshscale.models` describes them): per layer and micro-batch, the
 forward's kernels as eager PyTorch runs them, the backward's (each GEMM's two products, attention's backward,
 the element-wise ops' gradients at about twice their forward traffic) and what activation checkpointing
-recomputes (selective: the element-wise ops, whose outputs `models.memory` counts as not kept; full: the whole
-forward). Tensor parallelism (with sequence parallelism, as torchtitan applies it) splits the GEMMs' inner
+recomputes. full: the whole forward. selective: torchtitan's op-level policy, which saves the output of every
+compute op except every second matrix multiplication of a block (its `_custom_policy`: "Saves output of all
+compute ops, except every second mm"), so the element-wise ops and the 2nd, 4th, ... GEMMs run again (Llama:
+wk, wo, w3; GPT-2's fused qkv: the attention and MLP output projections). `models.memory` counts selective as
+keeping every GEMM output, the larger of the two. Tensor parallelism (with sequence parallelism, as torchtitan applies it) splits the GEMMs' inner
 widths and the element-wise ops' tokens by tp; context parallelism splits the tokens by cp.
 
 ResNets: the torchvision architecture (v1.5: stride on the 3x3 convolution), every convolution as the implicit
@@ -45,7 +48,8 @@ def element_bytes(precision: str) -> int:
 
 def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str) -> PassKernels:
     """Backward of ``forward`` (GEMMs and convolutions: two products each; attention: 2.5 x its FLOPs;
-    element-wise: BACKWARD_TRAFFIC x its bytes) and the recomputation ``checkpointing`` asks for."""
+    element-wise: BACKWARD_TRAFFIC x its bytes) and the recomputation ``checkpointing`` asks for (selective:
+    ``elementwise`` and every second GEMM)."""
     backward: list[Kernel] = []
     for k in forward:
         if k.kind in ("matmul", "conv"):
@@ -54,7 +58,12 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(Kernel(k.name + " backward", "attention", 2.5 * k.flops, 2 * k.bytes))
         else:
             backward.append(memory_op(k.name + " backward", BACKWARD_TRAFFIC * k.bytes))
-    recompute = forward if checkpointing == "full" else elementwise if checkpointing == "selective" else []
+    if checkpointing == "full":
+        recompute = forward
+    elif checkpointing == "selective":
+        recompute = elementwise + [k for k in forward if k.kind == "matmul"][1::2]
+    else:
+        recompute = []
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
 
 
@@ -89,7 +98,11 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     if autocast and precision != "fp32":
         casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp),
                  memory_op("autocast input cast", 2 * 6.0 * tokens * d)]
-    forward = [*casts, norm, gemm("qkv", tokens, (d + 2 * kv) / tp, d, e), *rotary,
+    if model.style == "llama":   # torchtitan's separate wq, wk, wv
+        qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
+    else:
+        qkv = [gemm("qkv", tokens, (d + 2 * kv) / tp, d, e)]
+    forward = [*casts, norm, *qkv, *rotary,
                Kernel("attention", "attention", attention_flops, attention_bytes),
                gemm("attention out", tokens, d, d / tp, e), add, norm, *mlp, *act_ops, down, add]
     return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing)
