@@ -239,3 +239,20 @@ def test_a_config_json_missing_a_shape_field_names_it(cli, tmp_path):
                                 "intermediate_size": 4096, "vocab_size": 32000, "max_position_embeddings": 2048}))
     r = cli("predict", "--model", str(path), "--system", "hgx-h100", "--gpus", "8")
     assert r.exit_code == 2 and "num_hidden_layers" in r.stderr
+
+
+def test_predict_with_a_layout_runs_without_importing_torch():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import sys\nfrom meshscale.cli import main\n"
+            "sys.argv = ['meshscale', 'predict', '--model', 'llama-1b', '--system', 'hgx-h100', '--gpus', '2',"
+            " '--fsdp', '2', '--seq-len', '1024']\n"
+            "try:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+            "assert 'torch' not in sys.modules, 'torch was imported'\n")
+    src = str(Path(__file__).resolve().parents[2] / "src")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": src})
+    assert done.returncode == 0, done.stderr[-2000:]
