@@ -226,6 +226,9 @@ def test_predict_a_layout_prints_tokens_per_gpu_mfu_and_memory(cli, tmp_path):
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "12"], "--gpus 12"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--seq-len", "100000"], "--seq-len 100000"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--precision", "fp8"], "--precision fp8"),
+    (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--seq-len", "128"], "--seq-len"),
+    (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--global-batch", "64"], "--global-batch"),
+    (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--search", "--tp", "2"], "--search"),
 ])
 def test_bad_training_input_is_one_line_and_exit_2(cli, args, field):
     r = cli("predict", *args)

@@ -108,9 +108,13 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
 
 def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], GpuSpec]:
     """The prediction of the layout asked (one row), or with ``search`` every layout ranked."""
+    if req.global_batch is not None and not req.search:
+        raise MeshscaleError("--global-batch is for --search; a layout takes --batch (per data-parallel rank)")
     gpu, per_node = system_gpu(req.system)
     placement = placement_of(req, per_node)
     transformer, depth, autocast = _model(req.model)
+    if transformer is None and req.seq_len:
+        raise MeshscaleError(f"--seq-len is for transformers; {req.model} takes images")
     if transformer is not None and not req.seq_len:
         seq_len = min(transformer.max_seq_len, 2048)
     else:
