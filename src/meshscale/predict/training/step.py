@@ -224,7 +224,9 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     replica = exposed_backward * (replicate / tail) if tail else 0.0
     sharding += exposed_backward - replica
 
-    stage_params = stage_layers * layer_params + (model.embedding_params() + model.head_params()) / layout.tp
+    ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
+        max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
+    stage_params = stage_layers * layer_params + ends_params / layout.tp
     optimizer = total_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw"), r)
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer
