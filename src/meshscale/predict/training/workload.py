@@ -18,7 +18,7 @@ output (same guide), which is priced as one more read and write of each.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshscale.models.memory import LOGIT_BYTES_PER_ELEMENT
 from meshscale.models.transformer import TransformerConfig
@@ -183,7 +183,10 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     for i, block in enumerate(blocks):
         for j, c in enumerate(block):
             pixels = batch * c.out_hw ** 2
-            forward.append(gemm(f"conv{i}.{j}", pixels, c.c_out, c.c_in * c.kernel ** 2, e, kind="conv"))
+            conv = gemm(f"conv{i}.{j}", pixels, c.c_out, c.c_in * c.kernel ** 2, e, kind="conv")
+            # implicit GEMM: the M x K operand is never built; the input tensor is read once
+            in_elements = batch * (c.out_hw * c.stride) ** 2 * c.c_in
+            forward.append(replace(conv, bytes=e * (in_elements + conv.k * conv.n + conv.m * conv.n)))
             out_bytes = pixels * c.c_out * e
             forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes), memory_op(f"relu{i}.{j}", 2 * out_bytes)]
             if not channels_last and precision != "fp32":
