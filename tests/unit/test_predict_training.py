@@ -174,6 +174,25 @@ def test_a_profile_calibrates_on_its_own_gpu_and_moves_each_kernel_by_its_own_bo
     assert p.step_s == pytest.approx(1.25 * predict_step(job, ONE, H100).step_s, rel=1e-6)
 
 
+def test_a_two_batch_profile_separates_a_fixed_cost_per_step_from_the_kernels(tmp_path):
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+    from meshscale.predict.training.step import fit_calibration
+
+    fitted = fit_calibration([0.01, 0.03], [0.025, 0.055], "x")
+    assert (fitted.factor, fitted.host_s) == pytest.approx((1.5, 0.01))
+    assert fit_calibration([0.01, 0.03], [0.005, 0.045], "x").host_s == 0.0   # a negative fixed cost is not one
+    h200 = gpu_spec({"model": "NVIDIA H200"})
+    job = TrainingJob(preset("gpt2-small"), ParallelLayout(), 8, 1024, autocast=True)
+    host, factor = 0.013, 1.4
+    measured = [host + factor * predict_step(replace(job, batch=b), ONE, h200).step_s for b in (8, 16)]
+    path = _profile(tmp_path, "NVIDIA H200", [8, 16], measured, model="gpt-small")
+    req = TrainingRequest(model="gpt-small", system="hgx-h100", gpus=1, batch=16, seq_len=1024, profile=path)
+    (p,), _ = predict_training(req)
+    on_h100 = predict_step(replace(job, batch=16), ONE, H100).step_s
+    assert p.step_s == pytest.approx(host + factor * on_h100, rel=1e-6)
+    assert p.host_s == pytest.approx(host) and "ms per step" in p.compute_source
+
+
 # ---- the search ----------------------------------------------------------------------------------------------
 def test_search_lists_every_fitting_layout_fastest_first_then_the_others():
     model = preset("llama-1b")

@@ -11,7 +11,8 @@ from meshscale.models.transformer import TransformerConfig, is_transformer_model
 from meshscale.predict.training.comm import Placement
 from meshscale.predict.training.hardware import GpuSpec, gpu_spec, system_gpu
 from meshscale.predict.training.search import search_layouts
-from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, predict_step
+from meshscale.predict.training.step import (Calibration, TrainingJob, TrainingPrediction, fit_calibration,
+                                             predict_step)
 
 # `meshscale train`'s models (its registry) as the shapes they are: they train under torch.autocast
 TRAIN_MODELS = {"gpt-small": "gpt2-small", "gpt-medium": "gpt2-medium"}
@@ -87,12 +88,10 @@ def layout_of(req: TrainingRequest, world: int, resnet: bool) -> ParallelLayout:
 
 
 def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None:
-    """A measured single-GPU profile's factor on the datasheet roofline of the GPU it was measured on
-    (geometric mean over its batches)."""
+    """A measured single-GPU profile fitted to the datasheet roofline of the GPU it was measured on
+    (`fit_calibration`: a factor on every kernel, and a fixed cost per step when it has two batches or more)."""
     if not req.profile:
         return None
-    from math import exp, log
-
     from meshscale.predict.profile import profile_from_result
     from meshscale.results import load_result
 
@@ -101,9 +100,8 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
     gpu = gpu_spec({"model": profile.gpu_model})
     one = Placement(req.system, 1)
-    logs = [log(t / predict_step(replace(job, layout=ParallelLayout(), batch=b), one, gpu).step_s)
-            for b, t in zip(profile.batches, profile.step_time_s)]
-    return Calibration(exp(sum(logs) / len(logs)), gpu.model)
+    predicted = [predict_step(replace(job, layout=ParallelLayout(), batch=b), one, gpu).step_s for b in profile.batches]
+    return fit_calibration(predicted, profile.step_time_s, gpu.model)
 
 
 def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], GpuSpec]:

@@ -25,7 +25,7 @@ backward (only what exceeds backward, and the last bucket, is exposed).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from math import ceil
+from math import ceil, exp, log
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
@@ -42,13 +42,34 @@ DDP_BUCKET_BYTES = 25 * (1 << 20)
 
 @dataclass(frozen=True)
 class Calibration:
-    """A measured profile's verdict on the datasheet roofline: measured / predicted step time on ``gpu_model``."""
+    """A measured profile's verdict on the datasheet roofline of the GPU that measured it, ``gpu_model``:
+    measured step = host_s + factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own
+    bound on another GPU); ``host_s`` is a fixed cost per step that does not grow with the batch (host dispatch,
+    synchronization), carried over unchanged."""
 
     factor: float
     gpu_model: str
+    host_s: float = 0.0
 
     def describe(self) -> str:
-        return f"calibrated on {self.gpu_model} (x{self.factor:.2f})"
+        host = f" + {self.host_s * 1e3:.1f} ms per step" if self.host_s else ""
+        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host})"
+
+
+def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model: str) -> Calibration:
+    """measured = host + factor x predicted, by least squares over the profile's batches (two or more); one
+    batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the ratios)."""
+    n = len(predicted_s)
+    if n >= 2:
+        mp, mm = sum(predicted_s) / n, sum(measured_s) / n
+        spread = sum((p - mp) ** 2 for p in predicted_s)
+        if spread > 0:
+            factor = sum((p - mp) * (m - mm) for p, m in zip(predicted_s, measured_s)) / spread
+            host = mm - factor * mp
+            if factor > 0 and host >= 0:
+                return Calibration(factor, gpu_model, host)
+    ratio = exp(sum(log(m / p) for p, m in zip(predicted_s, measured_s)) / n)
+    return Calibration(ratio, gpu_model)
 
 
 @dataclass(frozen=True)
@@ -98,6 +119,7 @@ class TrainingPrediction:
     bubble_s: float = 0.0       # pipeline fill and drain
     sharding_s: float = 0.0     # FSDP all-gather / reduce-scatter not hidden by compute
     replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
+    host_s: float = 0.0         # a calibration's fixed cost per step
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -122,7 +144,7 @@ class TrainingPrediction:
         """Seconds per step that are not compute, by cause."""
         return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
                 "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
-                "replica all-reduce": self.replica_s}
+                "replica all-reduce": self.replica_s, "host per step": self.host_s}
 
     def why(self) -> str:
         """The step's largest costs beyond compute, in words."""
@@ -161,9 +183,11 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     check_job(job, placement.world_size)
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0)
     source = calibration.describe() if calibration else f"datasheet roofline ({gpu.model})"
-    if job.model is None:
-        return _resnet(job, placement, gpu, r, source)
-    return _transformer(job, placement, gpu, r, source)
+    found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
+    if calibration and calibration.host_s:
+        found.host_s = calibration.host_s
+        found.step_s += calibration.host_s
+    return found
 
 
 def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
