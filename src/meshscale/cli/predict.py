@@ -10,6 +10,7 @@ from rich.table import Table
 
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
+from meshscale.validation import Range as _Range
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
@@ -18,6 +19,7 @@ from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe
 from meshscale.units import parse_ints
 
 
+DEGREE = _Range(1, 1 << 20, integer=True)
 CLUSTER_NODES = 124  # the DGX-1 whitepaper's cluster, when neither --nodes nor a cluster file says
 
 
@@ -94,15 +96,15 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
 
 def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
             system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
-            gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system", callback=checked(counts())),
+            gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts on one system (default 1,2,4,8); with a layout, the one GPU count it runs on", callback=checked(counts(1, 1 << 20))),
             nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
-            link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us"),
+            link: Optional[str] = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us (default edr; ndr for training layouts)"),
             nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             network: Optional[str] = NETWORK_OPTION,
             oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
             weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
-            batch: int = typer.Option(64, "--batch", help="batch per GPU (--weak)", callback=checked(BATCH)),
+            batch: Optional[int] = typer.Option(None, "--batch", help="batch per GPU (--weak, default 64); with a layout, per data-parallel rank (default 1)", callback=checked(BATCH)),
             global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)", callback=checked(GLOBAL_BATCH)),
             mode: Optional[str] = typer.Option(None, "--mode", help="the train mode predicted: ddp (default), allreduce "
                                                "(its exchange: --framework horovod), ps-sync (modelled as one parameter "
@@ -124,8 +126,40 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
                                                     "(3g.40gb) or a time-sliced vGPU share (1/4); --gpus counts slices"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
-            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
-    """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
+            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
+            precision: Optional[str] = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (as train's): the step model from the datasheet for this precision"),
+            seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the model's, at most 2048)", callback=checked(Range(1, 1 << 24, integer=True))),
+            checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", help="none, selective or full"),
+            channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images), as train's"),
+            dp: Optional[int] = typer.Option(None, "--dp", help="replicated data-parallel degree", callback=checked(DEGREE)),
+            fsdp: Optional[int] = typer.Option(None, "--fsdp", help="sharded data-parallel (FSDP2) degree (default: what the others leave)", callback=checked(DEGREE)),
+            tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel degree", callback=checked(DEGREE)),
+            pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages", callback=checked(DEGREE)),
+            pp_schedule: str = typer.Option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b"),
+            cp: Optional[int] = typer.Option(None, "--cp", help="context-parallel degree", callback=checked(DEGREE)),
+            micro_batches: Optional[int] = typer.Option(None, "--micro-batches", help="micro-batches per step (default: the pipeline's stages)", callback=checked(DEGREE)),
+            search: bool = typer.Option(False, "--search", help="rank every layout of the model on --gpus at --global-batch"),
+            top: int = typer.Option(15, "--top", help="--search: layouts shown (the JSON has all)", callback=checked(Range(1, 1 << 20, integer=True)))) -> None:
+    """Predict training throughput on a system or cluster (marked PREDICTED): data-parallel scaling sweeps, or
+    with a layout (--precision, --dp/--fsdp/--tp/--pp/--cp, --seq-len, a transformer model) the per-layer step
+    model, or --search for the best layout."""
+    training = {"--precision": precision, "--seq-len": seq_len, "--activation-checkpointing": checkpointing,
+                "--dp": dp, "--fsdp": fsdp, "--tp": tp, "--pp": pp, "--cp": cp, "--micro-batches": micro_batches,
+                "--search": search or None}
+    from meshscale.predict.training.request import is_training_model
+    if model and (any(v is not None for v in training.values()) or not _in_train_registry(model)) \
+            and is_training_model(model):
+        _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision or "bf16",
+                        checkpointing or "none", channels_last, {"dp": dp, "fsdp": fsdp, "tp": tp, "pp": pp, "cp": cp},
+                        pp_schedule, micro_batches, search, top, profile, json_out, csv_path)
+        return
+    given = [k for k, v in training.items() if v is not None]
+    if given:
+        raise MeshscaleError(f"{given[0]} is for the training step model: name a transformer (a preset or a "
+                             "config.json), gpt-small/gpt-medium or a ResNet with --model")
+    gpus = gpus or "1,2,4,8"
+    link = link or "edr"
+    batch = 64 if batch is None else batch
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
 
@@ -189,6 +223,41 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
                            json_out, csv_path)
 
 
+def _in_train_registry(model: str) -> bool:
+    """Whether `meshscale train` knows ``model`` by name (its data-parallel sweep predicts those by default)."""
+    from meshscale.predict.training.request import RESNETS, TRAIN_MODELS
+    return model in RESNETS or model in TRAIN_MODELS or model == "small-cnn" or model.startswith("gpt-")
+
+
+def _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision, checkpointing,
+                    channels_last, degrees, pp_schedule, micro_batches, search, top, profile, json_out, csv_path) -> None:
+    from meshscale.predict.training.report import layout_table, training_result
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+    from meshscale.units import parse_ints
+
+    counts_given = parse_ints(gpus, "--gpus", minimum=1) if gpus else []
+    if len(counts_given) > 1:
+        raise MeshscaleError(f"--gpus {gpus}: a training layout runs on one GPU count; give one number")
+    node_counts = parse_ints(nodes, "--nodes", minimum=1) if nodes else []
+    if len(node_counts) > 1:
+        raise MeshscaleError(f"--nodes {nodes}: a training layout runs on one node count; give one number")
+    if search and any(v is not None for v in degrees.values()):
+        raise MeshscaleError("--search chooses --dp/--fsdp/--tp/--pp/--cp itself; drop them")
+    req = TrainingRequest(model=model, system=system, gpus=counts_given[0] if counts_given else None,
+                          nodes=node_counts[0] if node_counts else None, link=link, nics=nics,
+                          batch=batch or 1, global_batch=global_batch, seq_len=seq_len, precision=precision,
+                          checkpointing=checkpointing, channels_last=channels_last, degrees=degrees,
+                          pp_schedule=pp_schedule, micro_batches=micro_batches, search=search, profile=profile)
+    predictions, gpu = predict_training(req)
+    table, lines = layout_table(predictions[:top] if search else predictions, search=search,
+                                hidden=len(predictions) - top if search else 0)
+    print_tables(table)
+    for line in lines:
+        typer.echo(line)
+    if json_out or csv_path:
+        write_result_files(training_result(predictions, search=search), json_out, csv_path)
+
+
 WORST_ROWS_SHOWN = 10  # rows `validate` lists without --all
 
 
@@ -202,10 +271,19 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
              show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
              json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
-             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
+             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
+             training: bool = typer.Option(False, "--training", help="the training corpus: published training runs "
+                                           "predicted by the step model (--corpus: a training YAML)")) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys
+
+    if training:
+        if system or collective or algo != "nccl":
+            raise MeshscaleError("--training validates the training corpus; --system, --collective and --algo are "
+                                 "for the collectives corpus")
+        _validate_training(corpus, show_all, json_out, csv_path)
+        return
 
     from meshscale.predict.validate import validate_corpus
     from meshscale.units import format_bytes
@@ -250,6 +328,42 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
     write_result_files(result, json_out, csv_path)
     if not summary["passed"]:
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
+
+
+def _validate_training(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
+    import math
+    import sys
+
+    from meshscale.predict.training.validate import validate_training
+
+    result = validate_training(corpus)
+    summary = result.meta["summary"]
+    rows = result.rows if show_all else sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])))[:WORST_ROWS_SHOWN]
+    table = Table(title=f"{'every run' if show_all else f'{len(rows)} worst runs'} of {summary['rows']} "
+                        f"({Path(result.meta['corpus']).name}) - PREDICTED vs published")
+    for c in ("row", "GPU", "GPUs", "model", "layout", "seq", "ckpt", "measured", "predicted", "error", "source"):
+        table.add_column(c, justify="right" if c in ("row", "GPUs", "seq", "measured", "predicted", "error") else "left")
+    for r in rows:
+        unit = "tok/s/GPU" if r["metric"] == "tokens_per_s_per_gpu" else "samples/s"
+        table.add_row(str(r["row"]), r["gpu"], str(r["world_size"]), r["model"], r["layout"], str(r["seq_len"] or "-"),
+                      r["activation_checkpointing"], f"{r['measured']:,.0f} {unit}", f"{r['predicted']:,.0f}",
+                      _percent(r["error"]), r["source"][:60])
+    console = text_console()
+    print_tables(table, console=console)
+    families = Table(title="per GPU family")
+    for c in ("family", "runs", "geomean |error|", "mean error"):
+        families.add_column(c, justify="left" if c == "family" else "right")
+    for name, f in summary["by_family"].items():
+        families.add_row(name, str(f["rows"]), f"{f['geomean_abs_error']:.1%}", _percent(f["mean_error"]))
+    print_tables(families, console=console)
+    console.print(f"geomean |error| {summary['geomean_abs_error']:.1%} over {summary['rows']} runs (bound "
+                  f"{summary['geomean_bound']:.0%}); worst run {summary['worst_row']}, {summary['worst_times_off']:.2f}x "
+                  f"off (bound {summary['worst_bound']:g}x)")
+    console.print(f"({summary['error_definition']})")
+    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
+    write_result_files(result, json_out, csv_path)
+    if not summary["passed"]:
+        sys.exit(1)
 
 
 def register(app: typer.Typer) -> None:

@@ -16,8 +16,6 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
-from meshscale.execute import in_torchrun
-from meshscale.execute.world import World, resolve_sweep, resolve_world
 from meshscale.train.config import OptionField, config_from_options, option_fields
 from meshscale.units import parse_ints
 
@@ -77,6 +75,7 @@ def train(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
 ) -> None:
     """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
+    from meshscale.execute.world import World, resolve_world  # torch: imported only when training
     from meshscale.train.runner import notices, profile, train as run_train
 
     _check_resume(options)
@@ -127,6 +126,8 @@ def scale(
     from meshscale import plots
     from meshscale.predict.against_measured import predicted_beside
     from meshscale.train.runner import notices
+    from meshscale.execute import in_torchrun  # torch: imported only when training
+    from meshscale.execute.world import resolve_sweep, resolve_world
     from meshscale.train.scale import scale as run_scale, torchrun_worlds
 
     if weak == strong:

@@ -1,0 +1,133 @@
+"""The kernels of a training step and their time on one GPU: a roofline on the datasheet figures, with the
+achievable fractions GPU libraries document.
+
+- A matrix multiplication (or a convolution as the implicit GEMM cuDNN runs) of M x K by K x N is split into
+  output tiles of TILE x TILE, one thread block each, run in waves of one tile per SM: a partly filled last tile
+  and a partly filled last wave waste their share of the machine (tile and wave quantization, NVIDIA Deep
+  Learning Performance Guide, "Matrix Multiplication Background"); too few tiles are split along K. What full
+  waves reach is the measured large-GEMM ceiling of the generation, GEMM_CEILING: the maximum achievable matmul
+  FLOPS over shapes (BF16, PyTorch matmul: A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, GH200 821.0 of
+  989; Stas Bekman's Machine Learning Engineering Open Book, "Maximum Achievable Matmul FLOPS comparison table").
+  Its operands cross HBM at least once, so a thin product is bandwidth-bound instead.
+- Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
+  2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
+  peak its papers measure for the generation (ATTENTION_FRACTION).
+- Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
+  bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
+  datasheet figure; not a figure measured here).
+- No kernel takes less than KERNEL_FLOOR_S: launched from eager PyTorch, each op costs a few microseconds of
+  host dispatch and launch ("Accelerating PyTorch with CUDA Graphs", PyTorch blog), which the GPU waits out when
+  the kernel itself is shorter (a stated allowance).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from meshscale.predict.training.hardware import GpuSpec
+
+TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper for large problems
+# measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
+GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
+GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
+HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
+KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (stated allowance)
+# FlashAttention's measured fraction of the dense peak in training (forward + backward):
+# Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
+# Hopper: FlashAttention-2, what PyTorch's SDPA runs, reaches only 35% on H100 (FlashAttention-3 paper, abstract);
+# Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
+ATTENTION_FRACTION = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.35}
+ATTENTION_FRACTION_OTHER = 0.30   # memory-efficient attention on older GPUs (no FlashAttention-2 there)
+
+KINDS = ("matmul", "conv", "attention", "memory")
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One kernel of one pass: its FLOPs, the HBM bytes it must move, and (matrix products) its GEMM shape."""
+
+    name: str
+    kind: str                       # matmul | conv | attention | memory
+    flops: float = 0.0
+    bytes: float = 0.0
+    m: int = 0
+    n: int = 0
+    k: int = 0
+    count: int = 1                  # identical kernels (e.g. per layer)
+
+
+def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
+    """An M x K by K x N product: 2MNK FLOPs, its three operands once through HBM."""
+    m, n, k = max(1, int(m)), max(1, int(n)), max(1, int(k))
+    return Kernel(name, kind, 2.0 * m * n * k, float(element_bytes) * (m * k + k * n + m * n), m, n, k)
+
+
+def gemm_backward(fwd: Kernel) -> list[Kernel]:
+    """The two products of a GEMM's backward: the input gradient (M x N by N x K) and the weight gradient
+    (K x M by M x N)."""
+    e = fwd.bytes / (fwd.m * fwd.k + fwd.k * fwd.n + fwd.m * fwd.n)
+    return [gemm(fwd.name + " dgrad", fwd.m, fwd.k, fwd.n, e, fwd.kind),
+            gemm(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m, e, fwd.kind)]
+
+
+def memory_op(name: str, nbytes: float) -> Kernel:
+    return Kernel(name, "memory", 0.0, float(nbytes))
+
+
+def quantization(m: int, n: int, k: int, sm_count: int) -> float:
+    """Useful share of the machine for an M x N output over K: tiles partly outside the matrix and a last wave
+    that does not fill every SM do work nobody asked for. Too few tiles to fill the SMs are split along K
+    (split-K / stream-K, as cuBLAS and CUTLASS do for small outputs), in chunks of at least one tile of K."""
+    tiles_m, tiles_n = ceil(m / TILE), ceil(n / TILE)
+    tile = (m * n) / (tiles_m * tiles_n * TILE * TILE)
+    units = tiles_m * tiles_n * max(1, min(sm_count // (tiles_m * tiles_n), k // TILE))
+    wave = units / (ceil(units / sm_count) * sm_count)
+    return tile * wave
+
+
+@dataclass(frozen=True)
+class Rates:
+    """What one kernel kind can reach on one GPU in one precision, and a calibration factor (1: datasheet)."""
+
+    matmul_flops: float
+    conv_flops: float
+    attention_flops: float
+    bandwidth_bytes_per_s: float
+    sm_count: int
+    factor: float = 1.0             # measured / datasheet-predicted time on the calibrating GPU
+
+
+def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
+    attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
+    ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
+    return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
+                 gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
+                 gpu.sm_count, factor)
+
+
+def kernel_seconds(kernel: Kernel, r: Rates) -> float:
+    """One kernel's time (x its count): the slower of its compute and its memory traffic, never below the
+    launch floor; scaled by the calibration factor."""
+    memory_s = kernel.bytes / r.bandwidth_bytes_per_s
+    if kernel.kind in ("matmul", "conv"):
+        peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
+        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count))
+    elif kernel.kind == "attention":
+        compute_s = kernel.flops / r.attention_flops
+    else:
+        compute_s = 0.0
+    return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S) * r.factor
+
+
+def total_seconds(kernels: list[Kernel], r: Rates) -> float:
+    return sum(kernel_seconds(k, r) for k in kernels)
+
+
+def bound_of(kernel: Kernel, r: Rates) -> str:
+    """Which side of the roofline limits a kernel: compute, memory or launch."""
+    memory_s = kernel.bytes / r.bandwidth_bytes_per_s
+    t = kernel_seconds(kernel, Rates(r.matmul_flops, r.conv_flops, r.attention_flops, r.bandwidth_bytes_per_s,
+                                     r.sm_count)) / kernel.count
+    if t <= KERNEL_FLOOR_S:
+        return "launch"
+    return "memory" if memory_s >= t * (1 - 1e-9) else "compute"

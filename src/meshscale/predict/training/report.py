@@ -1,0 +1,73 @@
+"""The training predictions as a table (what the CLI prints), as rows of plain values, and as a Result."""
+from __future__ import annotations
+
+from rich.table import Table
+
+from meshscale.predict.training.step import TrainingPrediction
+from meshscale.results import Result
+
+GIB = float(1 << 30)
+
+
+def prediction_row(p: TrainingPrediction) -> dict:
+    """One prediction as a row of plain values (Result kind predict)."""
+    job, mem = p.job, p.memory
+    row = {"model": job.name, "layout": job.layout.describe(), "world_size": p.placement.world_size,
+           "nodes": p.placement.nodes, **{k: v for k, v in job.layout.degrees().items()},
+           "pp_schedule": job.layout.pp_schedule, "micro_batches": job.layout.micro_batches,
+           "batch_per_rank": job.batch, "global_batch": job.samples_per_step, "seq_len": job.seq_len,
+           "precision": job.precision, "activation_checkpointing": job.checkpointing,
+           "step_time_s": p.step_s, "compute_s": p.compute_s, "throughput_samples_per_s": p.samples_per_s,
+           "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if job.seq_len else None, "mfu": p.mfu,
+           "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
+           "memory_capacity_bytes": p.gpu.memory_bytes}
+    row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
+    if mem is not None:
+        row["memory_peak_bytes"] = mem.total_bytes
+        row.update({f"memory_{k}_bytes": v for k, v in mem.breakdown().items()})
+    return row
+
+
+def training_result(predictions: list[TrainingPrediction], search: bool = False) -> Result:
+    first = predictions[0]
+    return Result("predict", [prediction_row(p) for p in predictions], True,
+                  {"training": True, "search": search, "model": first.job.name, "system": first.placement.system,
+                   "placement": first.placement.describe(), "compute_source": first.compute_source,
+                   "gpu": first.gpu.model})
+
+
+def layout_table(predictions: list[TrainingPrediction], search: bool = False, hidden: int = 0) -> tuple[Table, list[str]]:
+    """The table and the lines under it (what wins and why, what does not fit)."""
+    first = predictions[0]
+    job = first.job
+    tokens = bool(job.seq_len)
+    shape = f"seq {job.seq_len}, {job.precision}" if tokens else f"{job.precision}"
+    title = (f"{job.name} on {first.placement.describe()}, {shape}"
+             + (", every layout ranked" if search else "") + " - PREDICTED")
+    table = Table(title=title)
+    cols = (["#"] if search else []) + ["layout", "ckpt", "batch/rank", "tokens/s/GPU" if tokens else "samples/s",
+                                        "step ms", "MFU", "peak GiB/GPU", "fits", "compute from", "exposed"]
+    for c in cols:
+        table.add_column(c, justify="left" if c in ("layout", "ckpt", "compute from", "exposed", "fits") else "right")
+    for i, p in enumerate(predictions, 1):
+        rate = f"{p.tokens_per_s_per_gpu:,.0f}" if tokens else f"{p.samples_per_s:,.1f}"
+        memory = f"{p.memory.total_bytes / GIB:,.1f}" if p.memory else "-"
+        fits = "yes" if p.fits else f"[red]no[/] (has {p.gpu.memory_bytes / GIB:.0f})"
+        cells = [p.job.layout.describe(), p.job.checkpointing, str(p.job.batch), rate, f"{p.step_s * 1e3:,.1f}",
+                 f"{p.mfu:.1%}", memory, fits, p.compute_source, p.why()]
+        table.add_row(*([str(i)] if search else []) + cells)
+    lines = []
+    if search:
+        fitting = [p for p in predictions if p.fits]
+        if fitting:
+            best = fitting[0]
+            lines.append(f"best: {best.job.layout.describe()}, {best.job.checkpointing} checkpointing: "
+                         f"{best.tokens_per_s_per_gpu:,.0f} tokens/s per GPU, MFU {best.mfu:.1%}; {best.why()}")
+        else:
+            lines.append("no layout fits in memory; the smallest need is listed first")
+        if hidden > 0:
+            lines.append(f"({hidden} more layouts in the JSON; --top N shows more)")
+    elif not first.fits:
+        lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
+                     f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
+    return table, lines

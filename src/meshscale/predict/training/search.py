@@ -1,0 +1,73 @@
+"""The best layout for a model on a number of GPUs at a global batch: every layout the model and the fabric
+allow, each predicted, ranked by tokens per second among those that fit in memory.
+
+Candidates: tp a divisor of the GPUs per node (a tp group spanning nodes is never faster than one inside),
+pp and cp powers of two, the rest of the world split between FSDP shards and replicas in powers of two, the
+three checkpointing policies, and for pipelines 1F1B and interleaved 1F1B (two virtual stages per rank) with
+one sequence per micro-batch. Layouts the model cannot run (heads, layers, sequence) are left out silently.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import CHECKPOINTING, ParallelLayout
+from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.hardware import GpuSpec
+from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, check_job, predict_step
+
+MAX_PP = 32
+MAX_CP = 16
+
+
+def _powers(limit: int) -> list[int]:
+    out, n = [], 1
+    while n <= limit:
+        out.append(n)
+        n *= 2
+    return out
+
+
+def candidate_layouts(job: TrainingJob, world: int, gpus_per_node: int, global_batch: int) -> list[TrainingJob]:
+    """Every job of ``job``'s model and step shape on ``world`` GPUs at ``global_batch`` sequences per step that
+    passes the layout's checks."""
+    jobs = []
+    for tp in [t for t in _powers(gpus_per_node) if gpus_per_node % t == 0]:
+        for pp in _powers(min(MAX_PP, world // tp)):
+            for cp in _powers(min(MAX_CP, world // (tp * pp))):
+                rest = world // (tp * pp * cp)
+                if tp * pp * cp * rest != world:
+                    continue
+                for fsdp in [f for f in _powers(rest) if rest % f == 0]:
+                    dp = rest // fsdp
+                    if global_batch % (dp * fsdp):
+                        continue
+                    batch = global_batch // (dp * fsdp)
+                    schedules = [("1f1b", 1), ("interleaved-1f1b", 2)] if pp > 1 else [("1f1b", 1)]
+                    for schedule, v in schedules:
+                        layout = ParallelLayout(dp=dp, fsdp=fsdp, tp=tp, pp=pp, cp=cp, pp_schedule=schedule,
+                                                micro_batches=batch if pp > 1 else 1, stages_per_rank=v)
+                        for checkpointing in CHECKPOINTING:
+                            candidate = replace(job, layout=layout, batch=batch, checkpointing=checkpointing)
+                            try:
+                                check_job(candidate, world)
+                            except MeshscaleError:
+                                continue
+                            jobs.append(candidate)
+    return jobs
+
+
+def search_layouts(job: TrainingJob, placement: Placement, gpu: GpuSpec, global_batch: int,
+                   calibration: Calibration | None = None) -> list[TrainingPrediction]:
+    """Every candidate predicted: those that fit first, fastest first, then those that do not, smallest
+    memory first."""
+    if job.model is None:
+        raise MeshscaleError("--search ranks transformer layouts; a ResNet trains data parallel only")
+    found = [predict_step(j, placement, gpu, calibration)
+             for j in candidate_layouts(job, placement.world_size, placement.gpus_per_node, global_batch)]
+    if not found:
+        raise MeshscaleError(f"no layout of {job.name} runs on {placement.world_size} GPUs at a global batch of "
+                             f"{global_batch}; try a global batch that the GPU count divides")
+    fits = sorted((p for p in found if p.fits), key=lambda p: -p.tokens_per_s_per_gpu)
+    over = sorted((p for p in found if not p.fits), key=lambda p: p.memory.total_bytes)
+    return fits + over

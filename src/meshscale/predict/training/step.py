@@ -1,0 +1,263 @@
+"""One training step of a layout on a fabric: compute per layer and pass, every parallel dimension's
+collectives, the pipeline's bubble, memory, tokens per second and MFU.
+
+Per micro-batch and layer, on the rank's critical path: the layer's kernels (forward; backward with what
+checkpointing recomputes), tensor parallelism's two all-gathers and two reduce-scatters of the activations
+each way (sequence parallelism, torchtitan's plan; a full recompute repeats the forward's), context
+parallelism's all-gather of K and V forward and again with a reduce-scatter of their gradients backward
+(torchtitan's default all-gather rotation, not overlapped), and with pipeline stages one send/recv of the
+stage's output activations each way.
+
+Pipeline (pp stages, m micro-batches, v virtual stages per rank for interleaved 1F1B): the stage runs
+(m + (pp - 1) / v) x (forward + backward) of one micro-batch (GPipe and 1F1B: v = 1; Narayanan et al. 2021);
+the bubble is what exceeds m x (forward + backward).
+
+FSDP2 (shard group fsdp): each layer's parameters are all-gathered in the compute precision (fp32 under
+torch.autocast, whose parameters stay fp32) before its forward
+and (resharded after forward when there is no pipeline, FSDP2's default) again before its backward; its
+gradients are reduce-scattered in fp32. FSDP2 prefetches the next layer's all-gather while this layer computes,
+so per layer only what the collective takes beyond the layer's compute is exposed, plus the first all-gather
+and the last reduce-scatter. Replicas (dp) all-reduce each layer's gradient shard in the same backward stream.
+
+A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
+backward (only what exceeds backward, and the last bucket, is exposed).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from math import ceil, exp, log
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
+from meshscale.models.memory import MemoryEstimate, training_memory
+from meshscale.models.transformer import TransformerConfig
+from meshscale.predict.training.comm import Placement, collective_seconds
+from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
+from meshscale.predict.training.kernels import Rates, rates, total_seconds
+from meshscale.predict.training.workload import (RESNET_BLOCKS, element_bytes, optimizer_kernels, resnet_params,
+                                                 resnet_step, transformer_ends, transformer_layer)
+
+DDP_BUCKET_BYTES = 25 * (1 << 20)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """A measured profile's verdict on the datasheet roofline of the GPU that measured it, ``gpu_model``:
+    measured step = host_s + factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own
+    bound on another GPU); ``host_s`` is a fixed cost per step that does not grow with the batch (host dispatch,
+    synchronization), carried over unchanged."""
+
+    factor: float
+    gpu_model: str
+    host_s: float = 0.0
+
+    def describe(self) -> str:
+        host = f" + {self.host_s * 1e3:.1f} ms per step" if self.host_s else ""
+        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host})"
+
+
+def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model: str) -> Calibration:
+    """measured = host + factor x predicted, by least squares over the profile's batches (two or more); one
+    batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the ratios)."""
+    n = len(predicted_s)
+    if n >= 2:
+        mp, mm = sum(predicted_s) / n, sum(measured_s) / n
+        spread = sum((p - mp) ** 2 for p in predicted_s)
+        if spread > 0:
+            factor = sum((p - mp) * (m - mm) for p, m in zip(predicted_s, measured_s)) / spread
+            host = mm - factor * mp
+            if factor > 0 and host >= 0:
+                return Calibration(factor, gpu_model, host)
+    ratio = exp(sum(log(m / p) for p, m in zip(predicted_s, measured_s)) / n)
+    return Calibration(ratio, gpu_model)
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """What trains: a transformer shape or a ResNet (``resnet_depth``), the layout, and the step's shape.
+    ``batch``: sequences (images) per data-parallel rank per step, split into the layout's micro-batches."""
+
+    model: TransformerConfig | None
+    layout: ParallelLayout
+    batch: int
+    seq_len: int = 0
+    precision: str = "bf16"
+    checkpointing: str = "none"
+    resnet_depth: int = 0
+    channels_last: bool = True
+    autocast: bool = False      # fp32 parameters under torch.autocast (train's engine), else FSDP2 mixed precision
+    image: int = 224
+
+    @property
+    def name(self) -> str:
+        return self.model.name if self.model else f"resnet{self.resnet_depth}"
+
+    @property
+    def samples_per_step(self) -> int:
+        return self.batch * self.layout.data_parallel
+
+    def model_flops_per_sample(self) -> float:
+        """Training FLOPs per sample as MFU counts them (transformers: PaLM's 6N + attention per token)."""
+        if self.model:
+            return self.model.training_flops_per_token(self.seq_len) * self.seq_len
+        return resnet_step(self.resnet_depth, 1, image=self.image, autocast=False).flops()
+
+
+@dataclass
+class TrainingPrediction:
+    """One predicted step of one layout (seconds per step, per rank on the slowest pipeline stage)."""
+
+    job: TrainingJob
+    placement: Placement
+    gpu: GpuSpec
+    compute_source: str
+    step_s: float
+    compute_s: float            # kernels of forward, backward, recompute and the optimizer
+    tp_s: float = 0.0           # tensor-parallel collectives (critical path)
+    cp_s: float = 0.0           # context-parallel exchange (critical path)
+    pp_s: float = 0.0           # pipeline send/recv (critical path)
+    bubble_s: float = 0.0       # pipeline fill and drain
+    sharding_s: float = 0.0     # FSDP all-gather / reduce-scatter not hidden by compute
+    replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
+    host_s: float = 0.0         # a calibration's fixed cost per step
+    memory: MemoryEstimate | None = None
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def samples_per_s(self) -> float:
+        return self.job.samples_per_step / self.step_s
+
+    @property
+    def tokens_per_s_per_gpu(self) -> float:
+        return self.samples_per_s * max(1, self.job.seq_len) / self.placement.world_size
+
+    @property
+    def mfu(self) -> float:
+        peak = self.gpu.matmul_flops(self.job.precision)
+        return self.samples_per_s * self.job.model_flops_per_sample() / self.placement.world_size / peak
+
+    @property
+    def fits(self) -> bool:
+        return self.memory is None or self.memory.fits(self.gpu.memory_bytes)
+
+    def exposed(self) -> dict[str, float]:
+        """Seconds per step that are not compute, by cause."""
+        return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
+                "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
+                "replica all-reduce": self.replica_s, "host per step": self.host_s}
+
+    def why(self) -> str:
+        """The step's largest costs beyond compute, in words."""
+        parts = sorted(((v, k) for k, v in self.exposed().items() if v > 0.005 * self.step_s), reverse=True)
+        if not parts:
+            return "compute-bound: nothing exposed"
+        return ", ".join(f"{k} {v / self.step_s:.0%}" for v, k in parts[:2]) + " of the step exposed"
+
+
+def check_job(job: TrainingJob, world_size: int) -> None:
+    """Refuse a job that cannot run, in one line naming the field."""
+    if job.precision not in PRECISIONS:
+        raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
+    if job.checkpointing not in CHECKPOINTING:
+        raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
+    if job.batch < 1:
+        raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
+    if job.model is None:
+        if job.resnet_depth not in RESNET_BLOCKS:
+            raise MeshscaleError(f"resnet{job.resnet_depth}: depths {', '.join(map(str, RESNET_BLOCKS))} are known")
+        layout = job.layout
+        if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
+            raise MeshscaleError(f"{job.name} trains data parallel only: drop --tp, --pp and --cp")
+        check_layout(layout, world_size)
+        return
+    if job.seq_len < 1:
+        raise MeshscaleError(f"--seq-len {job.seq_len}: must be at least 1")
+    check_layout(job.layout, world_size, job.model, job.seq_len, job.batch)
+    if job.batch % job.layout.micro_batches:
+        raise MeshscaleError(f"--batch {job.batch}: must be divisible by --micro-batches {job.layout.micro_batches}")
+
+
+def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
+                 calibration: Calibration | None = None) -> TrainingPrediction:
+    """Predict one step of ``job`` on ``placement``'s GPUs."""
+    check_job(job, placement.world_size)
+    r = rates(gpu, job.precision, calibration.factor if calibration else 1.0)
+    source = calibration.describe() if calibration else f"datasheet roofline ({gpu.model})"
+    found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
+    if calibration and calibration.host_s:
+        found.host_s = calibration.host_s
+        found.step_s += calibration.host_s
+    return found
+
+
+def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+    kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
+                          channels_last=job.channels_last, autocast=job.autocast)
+    params = resnet_params(job.resnet_depth)
+    forward, backward = total_seconds(list(kernels.forward), r), total_seconds(list(kernels.backward), r)
+    optimizer = total_seconds(optimizer_kernels(params, "sgd"), r)
+    group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
+    buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
+    times = [collective_seconds("all_reduce", b, group, placement) for b in buckets if b]
+    exposed = max(0.0, sum(times) - backward) + (times[-1] if times else 0.0)
+    compute = forward + backward + optimizer
+    return TrainingPrediction(job, placement, gpu, source, compute + exposed, compute, replica_s=exposed)
+
+
+def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+    model, layout = job.model, job.layout
+    e = element_bytes(job.precision)
+    m = layout.micro_batches
+    tokens = job.batch // m * job.seq_len / layout.cp
+    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
+                              checkpointing=job.checkpointing, autocast=job.autocast)
+    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision)
+    layer_f = total_seconds(list(layer.forward), r)
+    layer_b = total_seconds(list(layer.backward + layer.recompute), r)
+
+    def coll(name: str, nbytes: float, dim: str) -> float:
+        return collective_seconds(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 else 0.0
+
+    activation = tokens * model.d_model * e
+    tp_f = 2 * (coll("all_gather", activation, "tp") + coll("reduce_scatter", activation, "tp"))
+    tp_b = tp_f * (2 if job.checkpointing == "full" else 1)
+    kv = tokens * layout.cp * 2 * model.kv_dim / layout.tp * e
+    cp_f = coll("all_gather", kv, "cp")
+    cp_b = cp_f * (2 if job.checkpointing == "full" else 1) + coll("reduce_scatter", kv, "cp")
+    hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], placement) \
+        if layout.pp > 1 else 0.0
+
+    stage_layers = ceil(model.layers / layout.pp)
+    ends_f, ends_b = total_seconds(list(ends.forward), r), total_seconds(list(ends.backward), r)
+    forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
+    backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
+    v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
+    pipeline = (m + (layout.pp - 1) / v) * (forward + backward) if layout.pp > 1 else m * (forward + backward)
+    bubble = pipeline - m * (forward + backward)
+
+    # FSDP2 and replicas, per layer of this stage over the whole step
+    layer_params = model.layer_params() / layout.tp
+    param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
+    gather = coll("all_gather", layer_params * param_bytes, "fsdp")
+    reduce = coll("reduce_scatter", layer_params * 4, "fsdp")
+    replicate = coll("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
+    sharding = gather + stage_layers * max(0.0, gather - m * layer_f)
+    tail = reduce + replicate
+    exposed_backward = stage_layers * max(0.0, backward_gather + tail - m * layer_b) + tail
+    replica = exposed_backward * (replicate / tail) if tail else 0.0
+    sharding += exposed_backward - replica
+
+    ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
+        max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
+    stage_params = stage_layers * layer_params + ends_params / layout.tp
+    optimizer = total_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw"), r)
+    compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
+    step = pipeline + sharding + replica + optimizer
+    memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
+                             precision="fp32" if job.precision == "fp32" else "bf16",
+                             checkpointing=job.checkpointing)
+    return TrainingPrediction(job, placement, gpu, source, step, compute,
+                              tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
+                              pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
+                              memory=memory)

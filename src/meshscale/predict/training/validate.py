@@ -1,0 +1,115 @@
+"""`meshscale validate --training`: every published run of the shipped corpus (predict/corpus/training.yaml)
+predicted from its configuration alone, with the error per row, per GPU family and the geomean.
+
+error = predicted / measured - 1; geomean |error| = exp(mean |ln(predicted / measured)|) - 1 (as `validate`
+counts it for collectives). Bounds: geomean at most GEOMEAN_BOUND and no row off by more than WORST_BOUND
+times either way.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import ParallelLayout
+from meshscale.models.transformer import config_from_fields, load_model_config
+from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.hardware import gpu_spec, system_gpu
+from meshscale.predict.training.request import RESNETS
+from meshscale.predict.training.step import TrainingJob, predict_step
+from meshscale.results import Result
+from meshscale.validation import load_structured
+
+GEOMEAN_BOUND = 0.15
+WORST_BOUND = 1.5
+ERROR_DEFINITION = ("error = predicted / measured - 1; geomean |error| = exp(mean |ln(predicted / measured)|) - 1; "
+                    "worst = the largest max(predicted / measured, measured / predicted)")
+
+
+def corpus_path() -> Path:
+    return Path(__file__).resolve().parent.parent / "corpus" / "training.yaml"
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One corpus row: the job, where it ran, and what it measured."""
+
+    row: int
+    source: str
+    job: TrainingJob
+    placement: Placement
+    gpu_model: str
+    measured: float
+    metric: str          # tokens_per_s_per_gpu | samples_per_s
+
+
+def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
+    try:
+        name = raw["model"]
+        if name in RESNETS:
+            model, depth = None, RESNETS[name]
+        elif name in shapes:
+            model, depth = config_from_fields(name, {**shapes[name], "max_seq_len": raw["seq_len"]},
+                                              f"{where}: shape {name}"), 0
+        else:
+            model, depth = load_model_config(name), 0
+        counts = {k: int(v) for k, v in (raw.get("layout") or {}).items()}
+        gpus = int(raw["gpus"])
+        if not counts:
+            counts = {"dp": gpus}
+        layout = ParallelLayout(**counts, micro_batches=int(raw.get("micro_batches", 1)))
+        job = TrainingJob(model, layout, int(raw["batch"]), int(raw.get("seq_len", 0)), raw["precision"],
+                          raw.get("checkpointing", "none"), depth, True, bool(raw.get("autocast", False)))
+        _, per_node = system_gpu(raw["system"])
+        placement = Placement(raw["system"], min(gpus, per_node), max(1, gpus // per_node), raw.get("link", "ndr"),
+                              int(raw.get("nics", per_node)))
+        (metric, value), = raw["measured"].items()
+    except (KeyError, TypeError, ValueError) as e:
+        raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None
+    if metric not in ("tokens_per_s_per_gpu", "samples_per_s") or float(value) <= 0:
+        raise MeshscaleError(f"{where}: run {row}: measured must be tokens_per_s_per_gpu or samples_per_s > 0")
+    return PublishedRun(row, str(raw.get("source", "")), job, placement, str(raw["gpu"]), float(value), metric)
+
+
+def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
+    path = Path(path) if path else corpus_path()
+    data = load_structured(path, "training corpus", yaml_ok=True)
+    if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
+        raise MeshscaleError(f"{path}: expected a mapping with a list of runs")
+    return [_run(raw, i, data.get("shapes") or {}, str(path)) for i, raw in enumerate(data["runs"], 1)]
+
+
+def _geomean_abs_error(logs: list[float]) -> float:
+    return math.exp(sum(abs(x) for x in logs) / len(logs)) - 1
+
+
+def validate_training(path: str | Path | None = None) -> Result:
+    """Predict every run; rows with measured, predicted and error; meta.summary per GPU family and overall."""
+    rows = []
+    for run in load_training_corpus(path):
+        gpu = gpu_spec({"model": run.gpu_model})
+        p = predict_step(run.job, run.placement, gpu)
+        predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
+        rows.append({"row": run.row, "source": run.source, "model": run.job.name, "gpu": gpu.model,
+                     "family": gpu.family, "world_size": run.placement.world_size,
+                     "layout": run.job.layout.describe(), "seq_len": run.job.seq_len, "precision": run.job.precision,
+                     "activation_checkpointing": run.job.checkpointing, "metric": run.metric,
+                     "measured": run.measured, "predicted": predicted, "error": predicted / run.measured - 1,
+                     "ratio": predicted / run.measured, "mfu_predicted": p.mfu, "fits": p.fits,
+                     "throughput_samples_per_s": p.samples_per_s})
+    logs = [math.log(r["ratio"]) for r in rows]
+    families = {}
+    for fam in sorted({r["family"] for r in rows}):
+        fl = [math.log(r["ratio"]) for r in rows if r["family"] == fam]
+        families[fam] = {"rows": len(fl), "geomean_abs_error": _geomean_abs_error(fl),
+                         "mean_error": math.exp(sum(fl) / len(fl)) - 1}
+    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
+    geomean = _geomean_abs_error(logs)
+    worst_off = math.exp(abs(math.log(worst["ratio"])))
+    summary = {"rows": len(rows), "geomean_abs_error": geomean, "geomean_bound": GEOMEAN_BOUND,
+               "worst_row": worst["row"], "worst_times_off": worst_off, "worst_bound": WORST_BOUND,
+               "by_family": families, "passed": geomean <= GEOMEAN_BOUND and worst_off <= WORST_BOUND,
+               "error_definition": ERROR_DEFINITION}
+    return Result("validate", rows, True, {"corpus": str(path or corpus_path()), "training": True,
+                                           "summary": summary})
