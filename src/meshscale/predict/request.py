@@ -105,7 +105,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         if measured:
             found = compare_scale(measured, job, topo, params, cluster)
         elif cluster:
-            found = predict_cluster(job, cluster, list(req.nodes))
+            found = predict_cluster(job, cluster, list(req.nodes), params)
         else:
             found = predict_system(job, topo, list(req.gpus), params)
         rows += [dict(r, variant=variant) for r in found]
