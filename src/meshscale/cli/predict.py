@@ -68,13 +68,13 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
 def _print(rows: list[dict], title: str, compare: bool) -> None:
     table = Table(title=f"{title} - PREDICTED")
     cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency",
-                                               "compute ms", "exchange ms", "exposed ms", "comm share"]
+                                               "compute ms", "exchange ms", "exposed ms", "comm share", "NCCL ran"]
     for c in cols:
         table.add_column(c, justify="left" if c == "variant" else "right")
     for r in rows:
         cells = [str(r["world_size"]), str(r["nodes"]), str(r["batch_per_rank"]), f"{r['throughput_samples_per_s']:,.1f}",
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
-                 f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"]
+                 f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}", r.get("nccl_algo") or "-"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
     print_tables(table)
 
@@ -99,7 +99,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
                                                     "cntk-2016 (one all-reduce per gradient after backward, NCCL 1.6); "
                                                     "default: the --mode's"),
             wire: Optional[str] = typer.Option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the framework's)"),
-            algo: str = typer.Option("ring", "--algo", help="all-reduce algorithm: ring or hierarchical"),
+            algo: str = typer.Option("nccl", "--algo", help="all-reduce algorithm: nccl (NCCL's pick per size: "
+                                    "Ring, Tree, NVLS-Tree...), ring (NCCL_ALGO=Ring) or hierarchical (NCCL_ALGO=Tree)"),
             profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json); "
                                                    "default: a documented one for the model and GPU, else FLOPs"),
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile", callback=checked(Range(0, 1, lo_open=True))),

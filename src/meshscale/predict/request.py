@@ -18,7 +18,7 @@ from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
-COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
+COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
 COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework",
                  "links": "link"}  # the rest compare systems
@@ -41,7 +41,7 @@ class PredictRequest:
     mode: str | None = None                  # `meshscale train`'s modes (None: the framework's, else ddp)
     framework: str | None = None             # how gradients are exchanged (None: the mode's)
     wire: str | None = None                  # what gradients travel as (None: the framework's)
-    algo: str = "ring"                       # the all-reduce algorithm
+    algo: str = "nccl"                       # the all-reduce algorithm: NCCL's pick, or ring / hierarchical forced
     profile: Path | None = None
     compute_efficiency: float = 0.4
     p2p: Path | None = None

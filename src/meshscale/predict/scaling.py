@@ -28,7 +28,7 @@ class Job:
     profile: ComputeProfile
     batch: int
     weak: bool = True
-    algorithm: str = "ring"
+    algorithm: str = "nccl"
     mode: str = "ddp"
     framework: Framework | None = None
     wire: str | None = None
@@ -107,12 +107,14 @@ def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample
 
 def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = None) -> list[dict]:
     """Rows for each fabric (one per GPU or node count), speedup against one GPU of the first fabric's node."""
-    points = [job.step(job.exchange(fabric, params), per_rank_batch(fabric.world_size, job.batch, job.weak))
-              for fabric in fabrics]
+    exchanges = [job.exchange(fabric, params) for fabric in fabrics]
+    points = [job.step(ex, per_rank_batch(ex.fabric.world_size, job.batch, job.weak)) for ex in exchanges]
     base = job.step(job.exchange(Fabric(fabrics[0].node, 1), params), job.batch)
-    return scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
+    rows = scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
                         algorithm=job.route, exchange_mode=job.mode,
                         framework=job.framework.name if job.framework else "parameter server")
+    # what NCCL ran for the largest bucket at each size: Ring in a node, Tree or NVLS-Tree across many
+    return [dict(r, nccl_algo=ex.chosen_algorithm) for r, ex in zip(rows, exchanges)]
 
 
 def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:
