@@ -955,16 +955,32 @@ def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int
 
     def pair(a: str, b: str) -> float:
         path = _pair_gbps(topo, s, c, a, b) * scale
+        if _node_of(topo, a) != _node_of(topo, b):
+            return min(path, gpu_net_gbps(s) * scale)  # one GPU's flow leaves through its own NIC
         return min(per_gpu, path, op_channels * channel_gbps if s.n_nodes == 1 else path)
 
     if collective == "send_recv":
         return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1]))), op_channels
     if collective == "all_to_all":
         worst = max(block / pair(a, b) for a in names for b in names if a != b)
-        return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
+        return lat + max(block * (n - 1) / per_gpu, _off_node_s(s, block * (n - s.ppn), scale), worst) / 1000, op_channels
     hub = names[root]
     worst = max(block / (pair(hub, b) if collective == "scatter" else pair(b, hub)) for b in names if b != hub)
     return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
+
+
+def gpu_net_gbps(s: System) -> float:
+    """GB/s one GPU's traffic to other nodes gets when it alone sends: the NIC NCCL gives it (its nearest;
+    NICs shared by the GPUs of a node: DGX-1's 4 NICs serve 2 GPUs each), not the whole node's network."""
+    return s.inter_gbps / max(1, min(len(s.nics) or 1, int(s.ppn)))
+
+
+def _off_node_s(s: System, off_bytes_per_gpu: float, scale: float) -> float:
+    """Seconds x 1e9 (the units of bytes / GB/s) the bytes every GPU sends to other nodes take when all GPUs of a
+    node send at once: the node's network shared by its GPUs (all_to_all across nodes)."""
+    if s.n_nodes < 2 or off_bytes_per_gpu <= 0:
+        return 0.0
+    return off_bytes_per_gpu * s.ppn / (s.inter_gbps * scale)
 
 
 def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
