@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
 
 from meshscale.cli.output import print_tables, text_console, write_result_files
-from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
+from meshscale.cli.checks import BATCH, GLOBAL_BATCH, NCCL_ENV_OPTION, checked, counts, output_file
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
@@ -106,6 +106,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile", callback=checked(Range(0, 1, lo_open=True))),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
+            nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
@@ -113,6 +114,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
     from meshscale.predict.request import PredictRequest, predict_rows
+    from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.predict.scaling import prediction_result
 
     shape = {"network": network, "oversubscription": oversubscription}
@@ -143,12 +145,14 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
         gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
         algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result))
+        measured=from_result, nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
     model = job.model
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
     title += calibrated
+    if nccl_env:
+        title += ", NCCL with " + " ".join(nccl_env)
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):

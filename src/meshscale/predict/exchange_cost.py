@@ -18,6 +18,7 @@ from dataclasses import astuple, dataclass, replace
 from functools import lru_cache
 
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterPlan, ClusterSpec, build_cluster, plan_cluster
@@ -136,11 +137,12 @@ class Exchange:
     them (None: the collective model's default). Intra-node times are cached per size."""
 
     def __init__(self, fabric: Fabric, algorithm: str = "nccl", params: SimParams | None = None,
-                 intra: str = "simulator", nccl_version: str | None = None):
+                 intra: str = "simulator", nccl_version: str | None = None, nccl_env: NcclEnv | None = None):
         check_choice(algorithm, EXCHANGES, "exchange")
         if intra not in ("simulator", "alpha-beta"):
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
         self.fabric, self.algorithm, self.intra, self.nccl_version = fabric, algorithm, intra, nccl_version
+        self.nccl_env = nccl_env
         self.params = params or SimParams()
         self.calibration = params  # a fitted link model, or None (NCCL's defaults)
         self._cache: dict = {}
@@ -162,7 +164,7 @@ class Exchange:
                 self.source = "NCCL cost model"
                 # inside a node NCCL makes its own choice (its rings, its protocols), as across nodes: one model
                 found = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes), params=self.params,
-                                           nccl_version=self.nccl_version)
+                                           nccl_version=self.nccl_version, nccl_env=self.nccl_env)
                 self._cache[nbytes], self.chosen[nbytes] = found.time_s, _algo_proto(found.detail)
         return self._cache[nbytes]
 
@@ -205,7 +207,7 @@ class Exchange:
             ranks = [f.cluster.nodes[d].index for d in f.cluster.devices()]
             try:
                 found = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes), params=self.calibration,
-                                           nccl_version=self.nccl_version,
+                                           nccl_version=self.nccl_version, nccl_env=self.nccl_env,
                                            nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm])
                 self._cache[key], self.chosen[nbytes] = found.time_s, _algo_proto(found.detail)
             except MeshscaleError as e:

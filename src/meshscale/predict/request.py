@@ -13,6 +13,7 @@ from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import ClusterSpec
@@ -48,6 +49,7 @@ class PredictRequest:
     bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
     compare: str | None = None
     measured: Path | None = None
+    nccl_env: NcclEnv | None = None          # NCCL's environment (--nccl-env)
 
     @property
     def weak(self) -> bool:
@@ -95,7 +97,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         mode, framework = resolve_framework(asked_mode, asked_framework)
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
                   req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
-                  framework=framework, wire=req.wire)
+                  framework=framework, wire=req.wire, nccl_env=req.nccl_env)
         cluster = None
         if req.nodes:
             net = variant if kind == "link" else req.link

@@ -10,6 +10,7 @@ from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors
 from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile, sustained_ratio
 from meshscale.predict.step_time import StepPrediction, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
 from meshscale.topology.cluster import ClusterSpec
@@ -34,6 +35,7 @@ class Job:
     wire: str | None = None
     gradients: list[GradientTensor] | None = None
     notes: list[str] = field(default_factory=list)
+    nccl_env: NcclEnv | None = None  # NCCL's environment the exchange runs in (None: its defaults)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -73,7 +75,7 @@ class Job:
         """The exchange on ``fabric``: the NCCL cost model of the framework's NCCL version, refined by ``params``
         (a calibration) when given."""
         version = self.framework.nccl_version if self.framework else None
-        return Exchange(fabric, self.route, params, nccl_version=version)
+        return Exchange(fabric, self.route, params, nccl_version=version, nccl_env=self.nccl_env)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
         return predict_step(self.profile, exchange, self.buckets(), batch_per_rank)

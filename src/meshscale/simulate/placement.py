@@ -14,6 +14,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.simulate import nccl_model
 from meshscale.simulate.auto import predict_collective
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology
 
 PLACEMENT_BYTES = 64 << 20  # a gradient bucket (Horovod's fusion buffer)
@@ -70,7 +71,7 @@ def free_devices(topo: Topology, free: list[int] | None) -> list[int]:
 
 
 def rank_placements(topo: Topology, gpus: int, free: list[int] | None = None,
-                    nbytes: int = PLACEMENT_BYTES) -> list[Placement]:
+                    nbytes: int = PLACEMENT_BYTES, nccl_env: NcclEnv | None = None) -> list[Placement]:
     """Every ``gpus``-subset of the ``free`` devices, best first (see the module docstring)."""
     if topo.device_kind != "gpu":
         raise MeshscaleError(f"{topo.name} has no GPUs to place a job on")
@@ -81,8 +82,8 @@ def rank_placements(topo: Topology, gpus: int, free: list[int] | None = None,
     found = []
     for subset in itertools.combinations(pool, gpus):
         ranks = list(subset)
-        r = predict_collective(topo, "all_reduce", ranks, nbytes)
-        ring = nccl_model.analyse(topo, ranks).ring
+        r = predict_collective(topo, "all_reduce", ranks, nbytes, nccl_env=nccl_env)
+        ring = nccl_model.analyse(topo, ranks, env=nccl_env or DEFAULT_ENV).ring
         found.append(Placement(ranks, r.busbw_bytes_per_s, r.time_s, r.detail or r.algorithm, None, ring.path_type,
                                ring.channels, ring.bw_gbps))
     best = max(p.busbw_bytes_per_s for p in found)

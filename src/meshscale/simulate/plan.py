@@ -28,6 +28,7 @@ class Plan:
     pruned: list[str] = field(default_factory=list)  # candidates that could not win (not fully simulated)
     skipped: dict[str, str] = field(default_factory=dict)  # algorithms that do not apply, and why
     nccl: SimResult | None = None  # what NCCL would pick and take (GPU systems)
+    nccl_settings: str = ""  # NCCL's environment the prediction used (KEY=VALUE ...), "" for its defaults
 
 
 def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
@@ -38,7 +39,9 @@ def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, alg
     bound = _bound(topology, collective, ranks, root)
     theirs = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl) \
         if topology.device_kind == "gpu" else None
-    return Plan(topology, choice.schedule, choice.result, choice.candidates, bound, choice.pruned, choice.skipped, theirs)
+    env = nccl.get("nccl_env")
+    return Plan(topology, choice.schedule, choice.result, choice.candidates, bound, choice.pruned, choice.skipped, theirs,
+                " ".join(env.settings) if env is not None else "")
 
 
 def _bound(topology: Topology, collective: str, ranks: list[int], root: int) -> float | None:
@@ -73,7 +76,8 @@ def format_plan(p: Plan, max_candidates: int = 8) -> str:
                      + (" (the bound counts one fabric; this plan adds another)" if share > 1.001 else ""))
     if p.nccl:
         n = p.nccl
-        lines.append(f"NCCL:       {n.detail}: time {n.time_s * 1e6:.1f} us, algbw {gbps(n.algbw_bytes_per_s):.2f} GB/s, "
+        settings = f" with {p.nccl_settings}" if p.nccl_settings else ""
+        lines.append(f"NCCL:       {n.detail}{settings}: time {n.time_s * 1e6:.1f} us, algbw {gbps(n.algbw_bytes_per_s):.2f} GB/s, "
                      f"busbw {gbps(n.busbw_bytes_per_s):.2f} GB/s (NCCL's cost model)")
     lines.append("candidates (simulated, fastest first):")
     for c in p.candidates[:max_candidates]:
@@ -113,7 +117,9 @@ def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list
                      "bottleneck": r.bottleneck.name if r.bottleneck else None})
     meta = {"system": topology.name, "ranks": list(ranks), "world_size": len(ranks),
             "algorithm": algorithm, "params": params.source,
-            **{k: v for k, v in nccl.items() if v is not None}}
+            **{k: v for k, v in nccl.items() if v is not None and k != "nccl_env"}}
+    if nccl.get("nccl_env") is not None:
+        meta["nccl_env"] = list(nccl["nccl_env"].settings)
     return Result("sim", rows, predicted=True, meta=meta)
 
 
@@ -126,7 +132,8 @@ def plan_result(p: Plan) -> Result:
            "bottleneck": r.bottleneck.name if r.bottleneck else None,
            "bottleneck_utilization": r.bottleneck.utilization if r.bottleneck else None}
     meta = {"system": p.topology.name, "ranks": r.ranks, "params": r.params_source,
-            "nccl": {"algorithm": p.nccl.detail, "time_s": p.nccl.time_s, "busbw_bytes_per_s": p.nccl.busbw_bytes_per_s}
+            "nccl": {"algorithm": p.nccl.detail, "time_s": p.nccl.time_s, "busbw_bytes_per_s": p.nccl.busbw_bytes_per_s,
+                     "settings": p.nccl_settings}
             if p.nccl else None,
             "schedule_meta": {k: v for k, v in p.schedule.meta.items() if k != "elem_bytes"},
             "candidates": [{"algorithm": c.detail, "time_s": c.time_s, "busbw_bytes_per_s": c.busbw_bytes_per_s}
