@@ -502,6 +502,22 @@ def _links_gbps(topo: Topology, directed: list, c: dict) -> dict:
     return out
 
 
+def node_view(topo: Topology, k: int) -> Topology:
+    """Node ``k`` of a cluster on its own (its nodes and the links among them), built once per topology: the
+    routes inside a node are found there, not by a max-flow over the whole cluster's graph. A topology of one
+    node is its own view."""
+    key = ("meshscale.nccl_model.node_view", k)
+    if key not in topo.route_cache:
+        # a cluster marks every node's parts with node=k; its switches belong to no node
+        names = {n for n, node in topo.nodes.items() if node.attrs.get("node") is not None and int(node.attrs["node"]) == k}
+        if not names or len(names) == len(topo.nodes):
+            topo.route_cache[key] = topo
+        else:
+            topo.route_cache[key] = Topology(f"{topo.name}/n{k}", {n: topo.nodes[n] for n in names},
+                                             [l for l in topo.links if l.a in names and l.b in names], topo.title)
+    return topo.route_cache[key]
+
+
 def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFAULT_ENV) -> list[NicPath]:
     """How NCCL reaches the network from the GPUs ``local`` of one node of a cluster. Each NIC serves its nearest
     GPU (NIC-GPU affinity). GPUDirect RDMA is used when the NIC allows it and the path is PIX or PXB (NCCL's
@@ -510,10 +526,11 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
     near GPUs are spread over the NICs, as NCCL's rings start on different GPUs. The socket transport (``env``)
     stages through host memory too, and a NIC carries what its streams move."""
     k = _node_of(topo, local[0])
+    cluster, topo = topo, node_view(topo, k)  # ports from the cluster, routes inside the node
     out, served = [], set()
     for nic in topo.nodes_of("nic"):
-        port = sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
-        if _node_of(topo, nic) != k or not port:
+        port = sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
+        if not port:
             continue
         shapes = []
         for g in local:
@@ -578,6 +595,34 @@ def _node_of(topo: Topology, name: str) -> int:
     return int(topo.nodes[name].attrs.get("node", 0))
 
 
+_NODE_GRAPHS: dict = {}  # node type -> what NCCL's search finds inside it (see `_node_graphs`)
+NODE_GRAPHS_KEPT = 64
+
+
+def _node_signature(topo: Topology, inside: Topology) -> tuple:
+    """What makes two nodes of clusters the same to NCCL's search: their nodes, links and NIC ports."""
+    ports = tuple(sorted((nic, sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic)
+                                   if l.kind in ("infiniband", "ethernet"))) for nic in inside.nodes_of("nic")))
+    return (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
+            tuple(repr(vars(l)) for l in inside.links), ports)
+
+
+def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEnv,
+                 several_nodes: bool) -> tuple[Graph, Graph | None, list[NicPath]]:
+    """The ring and tree graphs NCCL's search lays over the GPUs ``local`` of one node, and its NICs' paths
+    (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
+    inside a node; a cluster of thousands of the same node needs the search once)."""
+    inside = node_view(topo, _node_of(topo, local[0]))
+    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.system_key, several_nodes)
+    if key not in _NODE_GRAPHS:
+        if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
+            _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
+        ring = ring_graph(inside, local, c, sm, env)
+        tree = tree_graph(inside, local, c, sm, ring, env) if len(local) > 1 else None
+        _NODE_GRAPHS[key] = ring, tree, network_paths(topo, local, c, env) if several_nodes else []
+    return _NODE_GRAPHS[key]
+
+
 def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: NcclEnv = DEFAULT_ENV) -> System:
     """What NCCL derives from ``topo`` for ``ranks`` (device indices) in the environment ``env``; memoized on
     the topology."""
@@ -596,7 +641,7 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     for n in names:
         nodes.setdefault(_node_of(topo, n), []).append(n)
     local = next(iter(nodes.values()))
-    graph = ring_graph(topo, local, c, sm, env)
+    graph, tree, node_nics = _node_graphs(topo, local, c, sm, env, len(nodes) > 1)
     cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
     cpu = cpu_class(cpus[0]) if cpus else _data()["cpu_class_default"]
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
@@ -604,13 +649,12 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
     inter, net_extra_us, nics = 0.0, 0.0, []
     if len(nodes) > 1:
-        nics = network_paths(topo, local, c, env)
+        nics = node_nics
         inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
         latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
         net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
             graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
-    tree = tree_graph(topo, local, c, sm, graph, env) if len(local) > 1 else None
     mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
     system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
                     nics=nics, gpu_mesh=mesh, env=env)
@@ -1098,7 +1142,7 @@ def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
             s.pair_gbps[key] = s.inter_gbps
         else:
             capacity: dict = {}
-            p = _pair_path(topo, a, b, c, s.sm, capacity, s.env)
+            p = _pair_path(node_view(topo, _node_of(topo, a)), a, b, c, s.sm, capacity, s.env)
             s.pair_gbps[key] = min(capacity[k] / f for k, f in p.uses) if p else 0.1
     return s.pair_gbps[key]
 
