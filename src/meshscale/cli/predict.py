@@ -14,7 +14,7 @@ from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
+from meshscale.topology.cluster import CLUSTER_RANGES, cluster_file_spec, cluster_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
@@ -23,12 +23,12 @@ CLUSTER_NODES = 124  # the DGX-1 whitepaper's cluster, when neither --nodes nor 
 
 def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a cluster file, or the catalog system (or file) of one node"),
             node: Optional[str] = typer.Option(None, "--node", help="catalog system (or file) of one node (default dgx1-p100)"),
-            nodes: Optional[int] = typer.Option(None, "--nodes", help=f"number of nodes (default {CLUSTER_NODES})", callback=checked(Range(1, 1_000_000, integer=True))),
-            nics: Optional[int] = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
+            nodes: Optional[int] = typer.Option(None, "--nodes", help=f"number of nodes (default {CLUSTER_NODES})", callback=checked(CLUSTER_RANGES["nodes"])),
+            nics: Optional[int] = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)", callback=checked(CLUSTER_RANGES["nics"])),
             link: Optional[str] = typer.Option(None, "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
-            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
-            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
-            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
+            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(CLUSTER_RANGES["levels"])),
+            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(CLUSTER_RANGES["nodes_per_leaf"])),
+            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(CLUSTER_RANGES["radix"])),
             oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
             gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
             network: Optional[str] = NETWORK_OPTION,
@@ -84,7 +84,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             gpus: str = typer.Option("1,2,4,8", "--gpus", help="GPU counts on one system", callback=checked(counts())),
             nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
             link: str = typer.Option("edr", "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us"),
-            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
+            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(CLUSTER_RANGES["nics"])),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             network: Optional[str] = NETWORK_OPTION,
             oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
