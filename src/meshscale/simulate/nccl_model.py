@@ -39,6 +39,9 @@ _ALGO_SPELLINGS = {"nvlstree": "nvls_tree", "collnetdirect": "collnet_direct", "
 _RING_ONLY = ("broadcast", "reduce")
 _P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send_recv")
 DFS_VISIT_LIMIT = 20_000  # ring search effort per ring (NCCL's search has a time limit too)
+# GPUs of one node NCCL's search here lays rings over: the largest NVLink domain built (GB200 NVL72); the search
+# grows with the square of the GPUs and more would not answer within seconds
+MAX_NODE_GPUS = 72
 
 
 # ---- constants --------------------------------------------------------------------------------------------
@@ -232,12 +235,13 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
         key = ("nvl", a, b)
         capacity[key] = sum(l.count for l in direct) * nv
         return _PairPath("NVL", [(key, 1.0)])
-    r = route(topo, a, b)
-    if r.fabric == "nvlink":  # through NVSwitches: a's links into the switches, b's links out of them
+    shared = _switches_of(topo, a) & _switches_of(topo, b)  # one hop through a common switch: no route needed
+    if shared or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's links out
         for g, way in ((a, "out"), (b, "in")):
             capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
                                             if topo.nodes[l.other(g)].kind == "nvswitch") * nv
         return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
+    r = route(topo, a, b)
     if r.fabric != "pcie":
         return None
     path = r.paths[0]
@@ -258,6 +262,10 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
             # P2P through an Intel root complex: 64 B TLPs cost 1.2x the link (search.cc, PHB paths)
             uses.append((key, c["intel_p2p_overhead"] if path_type == "PHB" and intel else 1.0))
     return _PairPath(path_type, uses)
+
+
+def _switches_of(topo: Topology, gpu: str) -> set[str]:
+    return {l.other(gpu) for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"}
 
 
 def _local_cpu(topo: Topology, gpu: str) -> str | None:
@@ -641,6 +649,10 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     for n in names:
         nodes.setdefault(_node_of(topo, n), []).append(n)
     local = next(iter(nodes.values()))
+    if len(local) > MAX_NODE_GPUS:
+        raise MeshscaleError(f"{topo.name}: {len(local)} GPUs in one node; NCCL's model searches rings over at most "
+                             f"{MAX_NODE_GPUS} GPUs of a node (an NVL72 domain): describe larger machines as a "
+                             "cluster of nodes (--nodes, a cluster file)")
     graph, tree, node_nics = _node_graphs(topo, local, c, sm, env, len(nodes) > 1)
     cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
     cpu = cpu_class(cpus[0]) if cpus else _data()["cpu_class_default"]

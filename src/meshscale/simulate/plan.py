@@ -31,10 +31,16 @@ class Plan:
     nccl_settings: str = ""  # NCCL's environment the prediction used (KEY=VALUE ...), "" for its defaults
 
 
+MAX_PLAN_RANKS = 32  # ranks whose schedules `plan` simulates transfer by transfer within seconds
+
+
 def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
          root: int = 0, params: SimParams | None = None, **nccl) -> Plan:
     """Choose (``algorithm`` "auto") or build the schedule and predict it, and say what NCCL would do
     (``nccl``: `nccl_result`'s keywords); raises one-line errors on bad input."""
+    if len(ranks) > MAX_PLAN_RANKS:
+        raise MeshscaleError(f"plan simulates every transfer of meshscale's schedules: at most {MAX_PLAN_RANKS} ranks, "
+                             f"got {len(ranks)}; use sim (NCCL's model, any size) or fewer --devices")
     choice = choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params or SimParams(), root)
     bound = _bound(topology, collective, ranks, root)
     theirs = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl) \

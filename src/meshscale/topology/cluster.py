@@ -426,8 +426,15 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
 
     from meshscale.validation import load_structured
 
+    import re
+
+    from meshscale.validation import read_text
+
     candidate = Path(path)
     if candidate.suffix not in (".yaml", ".yml") or not candidate.is_file():
+        return None
+    # a system file (thousands of GPUs, say) is parsed once, by the loader of systems, not here as well
+    if not re.search(r"""(^|[{,]\s*)["']?cluster["']?\s*:""", read_text(candidate, "system or cluster file"), re.M):
         return None
     data = load_structured(candidate, "system or cluster file", yaml_ok=True)  # unreadable, not UTF-8, too deep: one line
     if not isinstance(data, dict) or "cluster" not in data:
