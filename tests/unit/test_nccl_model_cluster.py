@@ -45,3 +45,18 @@ def test_the_tree_overtakes_the_ring_as_nodes_grow():
         ratios.append(ring.time_s / picked.time_s)
     assert ratios[0] < ratios[1] < ratios[2]
     assert "ring" not in picked.detail
+
+
+def test_hosts_joined_on_an_assumed_ethernet_get_its_latency_not_infinibands():
+    """Hosts joined under torchrun carry their network in the topology (ports, one switch): an assumed 10 GbE port
+    is priced with Ethernet's latency, not EDR InfiniBand's (the reference of NCCL's constants)."""
+    from meshscale.topology import load_system
+    from meshscale.topology.multinode import HostReport, join_hosts
+    from meshscale.topology.nics import Port
+
+    node = load_system("hgx-h100")
+    assumed = join_hosts([HostReport("a", node), HostReport("b", node)])
+    ib = join_hosts([HostReport(h, node, [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0)]) for h in ("a", "b")])
+    eth, rdma = (nccl_model.analyse(t, _ranks(t)) for t in (assumed, ib))
+    assert eth.net_extra_us > rdma.net_extra_us >= 0
+    assert eth.net_extra_us * 1e-6 + nccl_model.REFERENCE_NET_LATENCY_S > 3e-6  # Ethernet's NIC-to-NIC microseconds

@@ -589,6 +589,21 @@ def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -
     return rate
 
 
+def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
+    """One message's latency node to node: the cluster's worst case where its plan says (`build_cluster`), else
+    what the topology's own network says, a NIC's link to its switch, the switch, and the link down to another
+    node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's."""
+    stated = topo.attrs.get("cluster", {}).get("latency_s")
+    if stated:
+        return float(stated)
+    for path in nics:
+        up = [l for l in topo.links_of(path.nic) if topo.nodes[l.other(path.nic)].kind == "net_switch"]
+        if up:
+            switch = up[0].other(path.nic)
+            return 2 * up[0].latency_s + float(topo.nodes[switch].attrs.get("latency_s", 0.0))
+    return REFERENCE_NET_LATENCY_S
+
+
 def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:
     """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out)."""
     out: dict[int, list[str]] = {}
@@ -663,7 +678,7 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     if len(nodes) > 1:
         nics = node_nics
         inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
-        latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
+        latency_s = network_latency_s(topo, nics)
         net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
             graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
