@@ -2,8 +2,9 @@
 with `bench collective`'s columns)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.table import Table
@@ -19,11 +20,24 @@ from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
-def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
-           bench: Optional[Path] = None, cluster: Optional[dict] = None):
-    """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
-    parameters from the common options; ``cluster``: the `cluster_options` (--nodes, --link, ...). On a
-    cluster, ``bench`` (a measured multi-node all_reduce) fits the network instead of the links."""
+@dataclass
+class Scenario:
+    """What a command predicts on: the fabric (a system or a cluster), the ranks, the links' calibration and NCCL's
+    description (`nccl_result`'s keywords: version, forced algorithm / protocol, NVLS, ``nccl_env``)."""
+
+    topology: Any
+    ranks: list[int]
+    params: Any
+    nccl: dict = field(default_factory=dict)
+
+
+def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus: Optional[int] = None,
+                     p2p: Optional[Path] = None, bench: Optional[Path] = None, cluster: Optional[dict] = None,
+                     nccl: Optional[dict] = None) -> Scenario:
+    """The `Scenario` of the common options, one resolution for sim, plan and place: the topology (``cluster``:
+    the `cluster_options`, --nodes, --link, ...), the ranks (``--devices``, or the first ``--gpus`` N, or all),
+    the calibration (``p2p``, ``bench``; on a cluster ``bench``, a measured multi-node all_reduce, fits the
+    network instead of the links) and NCCL's description (``nccl``: `_nccl_options`)."""
     from dataclasses import replace
 
     from meshscale.collectives.algorithms.base import check_ranks
@@ -62,7 +76,7 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
         params = calibrate_collective(topology, load_result(bench), params)
     if network_fit:
         params = replace(params, source=network_fit.source)
-    return topology, ranks, params
+    return Scenario(topology, ranks, params, dict(nccl or {}))
 
 
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
@@ -109,9 +123,9 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
-    p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
-                  **_nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+    s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
+                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+    p = make_plan(s.topology, collective, s.ranks, parse_bytes(nbytes), algo, root, s.params, **s.nccl)
     typer.echo(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
@@ -155,8 +169,9 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
-    nccl = _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env)
+    s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
+                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+    topology, ranks, params, nccl = s.topology, s.ranks, s.params, s.nccl
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params, **nccl)
     how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"
@@ -185,15 +200,12 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
           json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
     """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
     model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
-    from meshscale.cli.topology import resolve_system
     from meshscale.simulate.placement import placement_result, rank_placements, why
 
-    topology, notice = resolve_system(system)
-    if notice:
-        typer.echo(notice, err=True)
+    s = resolve_scenario(system, nccl=_nccl_options(None, None, None, None, nccl_env))
+    topology, env = s.topology, s.nccl.get("nccl_env")
     size = parse_bytes(nbytes)
     listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
-    env = _nccl_options(None, None, None, None, nccl_env).get("nccl_env")
     ranked = rank_placements(topology, gpus, listed, size, env)
     best = ranked[0]
     typer.echo(f"{gpus} of {topology.name}'s free GPUs: {len(ranked)} subsets ranked by predicted all_reduce busbw "
