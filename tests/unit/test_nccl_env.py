@@ -108,3 +108,18 @@ def test_sim_echoes_the_settings_and_refuses_unknown_keys(cli):
     bad = cli("sim", "all_reduce", "--system", "hgx-h200", "--nccl-env", "NCCL_NOPE=1")
     assert bad.exit_code == 2
     assert "NCCL_MAX_NCHANNELS" in bad.output and "Traceback" not in bad.output
+
+
+def test_predict_and_place_take_the_settings(cli, tmp_path):
+    """--nccl-env reaches the training prediction (sockets between nodes: a slower exchange) and place (echoed)."""
+    import json
+    rates = {}
+    for name, extra in (("ib", ()), ("socket", ("--nccl-env", "NCCL_NET=Socket"))):
+        out = tmp_path / f"{name}.json"
+        r = cli("predict", "--model", "gpt-small", "--system", "hgx-h100", "--nodes", "2", "--link", "ndr",
+                "--nics", "8", "--batch", "16", "--json", str(out), *extra)
+        assert r.exit_code == 0, r.output
+        rates[name] = json.loads(out.read_text())["rows"][0]["comm_s"]
+    assert rates["socket"] > rates["ib"]
+    placed = cli("place", "--gpus", "2", "--system", "hgx-h200", "--nccl-env", "NCCL_P2P_DISABLE=1")
+    assert placed.exit_code == 0 and "NCCL_P2P_DISABLE=1" in placed.stdout
