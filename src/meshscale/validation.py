@@ -148,7 +148,7 @@ def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False)
             data = json.loads(source)
         else:
             import yaml
-            data = yaml.load(source, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = yaml.load(source, Loader=yaml_loader())
     except RecursionError:
         raise MeshscaleError(f"{path}: nested too deeply for a {what} (at most {MAX_NESTING} levels)") from None
     except json.JSONDecodeError as exc:
@@ -158,6 +158,27 @@ def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False)
         raise MeshscaleError(f"{path}: not valid {'JSON' if as_json else 'YAML'} ({first})") from None
     check_nesting(data, str(path))
     return data
+
+
+_YAML_LOADER: list = []
+# YAML 1.1 (PyYAML) reads 25e9 and 1e-6 as strings (its floats need a dot and a signed exponent); YAML 1.2 and
+# JSON read them as numbers, as a person writing a bandwidth means them
+_EXPONENT_FLOAT = r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"
+
+
+def yaml_loader():
+    """PyYAML's safe loader (the C one where built), reading exponent numbers without a dot as floats."""
+    if not _YAML_LOADER:
+        import re
+
+        import yaml
+
+        class Loader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
+            pass
+
+        Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(_EXPONENT_FLOAT), list("-+0123456789."))
+        _YAML_LOADER.append(Loader)
+    return _YAML_LOADER[0]
 
 
 def check_nesting(data: Any, where: str, limit: int = MAX_NESTING) -> None:

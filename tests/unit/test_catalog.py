@@ -137,3 +137,14 @@ def test_bisection_with_twins_equals_brute_force(monkeypatch, name, indices):
     monkeypatch.setattr(queries, "_halves", lambda classes, half, total: itertools.combinations(
         [m for c in classes for m in c], half))
     assert bisection_bandwidth(load_system(name), names) == pytest.approx(fast)
+
+
+@pytest.mark.parametrize("name", SYSTEMS)
+def test_no_attribute_is_a_fragment_of_a_split_value(catalog, name):
+    """A flow mapping such as ``{model: NVSwitch (third generation, 64 ports)}`` splits at the comma into a cut
+    value and a stray key with no value; no attribute of a catalog node may be empty or end inside parentheses."""
+    for node in catalog[name].nodes.values():
+        for key, value in node.attrs.items():
+            assert value is not None, f"{name}: {node.name} has a stray key {key!r}"
+            if isinstance(value, str):
+                assert value.count("(") == value.count(")"), f"{name}: {node.name}.{key} = {value!r} is cut"

@@ -82,3 +82,33 @@ def test_plan_calibrated_from_p2p(cli, tmp_path):
         line = next(l for l in text.splitlines() if l.startswith("predicted:"))
         return float(line.split("busbw")[1].split("GB/s")[0])
     assert busbw(calibrated) < 0.6 * busbw(default)  # 5 GB/s measured instead of ~11 assumed
+
+
+@pytest.mark.parametrize("system, args", [("dgx1-p100", ("broadcast", "--bytes", "1G")),
+                                          ("hgx-h100", ("all_reduce", "--bytes", "1G")),
+                                          ("dgx1-p100", ("all_reduce", "--devices", "0,1,2,3,7", "--bytes", "256M"))])
+def test_plan_says_one_thing_and_explains_a_bound_it_passes(cli, system, args):
+    """One headline, the faster of NCCL's choice and meshscale's schedule; the other explained on the next line;
+    a headline above the links' bound says why on the bound's line."""
+    run = cli("plan", args[0], "--system", system, *args[1:])
+    assert run.exit_code == 0, run.output
+    lines = run.stdout.splitlines()
+    assert sum(l.startswith("predicted:") for l in lines) == 1
+    headline = next(l for l in lines if l.startswith("predicted:"))
+    versus = next(l for l in lines if l.startswith("versus:"))
+    busbw = float(headline.split("busbw")[1].split("GB/s")[0])
+    other = float(versus.split("busbw")[1].split("GB/s")[0])
+    assert busbw >= other  # the faster one first
+    bound = next(l for l in lines if l.startswith("bound:"))
+    limit = float(bound.split("<=")[1].split("GB/s")[0])
+    if busbw > limit * 1.001:
+        assert "above the bound:" in bound
+
+
+def test_sim_rows_above_their_bound_say_why(cli, tmp_path):
+    from meshscale.results import load_result
+    out = tmp_path / "sim.json"
+    assert cli("sim", "all_reduce", "--system", "hgx-h100", "-b", "1G", "-e", "1G", "--json", str(out)).exit_code == 0
+    for row in load_result(out).rows:
+        if row["bound_busbw_bytes_per_s"] and row["busbw_bytes_per_s"] > row["bound_busbw_bytes_per_s"] * 1.001:
+            assert "above the bound" in row["algorithm"]

@@ -69,3 +69,33 @@ def test_place_bad_input_is_one_line_exit_2(cli, args, words):
     r = cli("place", *args)
     assert r.exit_code == 2, r.output
     assert words in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+def test_the_model_runs_once_per_shape_of_subset():
+    """A DGX-2's 16 GPUs all reach each other alike through the NVSwitches: its 12,870 ways to take 8 differ only
+    in how they share PCIe switches and CPUs, a few shapes predicted once each; so do a DGX-1's ways to take 4."""
+    from meshscale.simulate.placement import _Ranker
+
+    ranker = _Ranker(load_system("dgx2"), PLACEMENT_BYTES, None)
+    found = [ranker.placement(list(s)) for s in itertools.combinations(range(16), 8)]
+    assert len(found) == 12870 and ranker.predictions <= 20
+    dgx1 = _Ranker(load_system("dgx1-p100"), PLACEMENT_BYTES, None)
+    for s in itertools.combinations(range(8), 4):
+        dgx1.placement(list(s))
+    assert 1 < dgx1.predictions < 70 / 4
+
+
+@pytest.mark.parametrize("name, k", [("dgx1-p100", 3), ("dgx1-v100", 5), ("pcie-8gpu-2socket", 4)])
+def test_the_search_finds_what_enumeration_finds(monkeypatch, name, k):
+    """Where enumerating every subset is too many, a search (greedy growth, then one-in one-out swaps) takes its
+    place: on machines where enumeration can check it, it reaches the best predicted busbw."""
+    from meshscale.simulate import placement
+
+    topo = load_system(name)
+    every = [topo.nodes[d].index for d in topo.devices()]
+    best = max(nccl_result(topo, "all_reduce", list(s), PLACEMENT_BYTES).busbw_bytes_per_s
+               for s in itertools.combinations(every, k))
+    monkeypatch.setattr(placement, "EXHAUSTIVE_SUBSETS", 0)
+    ranked = rank_placements(topo, k)
+    assert len(ranked) < len(list(itertools.combinations(every, k)))
+    assert ranked[0].busbw_bytes_per_s == pytest.approx(best, rel=1e-6)  # placement.SAME_BUSBW: a tie

@@ -208,7 +208,7 @@ def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
     strong = _rates(cli, tmp_path, "--strong", "--global-batch", "64")
     assert strong[-1][2] < ddp[-1][2]
     compared = _rates(cli, tmp_path, "--compare", "algorithms")
-    assert [v for v, n, _ in compared if n == 8] == ["ring", "hierarchical", "ps-sync"]
+    assert [v for v, n, _ in compared if n == 8] == ["nccl", "ring", "hierarchical", "ps-sync"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "frameworks") if n == 8] == ["ddp", "horovod", "cntk-2016"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]

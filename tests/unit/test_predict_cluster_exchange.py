@@ -15,7 +15,7 @@ def _job(algorithm: str) -> Job:
                algorithm=algorithm)
 
 
-@pytest.mark.parametrize("algorithm, nccl_algo", [("ring", "ring"), ("hierarchical", "tree")])
+@pytest.mark.parametrize("algorithm, nccl_algo", [("nccl", None), ("ring", "ring"), ("hierarchical", "tree")])
 def test_two_nodes_exchange_each_bucket_as_sim_on_the_cluster(algorithm, nccl_algo):
     job = _job(algorithm)
     fabric, _ = cluster_fabric(ClusterSpec("dgx1-p100", 1, 4, "edr"), 2)
@@ -51,3 +51,19 @@ def test_hierarchical_on_an_nccl_without_tree_is_a_one_line_error():
     job.framework = FRAMEWORKS["cntk-2016"]  # NCCL 1.6: rings only
     with pytest.raises(MeshscaleError, match="use --algo ring"):
         predict_cluster(job, ClusterSpec("dgx1-p100", 1, 4, "edr"), [2])
+
+
+def test_nccl_picks_a_tree_at_scale_and_it_beats_the_forced_ring():
+    """Without NCCL_ALGO NCCL runs Tree (or NVLS-Tree) across many nodes, where a flat ring's 2(n-1) steps cost
+    latency that grows with the nodes; the pick is never slower than the forced ring, and the gap grows."""
+    spec = ClusterSpec("hgx-h100", 1, 8, "ndr")
+    gaps = []
+    for nodes in (8, 32):
+        fabric, _ = cluster_fabric(spec, nodes)
+        picked, ring = _job("nccl").exchange(fabric), _job("ring").exchange(fabric)
+        nbytes = 25 << 20
+        assert picked.allreduce_s(nbytes) <= ring.allreduce_s(nbytes)
+        assert not picked.chosen_algorithm.startswith("ring")
+        assert ring.chosen_algorithm.startswith("ring")
+        gaps.append(ring.allreduce_s(nbytes) / picked.allreduce_s(nbytes))
+    assert gaps[1] > gaps[0] > 1

@@ -14,7 +14,7 @@ from meshscale.results import load_result
 from meshscale.train.models import _GPT
 
 DDP = FRAMEWORKS["ddp"]
-EMULATED = Path(__file__).resolve().parents[2] / "docs/results/emulated-two-node-2026-11-22"
+EMULATED = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus/emulated-two-node"
 
 
 def test_tied_embedding_is_complete_last_and_the_head_readies_nothing():
@@ -193,18 +193,18 @@ def test_emulated_two_nodes_within_the_target(cli, tmp_path, model, batch, profi
     assert predicted / rate - 1 == pytest.approx(0, abs=within)
 
 
-RESULTS = EMULATED.parent
+RESULTS = EMULATED
 # `meshscale scale` across the two agents: (its directory, the sweep it is predicted from, the bound it is held at).
 # Its own 1-worker row is the profile (readiness traced in FLOPs). One stream: +20.0% (g; +16.2% with the readiness a
 # later profile measured), +6.4% (i, the sweep before it); four streams: +14.4%
 # (a), +23.0% (b: 20 timed steps, 0.7 s, the same stall as b's first ResNet-50 run), +9.1% (c: 100 timed steps).
 SCALE_POINTS = [
-    ("h200x2-2026-11-22-g", "allreduce.json", 0.21),
-    ("h200x2-2026-11-22-i/scale", "allreduce.json", 0.15),
-    ("emulated-two-node-2026-11-22/streams-a", "allreduce-r2.json", 0.15),
-    ("emulated-two-node-2026-11-22/streams-b", "allreduce-r2.json", 0.24),
-    ("emulated-two-node-2026-11-22/streams-c", "allreduce-r3.json", 0.15),
-    ("emulated-two-node-2026-11-22/final-resnet", "allreduce-r2.json", 0.15),  # +13.9% (100 timed steps)
+    ("scale-g", "allreduce.json", 0.21),
+    ("scale-i", "allreduce.json", 0.15),
+    ("streams-a", "allreduce-r2.json", 0.15),
+    ("streams-b", "allreduce-r2.json", 0.24),
+    ("streams-c", "allreduce-r3.json", 0.15),
+    ("final-resnet", "allreduce-r2.json", 0.15),  # +13.9% (100 timed steps)
 ]
 
 

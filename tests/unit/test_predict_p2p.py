@@ -25,3 +25,15 @@ def test_p2p_of_the_wrong_kind_is_refused(cli):
     res = cli("predict", "--model", "gpt-small", "--system", str(FIX / "topo_h200x2.json"),
               "--gpus", "1,2", "--p2p", str(FIX / "topo_h200x2.json"))
     assert res.exit_code != 0
+
+
+def test_p2p_calibration_reaches_a_cluster(tmp_path, cli):
+    """--p2p with --nodes: the calibrated links price the cluster's exchange too (it was dropped there)."""
+    def across(name, *extra):
+        out = tmp_path / f"{name}.json"
+        res = cli("predict", "--model", "gpt-small", "--system", str(FIX / "topo_h200x2.json"), "--nodes", "2",
+                  "--link", "ndr", "--json", str(out), *extra)
+        assert res.exit_code == 0, res.output
+        return [r["throughput_samples_per_s"] for r in json.loads(out.read_text())["rows"]]
+
+    assert across("cal", "--p2p", str(FIX / "p2p_h200x2.json")) != across("plain")

@@ -11,7 +11,7 @@ from meshscale.predict.whitepaper import MEASURED, reproduce
 
 # The targets: each 8-GPU throughput within 15%, NVLink / PCIe (1.38 weak, 1.63 strong) within 10%. The P100
 # PCIe computes slower than the profiled SXM2 by the FP32 rates at the base clocks (1328 vs 1126 MHz: 1.18), the
-# clock each holds under its power cap at full load (docs/results/predict-whitepaper.md).
+# clock each holds under its power cap at full load (the whitepaper prediction's notes).
 TARGET, RATIO_TARGET = 0.15, 0.10
 
 

@@ -261,7 +261,7 @@ def test_script_reads_older_tables_and_appends_once(tmp_path):
 # ---- the model's accuracy over the corpus --------------------------------------------------------------------
 # The targets (BOUNDS, WORST_RATIO): 8% from 1 MiB up, 25% below, no row past 2x. On 2026-11-22 (night): 7.97% over
 # 649 rows from 1 MiB up (275 of them held out until predicted), 20.1% below, worst row 1.93x
-# (docs/results/validate.md). The margin from 1 MiB up is thin: a change that costs 0.2% there fails this test.
+# (`meshscale validate`). The margin from 1 MiB up is thin: a change that costs 0.2% there fails this test.
 
 
 def test_model_accuracy_on_the_whole_corpus_meets_the_targets():
@@ -298,7 +298,7 @@ def test_one_run_against_its_prediction_and_its_report_section():
         validate_run(measured, Result("sim", [], True, {}))
 
 
-CHOICES = Path(__file__).resolve().parents[2] / "docs/results/h200x2-2026-11-22-h/choices"
+CHOICES = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus/nccl-choices-h200x2"
 
 
 def test_the_models_choice_is_what_nccl_logged_on_2_h200():

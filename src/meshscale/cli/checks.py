@@ -73,3 +73,18 @@ def checked(check: Check) -> Callable:
             check(value, max(param.opts, key=len) if param.opts else param.name)
         return value
     return callback
+
+
+def nccl_settings(value: Any, where: str) -> Any:
+    """``--nccl-env KEY=VALUE`` (repeatable): NCCL's environment, every key and value checked."""
+    from meshscale.simulate.nccl_env import parse_nccl_env
+
+    parse_nccl_env(list(value))
+    return value
+
+
+NCCL_ENV_OPTION = typer.Option(
+    None, "--nccl-env", callback=checked(nccl_settings),
+    help="NCCL's environment as KEY=VALUE (repeatable): NCCL_MAX_NCHANNELS, NCCL_MIN_NCHANNELS, NCCL_P2P_DISABLE, "
+         "NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_NET, NCCL_IB_DISABLE, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, "
+         "NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE")

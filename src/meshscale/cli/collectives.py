@@ -2,14 +2,16 @@
 with `bench collective`'s columns)."""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, List, Optional
 
 import typer
 from rich.table import Table
 
 from meshscale.cli.output import print_tables, write_result_files
-from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
+from meshscale.cli.checks import (FACTOR, MAX_GPU_RANKS, NCCL_ENV_OPTION, ROOT, checked, counts, output_file,
+                                  size_bytes)
 from meshscale.validation import Range
 from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
@@ -18,11 +20,24 @@ from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
-def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p2p: Optional[Path],
-           bench: Optional[Path] = None, cluster: Optional[dict] = None):
-    """Topology, ranks (device indices: ``--devices``, or the first ``--gpus`` N, or all) and simulator
-    parameters from the common options; ``cluster``: the `cluster_options` (--nodes, --link, ...). On a
-    cluster, ``bench`` (a measured multi-node all_reduce) fits the network instead of the links."""
+@dataclass
+class Scenario:
+    """What a command predicts on: the fabric (a system or a cluster), the ranks, the links' calibration and NCCL's
+    description (`nccl_result`'s keywords: version, forced algorithm / protocol, NVLS, ``nccl_env``)."""
+
+    topology: Any
+    ranks: list[int]
+    params: Any
+    nccl: dict = field(default_factory=dict)
+
+
+def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus: Optional[int] = None,
+                     p2p: Optional[Path] = None, bench: Optional[Path] = None, cluster: Optional[dict] = None,
+                     nccl: Optional[dict] = None) -> Scenario:
+    """The `Scenario` of the common options, one resolution for sim, plan and place: the topology (``cluster``:
+    the `cluster_options`, --nodes, --link, ...), the ranks (``--devices``, or the first ``--gpus`` N, or all),
+    the calibration (``p2p``, ``bench``; on a cluster ``bench``, a measured multi-node all_reduce, fits the
+    network instead of the links) and NCCL's description (``nccl``: `_nccl_options`)."""
     from dataclasses import replace
 
     from meshscale.collectives.algorithms.base import check_ranks
@@ -61,7 +76,7 @@ def _setup(system: Optional[str], devices: Optional[str], gpus: Optional[int], p
         params = calibrate_collective(topology, load_result(bench), params)
     if network_fit:
         params = replace(params, source=network_fit.source)
-    return topology, ranks, params
+    return Scenario(topology, ranks, params, dict(nccl or {}))
 
 
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
@@ -70,9 +85,13 @@ NCCL_VERSION_HELP = "NCCL version whose cost model to use (default 2.28; 2.20, 2
 NVLS_HELP = "NVLink SHARP on or off (NCCL_NVLS_ENABLE); default: on where the NVSwitches multicast"
 
 
-def _nccl_options(nccl_algo: Optional[str], proto: Optional[str], nccl_version: Optional[str], nvls: Optional[bool]) -> dict:
+def _nccl_options(nccl_algo: Optional[str], proto: Optional[str], nccl_version: Optional[str], nvls: Optional[bool],
+                  nccl_env: Optional[List[str]] = None) -> dict:
     """The NCCL description given on the command line (only what was given: the model's defaults stand for the rest)."""
-    given = {"nccl_algo": nccl_algo, "proto": proto, "nccl_version": nccl_version, "nvls": nvls}
+    from meshscale.simulate.nccl_env import parse_nccl_env
+
+    given = {"nccl_algo": nccl_algo, "proto": proto, "nccl_version": nccl_version, "nvls": nvls,
+             "nccl_env": parse_nccl_env(nccl_env) if nccl_env else None}
     return {k: v for k, v in given.items() if v is not None}
 
 
@@ -89,6 +108,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
          nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
          nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
+         nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
          svg: Optional[Path] = typer.Option(None, "--svg", help="draw the schedule's channels on the topology (.svg/.png)", callback=checked(output_file((".svg", ".png")))),
          schedule_json: Optional[Path] = typer.Option(None, "--schedule", help="write the chosen schedule (JSON) here", callback=checked(output_file())),
          nodes: Optional[int] = NODES_OPTION,
@@ -103,9 +123,9 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
-    p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
-                  **_nccl_options(nccl_algo, proto, nccl_version, nvls))
+    s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
+                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+    p = make_plan(s.topology, collective, s.ranks, parse_bytes(nbytes), algo, root, s.params, **s.nccl)
     typer.echo(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
@@ -131,6 +151,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
         nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
         nvls: Optional[bool] = typer.Option(None, "--nvls/--no-nvls", help=NVLS_HELP),
+        nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
         root: int = typer.Option(0, "--root", "-r", help="root rank of rooted collectives", callback=checked(ROOT)),
         p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
         bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
@@ -148,10 +169,14 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
-    topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
+    s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
+                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+    topology, ranks, params, nccl = s.topology, s.ranks, s.params, s.nccl
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
-                       algo, root, params, **_nccl_options(nccl_algo, proto, nccl_version, nvls))
+                       algo, root, params, **nccl)
     how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"
+    if "nccl_env" in nccl:
+        how += " with " + nccl["nccl_env"].describe()
     which = f"devices {ranks}" if len(ranks) <= 16 else f"{len(ranks)} devices ({ranks[0]}..{ranks[-1]})"
     table = Table(title=f"{collective} predicted on {topology.name}, {which} ({how}; {params.source})")
     for col in ("size(B)", "count", "type", "redop", "root", "time(us)", "algbw GB/s", "busbw GB/s", "bound GB/s", "algorithm"):
@@ -173,15 +198,14 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
           nbytes: str = typer.Option("64M", "--bytes", help="all_reduce size to rank by (a gradient bucket)", callback=checked(size_bytes)),
           partition: Optional[str] = typer.Option(None, "--partition", help="place on slices of the GPUs: a MIG profile (3g.40gb) or a time-sliced share (1/4); --free and --gpus then count slices (slice k of GPU g is g x slices-per-GPU + k)"),
           slurm: bool = typer.Option(False, "--slurm", help="also print the chosen GPUs' gres.conf lines (cores, NVLinks) and srun binding options"),
+          nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
           json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
     """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
     model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
-    from meshscale.cli.topology import resolve_system
     from meshscale.simulate.placement import placement_result, rank_placements, why
 
-    topology, notice = resolve_system(system)
-    if notice:
-        typer.echo(notice, err=True)
+    s = resolve_scenario(system, nccl=_nccl_options(None, None, None, None, nccl_env))
+    topology, env = s.topology, s.nccl.get("nccl_env")
     if partition:
         from meshscale.topology.partitions import split_system
         topology, split = split_system(topology, partition)
@@ -190,10 +214,10 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
                    "its UUID (nvidia-smi -L)" if split.kind == "mig" else f"slice k of GPU g is device g x {split.per_gpu} + k")
     size = parse_bytes(nbytes)
     listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
-    ranked = rank_placements(topology, gpus, listed, size)
+    ranked = rank_placements(topology, gpus, listed, size, env)
     best = ranked[0]
     typer.echo(f"{gpus} of {topology.name}'s free GPUs: {len(ranked)} subsets ranked by predicted all_reduce busbw "
-               f"at {nbytes} (NCCL's cost model)")
+               f"at {nbytes} (NCCL's cost model{' with ' + env.describe() if env else ''})")
     for label, p in (("best", best), ("runner-up", ranked[1] if len(ranked) > 1 else None)):
         if p is not None:
             typer.echo(f"  {label + ':':<11} {','.join(map(str, p.devices)):<16} busbw {gbps(p.busbw_bytes_per_s):7.2f} GB/s  "

@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import typer
 from rich.table import Table
 
 from meshscale.cli.output import print_tables, text_console, write_result_files
-from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
+from meshscale.cli.checks import BATCH, GLOBAL_BATCH, NCCL_ENV_OPTION, checked, counts, output_file
 from meshscale.validation import Range as _Range
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
+from meshscale.topology.cluster import CLUSTER_RANGES, cluster_file_spec, cluster_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
@@ -25,12 +25,12 @@ CLUSTER_NODES = 124  # the DGX-1 whitepaper's cluster, when neither --nodes nor 
 
 def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a cluster file, or the catalog system (or file) of one node"),
             node: Optional[str] = typer.Option(None, "--node", help="catalog system (or file) of one node (default dgx1-p100)"),
-            nodes: Optional[int] = typer.Option(None, "--nodes", help=f"number of nodes (default {CLUSTER_NODES})", callback=checked(Range(1, 1_000_000, integer=True))),
-            nics: Optional[int] = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
+            nodes: Optional[int] = typer.Option(None, "--nodes", help=f"number of nodes (default {CLUSTER_NODES})", callback=checked(CLUSTER_RANGES["nodes"])),
+            nics: Optional[int] = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)", callback=checked(CLUSTER_RANGES["nics"])),
             link: Optional[str] = typer.Option(None, "--link", help="edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a stated rate such as 25GB/s,5us"),
-            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(Range(1, 3, integer=True))),
-            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(Range(1, 1 << 16, integer=True))),
-            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(Range(2, 1 << 16, integer=True))),
+            levels: Optional[int] = typer.Option(None, "--levels", help="force 2 or 3 switch levels", callback=checked(CLUSTER_RANGES["levels"])),
+            nodes_per_leaf: Optional[int] = typer.Option(None, "--nodes-per-leaf", callback=checked(CLUSTER_RANGES["nodes_per_leaf"])),
+            radix: Optional[int] = typer.Option(None, "--radix", help="ports per switch (EDR default 36)", callback=checked(CLUSTER_RANGES["radix"])),
             oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
             gpudirect: Optional[bool] = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA (default on)"),
             network: Optional[str] = NETWORK_OPTION,
@@ -83,13 +83,13 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
 def _print(rows: list[dict], title: str, compare: bool) -> None:
     table = Table(title=f"{title} - PREDICTED")
     cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency",
-                                               "compute ms", "exchange ms", "exposed ms", "comm share"]
+                                               "compute ms", "exchange ms", "exposed ms", "comm share", "NCCL ran"]
     for c in cols:
         table.add_column(c, justify="left" if c == "variant" else "right")
     for r in rows:
         cells = [str(r["world_size"]), str(r["nodes"]), str(r["batch_per_rank"]), f"{r['throughput_samples_per_s']:,.1f}",
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
-                 f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}"]
+                 f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}", r.get("nccl_algo") or "-"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
     print_tables(table)
 
@@ -99,7 +99,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts on one system (default 1,2,4,8); with a layout, the one GPU count it runs on", callback=checked(counts(1, 1 << 20))),
             nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
             link: Optional[str] = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us (default edr; ndr for training layouts)"),
-            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(Range(1, 64, integer=True))),
+            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(CLUSTER_RANGES["nics"])),
             gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
             network: Optional[str] = NETWORK_OPTION,
             oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
@@ -114,12 +114,14 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
                                                     "cntk-2016 (one all-reduce per gradient after backward, NCCL 1.6); "
                                                     "default: the --mode's"),
             wire: Optional[str] = typer.Option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the framework's)"),
-            algo: str = typer.Option("ring", "--algo", help="all-reduce algorithm: ring or hierarchical"),
+            algo: str = typer.Option("nccl", "--algo", help="all-reduce algorithm: nccl (NCCL's pick per size: "
+                                    "Ring, Tree, NVLS-Tree...), ring (NCCL_ALGO=Ring) or hierarchical (NCCL_ALGO=Tree)"),
             profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json); "
                                                    "default: a documented one for the model and GPU, else FLOPs"),
             efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile", callback=checked(Range(0, 1, lo_open=True))),
             p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
             bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
+            nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
             compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
             from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
             partition: Optional[str] = typer.Option(None, "--partition", help="train on slices of the GPUs: a MIG profile "
@@ -161,6 +163,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     link = link or "edr"
     batch = 64 if batch is None else batch
     from meshscale.predict.request import PredictRequest, predict_rows
+    from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.predict.scaling import prediction_result
 
     shape = {"network": network, "oversubscription": oversubscription}
@@ -194,7 +197,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
         gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
         algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result, partition=partition))
+        measured=from_result, partition=partition, nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
     model = job.model
     if partition:
         from meshscale.topology import load_system
@@ -204,6 +207,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
     title += calibrated
+    if nccl_env:
+        title += ", NCCL with " + " ".join(nccl_env)
     if measured:
         table = Table(title=f"{model}: measured vs PREDICTED")
         for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):

@@ -11,11 +11,11 @@ from meshscale.cli.output import print_tables
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology import dumps, load_catalog
-from meshscale.topology.cluster import NETWORKS, cluster_spec, describe, plan_cluster, system_or_cluster
+from meshscale.topology.cluster import CLUSTER_RANGES, NETWORKS, cluster_spec, describe, plan_cluster, system_or_cluster
 from meshscale.topology.discover import discover
 from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
-from meshscale.validation import Range, atomic_write
+from meshscale.validation import atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
 
@@ -23,16 +23,16 @@ FORMATS = ("matrix", "json", "svg", "png")
 # one option object per cluster field, shared by every command that takes a cluster of a --system (plan, sim, topo;
 # --network and --oversubscription also predict and cluster)
 NODES_OPTION = typer.Option(None, "--nodes", help="a cluster of this many --system nodes (NCCL's model across nodes)",
-                            callback=checked(Range(1, 1_000_000, integer=True)))
+                            callback=checked(CLUSTER_RANGES["nodes"]))
 LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a "
                            "stated rate such as 25GB/s,5us")
 NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)",
-                           callback=checked(Range(1, 64, integer=True)))
+                           callback=checked(CLUSTER_RANGES["nics"]))
 GPUDIRECT_OPTION = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA between NICs and GPUs "
                                 "(default on; NCCL uses it only through PCIe switches)")
 NETWORK_OPTION = typer.Option(None, "--network", help=f"cluster network: {' or '.join(NETWORKS)} (default fat-tree; "
                               "rail: NIC k of every node on rail k's leaf switch)")
-OVERSUBSCRIPTION_OPTION = typer.Option(None, "--oversubscription", callback=checked(Range(1, 1024)),
+OVERSUBSCRIPTION_OPTION = typer.Option(None, "--oversubscription", callback=checked(CLUSTER_RANGES["oversubscription"]),
                                        help="leaf down-links per up-link, k for k:1 (default 1, non-blocking)")
 
 

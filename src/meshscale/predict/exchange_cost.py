@@ -1,8 +1,9 @@
 """Time of the gradient exchange: all-reduce (flat ring or hierarchical) or parameter server, on one system or a
 cluster of them.
 
-Inside a node the collectives simulator times the all-reduce. Across nodes the all-reduce is NCCL's cost model
-on the whole cluster's topology (the one `sim` and `plan` use), with NCCL's algorithm forced as NCCL_ALGO does:
+Inside a node NCCL's cost model times the all-reduce (NCCL's own pick). Across nodes the all-reduce is NCCL's cost
+model on the whole cluster's topology (the one `sim` and `plan` use):
+- nccl (the default): what NCCL picks for each size (Ring, Tree, NVLS-Tree, ...), as a run without NCCL_ALGO does;
 - ring: one flat ring of all GPUs (NCCL_ALGO=Ring);
 - hierarchical: reduce inside the node, a tree across nodes, broadcast back (NCCL_ALGO=Tree);
 - ps (mode ps-sync): every GPU pushes its gradients to one server and pulls the result back, through the
@@ -17,13 +18,14 @@ from dataclasses import astuple, dataclass, replace
 from functools import lru_cache
 
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterPlan, ClusterSpec, build_cluster, plan_cluster
 
-ALLREDUCE_ALGORITHMS = ("ring", "hierarchical")
+ALLREDUCE_ALGORITHMS = ("nccl", "ring", "hierarchical")
 EXCHANGES = (*ALLREDUCE_ALGORITHMS, "ps")  # how one exchange travels: an all-reduce, or a parameter server
-NCCL_ALGO_ACROSS_NODES = {"ring": "ring", "hierarchical": "tree"}
+NCCL_ALGO_ACROSS_NODES = {"nccl": None, "ring": "ring", "hierarchical": "tree"}
 
 
 @dataclass
@@ -134,16 +136,18 @@ class Exchange:
     """Exchange times on one fabric by one route (``EXCHANGES``), as the NCCL of ``nccl_version`` would run
     them (None: the collective model's default). Intra-node times are cached per size."""
 
-    def __init__(self, fabric: Fabric, algorithm: str = "ring", params: SimParams | None = None,
-                 intra: str = "simulator", nccl_version: str | None = None):
+    def __init__(self, fabric: Fabric, algorithm: str = "nccl", params: SimParams | None = None,
+                 intra: str = "simulator", nccl_version: str | None = None, nccl_env: NcclEnv | None = None):
         check_choice(algorithm, EXCHANGES, "exchange")
         if intra not in ("simulator", "alpha-beta"):
             raise MeshscaleError(f"unknown intra-node model {intra!r}; use simulator or alpha-beta")
         self.fabric, self.algorithm, self.intra, self.nccl_version = fabric, algorithm, intra, nccl_version
+        self.nccl_env = nccl_env
         self.params = params or SimParams()
         self.calibration = params  # a fitted link model, or None (NCCL's defaults)
         self._cache: dict = {}
         self.source = ""
+        self.chosen: dict[float, str] = {}  # bytes -> what NCCL ran for that size (e.g. "tree/LL128")
 
     def intra_allreduce_s(self, nbytes: float) -> float:
         """All-reduce of ``nbytes`` among the GPUs of one node (simulated, cached)."""
@@ -159,9 +163,15 @@ class Exchange:
                 from meshscale.simulate import predict_collective
                 self.source = "NCCL cost model"
                 # inside a node NCCL makes its own choice (its rings, its protocols), as across nodes: one model
-                self._cache[nbytes] = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes),
-                                                         params=self.params, nccl_version=self.nccl_version).time_s
+                found = predict_collective(self.fabric.node, "all_reduce", ranks, int(nbytes), params=self.params,
+                                           nccl_version=self.nccl_version, nccl_env=self.nccl_env)
+                self._cache[nbytes], self.chosen[nbytes] = found.time_s, _algo_proto(found.detail)
         return self._cache[nbytes]
+
+    @property
+    def chosen_algorithm(self) -> str:
+        """What NCCL ran for the largest all-reduce priced so far ("" before any, or for a parameter server)."""
+        return self.chosen[max(self.chosen)] if self.chosen else ""
 
     def ps_s(self, nbytes: float) -> float:
         """Push to one parameter server and pull back: every GPU's ``nbytes`` through the server's links."""
@@ -185,7 +195,7 @@ class Exchange:
 
     def cluster_allreduce_s(self, nbytes: float) -> float:
         """All-reduce of ``nbytes`` among every GPU of the cluster: NCCL's cost model on the cluster topology,
-        the algorithm forced (ring, or tree for hierarchical), as `sim` would time it (cached per size)."""
+        NCCL's pick, or the algorithm forced (ring, or tree for hierarchical), as `sim` would time it (cached per size)."""
         from meshscale.simulate import predict_collective
 
         f = self.fabric
@@ -196,12 +206,18 @@ class Exchange:
             self.source = "NCCL cost model on the cluster"
             ranks = [f.cluster.nodes[d].index for d in f.cluster.devices()]
             try:
-                self._cache[key] = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes),
-                                                      params=self.calibration, nccl_version=self.nccl_version,
-                                                      nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm]).time_s
+                found = predict_collective(f.cluster, "all_reduce", ranks, int(nbytes), params=self.calibration,
+                                           nccl_version=self.nccl_version, nccl_env=self.nccl_env,
+                                           nccl_algo=NCCL_ALGO_ACROSS_NODES[self.algorithm])
+                self._cache[key], self.chosen[nbytes] = found.time_s, _algo_proto(found.detail)
             except MeshscaleError as e:
                 if self.algorithm != "hierarchical":
                     raise
                 raise MeshscaleError(f"the hierarchical all-reduce across nodes is NCCL's tree, which NCCL "
                                      f"{self.nccl_version} does not have; use --algo ring") from e
         return self._cache[key]
+
+
+def _algo_proto(detail: str) -> str:
+    """"tree/LL128" out of a prediction's detail ("nccl tree/LL128, 24 channels")."""
+    return detail.removeprefix("nccl ").split(",")[0]

@@ -13,12 +13,13 @@ from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
 from meshscale.simulate import SimParams, calibrate, calibrate_collective
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.train.models import get_model
 
-COMPARE_PRESETS = {"algorithms": ("ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
+COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
 COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework",
                  "links": "link"}  # the rest compare systems
@@ -41,7 +42,7 @@ class PredictRequest:
     mode: str | None = None                  # `meshscale train`'s modes (None: the framework's, else ddp)
     framework: str | None = None             # how gradients are exchanged (None: the mode's)
     wire: str | None = None                  # what gradients travel as (None: the framework's)
-    algo: str = "ring"                       # the all-reduce algorithm
+    algo: str = "nccl"                       # the all-reduce algorithm: NCCL's pick, or ring / hierarchical forced
     profile: Path | None = None
     compute_efficiency: float = 0.4
     p2p: Path | None = None
@@ -49,6 +50,7 @@ class PredictRequest:
     compare: str | None = None
     measured: Path | None = None
     partition: str | None = None             # each GPU split into MIG instances ("3g.40gb") or time slices ("1/4")
+    nccl_env: NcclEnv | None = None          # NCCL's environment (--nccl-env)
 
     @property
     def weak(self) -> bool:
@@ -100,7 +102,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         mode, framework = resolve_framework(asked_mode, asked_framework)
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
                   req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
-                  framework=framework, wire=req.wire)
+                  framework=framework, wire=req.wire, nccl_env=req.nccl_env)
         if partition:  # the whole GPU's step on the slice's share of it
             job.profile = job.profile.scaled(partition.step_time_factor, partition.describe())
         cluster = None
@@ -112,7 +114,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         if measured:
             found = compare_scale(measured, job, topo, params, cluster)
         elif cluster:
-            found = predict_cluster(job, cluster, list(req.nodes))
+            found = predict_cluster(job, cluster, list(req.nodes), params)
         else:
             found = predict_system(job, topo, list(req.gpus), params)
         rows += [dict(r, variant=variant) for r in found]

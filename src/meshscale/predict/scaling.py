@@ -10,6 +10,7 @@ from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors
 from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile, sustained_ratio
 from meshscale.predict.step_time import StepPrediction, per_rank_batch, predict_step, scaling_rows
 from meshscale.results import Result
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
 from meshscale.topology.cluster import ClusterSpec
@@ -28,12 +29,13 @@ class Job:
     profile: ComputeProfile
     batch: int
     weak: bool = True
-    algorithm: str = "ring"
+    algorithm: str = "nccl"
     mode: str = "ddp"
     framework: Framework | None = None
     wire: str | None = None
     gradients: list[GradientTensor] | None = None
     notes: list[str] = field(default_factory=list)
+    nccl_env: NcclEnv | None = None  # NCCL's environment the exchange runs in (None: its defaults)
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -73,7 +75,7 @@ class Job:
         """The exchange on ``fabric``: the NCCL cost model of the framework's NCCL version, refined by ``params``
         (a calibration) when given."""
         version = self.framework.nccl_version if self.framework else None
-        return Exchange(fabric, self.route, params, nccl_version=version)
+        return Exchange(fabric, self.route, params, nccl_version=version, nccl_env=self.nccl_env)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
         return predict_step(self.profile, exchange, self.buckets(), batch_per_rank)
@@ -107,12 +109,14 @@ def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample
 
 def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = None) -> list[dict]:
     """Rows for each fabric (one per GPU or node count), speedup against one GPU of the first fabric's node."""
-    points = [job.step(job.exchange(fabric, params), per_rank_batch(fabric.world_size, job.batch, job.weak))
-              for fabric in fabrics]
+    exchanges = [job.exchange(fabric, params) for fabric in fabrics]
+    points = [job.step(ex, per_rank_batch(ex.fabric.world_size, job.batch, job.weak)) for ex in exchanges]
     base = job.step(job.exchange(Fabric(fabrics[0].node, 1), params), job.batch)
-    return scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
+    rows = scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
                         algorithm=job.route, exchange_mode=job.mode,
                         framework=job.framework.name if job.framework else "parameter server")
+    # what NCCL ran for the largest bucket at each size: Ring in a node, Tree or NVLS-Tree across many
+    return [dict(r, nccl_algo=ex.chosen_algorithm) for r, ex in zip(rows, exchanges)]
 
 
 def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:

@@ -10,6 +10,7 @@ from meshscale.collectives.algorithms import ALGORITHMS, build
 from meshscale.collectives.kinds import kind, schedulable
 from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
+from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
@@ -101,9 +102,11 @@ def choose_and_simulate(topology: Topology, collective: str, ranks: list[int], n
 
 def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: int, params: SimParams | None = None,
                 root: int = 0, *, nccl_version: str | None = None, nccl_algo: str | None = None,
-                proto: str | None = None, nvls: bool | None = None, gpus_per_thread: int = 1) -> SimResult:
-    """NCCL's cost model (`nccl_model.predict`) as a `SimResult`. Calibrated ``params`` scale its bandwidth by
-    the measured link efficiency over the default one, for the link kind its rings use."""
+                proto: str | None = None, nvls: bool | None = None, gpus_per_thread: int = 1,
+                nccl_env: NcclEnv | None = None) -> SimResult:
+    """NCCL's cost model (`nccl_model.predict`) as a `SimResult`, in NCCL's environment ``nccl_env``. Calibrated
+    ``params`` scale its bandwidth by the measured link efficiency over the default one, for the link kind its
+    rings use."""
     from meshscale.simulate import nccl_model
     from meshscale.simulate.params import DEFAULT_EFFICIENCY
 
@@ -114,7 +117,7 @@ def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: i
         scale = params.efficiency_of(kind_name) / DEFAULT_EFFICIENCY[kind_name]
     p = nccl_model.predict(topology, collective, ranks, nbytes, nccl_version=nccl_version, nccl_algo=nccl_algo,
                            proto=proto, nvls=nvls, root=root, gpus_per_thread=gpus_per_thread,
-                           bandwidth_scale=scale)
+                           bandwidth_scale=scale, env=nccl_env)
     alg, bus = kind(p.collective).algbw_busbw(nbytes, p.time_s, len(ranks))
     return SimResult(p.collective, f"nccl-{p.algo}", list(ranks), nbytes, p.time_s, alg, bus, channels=p.channels,
                      params_source=params.source if params else "defaults", detail=p.detail)
@@ -123,18 +126,20 @@ def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: i
 def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "nccl",
                        params: SimParams | None = None, root: int = 0, *, nccl_version: str | None = None,
                        nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None,
-                       gpus_per_thread: int = 1, **options) -> SimResult:
+                       gpus_per_thread: int = 1, nccl_env: NcclEnv | None = None, **options) -> SimResult:
     """Predicted time and bandwidth of one collective. ``algorithm`` "nccl" (default): NCCL's cost model, what
     NCCL would pick and how long it takes (``nccl_version``, default 2.28; ``nccl_algo`` (ring, tree, nvls,
     nvls_tree, collnet_direct, collnet_chain, pat) and ``proto`` (LL, LL128, Simple) forced as NCCL_ALGO /
     NCCL_PROTO force them; ``nvls`` False as NCCL_NVLS_ENABLE=0; ``gpus_per_thread``: GPUs one host thread
-    drives, as nccl-tests -g). "auto": the fastest meshscale schedule by flow simulation; any other name: that
+    drives, as nccl-tests -g; ``nccl_env``: NCCL's environment, `nccl_env.parse_nccl_env`). "auto": the fastest
+    meshscale schedule by flow simulation; any other name: that
     schedule. GPU-less topologies (CPU workers) fall back to "auto". Sizes that do not split into whole 4-byte
     elements per rank are rounded up, as frameworks pad gradient buckets."""
     step = 4 * len(ranks)
     nbytes = max(step, -(-int(nbytes) // step) * step)
     if algorithm == "nccl" and topology.device_kind == "gpu":
         return nccl_result(topology, collective, ranks, nbytes, params, root, nccl_version=nccl_version,
-                           nccl_algo=nccl_algo, proto=proto, nvls=nvls, gpus_per_thread=gpus_per_thread)
+                           nccl_algo=nccl_algo, proto=proto, nvls=nvls, gpus_per_thread=gpus_per_thread,
+                           nccl_env=nccl_env)
     algorithm = "auto" if algorithm == "nccl" else algorithm
     return choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params, root, **options).result

@@ -25,6 +25,7 @@ import yaml
 
 from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, allows
 from meshscale.topology import Topology, route
 
 PROTOCOLS = ("LL", "LL128", "Simple")
@@ -38,6 +39,9 @@ _ALGO_SPELLINGS = {"nvlstree": "nvls_tree", "collnetdirect": "collnet_direct", "
 _RING_ONLY = ("broadcast", "reduce")
 _P2P_COLLECTIVES = ("all_to_all", "gather", "scatter", "send_recv")
 DFS_VISIT_LIMIT = 20_000  # ring search effort per ring (NCCL's search has a time limit too)
+# GPUs of one node NCCL's search here lays rings over: the largest NVLink domain built (GB200 NVL72); the search
+# grows with the square of the GPUs and more would not answer within seconds
+MAX_NODE_GPUS = 72
 
 
 # ---- constants --------------------------------------------------------------------------------------------
@@ -185,6 +189,7 @@ class System:
     net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
     nics: list = field(default_factory=list)  # NicPath of each NIC of a node (several nodes only)
     gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
+    env: NcclEnv = DEFAULT_ENV  # NCCL's environment (channels, transports)
 
     @property
     def ppn(self) -> float:
@@ -210,20 +215,33 @@ class _PairPath:
     uses: list  # (resource key, consumption per unit of channel bandwidth)
 
 
-def _pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
-    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it."""
+def _pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict,
+               env: NcclEnv = DEFAULT_ENV) -> _PairPath | None:
+    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it. Where
+    ``env`` denies the P2P transport on that path, the SHM transport's path through host memory (or, SHM
+    disabled too, the network's)."""
+    natural = _p2p_pair_path(topo, a, b, c, sm, capacity)
+    if natural is None or env.p2p_allowed(natural.path_type):
+        return natural
+    if env.shm:
+        return _host_pair_path(topo, a, b, c, capacity)
+    return _net_pair_path(topo, a, b, c, capacity, env)
+
+
+def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
     nv = c["nvlink_bw_per_link"].get(sm, c["nvlink_bw_per_link"][80 if sm >= 80 else 70])
     direct = [l for l in topo.links_between(a, b) if l.kind == "nvlink"]
     if direct:
         key = ("nvl", a, b)
         capacity[key] = sum(l.count for l in direct) * nv
         return _PairPath("NVL", [(key, 1.0)])
-    r = route(topo, a, b)
-    if r.fabric == "nvlink":  # through NVSwitches: a's links into the switches, b's links out of them
+    shared = _switches_of(topo, a) & _switches_of(topo, b)  # one hop through a common switch: no route needed
+    if shared or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's links out
         for g, way in ((a, "out"), (b, "in")):
             capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
                                             if topo.nodes[l.other(g)].kind == "nvswitch") * nv
         return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
+    r = route(topo, a, b)
     if r.fabric != "pcie":
         return None
     path = r.paths[0]
@@ -244,6 +262,63 @@ def _pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict)
             # P2P through an Intel root complex: 64 B TLPs cost 1.2x the link (search.cc, PHB paths)
             uses.append((key, c["intel_p2p_overhead"] if path_type == "PHB" and intel else 1.0))
     return _PairPath(path_type, uses)
+
+
+def _switches_of(topo: Topology, gpu: str) -> set[str]:
+    return {l.other(gpu) for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+
+
+def _local_cpu(topo: Topology, gpu: str) -> str | None:
+    """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
+    cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
+    node = _node_of(topo, gpu)
+    mine = [x for x in cpus if _node_of(topo, x) == node]
+    return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
+
+
+def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict) -> _PairPath:
+    """The SHM transport's path a -> b: paths.cc diverts a pair without P2P through the CPU next to the receiver
+    (addInterStep); a's GPU writes into pinned host memory over its PCIe links (and the CPUs' link, if a hangs
+    off the other CPU), b's reads it over its own. Type PHB, or SYS when it crosses between CPUs."""
+    host = _local_cpu(topo, b)
+    if host is None:
+        raise MeshscaleError(f"{topo.name}: no CPU to stage {a} -> {b} through host memory (P2P disabled); "
+                             "describe the host in the system file")
+    legs = [route(topo, a, host).paths[0], route(topo, host, b).paths[0]]
+    uses = []
+    for leg in legs:
+        for key, rate in _links_gbps(topo, leg.directed_links, c).items():
+            capacity[("link", *key)] = rate
+            uses.append((("link", *key), 1.0))
+    cpus = {x for leg in legs for x in leg.nodes if topo.nodes[x].kind in ("cpu", "host")}
+    return _PairPath("SYS" if len(cpus) >= 2 else "PHB", uses)
+
+
+def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env: NcclEnv) -> _PairPath:
+    """The NET transport's path a -> b inside one node (P2P and SHM both disabled): out through the NIC nearest
+    a and back in through it (paths.cc marks the pair PATH_NET)."""
+    node = _node_of(topo, a)
+    nics = [n for n in topo.nodes_of("nic") if _node_of(topo, n) == node and _port_gbps(topo, n)]
+    if not nics:
+        raise MeshscaleError(f"{topo.name}: with P2P and SHM disabled NCCL sends through the network, and this "
+                             "node has no NIC; enable one of them or describe the NICs")
+    nic = min(nics, key=lambda n: len(route(topo, a, n).paths[0].nodes))
+    port = _port_gbps(topo, nic)
+    capacity[("nic", nic)] = env.socket_gbps(port) if env.socket else port
+    return _PairPath("SYS", [(("nic", nic), 1.0)])
+
+
+def _port_gbps(topo: Topology, nic: str) -> float:
+    return sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9 \
+        or float(topo.nodes[nic].attrs.get("port_gbps", 0) or 0) or _catalog_port_gbps(topo, nic)
+
+
+def _catalog_port_gbps(topo: Topology, nic: str) -> float:
+    """A system file's NIC without its network link: the port its ``port_rate`` names (ndr, 100gbe...)."""
+    from meshscale.topology.cluster import NET_LINKS
+
+    rate = str(topo.nodes[nic].attrs.get("port_rate", "")).lower()
+    return NET_LINKS[rate].bandwidth_bytes_per_s / 1e9 if rate in NET_LINKS else 0.0
 
 
 def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
@@ -321,22 +396,23 @@ def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, lim
     return best[0]
 
 
-def ring_graph(topo: Topology, names: list[str], c: dict, sm: int) -> Graph:
+def ring_graph(topo: Topology, names: list[str], c: dict, sm: int, env: NcclEnv = DEFAULT_ENV) -> Graph:
     """The ring graph NCCL's search finds over the GPUs ``names`` of one node: NVLink-only rings if any exist
     (else rings over PCIe / the CPU link), at the fastest speed of the ladder that gives the most bandwidth
     (nChannels x speed), then channel duplication."""
-    return _search_graph(topo, names, c, sm, closed=True, limit=c["search_max_channels"], dup_limit=c["max_channels"])
+    return _search_graph(topo, names, c, sm, closed=True, limit=c["search_max_channels"], dup_limit=c["max_channels"],
+                         env=env)
 
 
-def tree_graph(topo: Topology, names: list[str], c: dict, sm: int, ring: Graph) -> Graph:
+def tree_graph(topo: Topology, names: list[str], c: dict, sm: int, ring: Graph, env: NcclEnv = DEFAULT_ENV) -> Graph:
     """The tree graph of one node (search.cc, balanced-tree pattern): chains through ``names``, at most as many
     as the ring graph has channels (init.cc sets the tree's maxChannels to the ring's nChannels); a chain
     crosses n-1 links, so a perfect graph carries totalBw * n / (n-1)."""
-    return _search_graph(topo, names, c, sm, closed=False, limit=ring.channels, dup_limit=ring.channels)
+    return _search_graph(topo, names, c, sm, closed=False, limit=ring.channels, dup_limit=ring.channels, env=env)
 
 
 def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bool, limit: int,
-                  dup_limit: int) -> Graph:
+                  dup_limit: int, env: NcclEnv = DEFAULT_ENV) -> Graph:
     if len(names) == 1:
         return Graph(1, 0.0)
     capacity: dict = {}
@@ -344,7 +420,7 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
     for a in names:
         for b in names:
             if a != b:
-                p = _pair_path(topo, a, b, c, sm, capacity)
+                p = _pair_path(topo, a, b, c, sm, capacity, env)
                 if p is not None:
                     paths[(a, b)] = p
     ladders = c["speed_ladder_intra"]
@@ -385,6 +461,15 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
                 dup = min(2 * nch, dup_limit)
                 bw, nch = bw / math.ceil(dup / nch), dup
             return Graph(nch, bw, worst, same, rings, capacity_gbps)
+    hops = list(zip(names, names[1:] + (names[:1] if closed else [])))
+    if all(h in paths for h in hops):
+        # search.cc: no pattern at any speed of the ladder -> "falling back to simple order": one channel over the
+        # GPUs in order, typed SYS, rated 0.1 GB/s for the tuning; a run moves what its paths carry
+        load = {}
+        for hop in hops:
+            for k, f in paths[hop].uses:
+                load[k] = load.get(k, 0.0) + f
+        return Graph(1, c["fallback_bw"], "SYS", True, [list(names)], min(capacity[k] / x for k, x in load.items()))
     raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
 
 
@@ -425,17 +510,35 @@ def _links_gbps(topo: Topology, directed: list, c: dict) -> dict:
     return out
 
 
-def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
+def node_view(topo: Topology, k: int) -> Topology:
+    """Node ``k`` of a cluster on its own (its nodes and the links among them), built once per topology: the
+    routes inside a node are found there, not by a max-flow over the whole cluster's graph. A topology of one
+    node is its own view."""
+    key = ("meshscale.nccl_model.node_view", k)
+    if key not in topo.route_cache:
+        # a cluster marks every node's parts with node=k; its switches belong to no node
+        names = {n for n, node in topo.nodes.items() if node.attrs.get("node") is not None and int(node.attrs["node"]) == k}
+        if not names or len(names) == len(topo.nodes):
+            topo.route_cache[key] = topo
+        else:
+            topo.route_cache[key] = Topology(f"{topo.name}/n{k}", {n: topo.nodes[n] for n in names},
+                                             [l for l in topo.links if l.a in names and l.b in names], topo.title)
+    return topo.route_cache[key]
+
+
+def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFAULT_ENV) -> list[NicPath]:
     """How NCCL reaches the network from the GPUs ``local`` of one node of a cluster. Each NIC serves its nearest
     GPU (NIC-GPU affinity). GPUDirect RDMA is used when the NIC allows it and the path is PIX or PXB (NCCL's
     default GDR level): the NIC reads GPU memory at the path's bottleneck. Otherwise the data is staged through
     host memory: GPU -> CPU -> NIC, and links both legs cross (a PCIe switch's up-link) carry it twice. Equally
-    near GPUs are spread over the NICs, as NCCL's rings start on different GPUs."""
+    near GPUs are spread over the NICs, as NCCL's rings start on different GPUs. The socket transport (``env``)
+    stages through host memory too, and a NIC carries what its streams move."""
     k = _node_of(topo, local[0])
+    cluster, topo = topo, node_view(topo, k)  # ports from the cluster, routes inside the node
     out, served = [], set()
     for nic in topo.nodes_of("nic"):
-        port = sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
-        if _node_of(topo, nic) != k or not port:
+        port = sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
+        if not port:
             continue
         shapes = []
         for g in local:
@@ -444,7 +547,8 @@ def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
         _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
         served.add(gpu)
         kind_name = _path_shape(topo, path.nodes)
-        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES
+        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
+            and not env.socket
         if gdr:
             gbps = min([port, *_links_gbps(topo, path.directed_links, c).values()])
         else:
@@ -458,6 +562,8 @@ def network_paths(topo: Topology, local: list[str], c: dict) -> list[NicPath]:
                 for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
                     uses[i] = uses.get(i, 0) + 1
             gbps = min([port, *(rate / uses[i] for (i, _d), rate in rates.items())])
+        if env.socket:
+            gbps = env.socket_gbps(gbps)
         out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps))
     return out
 
@@ -483,6 +589,21 @@ def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -
     return rate
 
 
+def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
+    """One message's latency node to node: the cluster's worst case where its plan says (`build_cluster`), else
+    what the topology's own network says, a NIC's link to its switch, the switch, and the link down to another
+    node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's."""
+    stated = topo.attrs.get("cluster", {}).get("latency_s")
+    if stated:
+        return float(stated)
+    for path in nics:
+        up = [l for l in topo.links_of(path.nic) if topo.nodes[l.other(path.nic)].kind == "net_switch"]
+        if up:
+            switch = up[0].other(path.nic)
+            return 2 * up[0].latency_s + float(topo.nodes[switch].attrs.get("latency_s", 0.0))
+    return REFERENCE_NET_LATENCY_S
+
+
 def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:
     """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out)."""
     out: dict[int, list[str]] = {}
@@ -497,10 +618,39 @@ def _node_of(topo: Topology, name: str) -> int:
     return int(topo.nodes[name].attrs.get("node", 0))
 
 
-def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> System:
-    """What NCCL derives from ``topo`` for ``ranks`` (device indices); memoized on the topology."""
+_NODE_GRAPHS: dict = {}  # node type -> what NCCL's search finds inside it (see `_node_graphs`)
+NODE_GRAPHS_KEPT = 64
+
+
+def _node_signature(topo: Topology, inside: Topology) -> tuple:
+    """What makes two nodes of clusters the same to NCCL's search: their nodes, links and NIC ports."""
+    ports = tuple(sorted((nic, sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic)
+                                   if l.kind in ("infiniband", "ethernet"))) for nic in inside.nodes_of("nic")))
+    return (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
+            tuple(repr(vars(l)) for l in inside.links), ports)
+
+
+def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEnv,
+                 several_nodes: bool) -> tuple[Graph, Graph | None, list[NicPath]]:
+    """The ring and tree graphs NCCL's search lays over the GPUs ``local`` of one node, and its NICs' paths
+    (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
+    inside a node; a cluster of thousands of the same node needs the search once)."""
+    inside = node_view(topo, _node_of(topo, local[0]))
+    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.system_key, several_nodes)
+    if key not in _NODE_GRAPHS:
+        if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
+            _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
+        ring = ring_graph(inside, local, c, sm, env)
+        tree = tree_graph(inside, local, c, sm, ring, env) if len(local) > 1 else None
+        _NODE_GRAPHS[key] = ring, tree, network_paths(topo, local, c, env) if several_nodes else []
+    return _NODE_GRAPHS[key]
+
+
+def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: NcclEnv = DEFAULT_ENV) -> System:
+    """What NCCL derives from ``topo`` for ``ranks`` (device indices) in the environment ``env``; memoized on
+    the topology."""
     c = constants(version)
-    memo = ("meshscale.nccl_model", tuple(ranks), c["family"])
+    memo = ("meshscale.nccl_model", tuple(ranks), c["family"], env.system_key)
     if memo in topo.route_cache:
         return topo.route_cache[memo]
     names = [topo.device(r) for r in ranks]
@@ -514,7 +664,11 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
     for n in names:
         nodes.setdefault(_node_of(topo, n), []).append(n)
     local = next(iter(nodes.values()))
-    graph = ring_graph(topo, local, c, sm)
+    if len(local) > MAX_NODE_GPUS:
+        raise MeshscaleError(f"{topo.name}: {len(local)} GPUs in one node; NCCL's model searches rings over at most "
+                             f"{MAX_NODE_GPUS} GPUs of a node (an NVL72 domain): describe larger machines as a "
+                             "cluster of nodes (--nodes, a cluster file)")
+    graph, tree, node_nics = _node_graphs(topo, local, c, sm, env, len(nodes) > 1)
     cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
     cpu = cpu_class(cpus[0]) if cpus else _data()["cpu_class_default"]
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
@@ -522,16 +676,15 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None) -> Sys
     nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
     inter, net_extra_us, nics = 0.0, 0.0, []
     if len(nodes) > 1:
-        nics = network_paths(topo, local, c)
+        nics = node_nics
         inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
-        latency_s = float(topo.attrs.get("cluster", {}).get("latency_s") or REFERENCE_NET_LATENCY_S)
+        latency_s = network_latency_s(topo, nics)
         net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
         if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
             graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
-    tree = tree_graph(topo, local, c, sm, graph) if len(local) > 1 else None
     mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
     system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
-                    nics=nics, gpu_mesh=mesh)
+                    nics=nics, gpu_mesh=mesh, env=env)
     if len(sms) > 1:  # mixed generations: NCCL disables LL128 (min != max compute capability)
         system.pair_gbps["mixed_sm"] = True
     topo.route_cache[memo] = system
@@ -728,11 +881,21 @@ class NcclPrediction:
         return text + (" (host launch bound)" if self.host_bound else "")
 
 
-def comm_channels(s: System, c: dict, algo: str) -> int:
-    """Channels the communicator runs: the graph's, doubled at setup (connect.cc), NVLS its own count."""
+def natural_channels(s: System, c: dict, algo: str) -> int:
+    """Channels the search's graph gives the communicator: the graph's, doubled at setup (connect.cc), NVLS
+    its own count; the links' bandwidth NCCL's tuning counts is spread over these."""
     if algo in ("nvls", "nvls_tree"):
         return c["nvls_channels"]
     return min(2 * s.ring.channels, c["max_channels"])
+
+
+def comm_channels(s: System, c: dict, algo: str) -> int:
+    """Channels the communicator runs: `natural_channels` clamped by NCCL_MAX_NCHANNELS / NCCL_MIN_NCHANNELS
+    (NVLS: its own count, NCCL_NVLS_NCHANNELS, at most NCCL_MAX_NCHANNELS)."""
+    natural = natural_channels(s, c, algo)
+    if algo in ("nvls", "nvls_tree"):
+        return min(natural, s.env.max_channels or natural)
+    return s.env.channels(natural)
 
 
 def channels_used(s: System, c: dict, algo: str, proto: str, nbytes: int) -> int:
@@ -849,7 +1012,11 @@ def tree_fill_bytes(s: System, c: dict, proto: str, nbytes: int, channels: int) 
 
 def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
     nc = channels_used(s, c, algo, proto, nbytes)
-    share = nc / comm_channels(s, c, algo)
+    # the share of the links the channels run carry: channels NCCL sheds for a small call leave theirs idle;
+    # a communicator clamped to fewer channels (NCCL_MAX_NCHANNELS) leaves the links free and each block runs
+    # at its own ceiling (`_block_ceiling_gbps`), NVLS's channels excepted (its bandwidth is per NVLS channel)
+    nvls_algo = algo in ("nvls", "nvls_tree")
+    share = min(1.0, nc / (natural_channels if nvls_algo else comm_channels)(s, c, algo))
     moved = nbytes
     chain = algo == "tree" and s.n_nodes == 1 and collective == "all_reduce" and not s.gpu_mesh
     if chain:
@@ -863,11 +1030,23 @@ def _predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nb
         log_size = int(math.log2(nbytes >> 6)) if nbytes >= 64 else -1
         if 0 <= log_size < 23:
             bw *= c["tree_correction"][proto][log_size]
+    if not nvls_algo and comm_channels(s, c, algo) < natural_channels(s, c, algo):
+        bw = min(bw, _block_ceiling_gbps(s, c, collective, algo, nc) * scale)
     if algo == "nvls" and collective == "all_reduce" and s.n_nodes == 1:
         # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
         # pass the stages one after another before the pipeline runs full
         moved += (c["nvls_pipeline_stages"] - 1) * min(nbytes, nvls_loop_bytes(s, c, nbytes, nc))
     return launch_overhead_us(proto) + latency_us(s, c, collective, algo, proto) + moved / (1000 * bw), nc
+
+
+def _block_ceiling_gbps(s: System, c: dict, collective: str, algo: str, blocks: int) -> float:
+    """Algorithm bandwidth (GB/s) ``blocks`` channels reach when their blocks, not the links, set the pace: each
+    block at NCCL's per-channel ceiling of the Simple protocol over the two blocks of a graph channel
+    (`p2p_channel_gbps`), from bus to algorithm bandwidth as `bus_bandwidth` converts it."""
+    bus = blocks * p2p_channel_gbps(s, c)
+    if algo != "ring" and collective in ("all_gather", "reduce_scatter"):
+        return bus
+    return bus * (s.n_ranks / _nsteps(collective, s.n_ranks) if algo == "ring" else 0.5)
 
 
 def _pow2_up(x: int) -> int:
@@ -955,16 +1134,32 @@ def _p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int
 
     def pair(a: str, b: str) -> float:
         path = _pair_gbps(topo, s, c, a, b) * scale
+        if _node_of(topo, a) != _node_of(topo, b):
+            return min(path, gpu_net_gbps(s) * scale)  # one GPU's flow leaves through its own NIC
         return min(per_gpu, path, op_channels * channel_gbps if s.n_nodes == 1 else path)
 
     if collective == "send_recv":
         return lat + nbytes / (1000 * min(pair(a, b) for a, b in zip(names, names[1:] + names[:1]))), op_channels
     if collective == "all_to_all":
         worst = max(block / pair(a, b) for a in names for b in names if a != b)
-        return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
+        return lat + max(block * (n - 1) / per_gpu, _off_node_s(s, block * (n - s.ppn), scale), worst) / 1000, op_channels
     hub = names[root]
     worst = max(block / (pair(hub, b) if collective == "scatter" else pair(b, hub)) for b in names if b != hub)
     return lat + max(block * (n - 1) / per_gpu, worst) / 1000, op_channels
+
+
+def gpu_net_gbps(s: System) -> float:
+    """GB/s one GPU's traffic to other nodes gets when it alone sends: the NIC NCCL gives it (its nearest;
+    NICs shared by the GPUs of a node: DGX-1's 4 NICs serve 2 GPUs each), not the whole node's network."""
+    return s.inter_gbps / max(1, min(len(s.nics) or 1, int(s.ppn)))
+
+
+def _off_node_s(s: System, off_bytes_per_gpu: float, scale: float) -> float:
+    """Seconds x 1e9 (the units of bytes / GB/s) the bytes every GPU sends to other nodes take when all GPUs of a
+    node send at once: the node's network shared by its GPUs (all_to_all across nodes)."""
+    if s.n_nodes < 2 or off_bytes_per_gpu <= 0:
+        return 0.0
+    return off_bytes_per_gpu * s.ppn / (s.inter_gbps * scale)
 
 
 def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
@@ -974,7 +1169,7 @@ def _pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
             s.pair_gbps[key] = s.inter_gbps
         else:
             capacity: dict = {}
-            p = _pair_path(topo, a, b, c, s.sm, capacity)
+            p = _pair_path(node_view(topo, _node_of(topo, a)), a, b, c, s.sm, capacity, s.env)
             s.pair_gbps[key] = min(capacity[k] / f for k, f in p.uses) if p else 0.1
     return s.pair_gbps[key]
 
@@ -1002,15 +1197,18 @@ def normalize_proto(name: str | None) -> str | None:
 
 def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, nccl_version: str | None = None,
             nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None, root: int = 0,
-            gpus_per_thread: int = 1, bandwidth_scale: float = 1.0) -> NcclPrediction:
+            gpus_per_thread: int = 1, bandwidth_scale: float = 1.0, env: NcclEnv | None = None) -> NcclPrediction:
     """NCCL's choice and the predicted time of ``collective`` of ``nbytes`` (the nccl-tests size) over ``ranks``.
     ``nccl_algo`` / ``proto`` force them as NCCL_ALGO / NCCL_PROTO do; ``nvls`` False turns NVLink SHARP off
     (NCCL_NVLS_ENABLE=0; default: on where the switches multicast); ``gpus_per_thread`` is how many GPUs one
-    host thread drives (nccl-tests -g); ``bandwidth_scale`` scales every bandwidth (a calibration)."""
+    host thread drives (nccl-tests -g); ``bandwidth_scale`` scales every bandwidth (a calibration); ``env``:
+    NCCL's environment (`nccl_env.NcclEnv`: channels, transports, NCCL_ALGO / NCCL_PROTO / NCCL_NVLS_ENABLE)."""
+    from meshscale.simulate.nccl_env import with_forced
+
     collective = kind(collective).name
     c = constants(nccl_version)
-    s = analyse(topo, list(ranks), nccl_version)
-    algo_forced, proto_forced = normalize_algo(nccl_algo), normalize_proto(proto)
+    env = with_forced(env or DEFAULT_ENV, nccl_algo, proto, nvls)
+    s = analyse(topo, list(ranks), nccl_version, env)
     nbytes = int(nbytes)
     if len(ranks) < 2:
         return NcclPrediction(collective, list(ranks), nbytes, "none", "-", 0,
@@ -1023,12 +1221,12 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
     else:
         candidates = []
         for a in ALGORITHMS:
-            if algo_forced and a != algo_forced:
+            if not allows(env.algos, a):
                 continue
             for p in PROTOCOLS:
-                if proto_forced and p != proto_forced:
+                if not allows(env.protos, p):
                     continue
-                if not enabled(s, c, collective, a, p, nvls is not False):
+                if not enabled(s, c, collective, a, p, env.nvls is not False):
                     continue
                 est = nccl_time_us(s, c, collective, a, p, nbytes)
                 if est < 0:
@@ -1036,7 +1234,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                 t, nc = _predicted_us(s, c, collective, a, p, nbytes, bandwidth_scale)
                 candidates.append(Estimate(a, p, est * 1e-6, t * 1e-6, nc))
         if not candidates:
-            what = "/".join(x for x in (algo_forced, proto_forced) if x) or "any algorithm"
+            what = " ".join(x for x in env.settings if x.startswith(("NCCL_ALGO", "NCCL_PROTO"))) or \
+                "/".join(x for x in (nccl_algo, proto) if x) or "any algorithm"
             raise MeshscaleError(f"NCCL {c['family']} cannot run {collective} with {what} on {topo.name} "
                                  f"devices {list(ranks)} (the hardware or the version does not offer it)")
         candidates.sort(key=lambda e: e.nccl_time_s)

@@ -1,22 +1,32 @@
 """Placement: the best K-GPU subset of a machine's free GPUs for a data-parallel job.
 
-Every K-subset of the free GPUs is ranked by the all_reduce busbw NCCL's cost model predicts for it at a
+K-subsets of the free GPUs are ranked by the all_reduce busbw NCCL's cost model predicts for them at a
 gradient-bucket size (`predict_collective`, as `plan` predicts NCCL); equal predictions are told apart by the
 busbw bound of the subset's links (what any schedule could reach), then by the lower device indices.
+
+The model runs once per shape of subset, not once per subset: two subsets whose GPUs see the same paths to each
+other (NCCL's path type and rate of every pair) and share PCIe switches and CPUs alike get the same prediction
+(`shape`), so a DGX-2's 12,870 ways to take 8 of 16 GPUs cost one prediction. Up to `EXHAUSTIVE_SUBSETS` subsets
+are all shaped; beyond that a search starts from every free GPU, grows a subset greedily by pair rate and
+improves it by swapping one GPU in and one out while the prediction rises.
 """
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+import math
+from collections import Counter
+from dataclasses import dataclass, replace
 
 from meshscale.collectives.bounds import busbw_bound
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.simulate import nccl_model
 from meshscale.simulate.auto import predict_collective
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology
 
 PLACEMENT_BYTES = 64 << 20  # a gradient bucket (Horovod's fusion buffer)
+EXHAUSTIVE_SUBSETS = 50_000  # subsets shaped one by one; more are searched
 SAME_BUSBW = 1e-6  # relative difference below which two predictions tie
 _RING_PATHS = {
     "NVL": "rings over NVLink only",
@@ -70,27 +80,117 @@ def free_devices(topo: Topology, free: list[int] | None) -> list[int]:
 
 
 def rank_placements(topo: Topology, gpus: int, free: list[int] | None = None,
-                    nbytes: int = PLACEMENT_BYTES) -> list[Placement]:
-    """Every ``gpus``-subset of the ``free`` devices, best first (see the module docstring)."""
+                    nbytes: int = PLACEMENT_BYTES, nccl_env: NcclEnv | None = None) -> list[Placement]:
+    """The ``gpus``-subsets of the ``free`` devices considered (all of them up to `EXHAUSTIVE_SUBSETS`), best
+    first (see the module docstring)."""
     if topo.device_kind != "gpu":
         raise MeshscaleError(f"{topo.name} has no GPUs to place a job on")
     pool = free_devices(topo, free)
     if not 2 <= gpus <= len(pool):
         raise MeshscaleError(f"--gpus {gpus}: {len(pool)} free GPU(s) ({','.join(map(str, pool))}); "
                              f"pick 2 to {len(pool)}")
-    found = []
-    for subset in itertools.combinations(pool, gpus):
-        ranks = list(subset)
-        r = predict_collective(topo, "all_reduce", ranks, nbytes)
-        ring = nccl_model.analyse(topo, ranks).ring
-        found.append(Placement(ranks, r.busbw_bytes_per_s, r.time_s, r.detail or r.algorithm, None, ring.path_type,
-                               ring.channels, ring.bw_gbps))
+    ranker = _Ranker(topo, nbytes, nccl_env)
+    if math.comb(len(pool), gpus) <= EXHAUSTIVE_SUBSETS:
+        found = [ranker.placement(list(subset)) for subset in itertools.combinations(pool, gpus)]
+    else:
+        found = ranker.search(pool, gpus)
     best = max(p.busbw_bytes_per_s for p in found)
     for p in found:  # the bound only breaks ties among the best (it routes every pair: not free)
         if p.busbw_bytes_per_s >= best * (1 - SAME_BUSBW):
-            p.bound_busbw_bytes_per_s = busbw_bound(topo, "all_reduce", p.devices)
+            p.bound_busbw_bytes_per_s = ranker.bound(p.devices)
     return sorted(found, key=lambda p: (-round(p.busbw_bytes_per_s / best / SAME_BUSBW),
                                         -(p.bound_busbw_bytes_per_s or 0.0), p.devices))
+
+
+class _Ranker:
+    """NCCL's prediction (and the links' bound) of a subset, computed once per `shape`."""
+
+    def __init__(self, topo: Topology, nbytes: int, nccl_env: NcclEnv | None):
+        self.topo, self.nbytes, self.env = topo, nbytes, nccl_env
+        self.c = nccl_model.constants(None)
+        self.sm = nccl_model.gpu_sm(topo.gpu_model)
+        self._pairs: dict = {}
+        self._found: dict = {}
+        self._bounds: dict = {}
+        self._shapes: dict = {}
+        self.predictions = 0  # how many times the model ran (once per shape)
+
+    def pair(self, u: int, v: int) -> tuple:
+        """NCCL's path type and rate (GB/s) from device u to v."""
+        if (u, v) not in self._pairs:
+            capacity: dict = {}
+            a, b = self.topo.device(u), self.topo.device(v)
+            p = nccl_model._pair_path(self.topo, a, b, self.c, self.sm, capacity, self.env or DEFAULT_ENV)
+            self._pairs[(u, v)] = (p.path_type, round(min(capacity[k] / f for k, f in p.uses), 6)) if p else ("-", 0.0)
+        return self._pairs[(u, v)]
+
+    def shape(self, devices: list[int]) -> tuple:
+        """What NCCL's model sees of a subset, up to renaming its GPUs: every GPU's paths to the others, and how
+        many of the subset share its PCIe switch and its CPU (their up-links carry those GPUs together)."""
+        key = tuple(devices)
+        if key not in self._shapes:
+            near = [self._uplinks(d) for d in devices]
+            switches, cpus = Counter(n[0] for n in near), Counter(n[1] for n in near)
+            pairs = self._pairs
+            rows = sorted((tuple(sorted(pairs.get((d, e)) or self.pair(d, e) for e in devices if e != d)),
+                           switches[n[0]], cpus[n[1]]) for d, n in zip(devices, near))
+            self._shapes[key] = tuple(rows)
+        return self._shapes[key]
+
+    def _uplinks(self, device: int) -> tuple:
+        key = ("up", device)
+        if key not in self._pairs:
+            name = self.topo.device(device)
+            switch = next((l.other(name) for l in self.topo.links_of(name, "pcie")
+                           if self.topo.nodes[l.other(name)].kind == "pcie_switch"), None)
+            self._pairs[key] = (switch, nccl_model._local_cpu(self.topo, name))
+        return self._pairs[key]
+
+    def placement(self, devices: list[int]) -> Placement:
+        key = self.shape(devices)
+        if key not in self._found:
+            self.predictions += 1
+            r = predict_collective(self.topo, "all_reduce", devices, self.nbytes, nccl_env=self.env)
+            ring = nccl_model.analyse(self.topo, devices, env=self.env or DEFAULT_ENV).ring
+            self._found[key] = Placement(devices, r.busbw_bytes_per_s, r.time_s, r.detail or r.algorithm, None,
+                                         ring.path_type, ring.channels, ring.bw_gbps)
+        return replace(self._found[key], devices=list(devices))
+
+    def bound(self, devices: list[int]) -> float:
+        key = self.shape(devices)
+        if key not in self._bounds:
+            self._bounds[key] = busbw_bound(self.topo, "all_reduce", devices)
+        return self._bounds[key]
+
+    def search(self, pool: list[int], gpus: int) -> list[Placement]:
+        """Subsets grown from every free GPU (greedily, by the rate to the GPUs taken), each then improved by
+        one-in one-out swaps while NCCL's prediction rises; every subset looked at is returned."""
+        seen: dict[tuple, Placement] = {}
+
+        def look(devices: list[int]) -> Placement:
+            key = tuple(sorted(devices))
+            if key not in seen:
+                seen[key] = self.placement(list(key))
+            return seen[key]
+
+        for seed in pool:
+            taken = [seed]
+            while len(taken) < gpus:
+                taken.append(max((d for d in pool if d not in taken),
+                                 key=lambda d: (min(self.pair(t, d)[1] for t in taken), -d)))
+            current = look(taken)
+            improved = True
+            while improved:
+                improved = False
+                for out in list(current.devices):
+                    for into in (d for d in pool if d not in current.devices):
+                        trial = look([d for d in current.devices if d != out] + [into])
+                        if trial.busbw_bytes_per_s > current.busbw_bytes_per_s * (1 + SAME_BUSBW):
+                            current, improved = trial, True
+                            break
+                    if improved:
+                        break
+        return list(seen.values())
 
 
 def why(best: Placement, runner_up: Placement | None) -> list[str]:

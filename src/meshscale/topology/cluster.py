@@ -32,6 +32,7 @@ from meshscale.topology import links as calc
 from meshscale.topology.catalog import load_system
 from meshscale.topology.schema import require_devices
 from meshscale.topology.model import Link, Node, Topology
+from meshscale.validation import Range, text
 
 
 @dataclass(frozen=True)
@@ -388,6 +389,33 @@ def build_cluster(plan: ClusterPlan) -> Topology:
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",
                      "gpudirect", "network")
+MAX_NODES = 1_000_000
+# the ranges of a cluster's numbers, one check for the command line (--nodes, --nics...) and cluster files
+CLUSTER_RANGES = {"nodes": Range(1, MAX_NODES, integer=True), "nics": Range(1, 64, integer=True),
+                  "levels": Range(1, 3, integer=True), "nodes_per_leaf": Range(1, 1 << 16, integer=True),
+                  "radix": Range(2, 1 << 16, integer=True), "oversubscription": Range(1, 1024)}
+
+
+def _checked_fields(entry: dict, path: str) -> dict:
+    """A cluster file's fields, each checked as the matching option is: one line naming the file and field."""
+    from meshscale.errors import MeshscaleError
+
+    fields = dict(entry)
+    try:
+        for key, check in CLUSTER_RANGES.items():
+            if fields.get(key) is not None:
+                fields[key] = check(fields[key], f"{path}: cluster: {key}")
+        fields["node"] = text(fields["node"], f"{path}: cluster: node", 4096)
+        if "gpudirect" in fields and not isinstance(fields["gpudirect"], bool):
+            raise MeshscaleError(f"{path}: cluster: gpudirect: {fields['gpudirect']!r} is not true or false; "
+                                 "write gpudirect: true or gpudirect: false (unquoted)")
+        if "network" in fields and fields["network"] not in NETWORKS:
+            raise MeshscaleError(f"{path}: cluster: network: unknown network {fields['network']!r}; use {' or '.join(NETWORKS)}")
+    except TopologyError:
+        raise
+    except MeshscaleError as exc:
+        raise TopologyError(str(exc)) from None
+    return fields
 
 
 def cluster_file_spec(path: str) -> ClusterSpec | None:
@@ -398,8 +426,15 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
 
     from meshscale.validation import load_structured
 
+    import re
+
+    from meshscale.validation import read_text
+
     candidate = Path(path)
     if candidate.suffix not in (".yaml", ".yml") or not candidate.is_file():
+        return None
+    # a system file (thousands of GPUs, say) is parsed once, by the loader of systems, not here as well
+    if not re.search(r"""(^|[{,]\s*)["']?cluster["']?\s*:""", read_text(candidate, "system or cluster file"), re.M):
         return None
     data = load_structured(candidate, "system or cluster file", yaml_ok=True)  # unreadable, not UTF-8, too deep: one line
     if not isinstance(data, dict) or "cluster" not in data:
@@ -410,7 +445,7 @@ def cluster_file_spec(path: str) -> ClusterSpec | None:
     unknown = sorted(set(entry) - set(CLUSTER_FILE_KEYS))
     if unknown:
         raise TopologyError(f"{path}: unknown cluster key(s) {', '.join(unknown)}; use {', '.join(CLUSTER_FILE_KEYS)}")
-    fields = dict(entry)
+    fields = _checked_fields(entry, path)
     link = fields.get("link", "edr")
     if isinstance(link, dict):
         rate = link.get("rate")

@@ -147,14 +147,32 @@ class Topology:
         return {self.nodes[name].index: name for name in self.devices()}
 
     def nodes_of(self, kind: str) -> list[str]:
-        return [n.name for n in self.nodes.values() if n.kind == kind]
+        return list(self._nodes_by_kind.get(kind, ()))
 
     def links_of(self, name: str, kind: str | None = None) -> list[Link]:
         """Links that touch node ``name`` (optionally of one kind)."""
-        return [l for l in self.links if name in (l.a, l.b) and (kind is None or l.kind == kind)]
+        return [l for l in self._links_by_node.get(name, ()) if kind is None or l.kind == kind]
 
     def links_between(self, a: str, b: str) -> list[Link]:
-        return [l for l in self.links if {l.a, l.b} == {a, b}]
+        return [l for l in self._links_by_node.get(a, ()) if l.other(a) == b and a != b]
+
+    # indexes of the read-only data: a cluster of thousands of nodes asks these in its inner loops, where a
+    # scan of every link per question costs time that grows with the square of the cluster
+    @cached_property
+    def _nodes_by_kind(self) -> dict[str, list[str]]:
+        out: dict[str, list[str]] = {}
+        for n in self.nodes.values():
+            out.setdefault(n.kind, []).append(n.name)
+        return out
+
+    @cached_property
+    def _links_by_node(self) -> dict[str, list[Link]]:
+        out: dict[str, list[Link]] = {}
+        for l in self.links:
+            out.setdefault(l.a, []).append(l)
+            if l.b != l.a:
+                out.setdefault(l.b, []).append(l)
+        return out
 
     @cached_property
     def route_cache(self) -> dict:
