@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 
-from meshscale.report.doctor import Check, DoctorEnv, _gpus, _text, check_memlock, check_shm
+from meshscale.report.doctor import Check, DoctorEnv, check_memlock, check_shm, nvml_gpus, nvml_text
 
 CONTAINER_MARKERS = (".dockerenv", "run/.containerenv")  # Docker's and Podman's
 CGROUP_WORDS = ("docker", "containerd", "kubepods", "libpod", "lxc")
@@ -60,7 +60,7 @@ def check_cuda_against_driver(env: DoctorEnv) -> list[Check]:
         supported = _cuda_of(env.nvml.nvmlSystemGetCudaDriverVersion())
     except Exception:  # an old driver lacks the call
         supported = None
-    driver = _text(env.nvml.nvmlSystemGetDriverVersion())
+    driver = nvml_text(env.nvml.nvmlSystemGetDriverVersion())
     what = f"CUDA {runtime[0]}.{runtime[1]} (NCCL {nccl or '?'}) on driver {driver}"
     if supported is None:
         return [Check("info", "cuda-driver", f"{what}: the driver does not say which CUDA it supports")]
@@ -125,7 +125,7 @@ def check_partitions(env: DoctorEnv) -> list[Check]:
     from meshscale.topology.partitions import partition_text
 
     out = []
-    for i, handle, name in _gpus(env):
+    for i, handle, name in nvml_gpus(env):
         try:
             mode = env.nvml.nvmlDeviceGetMigMode(handle)
         except Exception:  # a GPU without MIG
