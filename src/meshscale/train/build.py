@@ -23,7 +23,7 @@ from meshscale.train.timing import Clock
 
 def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
     """The model (adapted to the data's image shape and classes) and the training data."""
-    spec = get_model(cfg.model)
+    spec = get_model(cfg.model, cfg.layout.seq_len)
     shape = spec.input_shape
     if cfg.image_size and spec.input_kind == "image":
         shape = (shape[0], cfg.image_size, cfg.image_size)

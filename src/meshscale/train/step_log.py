@@ -68,7 +68,9 @@ class StepLog:
         if self._bar:
             info = f"loss {row['loss']:.4f}"
             if row.get("samples_per_s"):
-                info += f"  {row['samples_per_s']:,.0f} samples/s  comm {row['comm_s'] * 1e3:.1f} ms"
+                info += f"  {row['samples_per_s']:,.0f} samples/s"
+                if row.get("comm_s") is not None:
+                    info += f"  comm {row['comm_s'] * 1e3:.1f} ms"
             self._bar.update(self._task, completed=row["step"] + 1, info=info)
 
     def close(self) -> None:
