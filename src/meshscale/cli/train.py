@@ -76,7 +76,8 @@ def train(
     profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)", callback=checked(counts(1, MAX_BATCH))),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
 ) -> None:
-    """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
+    """Train a model data-parallel, or a transformer under a parallel layout (--fsdp --tp --pp --cp --dp), and
+    report loss, throughput and the compute / communication / data split."""
     from meshscale.train.runner import notices, profile, train as run_train
 
     _check_resume(options)
@@ -95,11 +96,13 @@ def train(
         if int(os.environ.get("RANK", "0")) != 0:
             return
         s = result.meta["summary"]
-        table = Table(title=f"{cfg.model} {cfg.mode} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
+        how = s.get("layout", cfg.mode)
+        table = Table(title=f"{cfg.model} {how} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        for k in ("global_batch", "samples_per_s", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share",
-                  "eval_accuracy", "eval_loss"):
+        for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
+                  "compute_s", "comm_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes",
+                  "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
         print_tables(table)
@@ -164,7 +167,10 @@ def scale(
 
 _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error", "world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
            "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
-           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
+           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy",
+           "tokens_per_s": "tokens/s", "tokens_per_s_per_rank": "tokens/s per rank", "mfu": "MFU",
+           "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
+           "memory_needed_bytes": "needed GiB (model arithmetic)"}
 
 
 def _check_extras(cfg) -> None:
@@ -193,7 +199,9 @@ def _fmt(key: str, v) -> str:
         return ""
     if key in ("step_time_s", "compute_s", "comm_s", "data_s"):
         return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
-    if key in ("comm_share", "efficiency", "eval_accuracy"):
+    if key.endswith("_bytes"):
+        return f"{v / (1 << 30):.2f}"
+    if key in ("comm_share", "efficiency", "eval_accuracy", "mfu"):
         return f"{v:.0%}"
     if key == "prediction_error":
         return f"{v:+.1%}"
