@@ -44,6 +44,9 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     if layout.tp > 1 and model.style != "llama":
         raise MeshscaleError(f"--tp {layout.tp}: tensor parallelism is implemented for Llama-style models; "
                              f"{cfg.model} is GPT-2 style: use --fsdp or --pp")
+    if model.kv_heads % layout.tp:
+        raise MeshscaleError(f"--tp {layout.tp}: training splits the model's {model.kv_heads} key/value heads over "
+                             "the tp ranks (they are not replicated); use a --tp that divides them")
     if layout.pp > 1 and model.tie_embeddings:
         raise MeshscaleError(f"--pp {layout.pp}: {cfg.model} ties its head to its embedding, which pipeline stages "
                              "would hold apart; use --fsdp/--tp, or a model with an untied head")
