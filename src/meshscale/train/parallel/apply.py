@@ -96,16 +96,16 @@ def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int
     (differentiably: the backward reduce-scatters their gradients), as Llama 3 trained long contexts
     (The Llama 3 Herd of Models, section 3.3.2). Returns this rank's positions (to slice inputs and targets)."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
-    mine = context_chunks(seq_len, cp, rank)
-    every = torch.cat([context_chunks(seq_len, cp, r) for r in range(cp)])
     device = model.rope_cos.device
+    mine = context_chunks(seq_len, cp, rank).to(device)
+    every = torch.cat([context_chunks(seq_len, cp, r) for r in range(cp)]).to(device)
     model.rope_cos, model.rope_sin = model.rope_cos[mine].contiguous(), model.rope_sin[mine].contiguous()
-    model.positions = mine.to(device)
+    model.positions = mine
 
     def gather(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         # along the sequence (dim 1), in rank order: `every` lists the positions in that order
         return (funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=cp_mesh),
-                funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=cp_mesh), every.to(k.device))
+                funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=cp_mesh), every)
     for block in model.layers.values():
         block.attention.kv_gather = gather
     return mine
