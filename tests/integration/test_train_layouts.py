@@ -104,3 +104,14 @@ def test_sharded_resume_continues_bit_equal(tmp_path):
     assert checkpoint.latest_step(tmp_path / "ck") == 2
     resumed = [r["loss"] for r in run(cfg(STEPS, True))[0]["rows"]]
     assert resumed == whole[2:]
+
+
+def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
+    out = cli("scale", "--model", "llama-tiny", "--layouts", "fsdp2,pp2", "--micro-batches", "2", "--batch", "2",
+              "--steps", "3", "--timing-warmup", "1", "--json", tmp_path / "s.json")
+    assert out.exit_code == 0, out.output
+    rows = json.loads((tmp_path / "s.json").read_text())["rows"]
+    assert [(r["layout"], r["world_size"]) for r in rows] == [("fsdp2", 2), ("pp2 (1f1b, 2 micro-batches)", 2)]
+    # fsdp2 splits the batch over two data-parallel ranks, pp2 keeps one: twice the sequences per step
+    assert [r["global_batch"] for r in rows] == [4, 2]
+    assert all(r["tokens_per_s"] > 0 for r in rows)

@@ -7,7 +7,7 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.models.memory import GIB
 from meshscale.train.config import LayoutOptions, SpeedOptions, TrainConfig
-from meshscale.train.parallel.plan import check_fits, memory_needed, with_default_layout
+from meshscale.train.parallel.plan import check_fits, memory_needed, parse_layouts, with_default_layout
 
 
 @pytest.mark.parametrize("args, words", [
@@ -70,3 +70,14 @@ def test_checkpointing_and_sharding_lower_the_memory_needed():
         cfg = _cfg("llama-1b", **kw)
         return memory_needed(cfg, cfg.layout.parallel_layout()).total_bytes
     assert need(checkpointing="full") < need(checkpointing="selective") < need()
+
+
+@pytest.mark.parametrize("text", ["fsdp", "tp2xtp2", "zz2", "fsdp2,,tp2", "fsdp0"])
+def test_bad_layouts_list_is_one_line_exit_2(cli, text):
+    out = cli("scale", "--model", "llama-tiny", "--layouts", text)
+    assert out.exit_code == 2, out.output
+    assert "--layouts" in out.stderr and out.stderr.count("\n") == 1, out.stderr
+
+
+def test_layouts_list_parses_degrees():
+    assert parse_layouts("fsdp4,tp2xfsdp2") == [{"fsdp": 4}, {"tp": 2, "fsdp": 2}]

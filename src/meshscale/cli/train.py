@@ -6,6 +6,7 @@ prints and writes files."""
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -121,8 +122,11 @@ def scale(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
+    layouts: Optional[str] = typer.Option(None, "--layouts", help="transformers: run each layout, e.g. "
+                                          "fsdp4,tp2xfsdp2,pp2xfsdp2 (world size: the product; --batch per "
+                                          "data-parallel rank)"),
 ) -> None:
-    """Weak or strong scaling over 1, 2, 4 ... workers: throughput beside meshscale's prediction for the
+    """Weak or strong scaling over 1, 2, 4 ... workers (or, for a transformer, one run per --layouts entry): throughput beside meshscale's prediction for the
     topology the run used, speedup, efficiency, communication share. Under torchrun: a sweep inside its world
     (default 1, the ranks of one node, all ranks), over the hosts' joined topology; rank 0 prints."""
     from meshscale import plots
@@ -130,6 +134,9 @@ def scale(
     from meshscale.train.runner import notices
     from meshscale.train.scale import scale as run_scale, torchrun_worlds
 
+    if layouts:
+        _scale_layouts(options, layouts, gpus, cpus, json_out, csv_path)
+        return
     if weak == strong:
         raise MeshscaleError("choose one of --weak (with --batch) or --strong (with --global-batch)")
     size = options[("batch_per_rank",)] if weak else global_batch
@@ -163,6 +170,33 @@ def scale(
     write_result_files(result, json_out, csv_path)
     if plot:
         typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
+
+
+def _scale_layouts(options: dict, text: str, gpus: Optional[str], cpus: Optional[str], json_out: Optional[Path],
+                   csv_path: Optional[Path]) -> None:
+    """`scale --layouts`: one row per layout of the same transformer, on GPUs with --gpus (else CPU workers)."""
+    from meshscale.train.parallel.plan import parse_layouts
+    from meshscale.train.scale import LAYOUT_ROW_KEYS, scale_layouts
+    if gpus and cpus:
+        raise MeshscaleError("give --gpus or --cpus, not both")
+    given = parse_ints(gpus or cpus, "--gpus" if gpus else "--cpus") if (gpus or cpus) else None
+    cfg = config_from_options({**options, ("batch_per_rank",): options[("batch_per_rank",)] or 1},
+                              device="cuda" if gpus else "cpu")
+    if not cfg.is_transformer:
+        raise MeshscaleError(f"--layouts: {cfg.model} is not a transformer; give a preset (e.g. llama-tiny) or a "
+                             "config.json")
+    parsed = parse_layouts(text)
+    if given is not None:
+        for degrees in parsed:
+            n = math.prod(degrees.values())
+            if n not in given:
+                raise MeshscaleError(f"--layouts: {'x'.join(f'{k}{v}' for k, v in degrees.items())} needs {n} "
+                                     f"ranks, not among {gpus or cpus}")
+    console = text_console()
+    result = scale_layouts(cfg, parsed, on_row=lambda r: console.print(
+        f"{r['layout']} on {r['world_size']}: {r['tokens_per_s'] or 0:,.0f} tokens/s"))
+    _table(f"{cfg.model}: layouts", result.rows, LAYOUT_ROW_KEYS)
+    write_result_files(result, json_out, csv_path)
 
 
 _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error", "world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",

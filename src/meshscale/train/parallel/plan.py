@@ -112,3 +112,21 @@ def layout_summary(cfg: TrainConfig, summary: dict[str, Any], layout: ParallelLa
         if peak and rate:
             out["mfu"] = rate * summary["flops_per_sample"] / (cfg.world * peak)
     return out
+
+
+def parse_layouts(text: str) -> list[dict[str, int]]:
+    """``--layouts``: comma-separated layouts, each its degrees joined by ``x`` (``fsdp4,tp2xfsdp2,pp2xcp2``);
+    a dimension not named is 1."""
+    from meshscale.models.layout import DIMENSIONS
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        degrees: dict[str, int] = {}
+        for term in item.split("x") if item else [""]:
+            name = term.rstrip("0123456789")
+            number = term[len(name):]
+            if name not in DIMENSIONS or not number or int(number) < 1 or name in degrees:
+                raise MeshscaleError(f"--layouts {text}: {item!r} is not a layout; write each as degrees joined by "
+                                     f"x, e.g. fsdp4,tp2xfsdp2 (dimensions {', '.join(DIMENSIONS)})")
+            degrees[name] = int(number)
+        out.append(degrees)
+    return out
