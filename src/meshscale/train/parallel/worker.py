@@ -23,10 +23,10 @@ from meshscale.train.build import learning_rate, optimizer_factory, resolve
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches
 from meshscale.train.graphed import set_lr
+from meshscale.train.loop import open_log, run_steps
 from meshscale.train.models import ModelSpec
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
-from meshscale.train.step_log import StepLog
 from meshscale.train.timing import Clock, Window
 from meshscale.train.transformer import Transformer
 
@@ -178,29 +178,15 @@ def load_checkpoint(t: LayoutTrainer) -> int:
 # ---- the rank's run --------------------------------------------------------------------------------------------
 def layout_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     """One rank of a layout run (started by `meshscale.execute.launch`). Rank 0 returns the per-step rows."""
-    from meshscale.train.loop import checkpoint_due
     ctx.phase(f"building {cfg.model} ({cfg.layout.parallel_layout().describe()})")
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t = build_layout(cfg, ctx.device)
     start = load_checkpoint(t) if cfg.checkpoint.resume and cfg.checkpoint.dir else 0
-    log = StepLog(cfg.logging.jsonl, cfg.logging.tensorboard, cfg.logging.progress, cfg.steps, start,
-                  f"{cfg.model} {t.layout.describe()}") if ctx.rank == 0 else StepLog(None, None, False, cfg.steps, start, "")
+    log = open_log(ctx, cfg, start, f"{cfg.model} {t.layout.describe()}")
     window = Window(t.clock, min(start + cfg.timing_warmup, cfg.steps - 1))
-    try:
-        for step in range(start, cfg.steps):
-            ctx.phase(f"training step {step} ({t.layout.describe()})")
-            window.at_step(step)
-            row, loss = layout_step(t, step, learning_rate(cfg, t.spec, step))
-            log.add(row, None if cfg.timing else loss)
-            if checkpoint_due(cfg, step + 1):
-                ctx.phase(f"saving the checkpoint of step {step + 1}")
-                log.flush()
-                save_checkpoint(ctx, t, step + 1)
-        window.stop()
-        log.flush()
-    finally:
-        log.close()
+    run_steps(ctx, cfg, start, log, window, lambda step: layout_step(t, step, learning_rate(cfg, t.spec, step)),
+              lambda done: save_checkpoint(ctx, t, done), t.layout.describe())
     out = {"summary": summarize(ctx, t, start, len(log.rows), window), "rows": log.rows if ctx.rank == 0 else []}
     del t
     return out
