@@ -92,6 +92,9 @@ def test_summary_reports_tokens_memory_and_layout():
     one = summarize(*_run())
     assert s["memory_needed"]["params"] < one["memory_needed"]["params"]
     assert s["mfu"] is None  # no GPU, no peak rate
+    # the flight recorder's operations, by the mesh's groups: the layout's two dimensions and no other
+    comm = s["comm_by_dimension"]
+    assert set(comm) == {"tp", "fsdp"} and all(c["operations"] > 0 and c["bytes"] > 0 for c in comm.values())
 
 
 def test_sharded_resume_continues_bit_equal(tmp_path):

@@ -106,6 +106,9 @@ def train(
                   "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
+        for dim, c in (s.get("comm_by_dimension") or {}).items():
+            busy = f", {c['seconds'] * 1e3:.2f} ms" if c["seconds"] is not None else ""
+            table.add_row(f"{dim} communication / step", f"{c['operations']:.0f} ops, {c['bytes'] / 1e6:.2f} MB{busy}")
         print_tables(table)
     if json_out:
         typer.echo(f"wrote {result.save(json_out)}")

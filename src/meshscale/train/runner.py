@@ -15,6 +15,7 @@ from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainCo
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
+from meshscale.train.parallel.comm import FLIGHT_RECORDER_ENV
 from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layout_summary, with_default_layout
 from meshscale.train.parallel.worker import layout_worker
 from meshscale.train.readiness import gradient_readiness
@@ -85,8 +86,10 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     else:
         validate(cfg)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
-    worker = layout_worker if cfg.is_transformer else train_worker
-    return launch(worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
+    if cfg.is_transformer:  # the flight recorder counts each dimension's communication (timed runs)
+        return launch(layout_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+                      env=FLIGHT_RECORDER_ENV if cfg.timing else None)
+    return launch(train_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
 
 
 def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]:

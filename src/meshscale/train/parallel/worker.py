@@ -25,10 +25,14 @@ from meshscale.train.data import Batches
 from meshscale.train.graphed import set_lr
 from meshscale.train.loop import open_log, run_steps
 from meshscale.train.models import ModelSpec
+from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
 from meshscale.train.timing import Clock, Window
 from meshscale.train.transformer import Transformer
+
+
+COMM_STEPS = 5  # steps the per-dimension communication is counted over (the last timed ones)
 
 
 def token_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -50,6 +54,7 @@ class LayoutTrainer:
     positions: torch.Tensor | None  # context parallelism: the sequence positions this rank holds
     clock: Clock
     device: torch.device
+    loss_group: Any = None          # the whole world, for the loss's average only
 
     @property
     def first_stage(self) -> bool:
@@ -81,8 +86,9 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> LayoutTrainer:
     positions = parts[0].positions if layout.cp > 1 else None
     schedule = _schedule(cfg, layout, mesh, parts, device) if layout.pp > 1 else None
     batches = Batches(data, cfg.batch_per_rank, mesh.data_rank, layout.data_parallel, cfg.seed, device)
+    loss_group = dist.new_group(group_desc="meshscale_loss") if layout.world_size > 1 else None
     return LayoutTrainer(cfg, spec, model_cfg, layout, mesh, parts, optimizer, schedule, batches, positions,
-                         Clock(device), device)
+                         Clock(device), device, loss_group)
 
 
 def _schedule(cfg: TrainConfig, layout: ParallelLayout, mesh: LayoutMesh, parts: list[nn.Module], device):
@@ -111,14 +117,14 @@ def forward_backward(t: LayoutTrainer, x: torch.Tensor, y: torch.Tensor) -> torc
 
 def global_loss(t: LayoutTrainer, loss: torch.Tensor) -> torch.Tensor:
     """The mean loss over the global batch: the last stage's, averaged over the ranks that hold other tokens
-    (tp ranks hold the same value, so the world average is the average over data and context ranks)."""
+    (tp ranks hold the same value, so their average is the average over data and context ranks). On a group of
+    its own, so that the per-dimension communication leaves it out."""
     if t.layout.world_size == 1:
         return loss
     loss = loss.float().clone()
-    if t.layout.pp > 1:
-        dist.all_reduce(loss, group=t.mesh["pp"].get_group())   # only the last stage's is non-zero
-    dist.all_reduce(loss)
-    return loss / t.layout.world_size
+    dist.all_reduce(loss, group=t.loss_group)
+    # the sum over the world: the last stage's losses, each counted once per tp rank; other stages add zero
+    return loss / (t.layout.world_size // t.layout.pp)
 
 
 def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor]:
@@ -185,9 +191,18 @@ def layout_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start = load_checkpoint(t) if cfg.checkpoint.resume and cfg.checkpoint.dir else 0
     log = open_log(ctx, cfg, start, f"{cfg.model} {t.layout.describe()}")
     window = Window(t.clock, min(start + cfg.timing_warmup, cfg.steps - 1))
-    run_steps(ctx, cfg, start, log, window, lambda step: layout_step(t, step, learning_rate(cfg, t.spec, step)),
-              lambda done: save_checkpoint(ctx, t, done), t.layout.describe())
+    # the communication counted over the last timed steps (the flight recorder keeps the latest operations)
+    counted_from = max(window.first_step, cfg.steps - COMM_STEPS)
+    started_ns: dict[int, int] = {}
+
+    def step_fn(step: int):
+        started_ns[step] = time.time_ns()
+        return layout_step(t, step, learning_rate(cfg, t.spec, step))
+    run_steps(ctx, cfg, start, log, window, step_fn, lambda done: save_checkpoint(ctx, t, done), t.layout.describe())
     out = {"summary": summarize(ctx, t, start, len(log.rows), window), "rows": log.rows if ctx.rank == 0 else []}
+    if counted_from in started_ns:
+        out["summary"]["comm_by_dimension"] = comm_by_dimension(recorded_entries(), started_ns[counted_from],
+                                                                cfg.steps - counted_from, t.layout)
     del t
     return out
 
