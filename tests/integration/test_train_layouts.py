@@ -118,3 +118,4 @@ def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
     # fsdp2 splits the batch over two data-parallel ranks, pp2 keeps one: twice the sequences per step
     assert [r["global_batch"] for r in rows] == [4, 2]
     assert all(r["tokens_per_s"] > 0 for r in rows)
+    assert rows[0]["fsdp_comm_bytes"] > 0 and "pp_comm_bytes" not in rows[0]

@@ -179,6 +179,8 @@ def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCa
     for c in configs:
         summary = summarize(c, run(c))
         row = {k: summary.get(k) for k in LAYOUT_ROW_KEYS}
+        for dim, comm in (summary.get("comm_by_dimension") or {}).items():  # flat, for the CSV
+            row[f"{dim}_comm_bytes"], row[f"{dim}_comm_s"] = comm["bytes"], comm["seconds"]
         rows.append(row)
         if on_row:
             on_row(row)
