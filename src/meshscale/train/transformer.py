@@ -21,9 +21,9 @@ import torch.nn.functional as F
 
 from meshscale.models.transformer import TransformerConfig
 
-# (q, k, v, positions of the local tokens) -> (k, v, positions of the keys): how a context-parallel rank sees the
-# whole sequence; None: the local tokens are the whole sequence
-KVGather = Callable[[torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+# (k, v, positions of the local tokens) -> (k, v, positions of the keys) over the whole sequence: how a
+# context-parallel rank sees the other ranks' tokens; None: the local tokens are the whole sequence
+KVGather = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
 
 
 def rotary_tables(cfg: TransformerConfig, seq_len: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -84,14 +84,14 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> LayoutTrainer:
     params = [p for part in parts for p in part.parameters()]
     optimizer = optimizer_factory(cfg, spec)(params)
     positions = parts[0].positions if layout.cp > 1 else None
-    schedule = _schedule(cfg, layout, mesh, parts, device) if layout.pp > 1 else None
+    schedule = _schedule(layout, mesh, parts, device) if layout.pp > 1 else None
     batches = Batches(data, cfg.batch_per_rank, mesh.data_rank, layout.data_parallel, cfg.seed, device)
     loss_group = dist.new_group(group_desc="meshscale_loss") if layout.world_size > 1 else None
     return LayoutTrainer(cfg, spec, model_cfg, layout, mesh, parts, optimizer, schedule, batches, positions,
                          Clock(device), device, loss_group)
 
 
-def _schedule(cfg: TrainConfig, layout: ParallelLayout, mesh: LayoutMesh, parts: list[nn.Module], device):
+def _schedule(layout: ParallelLayout, mesh: LayoutMesh, parts: list[nn.Module], device):
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, ScheduleInterleaved1F1B
     group = mesh["pp"].get_group()
     ids = stage_ids(layout, mesh.coordinate("pp"))
