@@ -6,6 +6,7 @@ prints and writes files."""
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Optional
@@ -74,7 +75,8 @@ def train(
     profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)", callback=checked(counts(1, MAX_BATCH))),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
 ) -> None:
-    """Train a model data-parallel and report loss, samples/s and the compute / communication / data split."""
+    """Train a model data-parallel, or a transformer under a parallel layout (--fsdp --tp --pp --cp --dp), and
+    report loss, throughput and the compute / communication / data split."""
     from meshscale.execute.world import World, resolve_world  # torch: imported only when training
     from meshscale.train.runner import notices, profile, train as run_train
 
@@ -94,13 +96,18 @@ def train(
         if int(os.environ.get("RANK", "0")) != 0:
             return
         s = result.meta["summary"]
-        table = Table(title=f"{cfg.model} {cfg.mode} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
+        how = s.get("layout", cfg.mode)
+        table = Table(title=f"{cfg.model} {how} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
         table.add_column("metric")
         table.add_column("value", justify="right")
-        for k in ("global_batch", "samples_per_s", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share",
-                  "eval_accuracy", "eval_loss"):
+        for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
+                  "compute_s", "comm_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes",
+                  "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
+        for dim, c in (s.get("comm_by_dimension") or {}).items():
+            busy = f", {c['seconds'] * 1e3:.2f} ms" if c["seconds"] is not None else ""
+            table.add_row(f"{dim} communication / step", f"{c['operations']:.0f} ops, {c['bytes'] / 1e6:.2f} MB{busy}")
         print_tables(table)
     if cfg.logging.trace and Path(cfg.logging.trace).exists():
         typer.echo(f"wrote {cfg.logging.trace} (rank 0's steps: open it in https://ui.perfetto.dev or chrome://tracing)")
@@ -119,8 +126,11 @@ def scale(
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),
+    layouts: Optional[str] = typer.Option(None, "--layouts", help="transformers: run each layout, e.g. "
+                                          "fsdp4,tp2xfsdp2,pp2xfsdp2 (world size: the product; --batch per "
+                                          "data-parallel rank)"),
 ) -> None:
-    """Weak or strong scaling over 1, 2, 4 ... workers: throughput beside meshscale's prediction for the
+    """Weak or strong scaling over 1, 2, 4 ... workers (or, for a transformer, one run per --layouts entry): throughput beside meshscale's prediction for the
     topology the run used, speedup, efficiency, communication share. Under torchrun: a sweep inside its world
     (default 1, the ranks of one node, all ranks), over the hosts' joined topology; rank 0 prints."""
     from meshscale import plots
@@ -130,6 +140,9 @@ def scale(
     from meshscale.execute.world import resolve_sweep, resolve_world
     from meshscale.train.scale import scale as run_scale, torchrun_worlds
 
+    if layouts:
+        _scale_layouts(options, layouts, gpus, cpus, json_out, csv_path)
+        return
     if weak == strong:
         raise MeshscaleError("choose one of --weak (with --batch) or --strong (with --global-batch)")
     size = options[("batch_per_rank",)] if weak else global_batch
@@ -165,9 +178,39 @@ def scale(
         typer.echo(f"wrote {plots.save(plots.scale_result_chart(result), plot)}")
 
 
+def _scale_layouts(options: dict, text: str, gpus: Optional[str], cpus: Optional[str], json_out: Optional[Path],
+                   csv_path: Optional[Path]) -> None:
+    """`scale --layouts`: one row per layout of the same transformer, on GPUs with --gpus (else CPU workers)."""
+    from meshscale.train.parallel.plan import parse_layouts
+    from meshscale.train.scale import LAYOUT_ROW_KEYS, scale_layouts
+    if gpus and cpus:
+        raise MeshscaleError("give --gpus or --cpus, not both")
+    given = parse_ints(gpus or cpus, "--gpus" if gpus else "--cpus") if (gpus or cpus) else None
+    cfg = config_from_options({**options, ("batch_per_rank",): options[("batch_per_rank",)] or 1},
+                              device="cuda" if gpus else "cpu")
+    if not cfg.is_transformer:
+        raise MeshscaleError(f"--layouts: {cfg.model} is not a transformer; give a preset (e.g. llama-tiny) or a "
+                             "config.json")
+    parsed = parse_layouts(text)
+    if given is not None:
+        for degrees in parsed:
+            n = math.prod(degrees.values())
+            if n not in given:
+                raise MeshscaleError(f"--layouts: {'x'.join(f'{k}{v}' for k, v in degrees.items())} needs {n} "
+                                     f"ranks, not among {gpus or cpus}")
+    console = text_console()
+    result = scale_layouts(cfg, parsed, on_row=lambda r: console.print(
+        f"{r['layout']} on {r['world_size']}: {r['tokens_per_s'] or 0:,.0f} tokens/s"))
+    _table(f"{cfg.model}: layouts", result.rows, LAYOUT_ROW_KEYS)
+    write_result_files(result, json_out, csv_path)
+
+
 _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error", "world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
            "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
-           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy"}
+           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy",
+           "tokens_per_s": "tokens/s", "tokens_per_s_per_rank": "tokens/s per rank", "mfu": "MFU",
+           "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
+           "memory_needed_bytes": "needed GiB (model arithmetic)"}
 
 
 def _check_extras(cfg) -> None:
@@ -196,7 +239,9 @@ def _fmt(key: str, v) -> str:
         return ""
     if key in ("step_time_s", "compute_s", "comm_s", "data_s"):
         return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
-    if key in ("comm_share", "efficiency", "eval_accuracy"):
+    if key.endswith("_bytes"):
+        return f"{v / (1 << 30):.2f}"
+    if key in ("comm_share", "efficiency", "eval_accuracy", "mfu"):
         return f"{v:.0%}"
     if key == "prediction_error":
         return f"{v:+.1%}"

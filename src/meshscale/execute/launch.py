@@ -206,10 +206,11 @@ def _teardown() -> None:
 
 
 def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: int, timeout_s: float, args: tuple,
-           results: Any, owner_pid: int) -> None:
+           results: Any, owner_pid: int, env: dict[str, str] | None = None) -> None:
     _die_with(owner_pid)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's stop request ends a rank quietly
     os.environ.update(NCCL_SAFETY_ENV)
+    os.environ.update(env or {})
     os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # every rank is on this machine: Gloo listens on loopback
     code = 0
     try:
@@ -233,14 +234,15 @@ def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: i
 
 
 def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",
-           timeout_s: float = 60.0, deadline_s: float | None = None, start_method: str | None = None) -> list[Any]:
+           timeout_s: float = 60.0, deadline_s: float | None = None, start_method: str | None = None,
+           env: dict[str, str] | None = None) -> list[Any]:
     """Run ``fn(ctx, *args)`` on ``world_size`` ranks and return the per-rank results in rank order.
 
     ``timeout_s`` bounds every collective (the process-group timeout); ``deadline_s`` bounds the whole run
-    (default: no bound beyond the per-operation one). Under torchrun, runs this rank only and returns
-    ``[result]``. Raises `WorkerError` if any rank fails."""
+    (default: no bound beyond the per-operation one); ``env``: variables each rank sets before its process group
+    starts. Under torchrun, runs this rank only and returns ``[result]``. Raises `WorkerError` if any rank fails."""
     if in_torchrun():
-        return [_run_under_torchrun(fn, args, backend, timeout_s)]
+        return [_run_under_torchrun(fn, args, backend, timeout_s, env)]
     if world_size < 1:
         raise MeshscaleError(f"need at least one rank, got {world_size}")
     if backend == "nccl":
@@ -258,7 +260,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
     host = store.host
     results = ctx.Queue()
     procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, host, store.port, timeout_s, args, results,
-                                              os.getpid()),
+                                              os.getpid(), env),
                          daemon=True, name=f"meshscale-rank{r}") for r in range(world_size)]
     outputs: dict[int, Any] = {}
     errors: dict[int, str] = {}
@@ -400,8 +402,10 @@ def _stop(procs: list) -> None:
             p.join(1)
 
 
-def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float) -> Any:
+def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float,
+                        env: dict[str, str] | None = None) -> Any:
     os.environ.update(NCCL_SAFETY_ENV)
+    os.environ.update(env or {})
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", 0))
     store = _launcher_store(rank, world, timeout_s)

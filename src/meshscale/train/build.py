@@ -23,7 +23,7 @@ from meshscale.train.timing import Clock
 
 def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
     """The model (adapted to the data's image shape and classes) and the training data."""
-    spec = get_model(cfg.model)
+    spec = get_model(cfg.model, cfg.layout.seq_len)
     shape = spec.input_shape
     if cfg.image_size and spec.input_kind == "image":
         shape = (shape[0], cfg.image_size, cfg.image_size)
@@ -103,7 +103,8 @@ def build(cfg: TrainConfig, device: torch.device, rank: int, world: int) -> Trai
         torch.cuda.current_stream().wait_stream(side)
     trainer = Trainer(cfg, spec, device, model, compiled, exchange,
                       # servers fetch (and ignore) a worker's batches: every rank walks the same steps
-                      Batches(data, cfg.batch_per_rank, rank % cfg.workers, cfg.workers, cfg.seed, device),
+                      Batches(data, cfg.batch_per_rank, rank % cfg.workers, cfg.workers, cfg.seed, device,
+                              cfg.speed.channels_last),
                       clock, torch.amp.GradScaler(device.type) if cfg.speed.precision == "fp16" else None,
                       _autocast(cfg, device, graph_mode))
     if graph_mode:

@@ -79,10 +79,15 @@ def save(directory: str | Path, step: int, rank: int, world: int, state: dict, b
                   lambda tmp: tmp.write_text(json.dumps({"step": step, "world": world, "rng": rng_data}) + "\n"))
     barrier()  # every rank's files are on disk before the marker moves
     if rank == 0:
-        _atomic_write(Path(directory) / "latest", lambda tmp: tmp.write_text(f"{step}\n"))
-        old = sorted(Path(directory).glob("step-*"))[:-KEEP]
-        for d in old:
-            shutil.rmtree(d, ignore_errors=True)
+        publish(directory, step)
+
+
+def publish(directory: str | Path, step: int) -> None:
+    """Once every rank has saved step ``step``: mark it the latest (atomically) and prune older checkpoints."""
+    _atomic_write(Path(directory) / "latest", lambda tmp: tmp.write_text(f"{step}\n"))
+    old = sorted(Path(directory).glob("step-*"))[:-KEEP]
+    for d in old:
+        shutil.rmtree(d, ignore_errors=True)
 
 
 def load(directory: str | Path, rank: int, world: int) -> dict:

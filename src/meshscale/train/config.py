@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Iterator, Optional
 
 from meshscale.validation import Check, Range, check_output_file
+
+if TYPE_CHECKING:
+    from meshscale.models.layout import ParallelLayout
 
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 
@@ -81,6 +84,42 @@ class SpeedOptions:
                               "optimizer) in one CUDA graph (GPUs; ddp/allreduce)")
 
 
+_DEGREE = Range(1, 1 << 16, integer=True)
+
+
+@dataclass
+class LayoutOptions:
+    """How a transformer is split over the ranks (models/layout.py; transformer models only). Left at 1 with
+    more than one rank, the ranks shard the model (fsdp = the world size)."""
+
+    dp: int = option(1, "--dp", help="transformers: replicated data-parallel degree (FSDP2's hybrid mode)",
+                     check=_DEGREE)
+    fsdp: int = option(1, "--fsdp", help="transformers: sharded data-parallel degree (FSDP2)", check=_DEGREE)
+    tp: int = option(1, "--tp", help="transformers: tensor (and sequence) parallel degree", check=_DEGREE)
+    pp: int = option(1, "--pp", help="transformers: pipeline stages", check=_DEGREE)
+    cp: int = option(1, "--cp", help="transformers: context-parallel degree (the sequence split)", check=_DEGREE)
+    pp_schedule: str = option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b")
+    micro_batches: int = option(1, "--micro-batches", help="pipeline micro-batches per step (>= --pp)",
+                                check=_DEGREE)
+    checkpointing: str = option("none", "--activation-checkpointing", help="none, selective (keep matmul and "
+                                "attention outputs, recompute the rest) or full (recompute each layer)")
+    seq_len: Optional[int] = option(None, "--seq-len", help="transformers: tokens per sequence (default: the "
+                                    "model's positions, at most 2048)", check=Range(2, 1 << 22, integer=True,
+                                                                                   optional=True))
+    stages_per_rank: int = 2         # interleaved-1f1b: virtual stages per rank
+
+    def parallel_layout(self) -> "ParallelLayout":
+        from meshscale.models.layout import ParallelLayout
+        return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp,
+                              pp_schedule=self.pp_schedule, micro_batches=self.micro_batches,
+                              stages_per_rank=self.stages_per_rank)
+
+    @property
+    def given(self) -> bool:
+        """Whether any degree was set (else a transformer run shards over all ranks)."""
+        return any(n > 1 for n in (self.dp, self.fsdp, self.tp, self.pp, self.cp))
+
+
 @dataclass
 class CheckpointOptions:
     dir: Optional[str] = option(None, "--checkpoint-dir", help="save checkpoints here", train_only=True)
@@ -115,7 +154,8 @@ class DebugOptions:
 @dataclass
 class TrainConfig:
     model: str = option("small-cnn", "--model", "-m", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, "
-                        "gpt-medium")
+                        "gpt-medium, a transformer preset (llama-tiny, llama-1b, llama3-8b, "
+                        "llama2-7b, gpt2-small, gpt3-175b ...) or a Hugging Face config.json")
     data: str = option("synthetic", "--data", help="synthetic, digits (scikit-learn), a folder of images "
                        "(ImageFolder layout) or a token file (.npy/.bin)")
     eval_data: Optional[str] = option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)",
@@ -125,7 +165,8 @@ class TrainConfig:
     mode: str = option("ddp", "--mode", help=", ".join(MODES))
     world: int = 1
     device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
-    batch_per_rank: int = option(32, "--batch", help="batch per rank", check=_BATCH)
+    batch_per_rank: int = option(32, "--batch", help="batch per rank (transformers: sequences per "
+                                 "data-parallel rank)", check=_BATCH)
     steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
     timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
                                check=_STEPS_OR_ZERO)
@@ -140,6 +181,7 @@ class TrainConfig:
     allreduce: AllreduceOptions = field(default_factory=AllreduceOptions)
     ps: PsOptions = field(default_factory=PsOptions)
     speed: SpeedOptions = field(default_factory=SpeedOptions)
+    layout: LayoutOptions = field(default_factory=LayoutOptions)
     checkpoint: CheckpointOptions = field(default_factory=CheckpointOptions)
     logging: LogOptions = field(default_factory=LogOptions)
     debug: DebugOptions = field(default_factory=DebugOptions)
@@ -150,7 +192,15 @@ class TrainConfig:
         return self.world - self.ps.servers
 
     @property
+    def is_transformer(self) -> bool:
+        """A transformer preset or config.json: trained under a parallel layout (train/parallel)."""
+        from meshscale.models.transformer import is_transformer_model
+        return is_transformer_model(self.model)
+
+    @property
     def global_batch(self) -> int:
+        if self.is_transformer:  # --batch is per data-parallel rank: tp, pp and cp ranks share their samples
+            return self.batch_per_rank * self.layout.parallel_layout().data_parallel
         return self.batch_per_rank * self.workers
 
 

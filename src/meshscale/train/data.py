@@ -108,8 +108,11 @@ def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:
 class Batches:
     """The per-rank batch of each step, deterministic in (seed, step) and independent of the world size."""
 
-    def __init__(self, data: Dataset, batch_per_rank: int, rank: int, world: int, seed: int, device: torch.device):
+    def __init__(self, data: Dataset, batch_per_rank: int, rank: int, world: int, seed: int, device: torch.device,
+                 channels_last: bool = False):
         self.data, self.b, self.rank, self.world, self.seed, self.device = data, batch_per_rank, rank, world, seed, device
+        # images in the model's memory format: the synthetic batch is converted once, not at every step
+        self.memory_format = torch.channels_last if channels_last and data.input_kind == "image" else None
         self.global_batch = batch_per_rank * world
         if not data.synthetic and self.global_batch > data.n:
             raise MeshscaleError(f"global batch {self.global_batch} is larger than the {data.n} samples of {data.name}")
@@ -128,7 +131,10 @@ class Batches:
             else:
                 xs.append(torch.randn(self.data.sample_shape, generator=g))
                 ys.append(torch.randint(self.data.num_classes, (), generator=g))
-        return torch.stack(xs).to(self.device), torch.stack(ys).to(self.device)
+        return self._formatted(torch.stack(xs).to(self.device)), torch.stack(ys).to(self.device)
+
+    def _formatted(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.memory_format is None else x.contiguous(memory_format=self.memory_format)
 
     def indices(self, step: int) -> np.ndarray:
         """This rank's sample indices at ``step``: epoch = step // steps_per_epoch, a seeded shuffle per epoch."""
@@ -144,7 +150,7 @@ class Batches:
             return self._fixed
         x, y = self.data.fetch(self.indices(step))
         nb = self.device.type == "cuda"
-        return x.to(self.device, non_blocking=nb), y.to(self.device, non_blocking=nb)
+        return self._formatted(x.to(self.device, non_blocking=nb)), y.to(self.device, non_blocking=nb)
 
 
 def open_data(spec: str, input_kind: str, sample_shape: tuple[int, ...], num_classes: int) -> Dataset:

@@ -3,7 +3,7 @@ checkpointed as asked), then summarize what was measured."""
 from __future__ import annotations
 
 import os
-from typing import Any
+from typing import Any, Callable
 
 import torch.distributed as dist
 
@@ -29,33 +29,48 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     window = Window(t.clock, first_timed_step(t, start))
     tracer = StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t)
     max_param_diff = 0.0
+
+    def step_fn(step: int):
+        nonlocal max_param_diff
+        with tracer.step(step):
+            row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
+        if cfg.debug.verify_sync:
+            max_param_diff = max(max_param_diff, difference_to_rank0(t))
+        # a graph's loss is overwritten by the next replay: copy it
+        return row, loss.clone() if t.graphed is not None else loss.detach()
     try:
-        for step in range(start, cfg.steps):
-            ctx.phase(f"training step {step} ({cfg.mode})")
-            if cfg.debug.fault_step == step and ctx.rank == ctx.world_size - 1:
-                os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
-            window.at_step(step)
-            with tracer.step(step):
-                row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
-            if cfg.debug.verify_sync:
-                max_param_diff = max(max_param_diff, difference_to_rank0(t))
-            # untimed: the loss stays on the device until the log flushes (a graph's is overwritten: copy it)
-            log.add(row, None if cfg.timing else loss.clone() if t.graphed is not None else loss.detach())
-            if checkpoint_due(cfg, step + 1):
-                ctx.phase(f"saving the checkpoint of step {step + 1}")
-                log.flush()
-                save_checkpoint(ctx, t, step + 1)
-        window.stop()
-        log.flush()
+        run_steps(ctx, cfg, start, log, window, step_fn, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
     finally:
         tracer.close()
-        log.close()
     out = {"summary": summarize(ctx, t, start, len(log.rows), window, max_param_diff),
            "rows": log.rows if ctx.rank == 0 else []}
     if cfg.debug.return_params and ctx.rank == 0:
         out["params"] = flat_params(t.model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
     del t  # free the DDP reducer before the group goes (teardown deadlock)
     return out
+
+
+def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, window: Window,
+              step_fn: Callable[[int], tuple[dict[str, Any], Any]], save: Callable[[int], None], label: str) -> None:
+    """Steps ``start`` .. ``cfg.steps - 1``: each recorded as this rank's phase, timed by ``window``, run by
+    ``step_fn(step) -> (row, loss)``, logged, and checkpointed by ``save(steps done)`` when due."""
+    try:
+        for step in range(start, cfg.steps):
+            ctx.phase(f"training step {step} ({label})")
+            if cfg.debug.fault_step == step and ctx.rank == ctx.world_size - 1:
+                os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
+            window.at_step(step)
+            row, loss = step_fn(step)
+            # untimed: the loss stays on the device until the log flushes
+            log.add(row, None if cfg.timing else loss)
+            if checkpoint_due(cfg, step + 1):
+                ctx.phase(f"saving the checkpoint of step {step + 1}")
+                log.flush()
+                save(step + 1)
+        window.stop()
+        log.flush()
+    finally:
+        log.close()
 
 
 def restore(ctx: RankContext, t: Trainer) -> int:
@@ -73,12 +88,12 @@ def restore(ctx: RankContext, t: Trainer) -> int:
     return state["step"]
 
 
-def open_log(ctx: RankContext, cfg: TrainConfig, start: int) -> StepLog:
+def open_log(ctx: RankContext, cfg: TrainConfig, start: int, title: str | None = None) -> StepLog:
     """Every rank keeps its rows; rank 0 also writes them where --log, --tensorboard and the progress bar say."""
     if ctx.rank != 0:
         return StepLog(None, None, False, cfg.steps, start, "")
     return StepLog(cfg.logging.jsonl, cfg.logging.tensorboard, cfg.logging.progress, cfg.steps, start,
-                   f"{cfg.model} {cfg.mode} x{ctx.world_size}")
+                   title or f"{cfg.model} {cfg.mode} x{ctx.world_size}")
 
 
 def first_timed_step(t: Trainer, start: int) -> int:

@@ -77,12 +77,36 @@ MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [
 ]}
 
 
-def get_model(name: str) -> ModelSpec:
-    """The registry entry for ``name``; a clear error listing the known names otherwise."""
+def _transformer(model_cfg, seq_len: int) -> nn.Module:
+    from meshscale.train.transformer import Transformer
+    return Transformer(model_cfg, seq_len)
+
+
+DEFAULT_SEQ_LEN = 2048  # a transformer's sequence when --seq-len is not given: the model's positions, at most this
+
+
+def transformer_spec(name: str, seq_len: int | None = None) -> ModelSpec:
+    """A transformer preset or config.json as a trainable model at ``seq_len`` tokens per sequence; FLOPs per
+    sample as MFU counts them (`TransformerConfig.training_flops_per_token`)."""
+    from meshscale.models.transformer import load_model_config
+    model_cfg = load_model_config(name)
+    seq = seq_len or min(model_cfg.max_seq_len, DEFAULT_SEQ_LEN)
+    return ModelSpec(model_cfg.name, _transformer, "tokens", (seq,), model_cfg.vocab_size, model_cfg.params(),
+                     model_cfg.training_flops_per_token(seq) * seq, model_cfg.source,
+                     {"model_cfg": model_cfg, "seq_len": seq}, optimizer="adamw", base_lr=3e-4)
+
+
+def get_model(name: str, seq_len: int | None = None) -> ModelSpec:
+    """The registry entry for ``name`` (or a transformer preset / config.json at ``seq_len``); a clear error
+    listing the known names otherwise."""
+    from meshscale.models.transformer import is_transformer_model, preset_names
+    if is_transformer_model(name):
+        return transformer_spec(name, seq_len)
     try:
         return MODELS[name]
     except KeyError:
-        raise MeshscaleError(f"unknown model {name!r}; choose one of {', '.join(MODELS)}") from None
+        raise MeshscaleError(f"unknown model {name!r}; choose one of {', '.join([*MODELS, *preset_names()])}, "
+                             "or a config.json file") from None
 
 
 def image_spec(spec: ModelSpec, in_channels: int, height: int, width: int, num_classes: int) -> ModelSpec:

@@ -15,6 +15,9 @@ from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainCo
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
+from meshscale.train.parallel.comm import FLIGHT_RECORDER_ENV
+from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layout_summary, with_default_layout
+from meshscale.train.parallel.worker import layout_worker
 from meshscale.train.readiness import gradient_readiness
 
 PRECISIONS = ("fp32", "bf16", "fp16")
@@ -55,12 +58,19 @@ def validate(cfg: TrainConfig) -> None:
     if cfg.device == "cuda":
         check_gpus(cfg.world)
     resolve(cfg)  # unknown model, missing data folder, bad token file
+    if cfg.is_transformer:
+        layout = check_layout_run(cfg)
+        if cfg.device == "cuda":
+            check_fits_gpu(cfg, layout)
 
 
 def check_rank_config(cfg: TrainConfig) -> None:
     """`validate` for one rank of a world that may span nodes: only this rank's device is checked."""
-    validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0)))
+    one = replace(cfg.layout, dp=1, fsdp=1, tp=1, pp=1, cp=1, micro_batches=1)
+    validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0), layout=one))
     check_ps_servers(cfg)
+    if cfg.is_transformer:
+        check_layout_run(cfg)
 
 
 def run(cfg: TrainConfig) -> list[dict[str, Any]]:
@@ -69,10 +79,16 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     if in_torchrun():
         world = resolve_world(None, None)  # torchrun's world, on GPUs where there are any
         cfg.world, cfg.device = world.size, world.device
+    if cfg.is_transformer:
+        cfg.layout = with_default_layout(cfg).layout
+    if in_torchrun():
         check_rank_config(cfg)
     else:
         validate(cfg)
     backend = "nccl" if cfg.device == "cuda" else "gloo"
+    if cfg.is_transformer:  # the flight recorder counts each dimension's communication (timed runs)
+        return launch(layout_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+                      env=FLIGHT_RECORDER_ENV if cfg.timing else None)
     return launch(train_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
 
 
@@ -88,7 +104,19 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
         s["samples_per_s"] = cfg.global_batch / s["step_time_s"]
     s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] and s["comm_s"] is not None else None
     s.update(world_size=cfg.world, mode=cfg.mode, batch_per_rank=cfg.batch_per_rank, global_batch=cfg.global_batch)
+    if cfg.is_transformer:
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes"):  # the fullest rank's
+            values = [o["summary"][key] for o in outputs if o["summary"].get(key) is not None]
+            s[key] = max(values) if values else None
+        s.update(layout_summary(cfg, s, cfg.layout.parallel_layout(), _gpu_name(cfg)))
     return s
+
+
+def _gpu_name(cfg: TrainConfig) -> str | None:
+    if cfg.device != "cuda":
+        return None
+    import torch
+    return torch.cuda.get_device_name(0)
 
 
 def train(cfg: TrainConfig) -> Result:

@@ -154,3 +154,36 @@ def _store_barrier(store: Any, world_size: int, timeout_s: float, training_ranks
                 raise WorkerError(f"the {training_ranks}-rank run made no progress in {timeout_s:.0f} s (rank 0 was in "
                                   f"{phase.decode() if phase else 'start-up'})") from None
             seen = phase
+
+
+LAYOUT_ROW_KEYS = ("world_size", "layout", "batch_per_rank", "global_batch", "step_time_s", "data_s", "compute_s",
+                   "tokens_per_s", "tokens_per_s_per_rank", "mfu", "memory_needed_bytes", "peak_allocated_bytes",
+                   "peak_reserved_bytes")
+
+
+def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCallback = None) -> Result:
+    """The same transformer, batch per data-parallel rank and options under each layout (its world size the
+    product of its degrees): one row each, in fresh processes."""
+    from meshscale.train.parallel.plan import check_layout_run
+    configs = []
+    for degrees in layouts:
+        c = replace(cfg, layout=replace(cfg.layout, **{k: degrees.get(k, 1) for k in ("dp", "fsdp", "tp", "pp", "cp")}),
+                    checkpoint=CheckpointOptions(), logging=replace(cfg.logging, jsonl=None))
+        c.world = c.layout.parallel_layout().world_size
+        check_layout_run(c)  # every layout checked before the first starts
+        configs.append(c)
+    if cfg.device == "cuda":
+        check_gpus(max(c.world for c in configs))
+    topology = world_topology(World(max(c.world for c in configs), "nccl" if cfg.device == "cuda" else "gloo"))
+    rows = []
+    for c in configs:
+        summary = summarize(c, run(c))
+        row = {k: summary.get(k) for k in LAYOUT_ROW_KEYS}
+        for dim, comm in (summary.get("comm_by_dimension") or {}).items():  # flat, for the CSV
+            row[f"{dim}_comm_bytes"], row[f"{dim}_comm_s"] = comm["bytes"], comm["seconds"]
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return measured("scale", rows, model=cfg.model, scaling="layouts", device=cfg.device, config=asdict(cfg),
+                    topology=to_dict(topology) if topology else None)
+

@@ -58,21 +58,23 @@ def run_step(t: Trainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Te
     """Step ``step`` at learning rate ``lr``: its row (with the loss and the time split when timing is on) and
     its loss tensor (a CUDA graph's is overwritten by the next replay)."""
     set_lr(t.exchange.optimizer, lr)
+    timing = t.cfg.timing
+    if not timing:  # nothing on the host beyond what a plain loop does: no clock marks, no sync
+        x, y = t.batches.get(step)
+        loss = t.graphed(x, y) if t.graphed is not None else train_step(t, x, y)
+        return {"step": step, "lr": lr}, loss
     wall0 = time.perf_counter()
     t0 = t.clock.mark()
-    x, y = t.batches.get(step)
-    if t.cfg.speed.channels_last and t.spec.input_kind == "image":
-        x = x.contiguous(memory_format=torch.channels_last)
+    x, y = t.batches.get(step)   # images come in the model's memory format (Batches)
     t_data = t.clock.mark()
-    marks: list | None = [] if t.cfg.timing and t.graphed is None else None
+    marks: list | None = [] if t.graphed is None else None
     loss = t.graphed(x, y) if t.graphed is not None else train_step(t, x, y, marks)
     t_end = t.clock.mark()
-    row: dict[str, Any] = {"step": step, "lr": lr}
-    if t.cfg.timing:
-        t.clock.sync()
-        step_s = time.perf_counter() - wall0
-        row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=t.cfg.global_batch / step_s,
-                   **step_split(t.clock, t0, t_data, t_end, marks, t.exchange.last_ready))
+    t.clock.sync()
+    step_s = time.perf_counter() - wall0
+    row: dict[str, Any] = {"step": step, "lr": lr, "loss": loss.item(), "step_time_s": step_s,
+                           "samples_per_s": t.cfg.global_batch / step_s,
+                           **step_split(t.clock, t0, t_data, t_end, marks, t.exchange.last_ready)}
     return row, loss
 
 

@@ -38,7 +38,10 @@ class StepLog:
         if progress:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
             self._bar = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn())
+                                 TextColumn("{task.fields[info]}"), TimeRemainingColumn(),
+                                 # redrawn when a row is written, not by a thread that takes the GIL from the
+                                 # training loop ten times a second
+                                 auto_refresh=False)
             self._task = self._bar.add_task(title, total=total_steps, completed=first_step, info="")
             self._bar.start()
 
@@ -68,8 +71,10 @@ class StepLog:
         if self._bar:
             info = f"loss {row['loss']:.4f}"
             if row.get("samples_per_s"):
-                info += f"  {row['samples_per_s']:,.0f} samples/s  comm {row['comm_s'] * 1e3:.1f} ms"
-            self._bar.update(self._task, completed=row["step"] + 1, info=info)
+                info += f"  {row['samples_per_s']:,.0f} samples/s"
+                if row.get("comm_s") is not None:
+                    info += f"  comm {row['comm_s'] * 1e3:.1f} ms"
+            self._bar.update(self._task, completed=row["step"] + 1, info=info, refresh=True)
 
     def close(self) -> None:
         if self._file:

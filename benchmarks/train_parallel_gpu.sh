@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# Transformer training under a layout on one GPU, in one device call: meshscale's llama-1b step and its ResNet-50
+# data-parallel step beside plain loops (benchmarks/train_vs_plain.py, rounds interleaved), the memory check
+# refusing llama3-8b on one GPU (exit 2, one line), llama-1b training with --fsdp 1 and full checkpointing, and
+# the ResNet-50 --no-timing command beside benchmarks/train_ddp_plain.py. Usage on the device:
+#   bash benchmarks/train_parallel_gpu.sh          (writes under $OUT, default /tmp/meshscale-out)
+set -u
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+OUT="${OUT:-/tmp/meshscale-out}"; mkdir -p "$OUT"
+nvidia-smi -L | tee "$OUT/gpu.txt"; date -u | tee -a "$OUT/gpu.txt"
+timeout 300 python3 benchmarks/train_vs_plain.py --out "$OUT/train_vs_plain.jsonl" 2>&1 | grep -v Warning | tee "$OUT/train_vs_plain.txt" | grep -v '^{'
+timeout 60 python3 -m meshscale train --model llama3-8b --gpus 1 --precision bf16 --batch 1 --seq-len 2048 \
+  > "$OUT/llama3-8b-refused.txt" 2>&1; echo "llama3-8b on one GPU: exit $? (2 expected)"; tail -1 "$OUT/llama3-8b-refused.txt"
+timeout 180 python3 -m meshscale train --model llama-1b --gpus 1 --fsdp 1 --precision bf16 \
+  --activation-checkpointing full --batch 2 --seq-len 2048 --steps 15 --json "$OUT/llama-1b.json" \
+  > "$OUT/llama-1b.txt" 2>&1; echo "llama-1b: exit $?"; tail -22 "$OUT/llama-1b.txt"
+timeout 120 python3 -m meshscale train --model resnet50 --gpus 1 --precision bf16 --channels-last --batch 128 \
+  --no-timing --steps 60 --timing-warmup 10 --json "$OUT/resnet50-notiming.json" > "$OUT/resnet50-notiming.txt" 2>&1
+grep -E "samples/s" "$OUT/resnet50-notiming.txt" | tail -1
+timeout 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 benchmarks/train_ddp_plain.py --batch 128 \
+  --channels-last --steps 50 2>&1 | grep '^{' | tee "$OUT/resnet50-plain.json"

@@ -1,0 +1,169 @@
+"""Applying a layout to a `Transformer`, in torchtitan's order: pipeline split, tensor/sequence parallel,
+context parallel, activation checkpointing, then FSDP2 per block and at the root."""
+from __future__ import annotations
+
+import copy
+from functools import partial
+
+import torch
+import torch.distributed._functional_collectives as funcol
+import torch.nn as nn
+from torch.distributed.device_mesh import DeviceMesh
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import ParallelLayout
+from meshscale.models.memory import stage_layers
+from meshscale.train.parallel.mesh import LayoutMesh
+from meshscale.train.transformer import Transformer
+
+
+# ---- pipeline -----------------------------------------------------------------------------------------------
+def stage_ids(layout: ParallelLayout, pp_rank: int) -> list[int]:
+    """The pipeline stages this rank runs: one, or ``stages_per_rank`` interleaved ones (rank r: r, r + pp, ...)."""
+    v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
+    return [pp_rank + k * layout.pp for k in range(v)]
+
+
+def stage_count(layout: ParallelLayout) -> int:
+    return layout.pp * (layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1)
+
+
+def split_stage(model: Transformer, stage: int, stages: int) -> Transformer:
+    """A copy of ``model`` keeping only what stage ``stage`` of ``stages`` runs (layer names kept)."""
+    part = copy.deepcopy(model)
+    split = _as_layout(stages)
+    first = sum(stage_layers(model.cfg, split, s) for s in range(stage))
+    keep = {str(i) for i in range(first, first + stage_layers(model.cfg, split, stage))}
+    for name in list(part.layers.keys()):
+        if name not in keep:
+            del part.layers[name]
+    if stage > 0:
+        part.tok_embeddings = part.pos_embeddings = None
+    if stage < stages - 1:
+        part.norm = part.output = None
+    return part
+
+
+def _as_layout(stages: int) -> ParallelLayout:
+    """The even split of layers over ``stages`` (training_memory's, so both count the same layers per stage)."""
+    return ParallelLayout(pp=stages)
+
+
+# ---- tensor parallel -----------------------------------------------------------------------------------------
+def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
+    """Megatron-style tensor parallelism with sequence parallelism, as torchtitan plans it: Q/K/V and the FFN's
+    input projections split by columns, the output projections by rows; norms and the residual stream split
+    along the sequence; the head gathers the full logits on every tp rank."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    if model.pos_embeddings is not None or model.cfg.style != "llama":
+        raise MeshscaleError("--tp: tensor parallelism is implemented for Llama-style models; use --fsdp or --pp "
+                             "for GPT-2-style ones")
+    top = {}
+    if model.tok_embeddings is not None:
+        top["tok_embeddings"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1))
+    if model.norm is not None:
+        top["norm"] = SequenceParallel()
+        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True)
+    parallelize_module(model, tp_mesh, top)
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                            desired_input_layouts=(Replicate(), None, None, None)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+        })
+
+
+# ---- context parallel ----------------------------------------------------------------------------------------
+def context_chunks(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
+    """The positions a context-parallel rank holds: chunks ``r`` and ``2 cp - 1 - r`` of 2 cp equal chunks, so
+    every rank has the same share of the causal attention's work (the load balancing of Llama 3's and
+    torch's context parallelism)."""
+    size = seq_len // (2 * cp)
+    chunks = (cp_rank, 2 * cp - 1 - cp_rank)
+    return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks])
+
+
+def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int) -> torch.Tensor:
+    """Each rank keeps its positions' rotary tables; attention all-gathers keys and values over the cp group
+    (differentiably: the backward reduce-scatters their gradients), as Llama 3 trained long contexts
+    (The Llama 3 Herd of Models, section 3.3.2). Returns this rank's positions (to slice inputs and targets)."""
+    cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
+    device = model.rope_cos.device
+    mine = context_chunks(seq_len, cp, rank).to(device)
+    every = torch.cat([context_chunks(seq_len, cp, r) for r in range(cp)]).to(device)
+    model.rope_cos, model.rope_sin = model.rope_cos[mine].contiguous(), model.rope_sin[mine].contiguous()
+    model.positions = mine
+
+    def gather(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
+        # along the sequence (dim 1), in rank order: `every` lists the positions in that order
+        return (funcol.all_gather_tensor_autograd(k.contiguous(), gather_dim=1, group=cp_mesh),
+                funcol.all_gather_tensor_autograd(v.contiguous(), gather_dim=1, group=cp_mesh), every)
+    for block in model.layers.values():
+        block.attention.kv_gather = gather
+    return mine
+
+
+# ---- activation checkpointing --------------------------------------------------------------------------------
+def _save_matmuls_and_attention():
+    """Op-level selective checkpointing: keep the outputs of matrix multiplications and attention, recompute
+    the element-wise ops (torchtitan's selective op policy, without its every-other-matmul refinement)."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    keep = {aten.mm.default, aten.addmm.default, aten.bmm.default,
+            aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
+            aten._scaled_dot_product_cudnn_attention.default,
+            aten._scaled_dot_product_flash_attention_for_cpu.default}
+
+    def policy(ctx, op, *args, **kwargs):
+        return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
+    return create_selective_checkpoint_contexts(policy)
+
+
+def apply_checkpointing(model: Transformer, policy: str) -> None:
+    """Wrap each block: ``full`` keeps only its input and recomputes it in backward; ``selective`` keeps what
+    `_save_matmuls_and_attention` says."""
+    if policy == "none":
+        return
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
+    extra = {"context_fn": _save_matmuls_and_attention} if policy == "selective" else {}
+    for name, block in list(model.layers.items()):
+        model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
+
+
+# ---- FSDP2 ---------------------------------------------------------------------------------------------------
+def apply_fsdp(model: nn.Module, mesh: DeviceMesh, bf16: bool, reshard_after_forward: bool = True) -> None:
+    """fully_shard each block, then the root (embedding, norm, head); bf16 parameters and compute with fp32
+    gradient reduction when ``bf16`` (MixedPrecisionPolicy, as torchtitan trains)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
+        else MixedPrecisionPolicy()
+    shard = partial(fully_shard, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    for block in model.layers.values():
+        shard(block)
+    shard(model)
+
+
+def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointing: str, bf16: bool) -> list[Transformer]:
+    """This rank's stage modules of ``model`` (built identically on every rank), each parallelized."""
+    layout = mesh.layout
+    if layout.pp > 1:
+        parts = [split_stage(model, s, stage_count(layout)) for s in stage_ids(layout, mesh.coordinate("pp"))]
+    else:
+        parts = [model]
+    for part in parts:
+        if layout.tp > 1:
+            apply_tensor_parallel(part, mesh["tp"])
+        if layout.cp > 1:
+            apply_context_parallel(part, mesh["cp"], seq_len)
+        apply_checkpointing(part, checkpointing)
+        # a pipeline runs each stage several times a step: keep its parameters gathered between micro-batches
+        apply_fsdp(part, mesh.sharding_mesh(), bf16, reshard_after_forward=layout.pp == 1)
+    return parts

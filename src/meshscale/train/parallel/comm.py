@@ -1,0 +1,90 @@
+"""Communication per parallel dimension, read from PyTorch's flight recorder: every collective and point-to-point
+operation a rank issued (FSDP2's all-gathers and reduce-scatters, DTensor's, the pipeline's sends and receives,
+context parallelism's all-gathers), with its process group, sizes, and on NCCL with timing enabled the
+duration of its kernel. The device mesh names each dimension's group ("mesh_tp", "mesh_fsdp_cp", ...).
+
+The durations are the communication kernels' own time, whether or not compute overlapped them: the time each
+dimension keeps the network busy, not the part of the step it exposes. Gloo records neither durations (None)
+nor point-to-point operations (a pipeline's sends and receives count on NCCL only)."""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from meshscale.models.layout import ParallelLayout
+
+# Each rank sets these before its process groups start (the recorder is configured once per process).
+FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "20000", "TORCH_NCCL_ENABLE_TIMING": "1"}
+
+# mesh group name -> the layout's dimension; "fsdp_cp" is FSDP2's shard group (fsdp ranks x cp ranks)
+_GROUP_DIMENSION = {"mesh_tp": "tp", "mesh_cp": "cp", "mesh_fsdp": "fsdp", "mesh_fsdp_cp": "fsdp", "mesh_dp": "dp",
+                    "mesh_pp": "pp"}
+_DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Char": 1,
+                "Bool": 1}
+
+
+@dataclass
+class DimensionComm:
+    """One dimension's communication per step on this rank."""
+
+    operations: float           # collectives and point-to-point operations
+    bytes: float                # their input tensors' bytes
+    seconds: float | None       # their kernels' time (NCCL with timing); None where not recorded
+
+
+def _entry_bytes(entry: dict[str, Any]) -> float:
+    total = 0.0
+    for shape, dtype in zip(entry.get("input_sizes") or [], entry.get("input_dtypes") or []):
+        n = 1
+        for d in shape:
+            n *= d
+        total += n * _DTYPE_BYTES.get(dtype, 4)
+    return total
+
+
+def recorded_entries() -> list[dict[str, Any]]:
+    """This process's flight-recorder entries (empty when the recorder is off)."""
+    try:
+        from torch._C._distributed_c10d import _dump_fr_trace_json
+    except ImportError:  # older torch: only the NCCL recorder
+        try:
+            from torch._C._distributed_c10d import _dump_nccl_trace_json as _dump_fr_trace_json
+        except ImportError:
+            return []
+    return json.loads(_dump_fr_trace_json()).get("entries", [])
+
+
+def whole_world_dimension(layout: ParallelLayout) -> str | None:
+    """The dimension whose group is the whole world, if any: the device mesh then hands it the default group."""
+    if layout.world_size == 1:
+        return None
+    whole = [dim for dim, n in layout.degrees().items() if n == layout.world_size]
+    if whole:
+        return whole[0]
+    return "fsdp" if layout.fsdp * layout.cp == layout.world_size else None
+
+
+def comm_by_dimension(entries: list[dict[str, Any]], since_ns: int, steps: int,
+                      layout: ParallelLayout) -> dict[str, dict[str, Any]]:
+    """Per-step communication of each dimension, over the operations issued from ``since_ns`` (the start of the
+    timed window, time.time_ns()) through ``steps`` steps. Groups outside the mesh (the loss's average, on a group
+    of its own) are left out."""
+    if steps < 1:
+        return {}
+    names = {**_GROUP_DIMENSION, "default_pg": whole_world_dimension(layout)}
+    out: dict[str, DimensionComm] = {}
+    timed = {}
+    for e in entries:
+        group = e.get("process_group") or ["", ""]
+        dim = names.get(group[1] if len(group) > 1 else "")
+        if dim is None or e.get("time_created_ns", 0) < since_ns:
+            continue
+        c = out.setdefault(dim, DimensionComm(0.0, 0.0, None))
+        c.operations += 1 / steps
+        c.bytes += _entry_bytes(e) / steps
+        if e.get("duration_ms") is not None:
+            timed[dim] = timed.get(dim, 0.0) + e["duration_ms"] / 1e3 / steps
+    for dim, seconds in timed.items():
+        out[dim].seconds = seconds
+    return {dim: asdict(c) for dim, c in out.items()}

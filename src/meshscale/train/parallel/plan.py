@@ -1,0 +1,132 @@
+"""What a layout run is checked against before any rank starts, and what its summary adds: the layout that the
+options and the world size make, the rules it must obey (models/layout.check_layout), the memory it needs
+(models/memory.training_memory) against the GPU's, and MFU against the GPU's datasheet peak."""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from meshscale.errors import MeshscaleError
+from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
+from meshscale.models.memory import GIB, MemoryEstimate, training_memory
+from meshscale.models.transformer import TransformerConfig
+from meshscale.train.config import TrainConfig
+
+
+def with_default_layout(cfg: TrainConfig) -> TrainConfig:
+    """With no degree given, the ranks shard the model (fsdp = world size), as torchtitan's default."""
+    if cfg.layout.given or cfg.world == 1:
+        return cfg
+    return replace(cfg, layout=replace(cfg.layout, fsdp=cfg.world))
+
+
+def model_config(cfg: TrainConfig) -> TransformerConfig:
+    from meshscale.models.transformer import load_model_config
+    return load_model_config(cfg.model)
+
+
+def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
+    """Refuse, in one line, a layout run that cannot work: the layout's rules, the options that belong to the
+    data-parallel modes, the precision, a tied head split across pipeline stages."""
+    from meshscale.train.models import get_model
+    model = model_config(cfg)
+    if cfg.layout.checkpointing not in CHECKPOINTING:
+        raise MeshscaleError(f"--activation-checkpointing {cfg.layout.checkpointing}: use one of "
+                             f"{', '.join(CHECKPOINTING)}")
+    seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
+    layout = check_layout(cfg.layout.parallel_layout(), cfg.world, model, seq_len, cfg.batch_per_rank)
+    if cfg.mode != "ddp" or cfg.speed.cuda_graph or cfg.speed.compile:
+        raise MeshscaleError(f"--mode, --cuda-graph and --compile are for the data-parallel models; {cfg.model} "
+                             "trains under --dp/--fsdp/--tp/--pp/--cp")
+    if cfg.speed.precision not in ("fp32", "bf16"):
+        raise MeshscaleError(f"--precision {cfg.speed.precision}: transformers train in fp32 or bf16 "
+                             "(FSDP2 mixed precision)")
+    if layout.tp > 1 and model.style != "llama":
+        raise MeshscaleError(f"--tp {layout.tp}: tensor parallelism is implemented for Llama-style models; "
+                             f"{cfg.model} is GPT-2 style: use --fsdp or --pp")
+    if model.kv_heads % layout.tp:
+        raise MeshscaleError(f"--tp {layout.tp}: training splits the model's {model.kv_heads} key/value heads over "
+                             "the tp ranks (they are not replicated); use a --tp that divides them")
+    if layout.pp > 1 and model.tie_embeddings:
+        raise MeshscaleError(f"--pp {layout.pp}: {cfg.model} ties its head to its embedding, which pipeline stages "
+                             "would hold apart; use --fsdp/--tp, or a model with an untied head")
+    if layout.pp_schedule == "interleaved-1f1b" and layout.pp > 1 and layout.micro_batches % layout.pp:
+        raise MeshscaleError(f"--micro-batches {layout.micro_batches}: interleaved 1F1B needs a multiple of "
+                             f"--pp {layout.pp}")
+    return layout
+
+
+def memory_needed(cfg: TrainConfig, layout: ParallelLayout) -> MemoryEstimate:
+    """Per-rank bytes of the run by the model's own arithmetic (the worst pipeline stage)."""
+    from meshscale.train.models import get_model
+    seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
+    return training_memory(model_config(cfg), layout, batch=cfg.batch_per_rank, seq_len=seq_len,
+                           precision="bf16" if cfg.speed.precision == "bf16" else "fp32",
+                           checkpointing=cfg.layout.checkpointing)
+
+
+def check_fits(cfg: TrainConfig, layout: ParallelLayout, capacity_bytes: float, gpu_name: str) -> None:
+    """One line before any work when the layout needs more memory than the GPU has."""
+    need = memory_needed(cfg, layout)
+    if not need.fits(capacity_bytes):
+        raise MeshscaleError(
+            f"{cfg.model} needs {need.total_bytes / GIB:.1f} GiB per GPU for {layout.describe()} "
+            f"(batch {cfg.batch_per_rank}, --activation-checkpointing {cfg.layout.checkpointing}, "
+            f"{cfg.speed.precision}), the {gpu_name} has {capacity_bytes / GIB:.1f} GiB; shard further (--fsdp, "
+            "--tp, --pp), checkpoint activations or lower --batch / --seq-len")
+
+
+def check_fits_gpu(cfg: TrainConfig, layout: ParallelLayout) -> None:
+    import torch
+    props = torch.cuda.get_device_properties(0)
+    check_fits(cfg, layout, props.total_memory, props.name)
+
+
+def peak_flops(device_name: str, precision: str) -> tuple[float | None, str]:
+    """The datasheet dense peak FLOP/s of this GPU at the run's precision (fp32 runs count TF32 Tensor Cores,
+    which PyTorch uses for fp32 matmuls only when allowed: the fp32 figure is the one stated) and its source."""
+    from meshscale.topology.nvml_discovery import model_facts
+    facts, known = model_facts(device_name)
+    key = "bf16_flops" if precision == "bf16" else "fp32_flops"
+    return facts.get(key), str(facts.get("source", "")) + ("" if known else " (assumed: model not in the table)")
+
+
+def layout_summary(cfg: TrainConfig, summary: dict[str, Any], layout: ParallelLayout,
+                   device_name: str | None) -> dict[str, Any]:
+    """Tokens/s, per GPU, the memory the layout needs beside the peak measured, MFU with its peak and source."""
+    from meshscale.train.models import get_model
+    seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
+    need = memory_needed(cfg, layout)
+    rate = summary.get("samples_per_s")
+    tokens = rate * seq_len if rate else None
+    out = {"seq_len": seq_len, "tokens_per_s": tokens,
+           "tokens_per_s_per_rank": tokens / cfg.world if tokens else None,
+           "memory_needed_bytes": need.total_bytes, "memory_needed_allocated_bytes": need.allocated_bytes,
+           "memory_needed": need.breakdown(), "layout": layout.describe(),
+           "layout_degrees": layout.degrees(), "pp_schedule": layout.pp_schedule,
+           "micro_batches": layout.micro_batches, "activation_checkpointing": cfg.layout.checkpointing,
+           "mfu": None, "peak_flops": None, "peak_flops_source": None}
+    if device_name is not None:
+        peak, source = peak_flops(device_name, cfg.speed.precision)
+        out.update(peak_flops=peak, peak_flops_source=source, gpu=device_name)
+        if peak and rate:
+            out["mfu"] = rate * summary["flops_per_sample"] / (cfg.world * peak)
+    return out
+
+
+def parse_layouts(text: str) -> list[dict[str, int]]:
+    """``--layouts``: comma-separated layouts, each its degrees joined by ``x`` (``fsdp4,tp2xfsdp2,pp2xcp2``);
+    a dimension not named is 1."""
+    from meshscale.models.layout import DIMENSIONS
+    out = []
+    for item in (part.strip() for part in text.split(",")):
+        degrees: dict[str, int] = {}
+        for term in item.split("x") if item else [""]:
+            name = term.rstrip("0123456789")
+            number = term[len(name):]
+            if name not in DIMENSIONS or not number or int(number) < 1 or name in degrees:
+                raise MeshscaleError(f"--layouts {text}: {item!r} is not a layout; write each as degrees joined by "
+                                     f"x, e.g. fsdp4,tp2xfsdp2 (dimensions {', '.join(DIMENSIONS)})")
+            degrees[name] = int(number)
+        out.append(degrees)
+    return out
