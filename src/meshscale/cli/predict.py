@@ -14,7 +14,6 @@ from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
 from meshscale.units import parse_ints
 
 
@@ -37,6 +36,7 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
     """Size the network of a cluster of a system (a fat tree, or rails with --network rail): switches per level,
     hops between nodes, bandwidth, bisection, latency. A cluster file
     (``--system FILE``, as topo, plan, sim and predict take it) gives all of it; options override its fields."""
+    from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
     if system and node:
         raise MeshscaleError("give the node system once: --system NAME|FILE or --node NAME")
     system = system or node or "dgx1-p100"
@@ -113,6 +113,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     """Predict data-parallel training throughput on a system or cluster (marked PREDICTED)."""
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.predict.scaling import prediction_result
+    from meshscale.topology.cluster import cluster_file_spec
 
     shape = {"network": network, "oversubscription": oversubscription}
     spec = cluster_file_spec(system)

@@ -10,14 +10,12 @@ from rich.table import Table
 from meshscale.cli.output import print_tables
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.topology import dumps, load_catalog
-from meshscale.topology.cluster import NETWORKS, cluster_spec, describe, plan_cluster, system_or_cluster
-from meshscale.topology.discover import discover
-from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
 from meshscale.validation import Range, atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
+# topology.cluster.NETWORKS, spelled out so that -h does not import the topology layer (a test holds them equal)
+NETWORKS = ("fat-tree", "rail")
 
 
 # one option object per cluster field, shared by every command that takes a cluster of a --system (plan, sim, topo;
@@ -48,6 +46,8 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None, **clust
     """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with the
     `cluster_options`: ``--nodes``, ``--link``, ``--nics``, ``--gpudirect``, ``--network``, ``--oversubscription``),
     or this machine (with a notice if no GPU)."""
+    from meshscale.topology.cluster import system_or_cluster
+    from meshscale.topology.discover import discover
     if system:
         return system_or_cluster(system, **cluster), ""
     given = [f"--{k}" for k, v in cluster.items() if v is not None]
@@ -68,6 +68,9 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
          oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram. A cluster
     (a cluster file, or --nodes N): its summary, then one node's matrix."""
+    from meshscale.topology import dumps
+    from meshscale.topology.cluster import cluster_spec, describe, plan_cluster
+    from meshscale.topology.text import relation_matrix, summary
     check_choice(fmt, FORMATS, "format")
     cluster = cluster_options(nodes, link, nics, gpudirect, network, oversubscription)
     topology, notice = resolve_system(system, None, **cluster)
@@ -97,6 +100,8 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
 
 def systems() -> None:
     """List the reference systems of the catalog."""
+    from meshscale.topology import load_catalog
+    from meshscale.topology.text import per_gpu_bandwidth
     table = Table(title="meshscale catalog (bandwidth per GPU, per direction)")
     for col in ("name", "GPUs", "GPU model", "NVLink GB/s", "PCIe GB/s", "description"):
         table.add_column(col, justify="right" if "GB/s" in col or col == "GPUs" else "left")

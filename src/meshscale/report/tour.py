@@ -25,7 +25,7 @@ from meshscale.bench.host_copy import host_copy
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
-from meshscale.execute.launch import NCCL_SAFETY_ENV
+from meshscale.execute.launcher import NCCL_SAFETY_ENV
 from meshscale.execute.world import resolve_world
 from meshscale.predict.against_measured import calibrated_job, compare_scale
 from meshscale.predict.request import PredictRequest, predict_rows

@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import MeshscaleError
+from meshscale.execute.world import in_torchrun
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -68,11 +69,6 @@ class RankContext:
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
-
-
-def in_torchrun() -> bool:
-    """True when started by torchrun (or any launcher that sets RANK and WORLD_SIZE)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
 
 
 def _die_with(owner_pid: int) -> None:
