@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, write_result_files
+from meshscale.cli.output import print_tables, print_text, write_result_files
 from meshscale.cli.checks import FACTOR, MAX_GPU_RANKS, ROOT, checked, counts, output_file, size_bytes
 from meshscale.validation import Range
 from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
@@ -106,7 +106,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     topology, ranks, params = _setup(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network, oversubscription))
     p = make_plan(topology, collective, ranks, parse_bytes(nbytes), algo, root, params,
                   **_nccl_options(nccl_algo, proto, nccl_version, nvls))
-    typer.echo(format_plan(p))
+    print_text(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
         schedule_json.write_text(dumps(p.schedule) + "\n")

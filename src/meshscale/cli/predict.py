@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, text_console, write_result_files
+from meshscale.cli.output import print_tables, print_text, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
@@ -53,7 +53,7 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
         "switch_hops": plan.switch_hops, "latency_s": plan.latency_s, "network": spec.network, "rails": plan.rails,
         "groups": plan.groups,
     }
-    typer.echo(describe(plan))
+    print_text(describe(plan))
     if plot:
         from meshscale.topology.draw import draw_fat_tree
         typer.echo(f"wrote {draw_fat_tree(plan, plot)}")
