@@ -72,8 +72,8 @@ def test_fit_table_drops_one_valued_columns_before_labels_and_never_a_figure():
     for name, justify in (("size", "right"), ("type", "right"), ("time us", "right"), ("note", "left")):
         table.add_column(name, justify=justify)
     for i in range(3):
-        table.add_row(str(1024 << i), "float32", f"{12345.67 * (i + 1):.2f}", "a long label of many words " * 2)
-    console = Console(width=200, file=open("/dev/null", "w"))
+        table.add_row(str(1024 << i), "float32", f"{12345.67 * (i + 1):.2f}", f"a long label of many words, number {i}")
+    console = Console(width=200, file=open("/dev/null", "w"), force_terminal=True)
     for width in (200, 60, 40, 24, 5):
         fitted = fit_table(table, width, console)
         kept = [str(c.header).replace("\n", " ") for c in fitted.columns]

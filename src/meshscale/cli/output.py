@@ -9,6 +9,7 @@ Into a pipe with no COLUMNS, tables and text print at their natural width (one l
 """
 from __future__ import annotations
 
+import copy
 import os
 
 from rich import box
@@ -99,7 +100,7 @@ def fit_table(table: Table, width: int, console: Console) -> Table:
     if _width(table, console) <= width and not plain:
         return table
     frame = {"box": PLAIN, "show_edge": False, "pad_edge": False}
-    columns, constants, left_out = list(table.columns), {}, []
+    columns, constants, left_out = [copy.copy(c) for c in table.columns], {}, []  # headers change: copies
 
     def current() -> Table:
         notes = ([f"in every row: {', '.join(f'{h} {v}' for h, v in constants.items())}"] if constants else []) + \
