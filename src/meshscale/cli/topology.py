@@ -48,8 +48,9 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None, **clust
     or this machine (with a notice if no GPU)."""
     from meshscale.topology.cluster import system_or_cluster
     from meshscale.topology.discover import discover
-    if system:
-        return system_or_cluster(system, **cluster), ""
+    if system:  # a file in another tool's format says what it had to assume (the GPU model, link speeds)
+        topology = system_or_cluster(system, **cluster)
+        return topology, "; ".join(topology.attrs.get("assumed", []))
     given = [f"--{k}" for k, v in cluster.items() if v is not None]
     if given:
         raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
