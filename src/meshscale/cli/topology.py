@@ -99,8 +99,18 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
         typer.echo(text)
 
 
-def systems() -> None:
-    """List the reference systems of the catalog."""
+def systems(schema: bool = typer.Option(False, "--schema", help="print the JSON Schema of a system file and exit"),
+            template: Optional[str] = typer.Option(None, "--template", help="print catalog system NAME as an annotated "
+                                                   "system file to edit (docs/systems.md)")) -> None:
+    """List the reference systems of the catalog; or print the system file format (--schema) or a file to
+    start from (--template NAME). --system also reads an NCCL topology dump (.xml) and `nvidia-smi topo -m` text."""
+    if schema or template:
+        import json
+        from meshscale.topology.json_schema import system_schema, template as annotated
+        if schema and template:
+            raise MeshscaleError("--schema and --template each print a whole file; give one")
+        typer.echo(json.dumps(system_schema(), indent=2) if schema else annotated(template), nl=schema)
+        return
     from meshscale.topology import load_catalog
     from meshscale.topology.text import per_gpu_bandwidth
     table = Table(title="meshscale catalog (bandwidth per GPU, per direction)")
