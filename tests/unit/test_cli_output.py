@@ -83,16 +83,26 @@ def test_fit_table_drops_one_valued_columns_before_labels_and_never_a_figure():
     assert fit_table(table, 200, console) is table
 
 
-def test_bench_rows_print_whole_at_80_columns(narrow, tmp_path):
+def _shows(figure: str, value: float) -> bool:
+    """``figure`` is ``value`` rounded to the decimals it shows (nccl-tests drops decimals as figures grow)."""
+    decimals = len(figure.partition(".")[2])
+    return abs(float(figure) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+@pytest.mark.parametrize("args", [("all_reduce", "-b", "1K", "-e", "64K", "-f", "8"),
+                                  ("all_reduce", "broadcast", "-b", "1K", "-e", "1K", "-d", "all", "-o", "all")])
+def test_bench_lines_at_80_columns_hold_every_time_whole(narrow, tmp_path, args):
     out = tmp_path / "bench.json"
-    result = narrow("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "64K", "-f", "8",
-                    "-n", "2", "-w", "1", "--json", out)
+    result = narrow("bench", "collective", *args, "--cpus", "2", "-n", "2", "-w", "1", "--json", out)
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    for row in json.loads(out.read_text())["rows"]:
-        time_us = f"{row['time_s'] * 1e6:.2f}"
-        assert any(str(row["size_bytes"]) in line.split() and time_us in FIGURE.findall(line) for line in lines), \
-            (row, result.stdout)
+    assert not [line for line in result.stdout.splitlines() if len(line.encode()) > 80]
+    lines = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
+    rows = json.loads(out.read_text())["rows"]
+    for row in rows:  # the line of its size, in its series' block, shows its time
+        assert any(words[0] == str(row["size_bytes"]) and any(_shows(w, row["time_s"] * 1e6) for w in words
+                                                               if FIGURE.fullmatch(w)) for words in lines), row
+    series = [line for line in result.stdout.splitlines() if line.startswith("# all_reduce: type")]
+    assert len(series) == len({(r["dtype"], r["redop"]) for r in rows if r["collective"] == "all_reduce"})
 
 
 def test_scale_samples_per_s_whole_at_80_columns(narrow, tmp_path):

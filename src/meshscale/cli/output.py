@@ -34,6 +34,12 @@ def text_console() -> Console:
     return console
 
 
+def stream_width(err: bool = False) -> int | None:
+    """The width lines printed as they come must keep (a terminal's, or a stated COLUMNS), or None (no limit)."""
+    console = Console(stderr=err)
+    return console.width if console.is_terminal or columns_set() else None
+
+
 def print_text(text: str) -> None:
     """Print lines of text wrapped at word boundaries where a width holds (a terminal or a stated COLUMNS), each
     continuation indented under its line; a word (a figure, a list with no space) is never cut."""
