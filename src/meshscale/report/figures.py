@@ -248,6 +248,12 @@ def scaling_rows(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
+def _legend(style: str, label: str) -> str:
+    """'predicted' + a series label, saying it once: a file named whitepaper-predicted adds no second one."""
+    words = [re.sub(rf"[-_ ]?{style}$", "", w) for w in label.split() if w != style]
+    return " ".join([style, *(w for w in words if w)])
+
+
 def scaling_section(sources: list[Source]) -> Section:
     section = Section("Scaling: throughput and speedup")
     groups = defaultdict(list)
@@ -267,10 +273,11 @@ def scaling_section(sources: list[Source]) -> Section:
                 for label, part in _split(s, rows).items():
                     part = sorted(part, key=lambda r: r["world_size"])
                     x = [r["world_size"] for r in part]
-                    bars.append(Series(f"{style} {label} (samples/s)", x, [r["throughput_samples_per_s"] for r in part],
-                                       style))
+                    bars.append(Series(f"{_legend(style, label)} (samples/s)", x,
+                                       [r["throughput_samples_per_s"] for r in part], style))
                     if all(r.get("speedup") is not None for r in part):
-                        speedups.append(Series(f"{style} {label} (speedup)", x, [r["speedup"] for r in part], style))
+                        speedups.append(Series(f"{_legend(style, label)} (speedup)", x, [r["speedup"] for r in part],
+                                               style))
                 if style == "measured" and rows and verdict is None:
                     first_label, first = next(iter(_split(s, rows).items()))
                     cpu = is_cpu_run(s.result.meta, s.result.machine)
