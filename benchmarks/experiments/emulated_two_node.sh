@@ -3,7 +3,7 @@
 # transport over loopback (no P2P, no shared memory, no InfiniBand), so the GPUs talk over a real network path.
 # Measures all_reduce 1 MiB - 512 MiB and ResNet-50 / GPT-small weak scaling (1 GPU, then the two nodes), plus
 # the one-GPU profiles a prediction needs.
-#   bash benchmarks/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
+#   bash benchmarks/experiments/emulated_two_node.sh OUTDIR        (MODELS="" measures the all_reduce only)
 # NCCL's own socket settings pass through, e.g. NCCL_SOCKET_NTHREADS=2 NCCL_NSOCKS_PERTHREAD=2 (four streams).
 # STEPS=N / WARMUP=N: training steps per run (default 40, the first 10 untimed; ResNet-50 at batch 64 then times
 # only one second, so STEPS=120 for it); ITERS=N: timed iterations per sweep size; CYCLES=N: cycles per sweep.

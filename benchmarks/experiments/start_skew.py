@@ -2,7 +2,7 @@
 -n 20) of small ncclAllReduce / all_to_all calls (ctypes, meshscale's --impl nccl): started after dist.barrier alone,
 and after dist.barrier plus a one-element all-reduce on the timing stream (meshscale's harness). Same host clock for
 all ranks (one machine), so the release skew is a difference of CLOCK_MONOTONIC readings.
-    torchrun --nproc-per-node 2 benchmarks/start_skew.py"""
+    torchrun --nproc-per-node 2 benchmarks/experiments/start_skew.py"""
 import os
 import statistics
 import time

@@ -1,5 +1,5 @@
 """busbw (GB/s) of every all_reduce sweep (allreduce*.json) in the given folders, one line per sweep, size order.
-   python3 benchmarks/sweep_summary.py DIR [DIR ...]"""
+   python3 benchmarks/experiments/sweep_summary.py DIR [DIR ...]"""
 import json, sys, glob, os
 for d in sys.argv[1:]:
     for f in sorted(glob.glob(os.path.join(d, "allreduce*.json"))):

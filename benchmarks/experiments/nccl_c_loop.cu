@@ -5,7 +5,7 @@
 // Timing as nccl-tests: 5 warm-up iterations, barrier, host clock around 20 iterations and a stream sync; the
 // procs figure is the mean over ranks (its -a 1). Float32, sum, 1 KiB..1 MiB by 4. Tells apart what the launch
 // configuration costs from what meshscale's Python adds (compare with `bench collective --impl nccl`).
-//   nvcc -O2 -o /tmp/nccl_c_loop benchmarks/nccl_c_loop.cu -L$NCCL_LIB -l:libnccl.so.2 -Xlinker -rpath=$NCCL_LIB
+//   nvcc -O2 -o /tmp/nccl_c_loop benchmarks/experiments/nccl_c_loop.cu -L$NCCL_LIB -l:libnccl.so.2 -Xlinker -rpath=$NCCL_LIB
 //   /tmp/nccl_c_loop threads|procs NGPUS     (NGPUS given: the parent must not touch CUDA before it forks)
 // NCCL's prototypes are declared here (the pip wheel of NCCL that torch uses may ship no header).
 #include <cuda_runtime.h>

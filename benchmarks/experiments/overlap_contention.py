@@ -3,7 +3,7 @@ per rank), GPT-small's forward + backward alone, all-reduces of DDP-sized bucket
 both at once (the all-reduces issued as backward starts), each timed with CUDA events over several iterations.
 Prints the compute and the exchange time of each, and their slowdowns when they run together.
 
-    torchrun --nproc-per-node 2 benchmarks/overlap_contention.py [--model gpt-small] [--batch 16] [--buckets 6]
+    torchrun --nproc-per-node 2 benchmarks/experiments/overlap_contention.py [--model gpt-small] [--batch 16] [--buckets 6]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The baseline meshscale's training modes are compared against: a plain PyTorch DDP ResNet-50 (or any
 torchvision model) on synthetic data, bf16 autocast, SGD. Nothing from meshscale is imported.
 
-    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/train_ddp_plain.py --batch 256
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/experiments/train_ddp_plain.py --batch 256
 
 --batch is per GPU. Rank 0 prints one JSON line (and appends it to --out): world, batch, samples/s."""
 import argparse

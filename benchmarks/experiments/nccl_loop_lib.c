@@ -1,7 +1,7 @@
 // The nccl-tests launch loop as a function that Python calls once through ctypes, in the same process and on the
-// same communicator as meshscale's --impl nccl (benchmarks/python_vs_c_launch.py). Tells apart what a Python-driven
+// same communicator as meshscale's --impl nccl (benchmarks/experiments/python_vs_c_launch.py). Tells apart what a Python-driven
 // call costs from what the process (torch, its CUDA context, a second NCCL communicator) costs.
-//   gcc -O2 -shared -fPIC -o /tmp/libnccl_loop.so benchmarks/nccl_loop_lib.c -L$NCCL_LIB -l:libnccl.so.2
+//   gcc -O2 -shared -fPIC -o /tmp/libnccl_loop.so benchmarks/experiments/nccl_loop_lib.c -L$NCCL_LIB -l:libnccl.so.2
 #include <stddef.h>
 int ncclAllReduce(const void *s, void *r, size_t n, int type, int op, void *comm, void *stream);
 

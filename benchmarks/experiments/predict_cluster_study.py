@@ -1,6 +1,6 @@
 """Cluster study: ResNet-50 (32 images per GPU) and GPT-2 small (4 sequences of 1024 tokens per GPU), weak scaling, from 1 to 124 DGX-1 (P100)
 nodes, 4x EDR InfiniBand vs 2x 10 GbE, ring vs hierarchical all-reduce, DDP overlap. Writes a Markdown table and
-a plot. Run: python benchmarks/predict_cluster_study.py docs/results"""
+a plot. Run: python benchmarks/experiments/predict_cluster_study.py docs/results"""
 import sys
 from pathlib import Path
 

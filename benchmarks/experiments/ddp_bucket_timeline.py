@@ -3,7 +3,7 @@ torchrun (one GPU per rank) a model trains with DDP (bf16 autocast, DDP's defaul
 hook notes, for each bucket, CUDA events when it is handed to the hook (its gradients are complete on the GPU)
 and when its all-reduce has finished; rank 0 prints the last step's timeline in ms from the step's start.
 
-    torchrun --nproc-per-node 2 benchmarks/ddp_bucket_timeline.py [--model gpt-small] [--batch 16]
+    torchrun --nproc-per-node 2 benchmarks/experiments/ddp_bucket_timeline.py [--model gpt-small] [--batch 16]
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """One table of small-message times (us, 1 KiB .. 1 MiB) from every source of one session, side by side:
 nccl-tests' reference, the NCCL C launch loop (nccl_c_loop.cu) in both launch configurations, and any number
 of `meshscale bench collective` JSON files (median over the files given per label).
-    python benchmarks/small_message_table.py --c-loop nccl-c-loop.txt --bench "impl nccl=a.json,b.json" \\
+    python benchmarks/experiments/small_message_table.py --c-loop nccl-c-loop.txt --bench "impl nccl=a.json,b.json" \\
         --bench "native=c.json" [--reference benchmarks/reference/nccl-tests-h200x2.txt]"""
 import argparse
 import json

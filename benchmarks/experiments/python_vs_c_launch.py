@@ -1,7 +1,7 @@
 """Per-call time of a small ncclAllReduce in one torch process, launched from Python (meshscale's --impl nccl:
-one ctypes call per op) and from a C loop called once (benchmarks/nccl_loop_lib.c), on the same communicator and
+one ctypes call per op) and from a C loop called once (benchmarks/experiments/nccl_loop_lib.c), on the same communicator and
 stream, 20 and 200 back-to-back calls after 20 warm-up calls, median of 15 timings, mean over ranks.
-    torchrun --nproc-per-node 2 benchmarks/python_vs_c_launch.py /tmp/libnccl_loop.so"""
+    torchrun --nproc-per-node 2 benchmarks/experiments/python_vs_c_launch.py /tmp/libnccl_loop.so"""
 import ctypes
 import os
 import statistics

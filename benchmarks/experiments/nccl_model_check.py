@@ -4,7 +4,7 @@ runs with NCCL_ALGO x NCCL_PROTO forced (one process per GPU; meshscale Result J
 COLLECTIVE-ALGO-PROTO.json): NCCL's own formula (latency + size / bandwidth) and the predicted time against
 the measured one, algorithm by protocol. A check, not a fit: nothing here feeds back into the model.
 
-    python benchmarks/nccl_model_check.py [--reference DIR] [--corpus FILE] [--forced DIR ...] [--all-sizes]
+    python benchmarks/experiments/nccl_model_check.py [--reference DIR] [--corpus FILE] [--forced DIR ...] [--all-sizes]
 """
 from __future__ import annotations
 

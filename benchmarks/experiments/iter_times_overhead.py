@@ -1,7 +1,7 @@
 """What `bench collective --iter-times` costs: the all_reduce sweep with and without an event between calls, in
 turns (plain, timed per call, plain, ...), on every GPU of this machine. Prints per size the median mean-time of
 each way over the rounds and their ratio (1.00: the events change nothing), and each way's spread.
-    PYTHONPATH=src python3 benchmarks/iter_times_overhead.py [ROUNDS]"""
+    PYTHONPATH=src python3 benchmarks/experiments/iter_times_overhead.py [ROUNDS]"""
 import statistics
 import sys
 

@@ -5,8 +5,8 @@
 # reduce-overhead, fusion size, bucket view, static graph, bf16 compression) and a GPT where communication
 # dominates. Every configuration runs in fresh processes, 10 warm-up + 20 timed steps.
 #
-#   bash benchmarks/train_scaling.sh [OUTDIR]        (default: $OUT, else ./train_scaling_results)
-#   SECTIONS="plain ddp allreduce fast knobs compile graph gpt" GPUS=1,2 bash benchmarks/train_scaling.sh /tmp/x
+#   bash benchmarks/experiments/train_scaling.sh [OUTDIR]        (default: $OUT, else ./train_scaling_results)
+#   SECTIONS="plain ddp allreduce fast knobs compile graph gpt" GPUS=1,2 bash benchmarks/experiments/train_scaling.sh /tmp/x
 #
 # Writes OUTDIR/plain.jsonl (plain DDP rows) and one meshscale Result per sweep (OUTDIR/<name>.json, kind
 # "scale") with a plot (OUTDIR/<name>.png); OUTDIR/summary.txt lists throughput, speedup and efficiency.

@@ -2,7 +2,7 @@
 # meshscale topo on a GPU machine: this machine's topology as matrix, JSON, SVG and PNG, written into "$OUT",
 # next to nvidia-smi's own view, and a check that every GPU-GPU cell of our matrix equals nvidia-smi topo -m.
 # Expected on 2x H200 (NVLink 4 through NVSwitch): NV18 between every pair, 18 links per GPU.
-#   OUT=/some/dir bash benchmarks/gpu_topo.sh      (MESHSCALE / PYTHON override the commands)
+#   OUT=/some/dir bash benchmarks/experiments/gpu_topo.sh      (MESHSCALE / PYTHON override the commands)
 set -euo pipefail
 OUT="${OUT:-docs/results/gpu-topo}"
 MESHSCALE="${MESHSCALE:-meshscale}"

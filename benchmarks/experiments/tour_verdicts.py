@@ -3,7 +3,7 @@ busbw against nccl-tests over the sizes both measured (the better placement of e
 report prints. A collective within 10% of nccl-tests at every size that still gets a warning (or worse) is a
 false alarm; the script lists them and exits 1.
 
-    python3 benchmarks/tour_verdicts.py TOUR_DIR REFERENCE.txt [--min-bytes 1M]
+    python3 benchmarks/experiments/tour_verdicts.py TOUR_DIR REFERENCE.txt [--min-bytes 1M]
 """
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 against 10 GbE, NCCL's ring against its tree (the hierarchical algorithm: chains inside a node, a tree across
 nodes) for all_reduce, and ring all_gather (NCCL has no tree all_gather), at one gradient-bucket size.
 
-    PYTHONPATH=src python benchmarks/cluster_study_cli.py [--system dgx1-p100] [--size 64M] [--out docs/results]
+    PYTHONPATH=src python benchmarks/experiments/cluster_study_cli.py [--system dgx1-p100] [--size 64M] [--out docs/results]
 
 Writes cluster-study-cli.md (the table, and where each stops scaling) and cluster-study-cli.png.
 Every figure is PREDICTED by NCCL's cost model; each comes from one `meshscale sim ... --json` run.
@@ -83,7 +83,7 @@ def main() -> None:
         rows = list(pool.map(lambda j: sim(*j), jobs))
     key = {(r["link"], r["collective"], r["algo"], r["nodes"]): r for r in rows}
     lines = [f"# Cluster study from the CLI: {args.system} nodes, {args.size} per collective (PREDICTED)", "",
-             f"Made by `benchmarks/cluster_study_cli.py`: one `meshscale sim COLLECTIVE -s {args.system} --nodes N "
+             f"Made by `benchmarks/experiments/cluster_study_cli.py`: one `meshscale sim COLLECTIVE -s {args.system} --nodes N "
              f"--link LINK --nccl-algo ALGO -b {args.size} -e {args.size}` per cell. NCCL's cost model across nodes: "
              "4 NICs per node for EDR (GPUDirect RDMA through the PCIe switches), 2 for 10 GbE (on a CPU: no "
              "GPUDirect); tree is NCCL's hierarchical algorithm (chains inside each node, a tree across nodes). "

@@ -1,7 +1,7 @@
 """meshscale's own all_reduce schedules over NCCL, beside NCCL's all_reduce and the simulator's prediction.
 
-    python benchmarks/meshscale_vs_nccl.py OUTDIR [--min-bytes 1M] [--max-bytes 1G] [--algos ring,direct]
-    python benchmarks/meshscale_vs_nccl.py OUTDIR --cpus 3 --max-bytes 4M     # the same pipeline over Gloo
+    python benchmarks/experiments/meshscale_vs_nccl.py OUTDIR [--min-bytes 1M] [--max-bytes 1G] [--algos ring,direct]
+    python benchmarks/experiments/meshscale_vs_nccl.py OUTDIR --cpus 3 --max-bytes 4M     # the same pipeline over Gloo
 
 In one call: (1) `bench p2p` on all GPUs, (2) SimParams calibrated from it (nothing else), (3) for every size,
 NCCL's all_reduce and each meshscale schedule (executed with batch_isend_irecv per step) timed on all ranks
