@@ -46,8 +46,8 @@ def collective(
     op: str = typer.Option("sum", "--op", "-o", help="sum, prod, min, max, avg, several with commas, or all (reducing collectives; all leaves out avg on CPU workers)"),
     root: int = typer.Option(0, "--root", "-r", help="root rank of broadcast, reduce, gather, scatter", callback=checked(ROOT)),
     place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
-    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
-    iters: int = typer.Option(20, "--iters", "-n", callback=checked(COUNT)),
+    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", help="untimed calls before each size's timed ones", callback=checked(COUNT_OR_ZERO)),
+    iters: int = typer.Option(20, "--iters", "-n", help="timed calls per size (their mean is the time)", callback=checked(COUNT)),
     cycles: int = typer.Option(1, "--cycles", "-N", help="run the whole sweep N times (nccl-tests' -N): each cycle's lines print, each size reports the median cycle", callback=checked(COUNT)),
     average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)", callback=checked(Range(0, 3, integer=True))),
     check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
@@ -119,8 +119,8 @@ def collective(
 @bench_app.command("p2p")
 def p2p(
     size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)", callback=checked(size_bytes)),
-    iters: int = typer.Option(10, "--iters", "-n", callback=checked(COUNT)),
-    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
+    iters: int = typer.Option(10, "--iters", "-n", help="timed copies per pair", callback=checked(COUNT)),
+    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", help="untimed copies before them", callback=checked(COUNT_OR_ZERO)),
     latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency", callback=checked(COUNT)),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPUs to measure (default: all)", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
