@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from meshscale.cli.output import print_tables, write_result_files
+from meshscale.cli.output import print_tables, progress, write_result_files
 from meshscale.cli.checks import (COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
 from meshscale.validation import Range
@@ -142,7 +142,9 @@ def p2p(
     default = "256M" if world.backend == "nccl" else "16M"
     spec = P2PSpec(size_bytes=parse_bytes(size or default), iters=iters, warmup_iters=warmup_iters,
                    latency_iters=latency_iters)
-    result = bench_p2p(spec, world, timeout_s)
+    with progress(f"measuring every pair of {world.size} {'GPUs' if world.backend == 'nccl' else 'CPU workers'}: "
+                  "one way, both ways, through the host, latency"):
+        result = bench_p2p(spec, world, timeout_s)
     if not _is_rank0():
         return
     print_tables(*p2p_tables(result))

@@ -40,6 +40,15 @@ def stream_width(err: bool = False) -> int | None:
     return console.width if console.is_terminal or columns_set() else None
 
 
+def progress(text: str):
+    """A spinner with ``text`` on stderr while work that takes seconds runs (``with progress(...):``), so that a
+    terminal does not sit silent. It is erased when the work ends, so an error stays one line; into a pipe or a
+    log it prints nothing."""
+    from contextlib import nullcontext
+    console = Console(stderr=True)
+    return console.status(text) if console.is_terminal else nullcontext()
+
+
 def print_text(text: str) -> None:
     """Print lines of text wrapped at word boundaries where a width holds (a terminal or a stated COLUMNS), each
     continuation indented under its line; a word (a figure, a list with no space) is never cut."""

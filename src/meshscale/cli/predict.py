@@ -8,7 +8,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, print_text, text_console, write_result_files
+from meshscale.cli.output import print_tables, print_text, progress, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, checked, counts, output_file
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
@@ -138,12 +138,13 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
         raise MeshscaleError("--strong needs --global-batch N (the batch over all GPUs)")
-    rows, job, measured = predict_rows(PredictRequest(
-        model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
-        nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
-        gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
-        algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result))
+    with progress(f"predicting {model}" + (f" for each of --compare {compare}" if compare else "")):
+        rows, job, measured = predict_rows(PredictRequest(
+            model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
+            nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
+            gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode,
+            framework=framework, wire=wire, algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p,
+            bench=bench, compare=compare, measured=from_result))
     model = job.model
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":

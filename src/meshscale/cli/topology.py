@@ -7,7 +7,7 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, progress
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.units import gbps
@@ -89,7 +89,8 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
     else:
         from meshscale.topology.draw import default_output, draw
         path = output or default_output(topology, fmt)
-        draw(topology, path)
+        with progress(f"drawing {topology.name} as {fmt}"):
+            draw(topology, path)
         typer.echo(f"wrote {path}")
         return
     if output:
