@@ -280,7 +280,8 @@ def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
     time in ``cycle_times_s``. Rows of a single cycle come back as they are, less their cycle number."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["collective"], row["dtype"], row["redop"], row["size_bytes"], row["inplace"]), []).append(row)
+        key = (row["collective"], row.get("dtype"), row.get("redop"), row["size_bytes"], row["inplace"])
+        groups.setdefault(key, []).append(row)
     if all(len(same) == 1 for same in groups.values()):
         return [{k: v for k, v in row.items() if k != "cycle"} for row in rows]
     combined = []

@@ -153,10 +153,11 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
             rows = rows or [r for r in s.result.rows if r["collective"] == name]
             if not rows:
                 continue
-            dtypes = sorted({str(r.get("dtype")) for r in rows})
-            for dtype in dtypes:
-                part = [r for r in rows if str(r.get("dtype")) == dtype]
-                suffix = f" {dtype}" if len(dtypes) > 1 else ""
+            kinds = sorted({(str(r.get("dtype")), str(r.get("redop"))) for r in rows})  # -d all / -o all
+            for dtype, redop in kinds:
+                part = [r for r in rows if (str(r.get("dtype")), str(r.get("redop"))) == (dtype, redop)]
+                suffix = "".join(f" {w}" for w, n in ((dtype, {k[0] for k in kinds}), (redop, {k[1] for k in kinds}))
+                                 if len(n) > 1)
                 series.append(Series(f"measured {s.label}{suffix}", *_curve(part, "busbw_bytes_per_s")))
             if verdict is None:
                 x, y = _curve(rows, "bound_busbw_bytes_per_s")
