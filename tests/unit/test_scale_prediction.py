@@ -106,7 +106,7 @@ def test_predict_from_a_two_host_run_uses_whole_nodes_of_the_cluster_and_its_own
     # system has no second GPU), and `--profile` takes the run's own 1-worker row
     import json
     from pathlib import Path
-    node = Path(__file__).parents[2] / "docs/results/emulated-two-node-2026-11-22/node-h200-1gpu.json"
+    node = Path(__file__).parents[1] / "data/node-h200-1gpu.json"
     scale = _scale(load_system(node), worlds=(1, 2))
     scale.save(tmp_path / "scale.json")
     out = tmp_path / "p.json"
@@ -130,7 +130,7 @@ def test_a_run_over_hosts_joined_by_an_assumed_network_says_how_to_measure_it():
 
     from meshscale.topology.multinode import ASSUMED_PORT, HostReport, join_hosts
     from meshscale.topology.nics import Port
-    node = load_system(Path(__file__).parents[2] / "docs/results/emulated-two-node-2026-11-22/node-h200-1gpu.json")
+    node = load_system(Path(__file__).parents[1] / "data/node-h200-1gpu.json")
     assumed = join_hosts([HostReport("node0", node), HostReport("node1", node)])
     known = join_hosts([HostReport(h, node, [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0)]) for h in ("node0", "node1")])
     assert ASSUMED_PORT.name in assumed.attrs["network_ports"]["node0"]
