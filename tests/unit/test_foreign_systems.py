@@ -70,3 +70,17 @@ def test_files_that_are_not_a_dump_or_topo_text_are_refused_in_one_line(cli, tmp
     assert run.exit_code == 2
     assert re.fullmatch(r"meshscale: error: [^\n]+\n", run.stderr), run.stderr
     assert str(path) in run.stderr
+
+
+@pytest.mark.parametrize("name", ["dgx1-v100", "hgx-h100"])
+def test_topo_of_an_nccl_dump_prints_the_catalog_s_gpu_matrix(cli, tmp_path, name):
+    catalog = load_system(name)
+    dump = tmp_path / f"{name}.xml"
+    dump.write_text(to_nccl_xml(catalog))
+    run = cli("topo", "--system", str(dump))
+    assert run.exit_code == 0, run.output
+    n = len(catalog.devices())
+    rows = [line.split() for line in run.stdout.splitlines() if re.match(r"GPU\d+ ", line)][:n]  # the relation matrix
+    assert [row[0] for row in rows] == [f"GPU{i}" for i in range(n)]
+    assert [row[1:1 + n] for row in rows] == _gpu_block(catalog)
+    assert "GPU model from the compute capability" in run.stderr  # what the dump lacked, stated
