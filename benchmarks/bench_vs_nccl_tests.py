@@ -111,8 +111,8 @@ def main() -> int:
     args.outdir.mkdir(parents=True, exist_ok=True)
     console = Console(width=200, record=True)
 
-    spec = CollectiveSpec(collectives=COLLECTIVES, sizes_bytes=sweep_sizes("1K", args.max_bytes, 4), dtype="float32",
-                          op="sum", root=0, places=("out", "in"), warmup_iters=5, iters=20, average=1,
+    spec = CollectiveSpec(collectives=COLLECTIVES, sizes_bytes=sweep_sizes("1K", args.max_bytes, 4), dtypes=("float32",),
+                          ops=("sum",), root=0, places=("out", "in"), warmup_iters=5, iters=20, average=1,
                           cuda_graph=args.cuda_graph, impl=args.impl)
     result = bench_collectives(spec, World(args.gpus, "nccl"), args.timeout_s)
     result.save(args.outdir / "bench-collective.json")

@@ -248,6 +248,21 @@ def busbw_chart(title: str, series: list[Series]) -> Figure:
 
 
 @styled
+def loss_chart(title: str, series: list[Series]) -> Figure:
+    """Training loss against step, one line per run (linear axes: a loss curve is read for its shape)."""
+    fig = Figure(figsize=(7.0, 3.0))
+    ax = fig.add_subplot()
+    for s in series:
+        ax.plot(s.x, s.y, label=s.label, **{**STYLES.get(s.style, {}), "marker": ""})
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    if len(series) > 1:
+        ax.legend(fontsize=7)
+    return fig
+
+
+@styled
 def breakdown_chart(title: str, world_sizes: list[int], parts: dict[str, list[float]]) -> Figure:
     """Stacked bars of the step time (seconds) split into compute, communication and data loading per world
     size."""

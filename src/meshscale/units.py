@@ -51,13 +51,21 @@ def parse_ints(text: str, what: str, minimum: int | None = None) -> list[int]:
     return values
 
 
-def sweep_sizes(min_bytes: str | int, max_bytes: str | int, factor: int = 2) -> list[int]:
-    """min, min*factor, ... up to max (inclusive), as nccl-tests' -b/-e/-f; sizes as `parse_bytes` reads them."""
+def sweep_sizes(min_bytes: str | int, max_bytes: str | int, factor: int = 2, step_bytes: str | int | None = None) -> list[int]:
+    """min, min*factor, ... up to max (inclusive), as nccl-tests' -b/-e/-f, or min, min+step, ... with
+    ``step_bytes`` (its -i); sizes as `parse_bytes` reads them."""
     lo, hi = parse_bytes(min_bytes), parse_bytes(max_bytes)
     if lo < 1:
         raise MeshscaleError(f"--min-bytes {min_bytes} makes no sweep: use at least 1 byte")
     if hi < lo:
         raise MeshscaleError(f"--max-bytes {max_bytes} is smaller than --min-bytes {min_bytes}, which makes no sweep; swap them")
+    if step_bytes is not None:
+        step = parse_bytes(step_bytes)
+        if step < 1:
+            raise MeshscaleError(f"--step-bytes {step_bytes} makes no sweep: use at least 1 byte")
+        if (hi - lo) // step >= 10_000:
+            raise MeshscaleError(f"--step-bytes {step_bytes} makes {(hi - lo) // step + 1} sizes; use a larger step")
+        return list(range(lo, hi + 1, step))
     if factor < 2:
         raise MeshscaleError(f"--factor {factor} makes no sweep: use 2 or more")
     sizes = [lo]

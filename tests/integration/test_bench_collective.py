@@ -23,15 +23,15 @@ def _sweeps(ctx, specs):
 
 
 def _specs():
-    specs = [CollectiveSpec(collectives=list(COLLECTIVES), sizes_bytes=SIZES, dtype=dtype, op="sum", root=1,
+    specs = [CollectiveSpec(collectives=list(COLLECTIVES), sizes_bytes=SIZES, dtypes=(dtype,), ops=("sum",), root=1,
                             places=("out", "in"), warmup_iters=1, iters=2)
              for dtype in ("float32", "float16", "bfloat16", "int32")]
-    specs += [CollectiveSpec(collectives=REDUCING, sizes_bytes=SIZES[:1], dtype="bfloat16", op=op, root=0,
+    specs += [CollectiveSpec(collectives=REDUCING, sizes_bytes=SIZES[:1], dtypes=("bfloat16",), ops=(op,), root=0,
                              places=("out", "in"), warmup_iters=0, iters=1)
               for op in ("prod", "min", "max")]  # avg: NCCL only (the GPU test)
-    specs.append(CollectiveSpec(collectives=list(SCHEDULABLE), sizes_bytes=SIZES[:1], dtype="float32", op="sum", root=1,
+    specs.append(CollectiveSpec(collectives=list(SCHEDULABLE), sizes_bytes=SIZES[:1], dtypes=("float32",), ops=("sum",), root=1,
                                 places=("out", "in"), warmup_iters=0, iters=1, impl="meshscale"))
-    specs.append(CollectiveSpec(collectives=["all_reduce"], sizes_bytes=SIZES[:1], dtype="int32", op="sum", root=0,
+    specs.append(CollectiveSpec(collectives=["all_reduce"], sizes_bytes=SIZES[:1], dtypes=("int32",), ops=("sum",), root=0,
                                 places=("in",), warmup_iters=0, iters=1, impl="meshscale", algo="halving_doubling"))
     return specs
 
@@ -106,7 +106,7 @@ def test_cli_json_result_schema(tmp_path, cli):
 def test_cli_iter_times_adds_the_median_and_slowest_call(tmp_path, cli):
     out = tmp_path / "ar.json"
     run = cli("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "4K", "-n", "5", "-w", "1",
-              "--iter-times", "--json", str(out))
+              "--iter-times", "--format", "table", "--json", str(out))
     assert run.exit_code == 0, run.stderr
     assert "median(us)" in run.stdout and "slowest(us)" in run.stdout
     rows = load_result(out).rows
@@ -123,9 +123,9 @@ def test_cli_iter_times_adds_the_median_and_slowest_call(tmp_path, cli):
 def test_cli_cycles_report_the_median_cycle_and_print_each(tmp_path, cli):
     out = tmp_path / "ar.json"
     run = cli("bench", "collective", "all_reduce", "all_gather", "--cpus", "2", "-b", "1K", "-e", "2K", "-n", "2",
-              "-w", "0", "-N", "3", "--json", str(out))
+              "-w", "0", "-N", "3", "--format", "table", "--json", str(out))
     assert run.exit_code == 0, run.stderr
-    assert all(f"# cycle {k} of 3" in run.stdout for k in (1, 2, 3)) and "median of 3 cycles" in run.stdout
+    assert all(f"# cycle {k} of 3" in run.stderr for k in (1, 2, 3)) and "median of 3 cycles" in run.stdout
     rows = load_result(out).rows
     assert len(rows) == 2 + 4  # one row per (collective, size, place), not per cycle
     for row in rows:
@@ -144,8 +144,8 @@ def test_gpu_sweep_is_correct(cuda_graph, impl):
     if n < 2:
         pytest.skip("needs 2 GPUs")
     collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
-    spec = CollectiveSpec(collectives=collectives, sizes_bytes=[n * 1024, n * (1 << 20)], dtype="bfloat16",
-                          op="avg" if not cuda_graph else "sum", root=0, places=("out", "in"), warmup_iters=2, iters=5,
+    spec = CollectiveSpec(collectives=collectives, sizes_bytes=[n * 1024, n * (1 << 20)], dtypes=("bfloat16",),
+                          ops=("avg",) if not cuda_graph else ("sum",), root=0, places=("out", "in"), warmup_iters=2, iters=5,
                           cuda_graph=cuda_graph, impl=impl, iter_times=cuda_graph,
                           cycles=2 if cuda_graph else 1)
     result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)

@@ -14,6 +14,7 @@ def test_ctrl_c_after_two_sizes_keeps_them_in_the_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "bench", "collective", "all_reduce", "--cpus", "2",
                              "-b", "1K", "-e", "512M", "-f", "2", "-n", "20", "-w", "1", "--json", str(out)],
+                            env=dict(os.environ),  # os.environ's, not the C environ readline fills with COLUMNS
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     printed = []
     try:

@@ -6,7 +6,7 @@ from meshscale.execute.world import World
 
 def test_collectives_on_eight_workers_are_exact():
     spec = CollectiveSpec(collectives=["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"],
-                          sizes_bytes=[8 * 1024], dtype="int32", warmup_iters=1, iters=2)
+                          sizes_bytes=[8 * 1024], dtypes=("int32",), warmup_iters=1, iters=2)
     result = bench_collectives(spec, World(8, "gloo"), timeout_s=60)
     assert result.meta["world_size"] == 8
     assert {r["collective"] for r in result.rows} == set(spec.collectives)

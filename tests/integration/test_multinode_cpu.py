@@ -54,7 +54,7 @@ def _agents(args: list[str], timeout_s: float = 60, procs_per_node=(1, 1)) -> li
 
 
 def test_two_hosts_join_and_every_row_has_a_bound_and_a_prediction():
-    node0, node1 = _agents(["bench", "collective", "all_reduce", "-b", "1K", "-e", "64K", "-f", "8", "--cpus", "1",
+    node0, node1 = _agents(["bench", "collective", "all_reduce", "-b", "1K", "-e", "64K", "-f", "8", "--cpus", "1", "--format", "table",
                             "--iters", "5", "--warmup-iters", "1"])
     assert node0.returncode == 0 and node1.returncode == 0, node0.stderr[-3000:] + node1.stderr[-3000:]
     out = node0.stdout

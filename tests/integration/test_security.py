@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from meshscale.errors import MeshscaleError
 from meshscale.execute import WorkerError, launch
-from meshscale.execute.launch import serving_store
+from meshscale.execute.launcher import serving_store
 from meshscale.topology import dumps, load_system
 from meshscale.topology.draw import MAX_STEM_CHARS, file_stem
 from meshscale.train import checkpoint

@@ -33,6 +33,9 @@ def test_fast_tour_on_all_gpus(tmp_path):
             assert load_result(tmp_path / f"{name}.json").predicted
         assert "1 GPU" in page and ("Host &lt;-&gt; device copies" in page or "Host <-> device copies" in page) and "Single-GPU training profile" in page
         assert "plot-busbw" not in page and "predicted from this" in page
+        assert "DGX-1 whitepaper reference" not in page  # only this machine and what is predicted from it
+        if torch.cuda.is_bf16_supported():
+            assert load_result(tmp_path / "profile.json").meta.get("precision") == "bf16"
         doctor = load_result(tmp_path / "doctor.json")
         assert not [r for r in doctor.rows if r["status"] == "fail" and r["name"].startswith("nvlink")]
         return

@@ -59,11 +59,27 @@ def _spec_of(monkeypatch, cli, command, *args):
     (["--cuda-graph", "0"], {"cuda_graph": False}),
     (["-G", "5"], {"cuda_graph": True}),
     (["-b", "8", "-e", "64", "-f", "8", "-o", "max", "-d", "int32", "-n", "3", "-w", "1"],
-     {"sizes_bytes": [8, 64], "op": "max", "dtype": "int32", "iters": 3, "warmup_iters": 1}),
+     {"sizes_bytes": [8, 64], "ops": ("max",), "dtypes": ("int32",), "iters": 3, "warmup_iters": 1}),
+    (["-d", "half,bfloat16,double", "-o", "min,prod"], {"dtypes": ("float16", "bfloat16", "float64"), "ops": ("min", "prod")}),
+    (["-d", "all", "-o", "all"], {"dtypes": ("float32", "float16", "bfloat16", "float64", "int32", "int64", "uint8"),
+                                  "ops": ("sum", "prod", "min", "max", "avg")}),
+    (["-b", "1K", "-e", "4K", "-i", "1K"], {"sizes_bytes": [1024, 2048, 3072, 4096]}),
+    (["-z", "1", "-C", "1"], {"blocking": True, "cpu_time": True}),
 ])
 def test_nccl_tests_short_flags(monkeypatch, cli, args, expected):
     spec = _spec_of(monkeypatch, cli, "collective", *args)
     assert {k: getattr(spec, k) for k in expected} == expected
+
+
+def test_timeout_is_nccl_tests_T(monkeypatch, cli):
+    seen = {}
+
+    def fake(spec, world, timeout_s, **_):
+        seen["timeout_s"] = timeout_s
+        raise MeshscaleError("stopped by the test")
+    monkeypatch.setattr("meshscale.bench.collective.bench_collectives", fake)
+    cli("bench", "collective", "--cpus", "2", "-T", "7")
+    assert seen["timeout_s"] == 7
 
 
 def test_p2p_size(monkeypatch, cli):
@@ -74,6 +90,9 @@ def test_p2p_size(monkeypatch, cli):
     (["collective", "-g", "8"], "--gpus 8: this machine has 0 GPUs"),
     (["p2p", "-g", "8"], "--gpus 8: this machine has 0 GPUs"),
     (["collective", "-c", "-1", "--cpus", "2"], "--check and --cuda-graph take 0"),
+    (["collective", "-m", "4", "--cpus", "2"], "--agg-iters"),
+    (["collective", "-d", "int8", "--cpus", "2"], "unknown dtype"),
+    (["collective", "--format", "csv", "--cpus", "2"], "unknown format"),
 ])
 def test_short_gpus_and_bad_counts(cli, args, message):
     out = cli("bench", *args)

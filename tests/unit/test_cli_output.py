@@ -18,27 +18,91 @@ def narrow(cli, monkeypatch):
     return cli
 
 
-@pytest.mark.parametrize("args", [("systems",), ("sim", "all_reduce", "-s", "dgx1-v100", "-b", "1K", "-e", "1G", "-f", "32"),
-                                  ("predict", "-m", "resnet50", "--gpus", "1,2,4,8")])
-def test_predicted_tables_at_80_columns_hold_the_same_figures_as_at_400(narrow, monkeypatch, args):
-    at_80 = narrow(*args)
-    assert at_80.exit_code == 0, at_80.output
+def _sim_figures(row: dict) -> list[str]:
+    return [str(row["size_bytes"]), f"{row['time_s'] * 1e6:.2f}", f"{row['busbw_bytes_per_s'] / 1e9:.2f}"]
+
+
+def _predict_figures(row: dict) -> list[str]:
+    return [f"{row['throughput_samples_per_s']:,.1f}", f"{row['speedup']:.2f}", f"{row['comm_s'] * 1e3:.1f}"]
+
+
+# command -> the figures of each JSON row that its text must show whole on one line (None: the width alone)
+AT_80 = [(("sim", "all_reduce", "-s", "dgx1-v100", "-b", "1K", "-e", "1G", "-f", "32"), _sim_figures),
+         (("predict", "-m", "resnet50", "--gpus", "1,2,4,8"), _predict_figures),
+         (("predict", "-m", "resnet50", "--gpus", "1,8", "--compare", "frameworks"), _predict_figures),
+         (("systems",), None), (("plan", "all_reduce", "-s", "dgx1-v100"), None), (("validate",), None),
+         (("cluster", "--nodes", "124"), None)]
+
+
+@pytest.mark.parametrize("args, figures", AT_80)
+def test_at_80_columns_no_line_is_wider_and_every_figure_is_whole(narrow, tmp_path, args, figures):
+    out = tmp_path / "result.json"
+    run = narrow(*args, *(("--json", out) if figures else ()))
+    assert run.exit_code == 0, run.output
+    wide = [line for line in run.stdout.splitlines() if len(line.encode()) > 80]
+    assert not wide, wide
+    assert "…" not in run.stdout
+    lines = [FIGURE.findall(line) for line in run.stdout.splitlines()]
+    for row in json.loads(out.read_text())["rows"] if figures else []:
+        assert any(all(f in found for f in figures(row)) for found in lines), (figures(row), run.stdout)
+
+
+def test_systems_at_80_columns_keeps_every_figure_and_names_what_it_left_out(narrow):
+    from meshscale.topology import load_catalog
+    from meshscale.topology.text import per_gpu_bandwidth
+    run = narrow("systems")
+    for topology in load_catalog():
+        nvlink, pcie = per_gpu_bandwidth(topology)
+        line = next(line for line in run.stdout.splitlines() if line.startswith(topology.name + " "))
+        assert f"{nvlink / 1e9:.0f}" in line.split() and f"{pcie / 1e9:.1f}" in line.split(), line
+    assert "left out at 80 columns: description" in run.stdout
+
+
+def test_a_stated_width_that_fits_changes_nothing_but_the_frame(cli, monkeypatch):
     monkeypatch.setenv("COLUMNS", "400")
-    at_400 = narrow(*args)
-    assert _figures(at_80.stdout) == _figures(at_400.stdout)
-    assert "…" not in at_80.stdout
+    wide = cli("sim", "all_reduce", "-s", "dgx1-v100", "-e", "4K").stdout
+    assert "float32" in wide and "in every row" not in wide and "left out" not in wide
 
 
-def test_bench_rows_print_whole_at_80_columns(narrow, tmp_path):
+def test_fit_table_drops_one_valued_columns_before_labels_and_never_a_figure():
+    from rich.console import Console
+    from rich.table import Table
+    from meshscale.cli.output import fit_table
+    table = Table()
+    for name, justify in (("size", "right"), ("type", "right"), ("time us", "right"), ("note", "left")):
+        table.add_column(name, justify=justify)
+    for i in range(3):
+        table.add_row(str(1024 << i), "float32", f"{12345.67 * (i + 1):.2f}", f"a long label of many words, number {i}")
+    console = Console(width=200, file=open("/dev/null", "w"), force_terminal=True)
+    for width in (200, 60, 40, 24, 5):
+        fitted = fit_table(table, width, console)
+        kept = [str(c.header).replace("\n", " ") for c in fitted.columns]
+        assert {"size", "time us"} <= set(kept)  # figures stay, however narrow
+        if "note" not in kept:  # a label goes only once the one-valued columns have gone
+            assert "type" not in kept and "in every row: type float32" in str(fitted.caption)
+    assert fit_table(table, 200, console) is table
+
+
+def _shows(figure: str, value: float) -> bool:
+    """``figure`` is ``value`` rounded to the decimals it shows (nccl-tests drops decimals as figures grow)."""
+    decimals = len(figure.partition(".")[2])
+    return abs(float(figure) - value) <= 0.5 * 10 ** -decimals + 1e-9
+
+
+@pytest.mark.parametrize("args", [("all_reduce", "-b", "1K", "-e", "64K", "-f", "8"),
+                                  ("all_reduce", "broadcast", "-b", "1K", "-e", "1K", "-d", "all", "-o", "all")])
+def test_bench_lines_at_80_columns_hold_every_time_whole(narrow, tmp_path, args):
     out = tmp_path / "bench.json"
-    result = narrow("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "64K", "-f", "8",
-                    "-n", "2", "-w", "1", "--json", out)
+    result = narrow("bench", "collective", *args, "--cpus", "2", "-n", "2", "-w", "1", "--json", out)
     assert result.exit_code == 0, result.output
-    lines = result.stdout.splitlines()
-    for row in json.loads(out.read_text())["rows"]:
-        time_us = f"{row['time_s'] * 1e6:.2f}"
-        assert any(str(row["size_bytes"]) in line.split() and time_us in FIGURE.findall(line) for line in lines), \
-            (row, result.stdout)
+    assert not [line for line in result.stdout.splitlines() if len(line.encode()) > 80]
+    lines = [line.split() for line in result.stdout.splitlines() if not line.startswith("#")]
+    rows = json.loads(out.read_text())["rows"]
+    for row in rows:  # the line of its size, in its series' block, shows its time
+        assert any(words[0] == str(row["size_bytes"]) and any(_shows(w, row["time_s"] * 1e6) for w in words
+                                                               if FIGURE.fullmatch(w)) for words in lines), row
+    series = [line for line in result.stdout.splitlines() if line.startswith("# all_reduce: type")]
+    assert len(series) == len({(r["dtype"], r["redop"]) for r in rows if r["collective"] == "all_reduce"})
 
 
 def test_scale_samples_per_s_whole_at_80_columns(narrow, tmp_path):

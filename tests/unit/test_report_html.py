@@ -145,3 +145,35 @@ def test_p2p_bandwidth_colours_run_up_to_the_line_rate(page):
     svg = re.search(r'<svg id="plot-p2p-p2p-unidirectional-bandwidth".*?</svg>', page, re.S).group(0)
     numbers = {float(t) for t in re.findall(r">\s*(\d+\.\d)\s*</text>", svg)}  # cell values and colour bar ticks
     assert {0.0, 14.2, 18.0, 20.0} <= numbers and max(numbers) == 20.0
+
+
+def test_train_place_and_a_foreign_sim_each_have_their_place():
+    from meshscale.report.figures import Source
+    from meshscale.results import Result
+    from meshscale.simulate.plan import sim_sweep
+    from meshscale.topology.catalog import load_system
+    losses = [2.3, 1.9, 1.4, 1.1]
+    train = Result("train", [{"step": k, "loss": v, "step_time_s": 0.1} for k, v in enumerate(losses)], meta={
+        "summary": {"world_size": 2, "samples_per_s": 160.0, "step_time_s": 0.1, "compute_s": 0.08, "comm_s": 0.015,
+                    "data_s": 0.005, "comm_share": 0.15, "eval_accuracy": 0.875, "eval_loss": 0.41}})
+    place = Result("place", [{"rank": 1, "devices": [0, 1, 2, 3], "busbw_bytes_per_s": 7.3e10, "time_s": 1.4e-3,
+                              "algorithm": "ring", "bound_busbw_bytes_per_s": 1e11, "path_type": "NVL"},
+                             {"rank": 2, "devices": [0, 1, 4, 5], "busbw_bytes_per_s": 3.7e10, "time_s": 2.8e-3,
+                              "algorithm": "ring", "bound_busbw_bytes_per_s": 5e10, "path_type": "NVL"}], True,
+                   {"system": "dgx1-v100", "gpus": 4, "size_bytes": 1 << 26, "subsets": 70, "why": ["rings over NVLink"]})
+    other = sim_sweep(load_system("dgx1-v100"), "all_reduce", list(range(8)), [1 << 20, 1 << 24])
+    measured = load_result(FIXTURES / "collective.json")
+    page = render([Source("collective", measured), Source("my_sim", other), Source("run", train),
+                   Source("place", place)])
+    titles = headings(page)
+    assert "Training: loss per step, time split and accuracy" in titles and 'id="plot-loss-run"' in page
+    assert "87.5%" in page and "15.0%" in page  # accuracy and communication share of the summary
+    assert any(t.startswith("Placement (predicted): 4 of dgx1-v100") for t in titles), titles
+    assert "<td>0,1,2,3</td>" in page and "<td>0,1,4,5</td>" in page and "rings over NVLink" in page
+    # the dgx1-v100 prediction is not drawn on the measured machine's chart, but on its own with its own bound
+    assert measured.meta["topology"]["name"] != "dgx1-v100"
+    assert "Collectives predicted on dgx1-v100 (not the measured machine)" in titles
+    own = page[page.index('id="plot-busbw-dgx1-v100-all-reduce"'):]
+    assert "predicted my_sim" in own and "link bound (dgx1-v100)" in own
+    measured_chart = page[page.index('id="plot-busbw-all-reduce"'):page.index('id="plot-busbw-dgx1-v100-all-reduce"')]
+    assert "predicted my_sim" not in measured_chart

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from meshscale.errors import MeshscaleError
 from meshscale.report.tour import Skipped, Stage, TourSettings, run_tour
 from meshscale.results import load_result
@@ -165,3 +167,25 @@ def test_host_copy_without_a_gpu_is_one_line():
         pytest.skip("this machine has a GPU")
     with pytest.raises(MeshscaleError, match="^host<->device copies need a CUDA GPU, and torch sees none$"):
         host_copy(1 << 20)
+
+
+@pytest.mark.parametrize("name, precision", [("NVIDIA H100 80GB HBM3", "bf16"), ("Tesla P100-SXM2-16GB", "fp32")])
+def test_a_gpu_tour_trains_in_bf16_where_the_gpu_has_bf16_rates(tmp_path, name, precision):
+    from meshscale.report.tour import _train_config
+    cfg, _ = _train_config(_one_gpu_state(tmp_path, name))
+    assert cfg.speed.precision == precision
+
+
+def test_a_gpu_tour_draws_only_this_machine_and_its_predictions(tmp_path, monkeypatch):
+    from meshscale.report import tour
+    state = _one_gpu_state(tmp_path)
+    monkeypatch.setattr(tour, "built_from_this_gpu", lambda s: {"predict-system": tour.Result("predict", [], True)})
+    assert set(tour.predict_stage(state)) == {"predict-system"}  # no DGX-1 whitepaper reference charts
+    state.world = None  # no GPU: the reference shows what GPUs would do
+    assert {"whitepaper", "whitepaper-predicted"} <= set(tour.predict_stage(state))
+
+
+def test_legends_say_predicted_once():
+    from meshscale.report.figures import _legend
+    assert _legend("predicted", "whitepaper-predicted DGX-1 NVLink") == "predicted whitepaper DGX-1 NVLink"
+    assert _legend("measured", "scale this-machine") == "measured scale this-machine"

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from meshscale.execute.launch import RankContext
+from meshscale.execute.launcher import RankContext
 from meshscale.train import runner
 from meshscale.train.config import TrainConfig
 from meshscale.train.loop import train_worker

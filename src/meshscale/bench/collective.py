@@ -18,7 +18,7 @@ from typing import Any, Callable
 
 import torch
 
-from meshscale.bench.cases import DTYPES, OPS, count_wrong, make_case
+from meshscale.bench.cases import DTYPE_LABELS, DTYPES, OPS, count_wrong, largest_value, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
 from meshscale.bench.world_topology import joined_topology, world_topology
@@ -40,8 +40,8 @@ class CollectiveSpec:
 
     collectives: list[str] = field(default_factory=lambda: ["all_reduce"])
     sizes_bytes: list[int] = field(default_factory=lambda: [1 << 10])
-    dtype: str = "float32"
-    op: str = "sum"
+    dtypes: tuple[str, ...] = ("float32",)  # each a sweep of its own, as nccl-tests' -d all runs them
+    ops: tuple[str, ...] = ("sum",)  # each a sweep of the reducing collectives (nccl-tests' -o all)
     root: int = 0
     places: tuple[str, ...] = ("out", "in")
     warmup_iters: int = 5
@@ -53,6 +53,8 @@ class CollectiveSpec:
     algo: str | None = None
     iter_times: bool = False  # also time each call: the median and the slowest call beside nccl-tests' mean
     cycles: int = 1  # the whole sweep this many times (nccl-tests' -N); each size reports the median cycle
+    blocking: bool = False  # wait for each call and pass a barrier before the next (nccl-tests' -z)
+    cpu_time: bool = False  # the host's time from the first timed launch to the last completion (nccl-tests' -C)
 
 
 def parse_collectives(names: list[str]) -> list[str]:
@@ -65,10 +67,42 @@ def parse_collectives(names: list[str]) -> list[str]:
         raise MeshscaleError(f"{unknown} (or 'all')") from None
 
 
+def parse_dtypes(text: str) -> tuple[str, ...]:
+    """``-d``: a type by nccl-tests' name (float, half, bfloat16, double, int32, int64, uint8) or torch's
+    (float32, float16, float64), several with commas, or all."""
+    if text.strip().lower() == "all":
+        return tuple(DTYPES)
+    by_label = {label: name for name, label in DTYPE_LABELS.items()}
+    names = [by_label.get(t.strip(), t.strip()) for t in text.split(",") if t.strip()]
+    for name in names:
+        check_choice(name, {**DTYPES, **{label: None for label in by_label}, "all": None}, "dtype")
+    return tuple(dict.fromkeys(names))
+
+
+def parse_ops(text: str) -> tuple[str, ...]:
+    """``-o``: sum, prod, min, max, avg, several with commas, or all (nccl-tests' names)."""
+    if text.strip().lower() == "all":
+        return OPS
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    for name in names:
+        check_choice(name, (*OPS, "all"), "reduction op")
+    return tuple(dict.fromkeys(names))
+
+
+def runnable_ops(spec: CollectiveSpec, backend: str) -> tuple[str, ...]:
+    """The ops the sweep runs: ``-o all`` on CPU workers leaves out avg, which Gloo cannot do."""
+    ops = tuple(op for op in spec.ops if not (op == "avg" and backend == "gloo" and len(spec.ops) > 1))
+    return ops or spec.ops
+
+
 def validate(spec: CollectiveSpec, world: World) -> None:
     """Reject anything that cannot run, with one line that says how to fix it."""
-    check_choice(spec.dtype, DTYPES, "dtype")
-    check_choice(spec.op, OPS, "reduction op")
+    if not spec.dtypes or not spec.ops:
+        raise MeshscaleError("give at least one --dtype and one --op")
+    for dtype in spec.dtypes:
+        check_choice(dtype, DTYPES, "dtype")
+    for op in spec.ops:
+        check_choice(op, OPS, "reduction op")
     if spec.impl not in IMPLS:
         raise MeshscaleError(f"unknown --impl {spec.impl!r}; use native, meshscale or nccl")
     if spec.impl == "nccl" and world.backend != "nccl":
@@ -76,27 +110,44 @@ def validate(spec: CollectiveSpec, world: World) -> None:
     check_average(spec.average)
     if spec.iters < 1 or spec.warmup_iters < 0 or spec.cycles < 1:
         raise MeshscaleError("--iters and --cycles must be >= 1 and --warmup-iters >= 0")
-    if spec.op == "avg" and world.backend == "gloo" and any(kind(c).reducing for c in spec.collectives):
+    if "avg" in runnable_ops(spec, world.backend) and world.backend == "gloo" and any(kind(c).reducing for c in spec.collectives):
         # Gloo rejects ReduceOp.AVG up to torch 2.7 at least, and int32 even in 2.13: refuse it everywhere
         raise MeshscaleError("--op avg needs NCCL (GPUs); Gloo does not average: use --op sum with --cpus")
+    if spec.cuda_graph and spec.blocking:
+        raise MeshscaleError("--blocking waits and passes a barrier after each call, which a CUDA graph cannot hold; "
+                             "drop one of --blocking and --cuda-graph")
     if spec.cuda_graph and world.backend != "nccl":
         raise MeshscaleError("--cuda-graph needs GPUs (NCCL); drop it for CPU workers")
     if not 0 <= spec.root < world.size:
         raise MeshscaleError(f"--root {spec.root} is not a rank; use 0..{world.size - 1}")
-    elem = DTYPES[spec.dtype].itemsize
+    reducing = any(kind(c).reducing for c in spec.collectives)
+    for dtype in (d for d in spec.dtypes if reducing and not DTYPES[d].is_floating_point):
+        for op in runnable_ops(spec, world.backend):
+            if largest_value(op, world.size) > torch.iinfo(DTYPES[dtype]).max:
+                raise MeshscaleError(f"--dtype {DTYPE_LABELS[dtype]} --op {op} over {world.size} ranks overflows "
+                                     f"the checked values; use a wider type (int32) or fewer ranks")
     for c in spec.collectives:
-        k = kind(c)
-        if world.size < k.min_ranks:
-            raise MeshscaleError(f"{c} needs at least {k.min_ranks} ranks; use --cpus {k.min_ranks} or --gpus {k.min_ranks}")
-        if not set(spec.places) & set(k.places):
-            raise MeshscaleError(f"{c} runs only {'in-place' if k.places == ('in',) else 'out-of-place'} in "
-                                 f"torch.distributed; use --place both or --place {k.places[0]}")
-        unit = elem * (world.size if k.segmented else 1)
-        for size in spec.sizes_bytes:
-            if size % unit:
-                what = f"{world.size} ranks x {elem}-byte {spec.dtype}" if k.segmented else f"{elem}-byte {spec.dtype}"
-                raise MeshscaleError(f"size {size} B does not split into {what} elements for {c}; "
-                                     f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
+        for dtype in spec.dtypes:
+            _check_sizes(spec, world, c, dtype)
+
+
+def _check_sizes(spec: CollectiveSpec, world: World, c: str, dtype: str) -> None:
+    """Every size of the sweep splits into whole ``dtype`` elements (per rank where ``c`` is segmented)."""
+    elem = DTYPES[dtype].itemsize
+    k = kind(c)
+    if world.size < k.min_ranks:
+        raise MeshscaleError(f"{c} needs at least {k.min_ranks} ranks; use --cpus {k.min_ranks} or --gpus {k.min_ranks}")
+    if not set(spec.places) & set(k.places):
+        raise MeshscaleError(f"{c} runs only {'in-place' if k.places == ('in',) else 'out-of-place'} in "
+                             f"torch.distributed; use --place both or --place {k.places[0]}")
+    unit = elem * (world.size if k.segmented else 1)
+    for size in spec.sizes_bytes:
+        if size % unit:
+            what = f"{world.size} ranks x {elem}-byte {dtype}" if k.segmented else f"{elem}-byte {dtype}"
+            raise MeshscaleError(f"size {size} B does not split into {what} elements for {c}; "
+                                 f"use sizes that are multiples of {unit} B (e.g. --min-bytes {unit})")
+
+
 
 
 def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None = None,
@@ -124,39 +175,47 @@ def rank_sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None
     return rows
 
 
+def series(spec: CollectiveSpec, backend: str) -> list[tuple[str, str, str]]:
+    """(collective, dtype, op) of each sweep over the sizes, in nccl-tests' order: per collective, every type,
+    and for a reducing collective every op (one op, unused, for the others)."""
+    ops = runnable_ops(spec, backend)
+    return [(c, d, o) for c in spec.collectives for d in spec.dtypes for o in (ops if kind(c).reducing else ops[:1])]
+
+
 def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list,
            row_log: str | None, cycle: int) -> None:
-    n, elem = ctx.world_size, DTYPES[spec.dtype].itemsize
-    for collective in spec.collectives:
-        k = kind(collective)
+    n = ctx.world_size
+    for collective, dtype, op in series(spec, ctx.backend):
+        k, elem = kind(collective), DTYPES[dtype].itemsize
         for size in spec.sizes_bytes:
             for place in (p for p in ("out", "in") if p in spec.places and p in k.places):
                 ctx.phase(f"{collective} {format_bytes(size)} {'in-place' if place == 'in' else 'out-of-place'}")
-                case = make_case(collective, size, spec.dtype, spec.op, spec.root, place == "in", ctx.rank, n, ctx.device)
+                case = make_case(collective, size, dtype, op, spec.root, place == "in", ctx.rank, n, ctx.device)
                 if spec.impl == "native":
-                    run_op = native_op(collective, spec.op, spec.root, ctx.rank, n)
+                    run_op = native_op(collective, op, spec.root, ctx.rank, n)
                 elif spec.impl == "nccl":
-                    run_op = comm.op(collective, spec.op, spec.root)
+                    run_op = comm.op(collective, op, spec.root)
                 else:
-                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, spec.op, spec.root,
+                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, op, spec.root,
                                           topology)
                 case.reset()
                 # the sweep's first op also pays the fresh communicator's connection setup: more warm-up
                 warmup = max(spec.warmup_iters, FIRST_OP_WARMUP) if not rows and ctx.device.type == "cuda" else spec.warmup_iters
                 each = [] if spec.iter_times else None
-                t = time_op(lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, warmup, spec.iters,
-                            spec.cuda_graph, each)
+                t = time_op(_blocking(lambda: run_op(case.inp, case.out), ctx) if spec.blocking
+                            else lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, warmup, spec.iters,
+                            spec.cuda_graph, each, spec.cpu_time)
                 wrong = -1
                 if spec.check:  # a fresh run on fresh inputs: the timed loop overwrote in-place buffers
                     case.reset()
                     run_op(case.inp, case.out)
-                    wrong = count_wrong(case, spec.op, n)
+                    wrong = count_wrong(case, op, n)
                 per_rank = all_ranks([t, wrong, *((statistics.median(each), max(each)) if each else ())], ctx.device)
                 time_s = reduce_times([r[0] for r in per_rank], spec.average)
                 algbw, busbw = k.algbw_busbw(size, time_s, n)
                 rows.append({
                     "collective": collective, "size_bytes": size, "count": k.count(size, n, elem),
-                    "dtype": spec.dtype, "redop": spec.op if k.reducing else "none",
+                    "dtype": dtype, "redop": op if k.reducing else "none",
                     "root": spec.root if k.rooted else -1, "inplace": place == "in", "time_s": time_s,
                     "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
                     "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
@@ -169,6 +228,16 @@ def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, co
                     with open(row_log, "a") as log:
                         log.write(json.dumps(rows[-1]) + "\n")
                 del case
+
+
+def _blocking(run: Callable[[], None], ctx: RankContext) -> Callable[[], None]:
+    """``run``, then wait for it on the device and meet the other ranks (nccl-tests' -z 1)."""
+    def step() -> None:
+        run()
+        if ctx.device.type == "cuda":
+            torch.cuda.current_stream().synchronize()
+        ctx.barrier()
+    return step
 
 
 class SweepInterrupted(Interrupted):
@@ -206,12 +275,13 @@ def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120
 
 
 def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
-    """One row per (collective, size, place) from the rows of every cycle: the median cycle's time (and per rank,
+    """One row per (collective, dtype, op, size, place) from the rows of every cycle: the median cycle's time (and per rank,
     and of each call's median and slowest), bandwidths from it, the wrong elements of all cycles, and each cycle's
     time in ``cycle_times_s``. Rows of a single cycle come back as they are, less their cycle number."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
-        groups.setdefault((row["collective"], row["size_bytes"], row["inplace"]), []).append(row)
+        key = (row["collective"], row.get("dtype"), row.get("redop"), row["size_bytes"], row["inplace"])
+        groups.setdefault(key, []).append(row)
     if all(len(same) == 1 for same in groups.values()):
         return [{k: v for k, v in row.items() if k != "cycle"} for row in rows]
     combined = []

@@ -37,12 +37,14 @@ def reduce_times(times_s: list[float], average: int) -> float:
 
 
 def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,
-            iters: int, cuda_graph: bool = False, iter_seconds: list[float] | None = None) -> float:
+            iters: int, cuda_graph: bool = False, iter_seconds: list[float] | None = None,
+            cpu_time: bool = False) -> float:
     """Seconds per call of ``run`` on this rank: ``warmup_iters`` untimed calls, then ``iters`` timed ones (on a
     GPU back-to-back with the warm-up, so they are timed in steady state). Given a list, ``iter_seconds`` also
-    receives each timed call's own seconds (a CUDA event between calls on a GPU)."""
+    receives each timed call's own seconds (a CUDA event between calls on a GPU). ``cpu_time``: on a GPU, the
+    host's clock from the first timed launch to the last call's completion instead of the GPU's events."""
     if device.type == "cuda":
-        return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds)
+        return _time_cuda(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds, cpu_time)
     for _ in range(warmup_iters):
         run()
     barrier()  # start together, so the slowest rank's time includes no waiting for late starters
@@ -59,20 +61,20 @@ def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[],
 
 
 def _time_cuda(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
-               cuda_graph: bool, iter_seconds: list[float] | None) -> float:
+               cuda_graph: bool, iter_seconds: list[float] | None, cpu_time: bool = False) -> float:
     # Everything runs on a stream of its own, as in nccl-tests (cudaStreamNonBlocking): the legacy default stream
     # synchronizes with every other stream of the device (on the 2x H200, the difference was within run-to-run noise).
     caller = torch.cuda.current_stream()
     stream = torch.cuda.Stream()
     stream.wait_stream(caller)  # the inputs were written on the caller's stream
     with torch.cuda.stream(stream):
-        seconds = _time_on_current_stream(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds)
+        seconds = _time_on_current_stream(run, barrier, warmup_iters, iters, cuda_graph, iter_seconds, cpu_time)
     caller.wait_stream(stream)
     return seconds
 
 
 def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None], warmup_iters: int, iters: int,
-                            cuda_graph: bool, iter_seconds: list[float] | None) -> float:
+                            cuda_graph: bool, iter_seconds: list[float] | None, cpu_time: bool = False) -> float:
     if cuda_graph:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -103,6 +105,7 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
     # about 10 us, which shows where the host sets the pace (small sizes; docs/bench.md)
     marks = [torch.cuda.Event(enable_timing=True) for _ in range(iters + 1 if iter_seconds is not None else 2)]
     marks[0].record()
+    host_start_s = time.perf_counter()
     for i in range(1, iters + 1):
         step()
         if iter_seconds is not None:
@@ -110,9 +113,10 @@ def _time_on_current_stream(run: Callable[[], None], barrier: Callable[[], None]
     if iter_seconds is None:
         marks[-1].record()
     marks[-1].synchronize()
+    host_s = time.perf_counter() - host_start_s
     if iter_seconds is not None:
         iter_seconds.extend(a.elapsed_time(b) / 1e3 for a, b in zip(marks, marks[1:]))
-    return marks[0].elapsed_time(marks[-1]) / 1e3 / iters
+    return (host_s if cpu_time else marks[0].elapsed_time(marks[-1]) / 1e3) / iters
 
 
 def all_ranks(values: list[float], device: torch.device) -> list[list[float]]:

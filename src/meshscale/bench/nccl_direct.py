@@ -22,7 +22,8 @@ from meshscale.collectives.kinds import CollectiveKind, direct_peers, kind
 from meshscale.errors import MeshscaleError
 
 # nccl.h enums
-NCCL_DTYPES = {torch.int32: 2, torch.float16: 6, torch.float32: 7, torch.bfloat16: 9}
+NCCL_DTYPES = {torch.uint8: 1, torch.int32: 2, torch.int64: 4, torch.float16: 6, torch.float32: 7, torch.float64: 8,
+               torch.bfloat16: 9}  # ncclDataType_t
 NCCL_OPS = {"sum": 0, "prod": 1, "max": 2, "min": 3, "avg": 4}
 _P, _S, _I = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
 _SIGNATURES = {

@@ -18,14 +18,16 @@ def collective_tables(result: Result) -> list[Table]:
     the predicted time and busbw where the topology was known."""
     tables = []
     rows = result.rows
-    for collective, group in groupby(rows, key=lambda r: r["collective"]):
+    several = len({(r["dtype"], r["redop"]) for r in rows}) > 1
+    for (collective, dtype, redop), group in groupby(rows, key=lambda r: (r["collective"], r["dtype"], r["redop"])):
         group = list(group)
+        of_type = f" {DTYPE_LABELS.get(dtype, dtype)}{'' if redop == 'none' else ' ' + redop}" if several else ""
         world = result.meta.get("world_size", "?")
         hosts = result.meta.get("hosts")
         where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
         cycles = (result.meta.get("spec") or {}).get("cycles", 1)
         of_cycles = f", median of {cycles} cycles" if cycles > 1 else ""
-        table = Table(title=f"{collective}: {world} ranks over {result.meta.get('backend', '?')}{where}, "
+        table = Table(title=f"{collective}{of_type}: {world} ranks over {result.meta.get('backend', '?')}{where}, "
                             f"time = {_AVERAGE[result.meta.get('average', 3)]}{of_cycles}")
         for col in ("size(B)", "count", "type", "redop", "root"):
             table.add_column(col, justify="right")
@@ -98,42 +100,68 @@ def p2p_tables(result: Result) -> list[Table]:
 
 class RowStream:
     """nccl-tests' text lines, one per size as soon as its places (out-of-place, in-place) are measured:
-    ``add(row)`` for each row as it comes, ``echo(line)`` prints; with ``cycles`` > 1 a line opens each cycle."""
+    ``add(row)`` for each row as it comes, ``echo(line)`` prints; with ``cycles`` > 1 a line opens each cycle.
+    Narrower than nccl-tests' line (``width``), the count, type, redop and root columns go to the heading."""
 
-    def __init__(self, places: tuple[str, ...], echo: Callable[[str], None], cycles: int = 1):
+    def __init__(self, places: tuple[str, ...], echo: Callable[[str], None], cycles: int = 1,
+                 width: int | None = None):
         self.places, self.echo, self.cycles = places, echo, cycles
-        self._collective: str | None = None
+        self.narrow = width is not None and width < len(_STREAM_HEADER[1])
+        self._series: tuple | None = None
         self._cycle: int | None = None
         self._pending: list[dict] = []
 
     def add(self, row: dict) -> None:
         if row.get("cycle", 0) != self._cycle:
-            self._cycle, self._collective = row.get("cycle", 0), None
+            self._cycle, self._series = row.get("cycle", 0), None
             if self.cycles > 1:
                 self.echo(f"# cycle {self._cycle + 1} of {self.cycles}")
-        if row["collective"] != self._collective:
-            self._collective = row["collective"]
-            self.echo(f"# {row['collective']}")
-            for line in _STREAM_HEADER:
+        series = (row["collective"], row["dtype"], row["redop"])
+        if series != self._series:
+            self._series = series
+            if self.narrow:
+                self.echo(f"# {row['collective']}: type {DTYPE_LABELS.get(row['dtype'], row['dtype'])}, redop "
+                          f"{row['redop']}, root {row['root']}")
+            else:
+                self.echo(f"# {row['collective']}")
+            for line in (_NARROW_HEADER if self.narrow else _STREAM_HEADER):
                 self.echo(line)
         self._pending.append(row)
         expected = [p for p in ("out", "in") if p in self.places and p in kind(row["collective"]).places]
         if len(self._pending) == len(expected):
-            self.echo(_stream_line(self._pending))
+            self.echo(_stream_line(self._pending, self.narrow))
             self._pending = []
 
 
+_PLACE_HEADS = (f" {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}", f" {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}")
 _STREAM_HEADER = (
     f"#{'':>64}out-of-place{'':>23}in-place",
-    f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}" + f" {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}" * 2,
-    f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}" + f" {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}" * 2,
+    f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}" + _PLACE_HEADS[0] * 2,
+    f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}" + _PLACE_HEADS[1] * 2,
+)
+_NARROW_HEADER = (
+    f"#{'':>24}out-of-place{'':>23}in-place",
+    f"#{'size':>11}" + _PLACE_HEADS[0] * 2,
+    f"#{'(B)':>11}" + _PLACE_HEADS[1] * 2,
 )
 
 
-def _stream_line(rows: list[dict]) -> str:
+def nccl_figure(value: float, width: int) -> str:
+    """A figure in ``width`` characters as nccl-tests prints its times and bandwidths: two decimals while they
+    fit, then one, then none, then exponent form (so 10,000 us and more stay in their column)."""
+    for decimals in (2, 1, 0):
+        text = f"{value:>{width}.{decimals}f}"
+        if len(text) <= width:
+            return text
+    return f"{value:>{width}.1e}" if width >= 7 else f"{value:>{width}.0e}"
+
+
+def _stream_line(rows: list[dict], narrow: bool = False) -> str:
     first = rows[0]
-    line = (f"{first['size_bytes']:>12}  {first['count']:>12}  {DTYPE_LABELS.get(first['dtype'], first['dtype']):>8}  "
-            f"{first['redop']:>6}  {first['root']:>6}")
+    line = f"{first['size_bytes']:>12}"
+    if not narrow:
+        line += (f"  {first['count']:>12}  {DTYPE_LABELS.get(first['dtype'], first['dtype']):>8}  "
+                 f"{first['redop']:>6}  {first['root']:>6}")
     by_place = {r["inplace"]: r for r in rows}
     for inplace in (False, True):
         r = by_place.get(inplace)
@@ -141,9 +169,41 @@ def _stream_line(rows: list[dict]) -> str:
             line += f" {'-':>7}  {'-':>6}  {'-':>6}  {'-':>6}"
             continue
         wrong = "N/A" if r["wrong"] is None else str(r["wrong"])
-        line += (f" {r['time_s'] * 1e6:>7.2f}  {gbps(r['algbw_bytes_per_s']):>6.2f}  "
-                 f"{gbps(r['busbw_bytes_per_s']):>6.2f}  {wrong:>6}")
+        line += (f" {nccl_figure(r['time_s'] * 1e6, 7)}  {nccl_figure(gbps(r['algbw_bytes_per_s']), 6)}  "
+                 f"{nccl_figure(gbps(r['busbw_bytes_per_s']), 6)}  {wrong:>6}")
     return line
+
+
+def sweep_header(spec, world_size: int, backend: str) -> list[str]:
+    """nccl-tests' opening lines (what runs, before the first result arrives), each under 80 columns."""
+    sizes = spec.sizes_bytes
+    step = f"{sizes[1] - sizes[0]}(bytes)" if len(sizes) > 2 and sizes[2] - sizes[1] == sizes[1] - sizes[0] \
+        else f"{sizes[1] // sizes[0]}(factor)" if len(sizes) > 1 else "-"
+    lines = [f"# meshscale bench collective: {world_size} ranks over {backend}, one process each",
+             f"# minBytes {sizes[0]} maxBytes {sizes[-1]} step: {step}",
+             f"# warmup iters: {spec.warmup_iters} iters: {spec.iters} validation: {int(spec.check)} "
+             f"graph: {int(spec.cuda_graph)} cycles: {spec.cycles}"]
+    if spec.blocking:
+        lines.append("# Blocking Enabled: wait for completion and barrier after each collective")
+    if spec.cpu_time:
+        lines.append("# times are the host's (launch to completion), not the GPU's")
+    return lines + ["#"]
+
+
+def bound_lines(result: Result) -> list[str]:
+    """Under nccl-tests' lines: per collective, its best busbw against the topology's bound (`--format table`
+    has the bound and the prediction of every size, and the --iter-times columns)."""
+    lines = []
+    if any("iter_median_s" in r for r in result.rows):
+        lines.append("# the median and slowest call of each size: --format table, or the --json result")
+    for collective, group in groupby(result.rows, key=lambda r: r["collective"]):
+        group = list(group)
+        bound = group[0].get("bound_busbw_bytes_per_s")
+        if bound:
+            best = max(r["busbw_bytes_per_s"] for r in group)
+            lines.append(f"# {collective}: best busbw {gbps(best):.2f} GB/s of the topology's bound "
+                         f"{gbps(bound):.1f} GB/s ({100 * best / bound:.0f}%)")
+    return lines
 
 
 def closing_lines(result: Result) -> list[str]:

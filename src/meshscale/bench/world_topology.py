@@ -10,7 +10,7 @@ import os
 import torch.distributed as dist
 
 from meshscale.execute import RankContext
-from meshscale.execute.launch import in_torchrun
+from meshscale.execute.world import in_torchrun
 from meshscale.execute.world import World
 from meshscale.topology import Topology, subset
 from meshscale.topology.discover import cpu_topology, discover

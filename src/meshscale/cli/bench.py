@@ -16,7 +16,7 @@ from typing import List, Optional
 
 import typer
 
-from meshscale.cli.output import print_tables, write_result_files
+from meshscale.cli.output import print_tables, progress, write_result_files
 from meshscale.cli.checks import (BATCH, COUNT, COUNT_OR_ZERO, CPU_COUNT, FACTOR, GPU_COUNT, ROOT, TIMEOUT_S, checked,
                                   output_file, size_bytes)
 from meshscale.validation import Range
@@ -41,33 +41,41 @@ def collective(
     min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)", callback=checked(size_bytes)),
     max_bytes: str = typer.Option("1M", "--max-bytes", "-e", help="largest size", callback=checked(size_bytes)),
     factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps", callback=checked(FACTOR)),
-    dtype: str = typer.Option("float32", "--dtype", "-d", help="float32, float16, bfloat16 or int32"),
-    op: str = typer.Option("sum", "--op", "-o", help="sum, prod, min, max or avg (reducing collectives)"),
+    step_bytes: Optional[str] = typer.Option(None, "--step-bytes", "-i", help="sizes min, min+step, ... (nccl-tests' -i; instead of -f)", callback=checked(size_bytes)),
+    dtype: str = typer.Option("float", "--dtype", "-d", help="nccl-tests' type names: float, half, bfloat16, double, int32, int64, uint8, several with commas, or all (float32, float16, float64 too)"),
+    op: str = typer.Option("sum", "--op", "-o", help="sum, prod, min, max, avg, several with commas, or all (reducing collectives; all leaves out avg on CPU workers)"),
     root: int = typer.Option(0, "--root", "-r", help="root rank of broadcast, reduce, gather, scatter", callback=checked(ROOT)),
     place: str = typer.Option("both", "--place", help="both, out (out-of-place) or in (in-place)"),
-    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
-    iters: int = typer.Option(20, "--iters", "-n", callback=checked(COUNT)),
+    warmup_iters: int = typer.Option(5, "--warmup-iters", "-w", help="untimed calls before each size's timed ones", callback=checked(COUNT_OR_ZERO)),
+    iters: int = typer.Option(20, "--iters", "-n", help="timed calls per size (their mean is the time)", callback=checked(COUNT)),
     cycles: int = typer.Option(1, "--cycles", "-N", help="run the whole sweep N times (nccl-tests' -N): each cycle's lines print, each size reports the median cycle", callback=checked(COUNT)),
     average: int = typer.Option(1, "--average", "-a", help="time reported: 0 rank 0, 1 mean (default), 2 min, 3 max over ranks (nccl-tests codes)", callback=checked(Range(0, 3, integer=True))),
     check: int = typer.Option(1, "--check", "-c", help="verify every size's result: 0 off, N > 0 on (each size is checked once; nccl-tests repeats the check N times)"),
     no_check: bool = typer.Option(False, "--no-check", help="the same as -c 0"),
     cuda_graph: int = typer.Option(0, "--cuda-graph", "-G", help=_CUDA_GRAPH_HELP),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)", callback=checked(GPU_COUNT)),
+    blocking: int = typer.Option(0, "--blocking", "-z", help="1: wait for each operation to finish and pass a barrier before the next (nccl-tests' -z)", callback=checked(Range(0, 1, integer=True))),
+    cpu_time: int = typer.Option(0, "--report-cputime", "-C", help="1: report the host's time for the calls (launch to completion) instead of the GPU's (nccl-tests' -C; CPU workers always report the host's)", callback=checked(Range(0, 1, integer=True))),
+    agg_iters: int = typer.Option(1, "--agg-iters", "-m", help="only 1: meshscale times one operation per call (nccl-tests' -m groups N in one NCCL group; torch.distributed has no grouped call for every collective)", callback=checked(Range(1, 1, integer=True))),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL, one process each (default: all GPUs); nccl-tests' -g counts GPUs per process, so its -g 8 in one process is meshscale's -g 8", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
     iter_times: bool = typer.Option(False, "--iter-times", help="also time each call: the median and the slowest call of each size beside the mean (a stall the mean hides shows)"),
-    timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
+    timeout_s: float = typer.Option(120.0, "--timeout-s", "-T", help="per-operation timeout; a stuck or dead rank ends the run (nccl-tests' -T)", callback=checked(TIMEOUT_S)),
+    fmt: str = typer.Option("text", "--format", help="text: nccl-tests' lines as each size finishes; table: a table per collective with the topology's bound and the prediction (the lines go to stderr as progress)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
     from meshscale.bench.collective import (CollectiveSpec, SweepInterrupted, any_wrong, bench_collectives,
-                                            parse_collectives)
+                                            parse_collectives, parse_dtypes, parse_ops)
     from meshscale.units import sweep_sizes
-    from meshscale.bench.tables import RowStream, closing_lines, collective_tables
+    from meshscale.bench.tables import RowStream, bound_lines, closing_lines, collective_tables, sweep_header
+    from meshscale.cli.output import stream_width
+    from meshscale.errors import check_choice
     from meshscale.execute.world import resolve_world
 
+    check_choice(fmt, ("text", "table"), "format")
     if place not in PLACE_CHOICES:
         raise MeshscaleError(f"--place {place!r}: use both, out or in")
     if check < 0 or cuda_graph < 0:
@@ -76,11 +84,18 @@ def collective(
     if world.notice and _is_rank0():
         typer.echo(world.notice, err=True)
     spec = CollectiveSpec(collectives=parse_collectives(collectives or []),
-                          sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor), dtype=dtype, op=op, root=root,
+                          sizes_bytes=sweep_sizes(min_bytes, max_bytes, factor, step_bytes), dtypes=parse_dtypes(dtype),
+                          ops=parse_ops(op), root=root, blocking=blocking > 0, cpu_time=cpu_time > 0,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo,
                           iter_times=iter_times, cycles=cycles)
-    stream = RowStream(spec.places, lambda line: typer.echo(line), spec.cycles) if _is_rank0() else None
+    # text: the lines are the output; table: they are the progress, on stderr, and the table is the output
+    to_stderr = fmt == "table"
+    stream = RowStream(spec.places, lambda line: typer.echo(line, err=to_stderr), spec.cycles,
+                       stream_width(err=to_stderr)) if _is_rank0() else None
+    if stream:
+        for line in sweep_header(spec, world.size, world.backend):
+            typer.echo(line, err=to_stderr)
     try:
         result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
     except SweepInterrupted as stop:
@@ -91,8 +106,9 @@ def collective(
                 write_result_files(stop.result, json_path, csv_path, " (interrupted)")
         raise
     if _is_rank0():
-        print_tables(*collective_tables(result))
-        for line in closing_lines(result):
+        if fmt == "table":
+            print_tables(*collective_tables(result))
+        for line in closing_lines(result) + (bound_lines(result) if fmt == "text" else []):
             typer.echo(line)
         write_result_files(result, json_path, csv_path)
     if any_wrong(result):
@@ -103,8 +119,8 @@ def collective(
 @bench_app.command("p2p")
 def p2p(
     size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)", callback=checked(size_bytes)),
-    iters: int = typer.Option(10, "--iters", "-n", callback=checked(COUNT)),
-    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
+    iters: int = typer.Option(10, "--iters", "-n", help="timed copies per pair", callback=checked(COUNT)),
+    warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", help="untimed copies before them", callback=checked(COUNT_OR_ZERO)),
     latency_iters: int = typer.Option(100, "--latency-iters", help="small copies whose median is the latency", callback=checked(COUNT)),
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPUs to measure (default: all)", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker processes over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
@@ -126,7 +142,9 @@ def p2p(
     default = "256M" if world.backend == "nccl" else "16M"
     spec = P2PSpec(size_bytes=parse_bytes(size or default), iters=iters, warmup_iters=warmup_iters,
                    latency_iters=latency_iters)
-    result = bench_p2p(spec, world, timeout_s)
+    with progress(f"measuring every pair of {world.size} {'GPUs' if world.backend == 'nccl' else 'CPU workers'}: "
+                  "one way, both ways, through the host, latency"):
+        result = bench_p2p(spec, world, timeout_s)
     if not _is_rank0():
         return
     print_tables(*p2p_tables(result))

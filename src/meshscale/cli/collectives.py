@@ -9,7 +9,7 @@ from typing import Any, List, Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, write_result_files
+from meshscale.cli.output import print_tables, print_text, write_result_files
 from meshscale.cli.checks import (FACTOR, MAX_GPU_RANKS, NCCL_ENV_OPTION, ROOT, checked, counts, output_file,
                                   size_bytes)
 from meshscale.validation import Range
@@ -126,7 +126,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
                          oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
     p = make_plan(s.topology, collective, s.ranks, parse_bytes(nbytes), algo, root, s.params, **s.nccl)
-    typer.echo(format_plan(p))
+    print_text(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
         schedule_json.write_text(dumps(p.schedule) + "\n")

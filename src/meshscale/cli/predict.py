@@ -8,14 +8,14 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, text_console, write_result_files
+from meshscale.cli.output import print_tables, print_text, progress, text_console, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, NCCL_ENV_OPTION, checked, counts, output_file
 from meshscale.validation import Range as _Range
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
 from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.topology.cluster import CLUSTER_RANGES, cluster_file_spec, cluster_spec, describe, plan_cluster
+from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.units import parse_ints
 
 
@@ -45,6 +45,7 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
     """Size the network of a cluster of a system (a fat tree, or rails with --network rail): switches per level,
     hops between nodes, bandwidth, bisection, latency. A cluster file
     (``--system FILE``, as topo, plan, sim and predict take it) gives all of it; options override its fields."""
+    from meshscale.topology.cluster import cluster_file_spec, cluster_spec, describe, plan_cluster
     if system and node:
         raise MeshscaleError("give the node system once: --system NAME|FILE or --node NAME")
     system = system or node or "dgx1-p100"
@@ -65,7 +66,7 @@ def cluster(system: Optional[str] = typer.Option(None, "--system", "-s", help="a
     if slurm_topology:  # before any output: a network Slurm's plugin cannot express is an error, not half a run
         from meshscale.topology.slurm import slurm_topology as for_slurm
         handoff = for_slurm(plan, slurm_topology, slurm_nodes)
-    typer.echo(describe(plan))
+    print_text(describe(plan))
     if handoff:
         from meshscale.topology.slurm import write_topology
         typer.echo(f"wrote {write_topology(handoff, slurm_file)} (Slurm topology/{handoff.kind})")
@@ -85,7 +86,7 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
     cols = (["variant"] if compare else []) + ["GPUs", "nodes", "batch/GPU", "samples/s", "speedup", "efficiency",
                                                "compute ms", "exchange ms", "exposed ms", "comm share", "NCCL ran"]
     for c in cols:
-        table.add_column(c, justify="left" if c == "variant" else "right")
+        table.add_column(c, justify="left" if c in ("variant", "NCCL ran") else "right")
     for r in rows:
         cells = [str(r["world_size"]), str(r["nodes"]), str(r["batch_per_rank"]), f"{r['throughput_samples_per_s']:,.1f}",
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
@@ -165,6 +166,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.predict.scaling import prediction_result
+    from meshscale.topology.cluster import cluster_file_spec
 
     shape = {"network": network, "oversubscription": oversubscription}
     spec = cluster_file_spec(system)
@@ -192,12 +194,14 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
         raise MeshscaleError("--strong needs --global-batch N (the batch over all GPUs)")
-    rows, job, measured = predict_rows(PredictRequest(
-        model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
-        nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
-        gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode, framework=framework, wire=wire,
-        algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p, bench=bench, compare=compare,
-        measured=from_result, partition=partition, nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
+    with progress(f"predicting {model}" + (f" for each of --compare {compare}" if compare else "")):
+        rows, job, measured = predict_rows(PredictRequest(
+            model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
+            nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
+            gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode,
+            framework=framework, wire=wire, algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p,
+            bench=bench, compare=compare, measured=from_result, partition=partition,
+            nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
     model = job.model
     if partition:
         from meshscale.topology import load_system

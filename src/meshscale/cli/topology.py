@@ -7,17 +7,16 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables
+from meshscale.cli.output import print_tables, progress
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.topology import dumps, load_catalog
-from meshscale.topology.cluster import CLUSTER_RANGES, NETWORKS, cluster_spec, describe, plan_cluster, system_or_cluster
-from meshscale.topology.discover import discover
-from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
+from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.units import gbps
 from meshscale.validation import atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
+# topology.cluster.NETWORKS, spelled out so that -h does not import the topology layer (a test holds them equal)
+NETWORKS = ("fat-tree", "rail")
 
 
 # one option object per cluster field, shared by every command that takes a cluster of a --system (plan, sim, topo;
@@ -48,8 +47,11 @@ def resolve_system(system: Optional[str], workers: Optional[int] = None, **clust
     """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with the
     `cluster_options`: ``--nodes``, ``--link``, ``--nics``, ``--gpudirect``, ``--network``, ``--oversubscription``),
     or this machine (with a notice if no GPU)."""
-    if system:
-        return system_or_cluster(system, **cluster), ""
+    from meshscale.topology.cluster import system_or_cluster
+    from meshscale.topology.discover import discover
+    if system:  # a file in another tool's format says what it had to assume (the GPU model, link speeds)
+        topology = system_or_cluster(system, **cluster)
+        return topology, "; ".join(topology.attrs.get("assumed", []))
     given = [f"--{k}" for k, v in cluster.items() if v is not None]
     if given:
         raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
@@ -68,6 +70,9 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
          oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION) -> None:
     """Show a system's topology: the nvidia-smi style matrix, JSON (loadable again), or a diagram. A cluster
     (a cluster file, or --nodes N): its summary, then one node's matrix."""
+    from meshscale.topology import dumps
+    from meshscale.topology.cluster import cluster_spec, describe, plan_cluster
+    from meshscale.topology.text import relation_matrix, summary
     check_choice(fmt, FORMATS, "format")
     cluster = cluster_options(nodes, link, nics, gpudirect, network, oversubscription)
     topology, notice = resolve_system(system, None, **cluster)
@@ -85,7 +90,8 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
     else:
         from meshscale.topology.draw import default_output, draw
         path = output or default_output(topology, fmt)
-        draw(topology, path)
+        with progress(f"drawing {topology.name} as {fmt}"):
+            draw(topology, path)
         typer.echo(f"wrote {path}")
         return
     if output:
@@ -95,8 +101,20 @@ def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="cata
         typer.echo(text)
 
 
-def systems() -> None:
-    """List the reference systems of the catalog."""
+def systems(schema: bool = typer.Option(False, "--schema", help="print the JSON Schema of a system file and exit"),
+            template: Optional[str] = typer.Option(None, "--template", help="print catalog system NAME as an annotated "
+                                                   "system file to edit (docs/systems.md)")) -> None:
+    """List the reference systems of the catalog; or print the system file format (--schema) or a file to
+    start from (--template NAME). --system also reads an NCCL topology dump (.xml) and `nvidia-smi topo -m` text."""
+    if schema or template:
+        import json
+        from meshscale.topology.json_schema import system_schema, template as annotated
+        if schema and template:
+            raise MeshscaleError("--schema and --template each print a whole file; give one")
+        typer.echo(json.dumps(system_schema(), indent=2) if schema else annotated(template), nl=schema)
+        return
+    from meshscale.topology import load_catalog
+    from meshscale.topology.text import per_gpu_bandwidth
     table = Table(title="meshscale catalog (bandwidth per GPU, per direction)")
     for col in ("name", "GPUs", "GPU model", "NVLink GB/s", "PCIe GB/s", "description"):
         table.add_column(col, justify="right" if "GB/s" in col or col == "GPUs" else "left")

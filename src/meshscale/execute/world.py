@@ -5,10 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-import torch
-
 from meshscale.errors import MeshscaleError
-from meshscale.execute.launch import in_torchrun
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -27,7 +24,13 @@ class World:
         return "cuda" if self.backend == "nccl" else "cpu"
 
 
+def in_torchrun() -> bool:
+    """True when started by torchrun (or any launcher that sets RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+
+
 def gpu_count() -> int:
+    import torch  # here, not at import: option parsing and --help must not pay for torch
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
 
 

@@ -140,8 +140,11 @@ def _curve(rows: list[dict[str, Any]], key: str) -> tuple[list[float], list[floa
     return [r["size_bytes"] for r in rows], [r[key] for r in rows]
 
 
-def collective_section(measured: list[Source], predicted: list[Source], topo: Topology | None) -> Section:
-    section = Section("Collectives: bus bandwidth against message size")
+def collective_section(measured: list[Source], predicted: list[Source], topo: Topology | None,
+                       system: str = "") -> Section:
+    """busbw charts per collective; ``system``: predictions for that system alone, with its own link bound."""
+    section = Section(f"Collectives predicted on {system} (not the measured machine)" if system
+                      else "Collectives: bus bandwidth against message size")
     names = sorted({r["collective"] for s in measured + predicted for r in s.result.rows})
     for name in names:
         series, verdict = [], None
@@ -150,10 +153,11 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
             rows = rows or [r for r in s.result.rows if r["collective"] == name]
             if not rows:
                 continue
-            dtypes = sorted({str(r.get("dtype")) for r in rows})
-            for dtype in dtypes:
-                part = [r for r in rows if str(r.get("dtype")) == dtype]
-                suffix = f" {dtype}" if len(dtypes) > 1 else ""
+            kinds = sorted({(str(r.get("dtype")), str(r.get("redop"))) for r in rows})  # -d all / -o all
+            for dtype, redop in kinds:
+                part = [r for r in rows if (str(r.get("dtype")), str(r.get("redop"))) == (dtype, redop)]
+                suffix = "".join(f" {w}" for w, n in ((dtype, {k[0] for k in kinds}), (redop, {k[1] for k in kinds}))
+                                 if len(n) > 1)
                 series.append(Series(f"measured {s.label}{suffix}", *_curve(part, "busbw_bytes_per_s")))
             if verdict is None:
                 x, y = _curve(rows, "bound_busbw_bytes_per_s")
@@ -162,6 +166,9 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
                 verdict = measured_collective_verdict(s, name, topo)
         for s in predicted:
             rows = [r for r in s.result.rows if r["collective"] == name]
+            x, y = _curve(rows, "bound_busbw_bytes_per_s")
+            if system and x and not any(v.style == "bound" for v in series):
+                series.append(Series(f"link bound ({system})", x, y, "bound"))
             if len({r["size_bytes"] for r in rows}) == len(rows):  # one prediction per size (the fastest algorithm)
                 series.append(Series(f"predicted {s.label}", *_curve(rows, "busbw_bytes_per_s"), "predicted"))
                 continue
@@ -177,7 +184,7 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
         charts = plots.pack(predictions, plots.MAX_LEGEND_ENTRIES - len(fixed)) if predictions else [[]]
         for k, chart in enumerate(charts):
             part = f", part {k + 1} of {len(charts)}" if len(charts) > 1 else ""
-            pid = _slug("busbw", name, *([k + 1] if part else []))
+            pid = _slug("busbw", *([system] if system else []), name, *([k + 1] if part else []))
             figure = plots.busbw_chart(f"{name}: bus bandwidth{part}", fixed + chart)
             section.plots.append(Plot(pid, f"{name}{part}", plots.to_svg(figure, pid), verdict))
     return section
@@ -242,6 +249,12 @@ def scaling_rows(result: Result) -> list[dict[str, Any]]:
     return rows
 
 
+def _legend(style: str, label: str) -> str:
+    """'predicted' + a series label, saying it once: a file named whitepaper-predicted adds no second one."""
+    words = [re.sub(rf"[-_ ]?{style}$", "", w) for w in label.split() if w != style]
+    return " ".join([style, *(w for w in words if w)])
+
+
 def scaling_section(sources: list[Source]) -> Section:
     section = Section("Scaling: throughput and speedup")
     groups = defaultdict(list)
@@ -261,10 +274,11 @@ def scaling_section(sources: list[Source]) -> Section:
                 for label, part in _split(s, rows).items():
                     part = sorted(part, key=lambda r: r["world_size"])
                     x = [r["world_size"] for r in part]
-                    bars.append(Series(f"{style} {label} (samples/s)", x, [r["throughput_samples_per_s"] for r in part],
-                                       style))
+                    bars.append(Series(f"{_legend(style, label)} (samples/s)", x,
+                                       [r["throughput_samples_per_s"] for r in part], style))
                     if all(r.get("speedup") is not None for r in part):
-                        speedups.append(Series(f"{style} {label} (speedup)", x, [r["speedup"] for r in part], style))
+                        speedups.append(Series(f"{_legend(style, label)} (speedup)", x, [r["speedup"] for r in part],
+                                               style))
                 if style == "measured" and rows and verdict is None:
                     first_label, first = next(iter(_split(s, rows).items()))
                     cpu = is_cpu_run(s.result.meta, s.result.machine)
@@ -331,6 +345,47 @@ def train_runs_as_scale(sources: list[Source]) -> Source | None:
     first = next(s.result for s in sources if isinstance(s.result.meta.get("summary"), dict))
     return Source("train runs", Result("scale", rows, False, {"group": "training runs"}, first.machine, first.software,
                                        first.env))
+
+
+TRAIN_SUMMARY = (("samples_per_s", "samples/s"), ("step_time_s", "step"), ("compute_s", "compute"), ("comm_s", "communication"),
+                 ("data_s", "data loading"), ("comm_share", "communication share"), ("eval_accuracy", "test accuracy"),
+                 ("eval_loss", "test loss"))
+
+
+def train_section(sources: list[Source]) -> Section:
+    """Training runs (`meshscale train`): the loss of every step, and each run's time split and final accuracy."""
+    runs = [s for s in sources if s.result.rows and any("loss" in r for r in s.result.rows)]
+    section = Section("Training: loss per step, time split and accuracy")
+    if runs:
+        series = [Series(s.label, [r["step"] for r in s.result.rows if "loss" in r],
+                         [r["loss"] for r in s.result.rows if "loss" in r]) for s in runs]
+        title = "training loss" + (f": {runs[0].label}" if len(runs) == 1 else "")
+        verdict = Verdict("info", "the loss of each step on rank 0 (no fit, no smoothing)")
+        pid = _slug("loss", *[s.label for s in runs])
+        section.plots.append(Plot(pid, title, plots.to_svg(plots.loss_chart(title, series), pid), verdict))
+    for s in sources:
+        summary = s.result.meta.get("summary") or {}
+        row = {"run": s.label, "ranks": summary.get("world_size", "-")}
+        for key, name in TRAIN_SUMMARY:
+            value = summary.get(key)
+            row[name] = "-" if value is None else (f"{100 * value:.1f}%" if key in ("comm_share", "eval_accuracy")
+                                                   else f"{value:,.1f}" if key == "samples_per_s"
+                                                   else f"{value:.3f}" if key == "eval_loss" else _cell(key, value))
+        section.table.append(row)
+    return section
+
+
+def place_section(source: Source) -> Section:
+    """A placement (`meshscale place`): the candidate GPU subsets, best first, and why the first was chosen."""
+    meta = source.result.meta
+    table = [{"rank": r.get("rank"), "GPUs": ",".join(map(str, r.get("devices") or [])),
+              "busbw": _cell("busbw_bytes_per_s", r.get("busbw_bytes_per_s")), "time": _cell("time_s", r.get("time_s")),
+              "bound": _cell("bound_busbw_bytes_per_s", r.get("bound_busbw_bytes_per_s")),
+              "path": r.get("path_type", "-"), "algorithm": r.get("algorithm", "-"),
+              "why": "; ".join(meta.get("why") or []) if r.get("rank") == 1 else ""} for r in source.result.rows]
+    return Section(f"Placement (predicted): {meta.get('gpus', '?')} of {meta.get('system', '?')}'s GPUs for "
+                   f"{format_bytes(int(meta.get('size_bytes') or 0))}, best of {meta.get('subsets', '?')} subsets first",
+                   table=table)
 
 
 def validate_section(source: Source) -> Section:
@@ -449,8 +504,16 @@ def sections(sources: list[Source]) -> list[Section]:
         out += [pairs_section(s) for s in by_kind["bench-pairs"]]
     # a one-rank "collective" exchanges nothing: its busbw is zero or meaningless, so it draws no curve
     collectives = [s for s in by_kind["bench-collective"] if s.result.meta.get("world_size") != 1]
-    if collectives or by_kind["sim"]:
-        out.append(collective_section(collectives, by_kind["sim"], topo))
+    # a prediction for another system than the measured one goes beside the measured charts, not on them
+    here = [s for s in by_kind["sim"] if not collectives or topo is None or s.result.meta.get("system") == topo.name]
+    if collectives or here:
+        out.append(collective_section(collectives, here, topo))
+    elsewhere = defaultdict(list)
+    for s in by_kind["sim"]:
+        if s not in here:
+            elsewhere[str(s.result.meta.get("system", "?"))].append(s)
+    for system, sims in sorted(elsewhere.items()):
+        out.append(collective_section([], sims, None, system))
     for s in by_kind["bench-host-copy"]:
         out.append(host_copy_section(s))
     for s in by_kind["train"]:
@@ -460,6 +523,9 @@ def sections(sources: list[Source]) -> list[Section]:
         if trace:  # `train --trace`: the timeline of a few steps, for a trace viewer
             out.append(Section(f"Timeline ({s.label})", table=[{"Chrome trace": trace,
                                                                  "open with": "https://ui.perfetto.dev or chrome://tracing"}]))
+    runs_trained = [s for s in by_kind["train"] if not s.result.meta.get("profile")]
+    if runs_trained:
+        out.append(train_section(runs_trained))
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))
@@ -467,6 +533,8 @@ def sections(sources: list[Source]) -> list[Section]:
         out.append(predict_section(by_kind["predict"]))
     for s in by_kind["plan"]:
         out.append(plan_section(s))
+    for s in by_kind["place"]:
+        out.append(place_section(s))
     for s in by_kind["cluster"]:
         out.append(cluster_section(s))
     for s in by_kind["validate"]:

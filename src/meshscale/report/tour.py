@@ -25,7 +25,7 @@ from meshscale.bench.host_copy import host_copy
 from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
-from meshscale.execute.launch import NCCL_SAFETY_ENV
+from meshscale.execute.launcher import NCCL_SAFETY_ENV
 from meshscale.execute.world import resolve_world
 from meshscale.predict.against_measured import calibrated_job, compare_scale
 from meshscale.predict.request import PredictRequest, predict_rows
@@ -41,7 +41,7 @@ from meshscale.simulate.link_fit import calibrate
 from meshscale.topology import subset, to_dict
 from meshscale.topology.catalog import load_catalog
 from meshscale.topology.discover import discover
-from meshscale.train.config import TrainConfig
+from meshscale.train.config import SpeedOptions, TrainConfig
 from meshscale.train.runner import profile as train_profile
 from meshscale.train.scale import scale
 from meshscale.units import parse_bytes, sweep_sizes
@@ -180,22 +180,33 @@ def _train_config(state: TourState) -> tuple[TrainConfig, int]:
     """The training run the tour times, sized to the hardware, and its batch per rank."""
     s = state.settings
     steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
+    # bf16 where the GPU has bf16 rates: how a GPU of that generation trains (fp32 would time a run nobody does)
+    bf16 = state.gpu and bool(_gpu_attrs(state).get("bf16_flops"))
     cfg = TrainConfig(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",
-                      steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s)
+                      steps=steps, timing_warmup=warmup, timeout_s=s.timeout_s,
+                      speed=SpeedOptions(precision="bf16" if bf16 else "fp32"))
     return cfg, 64 if state.gpu else 16
+
+
+def _gpu_attrs(state: TourState) -> dict[str, Any]:
+    """The first GPU's attributes (model, peak rates, CPU affinity), or {} without one."""
+    gpus = state.topology.gpus() if state.topology is not None else []
+    return state.topology.nodes[gpus[0]].attrs if gpus else {}
 
 
 def host_copy_stage(state: TourState) -> dict[str, Result]:
     """Host<->device copies of one GPU, pinned and pageable (with two or more, bench p2p has the pinned ones)."""
-    s = state.settings
-    size = (16 << 20) if s.fast else (256 << 20)
-    return {"host-copy": host_copy(size, iters=3 if s.fast else (20 if s.full else 10), warmup_iters=1 if s.fast else 2)}
+    from meshscale.bench.host_copy import parse_cpu_list
+    cpus = parse_cpu_list(_gpu_attrs(state).get("cpu_affinity"))
+    if state.settings.fast:  # a smoke test: small copies, one sample
+        return {"host-copy": host_copy(16 << 20, iters=4, warmup_iters=1, samples=1, cpus=cpus)}
+    return {"host-copy": host_copy(cpus=cpus)}  # nvbandwidth's size, copies and samples
 
 
 def profile_stage(state: TourState) -> dict[str, Result]:
     """The single-GPU training profile (`meshscale train --profile-batches`): step time per batch size."""
     cfg, batch = _train_config(state)
-    batches = [batch // 2, batch] if state.settings.fast else [batch // 4, batch // 2, batch, 2 * batch]
+    batches = [batch // 2, batch] if state.settings.fast else [batch // 2, batch, 2 * batch]
     return {"profile": train_profile(cfg, batches)}
 
 
@@ -326,7 +337,9 @@ def built_from_this_gpu(state: TourState) -> dict[str, Result]:
 def predict_stage(state: TourState) -> dict[str, Result]:
     """The DGX-1 whitepaper comparison, and this machine's scale run predicted beside itself; on one GPU, the
     systems built from it predicted from its profile."""
-    out = whitepaper_results()
+    # on a GPU machine only this machine and what is predicted from it; without one, the DGX-1 reference shows
+    # what GPUs would do
+    out = {} if state.gpu else whitepaper_results()
     if state.one_gpu and "profile" in state.results:
         try:
             out.update(built_from_this_gpu(state))
@@ -348,7 +361,7 @@ STAGES = (
           collective_stage),
     Stage("host-copy", "host<->device copies", lambda s: 5, host_copy_stage, lambda s: s.one_gpu),
     Stage("scale", "scale run (weak and strong)", lambda s: 180 if s.settings.full else (90 if s.gpu else 60), scale_stage),
-    Stage("profile", "single-GPU training profile", lambda s: 60 if s.settings.fast else 120, profile_stage,
+    Stage("profile", "single-GPU training profile", lambda s: 20 if s.settings.fast else 40, profile_stage,
           lambda s: s.one_gpu),
     Stage("sim", "model predictions and their error", lambda s: 5, sim_stage),
     Stage("predict", "scaling predictions and the DGX-1 reference", lambda s: 5, predict_stage),

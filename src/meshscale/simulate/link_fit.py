@@ -28,10 +28,50 @@ from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 
 
+def measured_on(result: Result) -> str:
+    """What a bench result ran on, in words: '2 CPU worker processes over Gloo', '8x NVIDIA H100 80GB HBM3 over
+    NCCL (NVLink)'."""
+    backend = result.meta.get("backend")
+    n = result.meta.get("world_size") or len(result.meta.get("devices") or []) or "?"
+    if backend == "gloo":
+        return f"{n} CPU worker processes over Gloo"
+    models = _gpu_models(result.meta.get("topology") or {})
+    return f"{n}x {', '.join(models) or 'GPU'} over NCCL"
+
+
+def _gpu_models(topology: dict) -> list[str]:
+    return sorted({str(n.get("model")) for n in topology.get("nodes") or [] if n.get("kind") == "gpu" and n.get("model")})
+
+
+def _family(model: str) -> str:
+    """The GPU model table's name for ``model`` ('H100 SXM'), or the model itself where the table lacks it."""
+    from meshscale.topology.nvml_discovery import model_facts
+    facts, known = model_facts(model)
+    return facts["name"] if known else model
+
+
+def check_measured_on(topo: Topology, result: Result, flag: str) -> None:
+    """Refuse, in one line, a measurement from another kind of device than ``topo`` has: CPU workers over Gloo
+    for a GPU system (or GPUs for a CPU one), or another GPU model. A fit to it would describe that device."""
+    backend = result.meta.get("backend")
+    gpus = topo.device_kind == "gpu"
+    wanted = f"a run on {topo.name}'s kind of device"
+    if backend == "gloo" and gpus or backend == "nccl" and not gpus:
+        need = "GPUs over NCCL (`meshscale bench ... --gpus N --json FILE` there)" if gpus else "CPU workers (--cpus N)"
+        raise MeshscaleError(f"{flag}: measured on {measured_on(result)}, but {topo.name} has "
+                             f"{'GPUs' if gpus else 'CPU workers'}; give {wanted}: {need}")
+    measured = {_family(m) for m in _gpu_models(result.meta.get("topology") or {})}
+    system = {_family(topo.nodes[g].attrs.get("model", "")) for g in topo.gpus() if topo.nodes[g].attrs.get("model")}
+    if gpus and measured and system and not measured & system:
+        raise MeshscaleError(f"{flag}: measured on {measured_on(result)}, but {topo.name} has "
+                             f"{', '.join(sorted(system))}; give {wanted} ({', '.join(sorted(system))})")
+
+
 def calibrate(topo: Topology, p2p: Result, base: SimParams | None = None) -> SimParams:
     """SimParams whose efficiency and message latency match the measured point-to-point figures."""
     if p2p.kind != "bench-p2p":
         raise MeshscaleError(f"calibration needs a bench-p2p result, got kind {p2p.kind!r}; run `meshscale bench p2p --json FILE`")
+    check_measured_on(topo, p2p, "--p2p")
     base = base or SimParams()
     pairs = _best_per_pair(topo, p2p.rows)
     if not pairs:
@@ -130,6 +170,7 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     this folds that difference in, for predictions at other rank counts of the same fabric."""
     if bench.kind != "bench-collective":
         raise MeshscaleError(f"collective calibration needs a bench-collective result, got kind {bench.kind!r}")
+    check_measured_on(topo, bench, "--bench")
     rows = [r for r in bench.rows if r.get("collective") == collective and _positive(r.get("busbw_bytes_per_s"))
             and _positive(r.get("size_bytes"))]
     if not rows:

@@ -1,10 +1,25 @@
-"""Layer 1: the machine as a graph of devices and links, the reference catalog, and discovery."""
-from meshscale.topology.catalog import load_catalog, load_system, system_names
-from meshscale.topology.model import Link, Node, Topology
-from meshscale.topology.queries import (Route, bisection_bandwidth, bottleneck_bandwidth, pair_bandwidth,
-                                        relation, route, shared_links, subset)
-from meshscale.topology.schema import dumps, from_dict, load, to_dict
+"""Layer 1: the machine as a graph of devices and links, the reference catalog, and discovery.
 
-__all__ = ["Link", "Node", "Topology", "Route", "route", "pair_bandwidth", "bottleneck_bandwidth", "relation",
-           "subset", "bisection_bandwidth", "shared_links", "load", "from_dict", "to_dict", "dumps",
-           "load_system", "load_catalog", "system_names"]
+The names resolve on first use: a command that only parses its options (``-h``, ``--version``) does not pay for
+the graph libraries behind them."""
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_HOMES = {
+    "meshscale.topology.catalog": ("load_catalog", "load_system", "system_names"),
+    "meshscale.topology.model": ("Link", "Node", "Topology"),
+    "meshscale.topology.queries": ("Route", "bisection_bandwidth", "bottleneck_bandwidth", "pair_bandwidth",
+                                   "relation", "route", "shared_links", "subset"),
+    "meshscale.topology.schema": ("dumps", "from_dict", "load", "to_dict"),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
+
+__all__ = sorted(_HOME_OF)
+
+
+def __getattr__(name: str) -> Any:
+    if name in _HOME_OF:
+        return getattr(importlib.import_module(_HOME_OF[name]), name)
+    raise AttributeError(f"module 'meshscale.topology' has no attribute {name!r}")

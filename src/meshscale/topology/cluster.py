@@ -31,6 +31,7 @@ from meshscale.errors import TopologyError
 from meshscale.topology import links as calc
 from meshscale.topology.catalog import load_system
 from meshscale.topology.schema import require_devices
+from meshscale.topology.limits import CLUSTER_RANGES, MAX_NODES
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.validation import Range, text
 
@@ -389,11 +390,6 @@ def build_cluster(plan: ClusterPlan) -> Topology:
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",
                      "gpudirect", "network")
-MAX_NODES = 1_000_000
-# the ranges of a cluster's numbers, one check for the command line (--nodes, --nics...) and cluster files
-CLUSTER_RANGES = {"nodes": Range(1, MAX_NODES, integer=True), "nics": Range(1, 64, integer=True),
-                  "levels": Range(1, 3, integer=True), "nodes_per_leaf": Range(1, 1 << 16, integer=True),
-                  "radix": Range(2, 1 << 16, integer=True), "oversubscription": Range(1, 1024)}
 
 
 def _checked_fields(entry: dict, path: str) -> dict:

@@ -4,13 +4,17 @@ No batch norm on purpose: per-sample layers make N ranks on B/N samples compute 
 on B samples, which the equivalence tests rely on."""
 from __future__ import annotations
 
-import torch.nn as nn
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 WIDTHS = (32, 64, 64)
 
 
 def small_cnn(in_channels: int = 3, num_classes: int = 10) -> nn.Module:
     """conv-relu x2, 2x2 max-pool, conv-relu, global average pool, linear."""
+    import torch.nn as nn  # here: the registry reads this module's sizes without torch
     a, b, c = WIDTHS
     return nn.Sequential(
         nn.Conv2d(in_channels, a, 3, padding=1), nn.ReLU(),

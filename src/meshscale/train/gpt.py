@@ -2,20 +2,11 @@
 are deterministic."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-
-@dataclass
-class GPTConfig:
-    n_layer: int
-    n_head: int
-    d_model: int
-    vocab_size: int
-    seq_len: int
+from meshscale.train.gpt_config import GPTConfig, gpt_flops, gpt_params  # noqa: F401 (their home before)
 
 
 class Block(nn.Module):
@@ -61,17 +52,3 @@ class GPT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.ln_f(x) @ self.wte.weight.t()  # tied head
-
-
-def gpt_params(cfg: GPTConfig) -> int:
-    """Parameter count: embeddings (head tied), 12 d^2 + 13 d per block, final norm."""
-    d = cfg.d_model
-    return cfg.vocab_size * d + cfg.seq_len * d + cfg.n_layer * (12 * d * d + 13 * d) + 2 * d
-
-
-def gpt_flops(cfg: GPTConfig) -> float:
-    """Forward + backward FLOPs per sequence: 6 x (params doing matmuls) x tokens + attention 12 L d T^2
-    (Kaplan et al. / PaLM appendix B; the tied head counts once, position embeddings do no matmul)."""
-    t = cfg.seq_len
-    matmul_params = gpt_params(cfg) - cfg.seq_len * cfg.d_model
-    return 6.0 * matmul_params * t + 12.0 * cfg.n_layer * cfg.d_model * t * t

@@ -21,7 +21,7 @@ from meshscale.train.trace import StepTracer
 
 
 def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
-    """One rank of a training run (started by `meshscale.execute.launch`). Rank 0 returns the per-step rows."""
+    """One rank of a training run (started by `meshscale.execute.launcher`). Rank 0 returns the per-step rows."""
     ctx.phase("building the model")
     t = build(cfg, ctx.device, ctx.rank, ctx.world_size)
     start = restore(ctx, t)

@@ -5,13 +5,14 @@ how many parameters it has and its forward + backward FLOPs per sample (the pred
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import torch.nn as nn
+if TYPE_CHECKING:
+    import torch.nn as nn
 
 from meshscale.errors import MeshscaleError
 from meshscale.train.cnn import small_cnn, small_cnn_flops, small_cnn_params
-from meshscale.train.gpt import GPT, GPTConfig, gpt_flops, gpt_params
+from meshscale.train.gpt_config import GPTConfig, gpt_flops, gpt_params
 
 
 @dataclass
@@ -56,8 +57,13 @@ _GPT = {
 }
 
 
+def _gpt(cfg: GPTConfig) -> nn.Module:
+    from meshscale.train.gpt import GPT  # the registry is read by predictions that never build a model
+    return GPT(cfg)
+
+
 def _gpt_spec(name: str, cfg: GPTConfig, text: str) -> ModelSpec:
-    return ModelSpec(name, lambda cfg=cfg: GPT(cfg), "tokens", (cfg.seq_len,), cfg.vocab_size,
+    return ModelSpec(name, lambda cfg=cfg: _gpt(cfg), "tokens", (cfg.seq_len,), cfg.vocab_size,
                      gpt_params(cfg), gpt_flops(cfg), text, optimizer="adamw", base_lr=3e-4)
 
 

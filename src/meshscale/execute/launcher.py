@@ -1,0 +1,424 @@
+"""Start N ranks of a function over torch.distributed, on GPUs (NCCL) or CPU processes (Gloo), and never hang.
+
+The parent owns a TCPStore on a free loopback port (no port races, nothing reachable from other machines) and the
+child processes. Every process group has a timeout. A rank that raises, dies, stops or outlives the deadline makes
+the parent stop all the others and raise `WorkerError` naming that rank and the operation it was in (each rank
+records its current phase in the store). SIGTERM to the parent stops the run like Ctrl-C; ranks die with the
+parent. Under `torchrun` (RANK/WORLD_SIZE set) the function runs in the current process instead, on the store of
+the launcher's rendezvous endpoint.
+"""
+from __future__ import annotations
+
+import ctypes
+import gc
+import multiprocessing as mp
+import os
+import queue
+import select
+import signal
+import socket
+import sys
+import threading
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterator
+
+import torch
+import torch.distributed as dist
+
+from meshscale.errors import MeshscaleError
+from meshscale.execute.world import in_torchrun
+
+NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+
+
+# What a rank sees when a peer is gone or never answers: a consequence, not a cause.
+_PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Read error", "Broken pipe")
+_WAIT_ERRORS = ("timed out", "timeout")
+_PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+class WorkerError(MeshscaleError):
+    """A rank failed, died or timed out; the message names the rank and what it was doing."""
+
+
+class Interrupted(WorkerError):
+    """The run was stopped by Ctrl-C or SIGTERM (not by a failing rank); every rank has been stopped."""
+
+
+@dataclass
+class RankContext:
+    """What a worker function receives: its rank, the world, its device and a way to say what it is doing."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    backend: str
+    device: torch.device
+    store: Any
+
+    def phase(self, text: str) -> None:
+        """Record what this rank is doing now, so a failure report can name the operation."""
+        self.store.set(f"meshscale/phase/{self.rank}", text)
+
+    def barrier(self) -> None:
+        if self.backend == "nccl":
+            dist.barrier(device_ids=[self.device.index])
+        else:
+            dist.barrier()
+
+
+def _die_with(owner_pid: int) -> None:
+    """Exit this rank as soon as the process that launched it is gone (killed, crashed), even before its
+    parent reaps it.
+
+    A daemon thread waits on a pidfd of the launcher (readable once it has exited), or polls it where there is
+    none. A rank that the launcher started itself also has the kernel kill it with its parent (PR_SET_PDEATHSIG);
+    a rank of the fork server does not: the fork server outlives the launcher as long as ranks hold its pipe."""
+    if sys.platform.startswith("linux") and os.getppid() == owner_pid:
+        try:
+            ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+    try:
+        pidfd: int | None = os.pidfd_open(owner_pid)
+    except (AttributeError, OSError):
+        pidfd = None
+
+    def watch() -> None:
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        else:
+            while not _exited(owner_pid):
+                time.sleep(0.2)
+        os._exit(1)
+
+    if pidfd is None and _exited(owner_pid):
+        os._exit(1)
+    threading.Thread(target=watch, daemon=True, name="meshscale-watchdog").start()
+
+
+def _proc_state(pid: int) -> str | None:
+    """The state letter of a process in /proc (R, S, T, Z...), or None where it cannot be read."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _exited(pid: int) -> bool:
+    """True when the process is gone or a zombie (exited, not yet reaped)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass
+    return _proc_state(pid) == "Z"
+
+
+def _loopback_interface() -> str:
+    """The loopback interface's name ("lo" on Linux, "lo0" on macOS)."""
+    try:
+        return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
+    except OSError:
+        return "lo"
+
+
+def serving_store(host: str, port: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """A TCPStore server listening on ``host`` only (port 0: a free one).
+
+    torch's TCPStore binds every interface whatever host it is given, so the listening socket is made and bound
+    here and handed over (the store then owns it). Older torch without that for its libuv server falls back to
+    the classic server."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    errors: list[str] = []
+    for use_libuv in (True, False):
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind(address)
+            sock.listen(1024)
+        except OSError as exc:
+            sock.close()
+            raise MeshscaleError(f"cannot listen on {host}:{port} for the rendezvous ({exc.strerror})") from None
+        bound_port = sock.getsockname()[1]
+        fd = sock.detach()
+        try:
+            return dist.TCPStore(host, bound_port, world, is_master=True, wait_for_workers=False,
+                                 timeout=timedelta(seconds=timeout_s), master_listen_fd=fd, use_libuv=use_libuv)
+        except (RuntimeError, ValueError, TypeError) as exc:
+            errors.append(str(exc).splitlines()[0])
+            _close_if_listening_on(fd, bound_port)
+    raise MeshscaleError(f"cannot start the rendezvous store on {host}: {'; '.join(errors)}")
+
+
+def _close_if_listening_on(fd: int, port: int) -> None:
+    """Close ``fd`` unless a failed store has closed it already (the number may belong to another file now)."""
+    try:
+        sock = socket.socket(fileno=fd)
+    except OSError:
+        return
+    try:
+        ours = sock.getsockname()[1] == port
+    except (OSError, IndexError, TypeError):
+        ours = False
+    if ours:
+        sock.close()
+    else:
+        sock.detach()
+
+
+def _local_store(world: int, timeout_s: float) -> dist.TCPStore:
+    """The parent's store for ranks on this machine: IPv4 loopback, else IPv6 loopback."""
+    try:
+        return serving_store("127.0.0.1", 0, world, timeout_s)
+    except MeshscaleError:
+        return serving_store("::1", 0, world, timeout_s)
+
+
+def _init(rank: int, world: int, local_rank: int, backend: str, store: Any, timeout_s: float) -> RankContext:
+    torch.set_num_threads(1)  # one thread per rank: N ranks of N threads oversubscribe the cores many times over
+    if backend == "nccl":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+        dist.init_process_group("nccl", store=store, rank=rank, world_size=world,
+                                timeout=timedelta(seconds=timeout_s), device_id=device)
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    return RankContext(rank, world, local_rank, backend, device, store)
+
+
+def _teardown() -> None:
+    # Free DDP reducers and other holders of the group first: destroying a group a live reducer holds can deadlock.
+    gc.collect()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: int, timeout_s: float, args: tuple,
+           results: Any, owner_pid: int, env: dict[str, str] | None = None) -> None:
+    _die_with(owner_pid)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's stop request ends a rank quietly
+    os.environ.update(NCCL_SAFETY_ENV)
+    os.environ.update(env or {})
+    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # every rank is on this machine: Gloo listens on loopback
+    code = 0
+    try:
+        store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+        ctx = _init(rank, world, rank, backend, store, timeout_s)
+        out = fn(ctx, *args)
+        results.put(("ok", rank, out))
+        del ctx
+        _teardown()
+    except BaseException as exc:  # report everything, including KeyboardInterrupt, then exit non-zero
+        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        results.put(("error", rank, last[:2000]))
+        code = 1
+    finally:
+        # Leave without running atexit/finalizers that could block on a half-dead group.
+        try:
+            results.close()
+            results.join_thread()
+        finally:
+            os._exit(code)
+
+
+def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: str = "gloo",
+           timeout_s: float = 60.0, deadline_s: float | None = None, start_method: str | None = None,
+           env: dict[str, str] | None = None) -> list[Any]:
+    """Run ``fn(ctx, *args)`` on ``world_size`` ranks and return the per-rank results in rank order.
+
+    ``timeout_s`` bounds every collective (the process-group timeout); ``deadline_s`` bounds the whole run
+    (default: no bound beyond the per-operation one); ``env``: variables each rank sets before its process group
+    starts. Under torchrun, runs this rank only and returns ``[result]``. Raises `WorkerError` if any rank fails."""
+    if in_torchrun():
+        return [_run_under_torchrun(fn, args, backend, timeout_s, env)]
+    if world_size < 1:
+        raise MeshscaleError(f"need at least one rank, got {world_size}")
+    if backend == "nccl":
+        if not torch.cuda.is_available() or torch.cuda.device_count() < world_size:
+            have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            raise MeshscaleError(f"asked for {world_size} GPUs but this machine has {have}")
+        start_method = start_method or "spawn"  # CUDA cannot be used in a forked child
+        os.environ.update(NCCL_SAFETY_ENV)
+    ctx = mp.get_context(start_method or "forkserver")
+    if ctx.get_start_method() == "forkserver":
+        # Fork from a clean single-threaded server that already imported torch: fast (about 0.1 s a rank) and
+        # free of the locks a threaded parent (TCPStore server, OpenMP) would pass to a plain fork.
+        ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    store = _local_store(world_size + 1, timeout_s)
+    host = store.host
+    results = ctx.Queue()
+    procs = [ctx.Process(target=_child, args=(fn, r, world_size, backend, host, store.port, timeout_s, args, results,
+                                              os.getpid(), env),
+                         daemon=True, name=f"meshscale-rank{r}") for r in range(world_size)]
+    outputs: dict[int, Any] = {}
+    errors: dict[int, str] = {}
+    start = time.monotonic()
+    failure: str | None = None
+    interrupted = False
+    try:
+        with _sigterm_as_interrupt():
+            for p in procs:
+                p.start()
+            while len(outputs) < world_size and not errors and failure is None:
+                _collect(results, outputs, errors, 0.1)
+                if any(p.exitcode is not None for r, p in enumerate(procs) if r not in outputs):
+                    _collect(results, outputs, errors, 0.5)  # a result may have raced with the exit
+                    _mark_dead(procs, outputs, errors)
+                if deadline_s is not None and time.monotonic() - start > deadline_s and not errors:
+                    late = [r for r in range(world_size) if r not in outputs]
+                    late.sort(key=lambda r: not _is_stopped(procs[r]))  # a stopped rank holds up the others
+                    how = f" {_STOPPED}," if _is_stopped(procs[late[0]]) else ""
+                    failure = (f"ranks {late} did not finish within {deadline_s:.0f} s "
+                               f"(rank {late[0]}{how} was in {_phase(store, late[0])})")
+            if errors:
+                _collect(results, outputs, errors, 0.5)  # let the other ranks report, to find the first cause
+                _mark_dead(procs, outputs, errors)  # a peer's error may have arrived before a silent death was seen
+                r, what = _cause(procs, outputs, errors)
+                failure = f"rank {r} {what} during {_phase(store, r)}"
+                others = sorted(set(errors) - {r})
+                if others:
+                    failure += f" (ranks {others} failed in turn)"
+    except KeyboardInterrupt:
+        failure, interrupted = "interrupted (Ctrl-C); all ranks stopped", True
+    except _Terminated:
+        failure, interrupted = "interrupted (SIGTERM); all ranks stopped", True
+    finally:
+        _stop(procs)
+    if failure:
+        raise (Interrupted if interrupted else WorkerError)(failure)
+    return [outputs[r] for r in range(world_size)]
+
+
+_STOPPED = "was stopped (SIGSTOP or a debugger)"
+
+
+def _cause(procs: list, outputs: dict, errors: dict) -> tuple[int, str]:
+    """The rank that caused a failure and what happened to it.
+
+    In order: a rank stopped by a signal (its peers time out waiting for it); a rank that died without a word;
+    the first to raise something other than what its peers then see (connection errors, timeouts); a rank
+    still running without a word while the others timed out waiting for it; else the first error."""
+    stopped = [r for r, p in enumerate(procs) if r not in outputs and _is_stopped(p)]
+    if stopped:
+        return stopped[0], _STOPPED
+    silent = [r for r, e in errors.items() if e.startswith("died")]
+    if silent:
+        return silent[0], errors[silent[0]]
+    own = [r for r, e in errors.items() if not _is_consequence(e)]
+    if own:
+        return own[0], f"failed with {errors[own[0]]}"
+    stuck = [r for r, p in enumerate(procs) if r not in outputs and r not in errors and p.is_alive()]
+    if stuck:
+        return stuck[0], "stopped making progress (its peers timed out waiting for it)"
+    first = next(iter(errors))
+    return first, f"failed with {errors[first]}"
+
+
+def _is_consequence(error: str) -> bool:
+    """True for the errors a rank sees when a peer is gone or never answers."""
+    return any(m in error for m in _PEER_ERRORS) or any(m in error.lower() for m in _WAIT_ERRORS)
+
+
+def _is_stopped(proc: Any) -> bool:
+    """True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: state T or t in /proc."""
+    return proc.pid is not None and _proc_state(proc.pid) in ("T", "t")
+
+
+class _Terminated(BaseException):
+    """SIGTERM reached the parent while ranks ran."""
+
+
+@contextmanager
+def _sigterm_as_interrupt() -> Iterator[None]:
+    """Within this block SIGTERM stops the run like Ctrl-C (only the main thread can take signals)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # one stop is enough; a second must not cut it short
+        raise _Terminated
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _mark_dead(procs: list, outputs: dict, errors: dict) -> None:
+    """Record the ranks that exited without a word."""
+    for r, p in enumerate(procs):
+        if r not in outputs and r not in errors and p.exitcode is not None:
+            code = p.exitcode
+            errors[r] = f"died ({f'signal {-code}' if code < 0 else f'exit code {code}'})"
+
+
+def _collect(results: Any, outputs: dict, errors: dict, wait_s: float) -> None:
+    """Move every message that arrives within ``wait_s`` into outputs or errors."""
+    end = time.monotonic() + wait_s
+    while True:
+        try:
+            status, rank, payload = results.get(timeout=max(0.0, end - time.monotonic()))
+        except queue.Empty:
+            return
+        (outputs if status == "ok" else errors)[rank] = payload
+
+
+def _phase(store: Any, rank: int) -> str:
+    try:
+        store.set_timeout(timedelta(seconds=1))
+        key = f"meshscale/phase/{rank}"
+        return store.get(key).decode() if store.check([key]) else "start-up"
+    except Exception:
+        return "an unknown step"
+
+
+def _stop(procs: list) -> None:
+    """Terminate what is still running, then kill what ignores it, then reap."""
+    procs = [p for p in procs if p.pid is not None]  # a failed start leaves the later ones unstarted
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+            if _is_stopped(p):
+                os.kill(p.pid, signal.SIGCONT)  # a stopped process takes SIGTERM only once it runs again
+    end = time.monotonic() + 3
+    for p in procs:
+        p.join(max(0.0, end - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(1)
+
+
+def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float,
+                        env: dict[str, str] | None = None) -> Any:
+    os.environ.update(NCCL_SAFETY_ENV)
+    os.environ.update(env or {})
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    store = _launcher_store(rank, world, timeout_s)
+    ctx = _init(rank, world, local_rank, backend, store, timeout_s)
+    try:
+        return fn(ctx, *args)
+    finally:
+        del ctx
+        _teardown()
+
+
+def _launcher_store(rank: int, world: int, timeout_s: float) -> dist.TCPStore:
+    """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT).
+
+    torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. Otherwise rank 0 serves
+    it, listening on MASTER_ADDR only, as the endpoint says."""
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return serving_store(host, port, world, timeout_s)
+    return dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))

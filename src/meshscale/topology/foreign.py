@@ -1,0 +1,381 @@
+"""A machine as other tools describe it: NCCL's topology dump (``NCCL_TOPO_DUMP_FILE``, XML) and the text of
+``nvidia-smi topo -m`` (optionally after ``nvidia-smi -L``), read into a `Topology` and written back out.
+
+Both are read into one `Sighting` (what the file says: GPUs, their PCIe common-ancestor levels, their NVLinks)
+and built by NVML discovery itself, from a stand-in for NVML that answers with the file's facts, so a file
+and a live machine give the same model. What a file does not say is filled and stated in ``attrs["assumed"]``:
+the GPU model (from the compute capability in a dump, from ``nvidia-smi -L`` lines in a text), and the facts
+of the model (SMs, FLOP/s, memory bandwidth) from the GPU model table, as discovery does.
+
+What each format holds (NCCL 2.x ``graph/xml.cc`` dumps; nvidia-smi's topo -m legend):
+- NCCL XML: ``<system><cpu numaid affinity ...><pci busid class link_speed link_width>`` nested as the PCIe
+  tree, a GPU's ``<pci>`` holding ``<gpu dev sm rank>`` with ``<nvlink target count tclass>`` children
+  (``tclass`` 0x030200 another GPU, 0x068000 an NVSwitch: all NVSwitches become one node, as NCCL reads
+  them), NICs as ``<nic><net name speed .../></nic>``.
+- topo -m: the relation of every GPU pair (X, NV#, PIX, PXB, PHB, NODE, SYS), CPU and NUMA affinity. An NV#
+  pair hides its PCIe relation (taken as the closest one the other pairs allow), and NVSwitches show only as
+  NV# between every pair (more links per GPU than the model has: one switch node stands for all of them).
+NICs are not read from either (discovery reads them from sysfs); the GPU matrix is what round-trips.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+from meshscale.errors import TopologyError
+from meshscale.topology.model import Topology
+
+# NVML's common-ancestor levels (nvmlGpuTopologyLevel_t), as nvml_discovery reads them
+LEVELS = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
+GPU_CLASS, NVSWITCH_CLASS, BRIDGE_CLASS = "0x030200", "0x068000", "0x060400"
+# compute capability (NCCL's sm attribute) -> a GPU model name the GPU model table knows, SXM / PCIe
+SM_MODELS = {60: ("Tesla P100-SXM2-16GB", "Tesla P100-PCIE-16GB"), 70: ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"),
+             80: ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 90: ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe")}
+MODEL_SM = (("P100", 60), ("V100", 70), ("A100", 80), ("H100", 90), ("H200", 90))
+ONE_SWITCH = "NVSWITCH"  # the bus id standing for all NVSwitches of a machine
+PCIE_GT_S = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
+
+
+@dataclass
+class SeenGPU:
+    """One GPU as a file describes it."""
+
+    index: int
+    bus_id: str
+    model: str
+    numa: int | None = None
+    cpu_affinity: str | None = None
+    pcie: tuple[int, int] | None = None             # (generation, width)
+    nvlinks_to_gpus: dict[int, int] = field(default_factory=dict)        # peer index -> links
+    nvlinks_to_switches: dict[str, int] = field(default_factory=dict)    # switch bus id -> links
+
+
+@dataclass
+class Sighting:
+    """What a file says about a machine, and what had to be assumed to read it."""
+
+    source: str                                      # "NCCL topology dump" | "nvidia-smi topo -m"
+    gpus: list[SeenGPU]
+    levels: dict[tuple[int, int], int]               # (i, j), i < j -> NVML common-ancestor level
+    assumed: list[str] = field(default_factory=list)
+
+
+def is_foreign(path: Path) -> bool:
+    """True for a file this module reads (by suffix, or by its first bytes for a saved text)."""
+    if path.suffix.lower() == ".xml":
+        return True
+    if path.suffix.lower() in (".yaml", ".yml", ".json"):
+        return False
+    try:
+        head = path.read_text(errors="replace")[:4096]
+    except OSError:
+        return False
+    return bool(re.search(r"^\s*GPU0\b", head, re.M) or head.lstrip().startswith("<"))
+
+
+def load_foreign(path: str | Path) -> Topology:
+    """A `Topology` from an NCCL topology dump or saved `nvidia-smi topo -m` text; a one-line error otherwise."""
+    path = Path(path)
+    try:
+        text = path.read_text(errors="replace")
+    except OSError as exc:
+        raise TopologyError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    sighting = read_nccl_xml(text, str(path)) if text.lstrip().startswith("<") else read_topo_text(text, str(path))
+    return build(sighting, path.stem)
+
+
+# ---- NCCL's XML ----------------------------------------------------------------------------------------
+def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise TopologyError(f"{source}: not an NCCL topology dump (XML: {exc})") from None
+    if root.tag != "system" or not root.findall(".//gpu"):
+        raise TopologyError(f"{source}: not an NCCL topology dump (no <system> with <gpu> entries); write one "
+                            "with NCCL_TOPO_DUMP_FILE=FILE.xml during any NCCL run")
+    gpus, paths, assumed = [], {}, []
+    # each GPU's ancestors, the CPU first: (cpu element, [bridges...]) found by walking the tree
+    def walk(element, cpu, bridges):
+        for child in element:
+            if child.tag == "cpu":
+                walk(child, child, [])
+            elif child.tag == "pci":
+                gpu = child.find("gpu")
+                if gpu is not None:
+                    gpus.append((child, gpu, cpu, list(bridges)))
+                walk(child, cpu, bridges + [child])
+    walk(root, None, [])
+    bus_of = {}
+    seen = []
+    for pci, gpu, cpu, bridges in gpus:
+        index = _int(gpu.get("dev", gpu.get("rank")), f"{source}: <gpu dev>")
+        bus = pci.get("busid", f"gpu{index}").upper()
+        bus_of[bus] = index
+        sm = _int(gpu.get("sm", "0"), f"{source}: <gpu sm>")
+        has_nvlink = gpu.find("nvlink") is not None
+        model = _sm_model(sm, has_nvlink)
+        numa = _int(cpu.get("numaid"), f"{source}: <cpu numaid>") if cpu is not None and cpu.get("numaid") else None
+        seen.append(SeenGPU(index, bus, model, numa, _affinity(cpu.get("affinity")) if cpu is not None else None,
+                            _pcie(pci)))
+        paths[index] = (id(cpu), bridges)
+    assumed.append("GPU model from the compute capability in the dump (it names no model): "
+                   + ", ".join(sorted({g.model for g in seen})))
+    for (pci, gpu, _, _), g in zip(gpus, seen):
+        for link in gpu.findall("nvlink"):
+            count = _int(link.get("count", "1"), f"{source}: <nvlink count>")
+            target = (link.get("target") or "").upper()
+            if link.get("tclass") == GPU_CLASS and target in bus_of:
+                g.nvlinks_to_gpus[bus_of[target]] = g.nvlinks_to_gpus.get(bus_of[target], 0) + count
+            elif link.get("tclass") == NVSWITCH_CLASS:  # NCCL too joins every NVSwitch into one node
+                g.nvlinks_to_switches[ONE_SWITCH] = g.nvlinks_to_switches.get(ONE_SWITCH, 0) + count
+    levels = {}
+    for a, b in itertools.combinations(sorted(paths), 2):
+        levels[(a, b)] = _tree_level(paths[a], paths[b])
+    return Sighting("NCCL topology dump", sorted(seen, key=lambda g: g.index), levels, assumed)
+
+
+def _tree_level(a: tuple[int, list], b: tuple[int, list]) -> int:
+    """NVML's level for two GPUs from their CPU and bridges: a bridge with one child is a port, not a switch."""
+    (cpu_a, bridges_a), (cpu_b, bridges_b) = a, b
+    if cpu_a != cpu_b:
+        return LEVELS["SYS"]
+    common = 0
+    while common < min(len(bridges_a), len(bridges_b)) and bridges_a[common] is bridges_b[common]:
+        common += 1
+    if common == 0:
+        return LEVELS["PHB"]
+    below = [x for x in bridges_a[common:] + bridges_b[common:] if len(list(x)) > 1]
+    return LEVELS["PIX"] if not below else LEVELS["PXB"]
+
+
+def _sm_model(sm: int, has_nvlink: bool) -> str:
+    family = SM_MODELS.get(sm - sm % 10) or SM_MODELS[max(k for k in SM_MODELS if k <= max(sm, 60))]
+    return family[0] if has_nvlink else family[1]
+
+
+def _pcie(pci) -> tuple[int, int] | None:
+    speed = re.match(r"\s*([\d.]+)\s*GT/s", pci.get("link_speed") or "")
+    width = pci.get("link_width")
+    if not speed or not (width or "").isdigit():
+        return None
+    generation = PCIE_GT_S.get(float(speed.group(1)))
+    return (generation, int(width)) if generation else None
+
+
+def _affinity(mask: str | None) -> str | None:
+    """NCCL's hex CPU mask ('ffffffff,00000000', most significant word first) as a CPU list ('32-63')."""
+    from meshscale.topology.nvml_discovery import cpu_list
+    if not mask:
+        return None
+    try:
+        value = int(mask.replace(",", ""), 16)
+    except ValueError:
+        return None
+    return cpu_list(b for b in range(value.bit_length()) if value >> b & 1) or None
+
+
+def _int(value, where: str) -> int:
+    try:
+        return int(str(value), 0)
+    except (TypeError, ValueError):
+        raise TopologyError(f"{where} {value!r} is not a whole number") from None
+
+
+# ---- nvidia-smi topo -m ----------------------------------------------------------------------------------
+def read_topo_text(text: str, source: str = "<text>") -> Sighting:
+    lines = text.splitlines()
+    header = next((i for i, line in enumerate(lines) if re.match(r"^\s*GPU0(\s|$)", line)), None)
+    if header is None:
+        raise TopologyError(f"{source}: not `nvidia-smi topo -m` output (no header line starting with GPU0); "
+                            "save it with `nvidia-smi -L; nvidia-smi topo -m` > FILE.txt")
+    labels = [t for t in lines[header].split() if re.fullmatch(r"(GPU|NIC)\d+", t)]
+    gpu_labels = [l for l in labels if l.startswith("GPU")]
+    names = dict(re.findall(r"^GPU (\d+): (.+?)(?: \(UUID:.*)?$", text, re.M))
+    rows = {}
+    for line in lines[header + 1:]:
+        words = line.split()
+        if not words or words[0] not in gpu_labels:
+            if words and words[0].startswith("Legend"):
+                break
+            continue
+        cells = words[1:1 + len(labels)]
+        if len(cells) < len(labels):
+            raise TopologyError(f"{source}: row {words[0]} has {len(cells)} relations for {len(labels)} columns")
+        rows[int(words[0][3:])] = (dict(zip(labels, cells)), words[1 + len(labels):])
+    if sorted(rows) != list(range(len(gpu_labels))):
+        raise TopologyError(f"{source}: rows {sorted(rows)} do not match the columns {gpu_labels}")
+    gpus, assumed = [], []
+    for i, (cells, rest) in sorted(rows.items()):
+        numa = int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
+        gpus.append(SeenGPU(i, f"gpu{i}", names.get(str(i), "").strip() or "NVIDIA GPU", numa,
+                            rest[0] if rest and rest[0] != "N/A" else None))
+    if len(names) < len(gpus):
+        assumed.append("GPU model: add `nvidia-smi -L` lines to the file to name it; the model table's default "
+                       "stands for the unnamed GPUs")
+    known, nvlinked = {}, {}
+    for i, (cells, _) in rows.items():
+        for j in range(len(gpus)):
+            relation = cells[f"GPU{j}"]
+            if i == j:
+                continue
+            if relation.startswith("NV") and relation[2:].isdigit():
+                nvlinked[(min(i, j), max(i, j))] = int(relation[2:])
+            elif relation in LEVELS:
+                known[(min(i, j), max(i, j))] = LEVELS[relation]
+            else:
+                raise TopologyError(f"{source}: GPU{i} to GPU{j}: unknown relation {relation!r} "
+                                    f"(nvidia-smi writes X, NV#, {', '.join(LEVELS)})")
+    levels = dict(known)
+    for (i, j) in nvlinked:  # the closest level the pairs the text states allow (levels form a tree)
+        bounds = [max(known[(min(i, k), max(i, k))], known[(min(j, k), max(j, k))]) for k in range(len(gpus))
+                  if (min(i, k), max(i, k)) in known and (min(j, k), max(j, k)) in known]
+        same_numa = gpus[i].numa == gpus[j].numa
+        levels[(i, j)] = min(bounds) if bounds else LEVELS["PHB" if same_numa else "SYS"]
+    if nvlinked:
+        assumed.append("PCIe relation of NVLink pairs (the text shows only NV#): the closest the other pairs allow")
+    _nvlinks_from_text(gpus, nvlinked, assumed)
+    return Sighting("nvidia-smi topo -m", gpus, levels, assumed)
+
+
+def _nvlinks_from_text(gpus: list[SeenGPU], nvlinked: dict[tuple[int, int], int], assumed: list[str]) -> None:
+    """NV# pairs as direct links, or, where a GPU would need more links than it has, one NVSwitch for all."""
+    from meshscale.topology.nvml_discovery import model_facts
+    switched = False
+    for g in gpus:
+        total = sum(n for pair, n in nvlinked.items() if g.index in pair)
+        has = model_facts(g.model)[0].get("nvlinks") or 18
+        switched |= total > has
+    for (i, j), n in nvlinked.items():
+        if switched:
+            for g in (gpus[i], gpus[j]):
+                g.nvlinks_to_switches[ONE_SWITCH] = max(g.nvlinks_to_switches.get(ONE_SWITCH, 0), n)
+        else:
+            gpus[i].nvlinks_to_gpus[j] = n
+            gpus[j].nvlinks_to_gpus[i] = n
+    if switched:
+        assumed.append("NVSwitches: one switch node stands for all of them (the text shows only NV# per pair)")
+
+
+# ---- built by NVML discovery ----------------------------------------------------------------------------
+class _Unsupported(Exception):
+    pass
+
+
+def _stand_in(sighting: Sighting):
+    """An object answering the NVML calls discovery makes, from the sighting (anything else: unsupported)."""
+    gpus = sighting.gpus
+    by_bus = {g.bus_id: g for g in gpus}
+
+    def links(g: SeenGPU) -> list[tuple[str, int]]:  # (remote bus, remote type) per NVLink
+        out = []
+        for peer, n in sorted(g.nvlinks_to_gpus.items()):
+            out += [(gpus[peer].bus_id, 0)] * n
+        for bus, n in sorted(g.nvlinks_to_switches.items()):
+            out += [(bus, 2)] * n
+        return out
+
+    def level(a, b):
+        return sighting.levels[(min(a.index, b.index), max(a.index, b.index))]
+
+    def pcie(index):
+        def get(g):
+            if g.pcie is None:
+                raise _Unsupported()
+            return g.pcie[index]
+        return get
+
+    def link_of(g, k):
+        all_links = links(g)
+        if k >= len(all_links):
+            raise _Unsupported()
+        return all_links[k]
+
+    return SimpleNamespace(
+        NVMLError=_Unsupported, NVML_FEATURE_ENABLED=1, NVML_NVLINK_MAX_LINKS=max([18] + [len(links(g)) for g in gpus]),
+        nvmlInit=lambda: None, nvmlShutdown=lambda: None,
+        nvmlDeviceGetCount=lambda: len(gpus), nvmlDeviceGetHandleByIndex=lambda i: gpus[i],
+        nvmlDeviceGetName=lambda g: g.model, nvmlDeviceGetPciInfo=lambda g: SimpleNamespace(busId=g.bus_id),
+        nvmlDeviceGetNumaNodeId=lambda g: g.numa if g.numa is not None else -1,
+        nvmlDeviceGetMaxPcieLinkGeneration=pcie(0), nvmlDeviceGetMaxPcieLinkWidth=pcie(1),
+        nvmlDeviceGetTopologyCommonAncestor=level,
+        nvmlDeviceGetNvLinkState=lambda g, k: link_of(g, k) and 1,
+        nvmlDeviceGetNvLinkRemotePciInfo=lambda g, k: SimpleNamespace(busId=link_of(g, k)[0]),
+        nvmlDeviceGetNvLinkRemoteDeviceType=lambda g, k: link_of(g, k)[1],
+        by_bus=by_bus)
+
+
+def build(sighting: Sighting, name: str) -> Topology:
+    """The `Topology` NVML discovery builds from what the sighting says; its notes say what was assumed."""
+    from meshscale.topology.nvml_discovery import nvml_topology
+    found = nvml_topology(_stand_in(sighting), sm_counts={})
+    for g in sighting.gpus:  # the CPU list the file gave (NVML's would be this process's machine)
+        attrs = found.nodes[f"gpu{g.index}"].attrs
+        attrs.pop("cpu_affinity", None)
+        if g.cpu_affinity:
+            attrs["cpu_affinity"] = g.cpu_affinity
+    from meshscale.topology.nvml_discovery import FALLBACK_PCIE
+    models = sorted({g.model for g in sighting.gpus})
+    unsaid = [f"GPU{g.index}" for g in sighting.gpus if g.pcie is None]
+    pcie = [f"PCIe {FALLBACK_PCIE[0]}.0 x{FALLBACK_PCIE[1]} for {', '.join(unsaid)} (the file gives no link speed)"] \
+        if unsaid else []
+    attrs = {"source": sighting.source, "bandwidth_source": "line rate from the file's links",
+             "assumed": [*sighting.assumed, *pcie, *found.attrs.get("assumed", [])],
+             "pcie_levels": found.attrs.get("pcie_levels", {})}
+    title = f"{name}: {len(sighting.gpus)}x {', '.join(models)} (from {sighting.source})"
+    return Topology(name, found.nodes, found.links, title, attrs)
+
+
+# ---- writing the two formats (for tests and for users who want a dump of a catalog system) --------------
+def to_topo_text(topology: Topology) -> str:
+    """`nvidia-smi -L` lines, then the `nvidia-smi topo -m` matrix, as nvidia-smi prints them."""
+    from meshscale.topology.text import relation_matrix
+    names = [f"GPU {topology.nodes[g].index}: {topology.nodes[g].attrs.get('model', 'NVIDIA GPU')}"
+             for g in topology.devices()]
+    return "\n".join(names) + "\n" + relation_matrix(topology, bandwidth=False) + "\n"
+
+
+def to_nccl_xml(topology: Topology) -> str:
+    """The topology as NCCL dumps one (NCCL_TOPO_DUMP_FILE): CPUs, the PCIe tree, GPUs and their NVLinks."""
+    gpus = topology.gpus()
+    bus = {g: f"0000:{0x10 + topology.nodes[g].index:02x}:00.0" for g in gpus}
+    bus.update({s: f"0000:{0xc0 + k:02x}:00.0" for k, s in enumerate(topology.nodes_of("nvswitch"))})
+    root = ET.Element("system", version="1")
+    done: set[str] = set()
+
+    def children(node: str) -> list[str]:
+        return sorted({other for link in topology.links if link.kind == "pcie" and node in (link.a, link.b)
+                       for other in (link.a, link.b) if other != node and other not in done})
+
+    def add(parent_xml, node: str) -> None:
+        done.add(node)
+        kind = topology.nodes[node].kind
+        if kind == "pcie_switch":
+            element = ET.SubElement(parent_xml, "pci", busid=f"0000:{0x80 + len(done):02x}:00.0", **{"class": BRIDGE_CLASS})
+            for child in children(node):
+                add(element, child)
+        elif kind == "gpu":
+            attrs = topology.nodes[node].attrs
+            pcie = next((l for l in topology.links if l.kind == "pcie" and node in (l.a, l.b)), None)
+            speed = {g: s for s, g in PCIE_GT_S.items()}.get(getattr(pcie, "generation", None) or 3)
+            pci = ET.SubElement(parent_xml, "pci", busid=bus[node], link_speed=f"{speed} GT/s PCIe",
+                                link_width=str(getattr(pcie, "width", None) or 16), **{"class": GPU_CLASS})
+            sm = next((sm for key, sm in MODEL_SM if key in attrs.get("model", "")), 70)
+            gpu = ET.SubElement(pci, "gpu", dev=str(attrs["index"]), sm=str(sm), rank=str(attrs["index"]), gdr="1")
+            for link in topology.links:
+                if link.kind == "nvlink" and node in (link.a, link.b):
+                    other = link.b if link.a == node else link.a
+                    tclass = GPU_CLASS if topology.nodes[other].kind == "gpu" else NVSWITCH_CLASS
+                    ET.SubElement(gpu, "nvlink", target=bus[other], count=str(link.count), tclass=tclass)
+
+    for k, cpu in enumerate(topology.nodes_of("cpu")):
+        element = ET.SubElement(root, "cpu", numaid=str(topology.nodes[cpu].attrs.get("numa", k)), arch="x86_64")
+        done.add(cpu)
+        for child in children(cpu):
+            if topology.nodes[child].kind in ("pcie_switch", "gpu"):
+                add(element, child)
+    ET.indent(root)
+    return ET.tostring(root, encoding="unicode") + "\n"
