@@ -74,8 +74,8 @@ def test_gemm_time_grows_with_its_size_and_a_thin_one_is_memory_bound():
     r = rates(H100, "bf16")
     times = [kernel_seconds(gemm("x", m, 4096, 4096, 2), r) for m in (128, 1024, 8192, 65536)]
     assert times == sorted(times)
-    thin = gemm("thin", 1 << 20, 8, 8, 2)
-    assert kernel_seconds(thin, r) == pytest.approx(thin.bytes / r.bandwidth_bytes_per_s)
+    thin = gemm("thin", 1 << 20, 8, 8, 2)   # its time is its operands' traffic and little more
+    assert 1 <= kernel_seconds(thin, r) / (thin.bytes / r.bandwidth_bytes_per_s) < 1.3
     assert kernel_seconds(gemm("tiny", 8, 8, 8, 2), r) == KERNEL_FLOOR_S
 
 

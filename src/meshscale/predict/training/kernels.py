@@ -8,20 +8,24 @@ achievable fractions GPU libraries document.
   waves reach is the measured large-GEMM ceiling of the generation, GEMM_CEILING: the maximum achievable matmul
   FLOPS over shapes (BF16, PyTorch matmul: A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, GH200 821.0 of
   989; Stas Bekman's Machine Learning Engineering Open Book, "Maximum Achievable Matmul FLOPS comparison table").
-  Its operands cross HBM at least once, so a thin product is bandwidth-bound instead.
+  Its operands cross HBM at least once, so a thin product is bandwidth-bound instead. Each output tile also
+  pays, beyond its main loop over K, the load of its first K-block and the store of its finished tile at the SM's
+  share of the HBM bandwidth (the pipeline's fill and the epilogue, which the tile's own main loop cannot hide):
+  a short K (GPT-2 small's 768) leaves a GEMM well below the ceiling, a long one (8192) close to it
+  (`tile_efficiency`).
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation (ATTENTION_FRACTION).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
   datasheet figure; not a figure measured here).
-- No kernel takes less than KERNEL_FLOOR_S: launched from eager PyTorch, each op costs a few microseconds of
-  host dispatch and launch ("Accelerating PyTorch with CUDA Graphs", PyTorch blog), which the GPU waits out when
-  the kernel itself is shorter (a stated allowance).
+- No kernel takes less than KERNEL_FLOOR_S (the GPU's own launch and tail, a few microseconds; "CUDA Graph Best
+  Practice for PyTorch", NVIDIA, "CUDA Graph Basics"). The host's cost of issuing each aten op from eager PyTorch
+  is priced separately, per pass, in the step model (`HOST_SECONDS_PER_OP`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from math import ceil
 
 from meshscale.predict.training.hardware import GpuSpec
@@ -31,7 +35,12 @@ TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper fo
 GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
-KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (stated allowance)
+KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
+TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLASS's 128x128x64 tiles)
+# eager PyTorch: host time to issue one aten op through the dispatcher (autograd, autocast, the launch): a stated
+# allowance, inside the 5-20 us per op "CUDA Graph Best Practice for PyTorch" (NVIDIA) describes for CPU-bound
+# steps; a CUDA-graphed step replays without it.
+HOST_SECONDS_PER_OP = 10e-6
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
 # Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
 # Hopper: FlashAttention-2, what PyTorch's SDPA runs, reaches only 35% on H100 (FlashAttention-3 paper, abstract);
@@ -54,6 +63,8 @@ class Kernel:
     n: int = 0
     k: int = 0
     count: int = 1                  # identical kernels (e.g. per layer)
+    ops: int = 1                    # aten ops the host issues for it (views and the kernel itself)
+    backward_bytes: float | None = None   # memory ops: their backward's traffic (None: the default multiple; 0: none)
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -70,8 +81,8 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
             gemm(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m, e, fwd.kind)]
 
 
-def memory_op(name: str, nbytes: float) -> Kernel:
-    return Kernel(name, "memory", 0.0, float(nbytes))
+def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1) -> Kernel:
+    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes)
 
 
 def quantization(m: int, n: int, k: int, sm_count: int) -> float:
@@ -95,6 +106,7 @@ class Rates:
     bandwidth_bytes_per_s: float
     sm_count: int
     factor: float = 1.0             # measured / datasheet-predicted time on the calibrating GPU
+    element_bytes: int = 2          # the GEMMs' operand and output element
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
@@ -102,7 +114,17 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                 gpu.sm_count, factor)
+                 gpu.sm_count, factor, 4 if precision == "fp32" else 2)
+
+
+def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
+    """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
+    against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
+    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth."""
+    tm, tn = min(m, TILE), min(n, TILE)
+    main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
+    edge_bytes = r.element_bytes * ((tm + tn) * min(k, TILE_K) + tm * tn)
+    return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
 def kernel_seconds(kernel: Kernel, r: Rates) -> float:
@@ -111,7 +133,8 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count))
+        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
+        compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         compute_s = kernel.flops / r.attention_flops
     else:
@@ -126,8 +149,12 @@ def total_seconds(kernels: list[Kernel], r: Rates) -> float:
 def bound_of(kernel: Kernel, r: Rates) -> str:
     """Which side of the roofline limits a kernel: compute, memory or launch."""
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
-    t = kernel_seconds(kernel, Rates(r.matmul_flops, r.conv_flops, r.attention_flops, r.bandwidth_bytes_per_s,
-                                     r.sm_count)) / kernel.count
+    t = kernel_seconds(kernel, replace(r, factor=1.0)) / kernel.count
     if t <= KERNEL_FLOOR_S:
         return "launch"
     return "memory" if memory_s >= t * (1 - 1e-9) else "compute"
+
+
+def host_seconds(kernels: list[Kernel]) -> float:
+    """What the host spends issuing ``kernels`` from eager PyTorch (x their counts)."""
+    return HOST_SECONDS_PER_OP * sum(k.ops * k.count for k in kernels)

@@ -19,6 +19,10 @@ gradients are reduce-scattered in fp32. FSDP2 prefetches the next layer's all-ga
 so per layer only what the collective takes beyond the layer's compute is exposed, plus the first all-gather
 and the last reduce-scatter. Replicas (dp) all-reduce each layer's gradient shard in the same backward stream.
 
+Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each); the GPU runs ahead only as far as the
+host has issued, so each pass (a layer's forward, its backward, the ends, the optimizer) takes the longer of its
+kernels' time and its ops' host time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
+
 A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
 backward (only what exceeds backward, and the last bucket, is exposed).
 """
@@ -33,9 +37,10 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import Placement, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import Rates, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, element_bytes, optimizer_kernels, resnet_params,
-                                                 resnet_step, transformer_ends, transformer_layer)
+from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
+from meshscale.predict.training.workload import (RESNET_BLOCKS, accumulation_kernels, element_bytes,
+                                                 optimizer_kernels, resnet_params, resnet_step, transformer_ends,
+                                                 transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 
@@ -87,6 +92,7 @@ class TrainingJob:
     channels_last: bool = True
     autocast: bool = False      # fp32 parameters under torch.autocast (train's engine), else FSDP2 mixed precision
     image: int = 224
+    cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
 
     @property
     def name(self) -> str:
@@ -190,12 +196,18 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     return found
 
 
+def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: TrainingJob) -> float:
+    """A pass's time: its kernels, or the host's issuing of their ops where that is longer (eager only)."""
+    gpu = total_seconds(list(kernels), r)
+    return gpu if job.cuda_graph else max(gpu, host_seconds(list(kernels)))
+
+
 def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
     kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                           channels_last=job.channels_last, autocast=job.autocast)
     params = resnet_params(job.resnet_depth)
-    forward, backward = total_seconds(list(kernels.forward), r), total_seconds(list(kernels.backward), r)
-    optimizer = total_seconds(optimizer_kernels(params, "sgd"), r)
+    forward, backward = _pass_seconds(kernels.forward, r, job), _pass_seconds(kernels.backward, r, job)
+    optimizer = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
     times = [collective_seconds("all_reduce", b, group, placement) for b in buckets if b]
@@ -211,9 +223,9 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     tokens = job.batch // m * job.seq_len / layout.cp
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
                               checkpointing=job.checkpointing, autocast=job.autocast)
-    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision)
-    layer_f = total_seconds(list(layer.forward), r)
-    layer_b = total_seconds(list(layer.backward + layer.recompute), r)
+    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
+    layer_f = _pass_seconds(layer.forward, r, job)
+    layer_b = _pass_seconds(layer.backward + layer.recompute, r, job)
 
     def coll(name: str, nbytes: float, dim: str) -> float:
         return collective_seconds(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 else 0.0
@@ -228,7 +240,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
         if layout.pp > 1 else 0.0
 
     stage_layers = ceil(model.layers / layout.pp)
-    ends_f, ends_b = total_seconds(list(ends.forward), r), total_seconds(list(ends.backward), r)
+    ends_f, ends_b = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
     forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
     backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
     v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
@@ -251,7 +263,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
     stage_params = stage_layers * layer_params + ends_params / layout.tp
-    optimizer = total_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw"), r)
+    optimizer = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
+                              + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
