@@ -11,7 +11,8 @@ from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
 from meshscale.predict.training.comm import Placement, collective_seconds
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
-from meshscale.predict.training.kernels import KERNEL_FLOOR_S, gemm, kernel_seconds, quantization, rates
+from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, KERNEL_FLOOR_S, attention_fraction, gemm,
+                                                host_seconds, kernel_seconds, quantization, rates)
 from meshscale.predict.training.search import candidate_layouts, search_layouts
 from meshscale.predict.training.step import TrainingJob, predict_step
 from meshscale.predict.training.workload import resnet_params, resnet_step, transformer_layer
@@ -63,6 +64,32 @@ def test_checkpointing_recomputes_more_as_it_keeps_less():
     assert flops[2] == pytest.approx(flops[0] + forward, rel=1e-9)   # full: the forward once more
 
 
+def test_selective_recomputes_no_gemm_as_the_engine_keeps_them_and_torchtitans_policy_every_second():
+    model = preset("llama3-8b")
+    engine = transformer_layer(model, 4096, 4096, checkpointing="selective")
+    assert not [k for k in engine.recompute if k.kind in ("matmul", "attention")]
+    assert engine.recompute   # the norms, rotary and activations run again
+    titan = transformer_layer(model, 4096, 4096, checkpointing="selective", selective_policy="torchtitan")
+    gemms = [k for k in titan.forward if k.kind == "matmul"]
+    assert [k.name for k in titan.recompute if k.kind == "matmul"] == [k.name for k in gemms[1::2]]
+
+
+def test_a_step_of_tiny_kernels_is_host_bound_and_a_cuda_graph_removes_it():
+    tiny = preset("gpt2-small")
+    job = TrainingJob(tiny, ParallelLayout(), 1, 32, "bf16", autocast=True)
+    eager = predict_step(job, ONE, H100)
+    graphed = predict_step(replace(job, cuda_graph=True), ONE, H100)
+    assert graphed.step_s < eager.step_s
+    layer = transformer_layer(tiny, 32, 32, autocast=True)
+    # each layer's forward takes as long as the host needs to issue it
+    assert host_seconds(list(layer.forward)) > sum(kernel_seconds(k, rates(H100, "bf16")) for k in layer.forward)
+    assert eager.step_s >= tiny.layers * host_seconds(list(layer.forward + layer.backward))
+    # a large batch is GPU-bound: the graph changes little
+    big = replace(job, batch=16, seq_len=1024)
+    assert predict_step(replace(big, cuda_graph=True), ONE, H100).step_s > 0.97 * predict_step(big, ONE, H100).step_s
+    assert HOST_SECONDS_PER_OP > KERNEL_FLOOR_S
+
+
 # ---- the roofline --------------------------------------------------------------------------------------------
 def test_quantization_is_a_share_and_full_when_tiles_fill_whole_waves():
     assert quantization(128 * 132, 128, 4096, 132) == pytest.approx(1.0)
@@ -77,6 +104,20 @@ def test_gemm_time_grows_with_its_size_and_a_thin_one_is_memory_bound():
     thin = gemm("thin", 1 << 20, 8, 8, 2)   # its time is its operands' traffic and little more
     assert 1 <= kernel_seconds(thin, r) / (thin.bytes / r.bandwidth_bytes_per_s) < 1.3
     assert kernel_seconds(gemm("tiny", 8, 8, 8, 2), r) == KERNEL_FLOOR_S
+
+
+def test_a_short_k_gemm_runs_further_below_the_ceiling_than_a_long_one():
+    r = rates(H100, "bf16")
+    rate = [gemm("x", 16384, 4096, k, 2).flops / kernel_seconds(gemm("x", 16384, 4096, k, 2), r)
+            for k in (256, 768, 3072, 8192)]
+    assert rate == sorted(rate) and rate[-1] <= r.matmul_flops
+    assert rate[0] < 0.6 * rate[-1]
+
+
+def test_attention_on_hopper_runs_faster_with_longer_sequences_and_stays_below_peak():
+    for head_dim in (64, 128, 256):
+        fractions = [attention_fraction("hopper", head_dim, s) for s in (256, 512, 1500, 4096, 16384, 65536)]
+        assert fractions == sorted(fractions) and 0 < fractions[0] and fractions[-1] < 1
 
 
 def test_bf16_on_a_gpu_without_bf16_tensor_cores_is_refused_naming_the_flag():

@@ -15,7 +15,8 @@ achievable fractions GPU libraries document.
   (`tile_efficiency`).
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
-  peak its papers measure for the generation (ATTENTION_FRACTION).
+  peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
+  (`attention_fraction`).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
   datasheet figure; not a figure measured here).
@@ -26,7 +27,7 @@ achievable fractions GPU libraries document.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
+from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
 
@@ -43,10 +44,35 @@ TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLAS
 HOST_SECONDS_PER_OP = 10e-6
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
 # Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
-# Hopper: FlashAttention-2, what PyTorch's SDPA runs, reaches only 35% on H100 (FlashAttention-3 paper, abstract);
 # Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
 ATTENTION_FRACTION = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.35}
 ATTENTION_FRACTION_OTHER = 0.30   # memory-efficient attention on older GPUs (no FlashAttention-2 there)
+# Hopper, by head dimension and sequence length: FlashAttention-2 (what PyTorch's SDPA runs) forward TFLOP/s on
+# an H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens (FlashAttention-3 paper, Shah et al. 2024, figure 5, the
+# FlashAttention-2 bars), over the 989 TFLOP/s dense peak; short sequences and small heads fill the SMs
+# less. The backward is taken at the same fraction (the paper's own summary: FlashAttention-2 reaches 35%).
+ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
+HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (309, 350, 362, 368, 370, 370),
+                           256: (208, 251, 278, 293, 297, 298)}
+HOPPER_DENSE_TFLOPS = 989.0
+
+
+def attention_fraction(family: str, head_dim: int, seq_len: int) -> float:
+    """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
+    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
+        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
+    dims = sorted(HOPPER_ATTENTION_TFLOPS)
+    row = HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+    points = ATTENTION_SEQ_POINTS
+    s = min(max(seq_len, points[0]), points[-1])
+    i = max(j for j in range(len(points)) if points[j] <= s)
+    if i == len(points) - 1:
+        tflops = row[i]
+    else:   # linear in log2 of the sequence length between the measured points
+        w = log2(s / points[i])
+        tflops = row[i] + (row[i + 1] - row[i]) * w
+    return tflops / HOPPER_DENSE_TFLOPS
+
 
 KINDS = ("matmul", "conv", "attention", "memory")
 
@@ -102,11 +128,13 @@ class Rates:
 
     matmul_flops: float
     conv_flops: float
-    attention_flops: float
+    attention_flops: float          # at the family's default fraction (no shape known)
     bandwidth_bytes_per_s: float
     sm_count: int
     factor: float = 1.0             # measured / datasheet-predicted time on the calibrating GPU
     element_bytes: int = 2          # the GEMMs' operand and output element
+    family: str = ""
+    dense_flops: float = 0.0
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
@@ -114,7 +142,7 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                 gpu.sm_count, factor, 4 if precision == "fp32" else 2)
+                 gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision))
 
 
 def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
@@ -136,7 +164,9 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
         share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
-        compute_s = kernel.flops / r.attention_flops
+        # an attention kernel carries its sequence length as m and its head dimension as k
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m) if r.dense_flops else r.attention_flops
+        compute_s = kernel.flops / rate
     else:
         compute_s = 0.0
     return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S) * r.factor

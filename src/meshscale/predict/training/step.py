@@ -38,7 +38,7 @@ from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import Placement, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, accumulation_kernels, element_bytes,
+from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, accumulation_kernels, element_bytes,
                                                  optimizer_kernels, resnet_params, resnet_step, transformer_ends,
                                                  transformer_layer)
 
@@ -93,6 +93,7 @@ class TrainingJob:
     autocast: bool = False      # fp32 parameters under torch.autocast (train's engine), else FSDP2 mixed precision
     image: int = 224
     cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
+    selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
 
     @property
     def name(self) -> str:
@@ -164,6 +165,8 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     """Refuse a job that cannot run, in one line naming the field."""
     if job.precision not in PRECISIONS:
         raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
+    if job.selective_policy not in SELECTIVE_POLICIES:
+        raise MeshscaleError(f"selective_policy {job.selective_policy}: use one of {', '.join(SELECTIVE_POLICIES)}")
     if job.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
     if job.batch < 1:
@@ -222,7 +225,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
-                              checkpointing=job.checkpointing, autocast=job.autocast)
+                              checkpointing=job.checkpointing, autocast=job.autocast,
+                              selective_policy=job.selective_policy)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
     layer_f = _pass_seconds(layer.forward, r, job)
     layer_b = _pass_seconds(layer.backward + layer.recompute, r, job)

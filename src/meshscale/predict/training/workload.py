@@ -56,17 +56,22 @@ def element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
+SELECTIVE_POLICIES = ("matmuls", "torchtitan")
+
+
 def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str,
-            backward_only: list[Kernel] = ()) -> PassKernels:
+            backward_only: list[Kernel] = (), selective_policy: str = "matmuls") -> PassKernels:
     """Backward of ``forward`` (GEMMs and convolutions: two products each; attention: 2.5 x its FLOPs;
     element-wise: its own backward traffic, else BACKWARD_TRAFFIC x its bytes), ``backward_only`` kernels, and
-    the recomputation ``checkpointing`` asks for (selective: ``elementwise``)."""
+    the recomputation ``checkpointing`` asks for (selective: ``elementwise``; under torchtitan's own op-level
+    policy, whose `_custom_policy` saves "all compute ops, except every second mm", also the 2nd, 4th, ...
+    GEMMs of the block)."""
     backward: list[Kernel] = []
     for k in forward:
         if k.kind in ("matmul", "conv"):
             backward += gemm_backward(k)
         elif k.kind == "attention":
-            backward.append(Kernel(k.name + " backward", "attention", 2.5 * k.flops, 2 * k.bytes, ops=k.ops))
+            backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
             backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops))
@@ -74,14 +79,17 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     if checkpointing == "full":
         recompute = forward
     elif checkpointing == "selective":
-        recompute = elementwise
+        recompute = list(elementwise)
+        if selective_policy == "torchtitan":
+            recompute += [k for k in forward if k.kind == "matmul"][1::2]
     else:
         recompute = []
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
 
 
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
-                      precision: str = "bf16", checkpointing: str = "none", autocast: bool = False) -> PassKernels:
+                      precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
+                      selective_policy: str = "matmuls") -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
@@ -130,9 +138,11 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     joined = [memory_op("q, k, v gradients joined", 2 * e * tokens * (d + 2 * kv) / tp)] if model.style == "gpt2" else []
     grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
         if precision != "fp32" else []
-    forward = [*casts, norm, *qkv, *rotary, Kernel("attention", "attention", attention_flops, attention_bytes),
+    forward = [*casts, norm, *qkv, *rotary, Kernel("attention", "attention", attention_flops, attention_bytes,
+                                                       m=seq_len, k=model.head_dim),
                gemm("attention out", tokens, d, d / tp, e), add, norm, *mlp, *act_ops, down, add]
-    return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing, joined + grads + bias_grads)
+    return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing, joined + grads + bias_grads,
+                   selective_policy)
 
 
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
