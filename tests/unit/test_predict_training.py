@@ -9,12 +9,12 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
-from meshscale.predict.training.comm import Placement, collective_seconds
+from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, KERNEL_FLOOR_S, attention_fraction, gemm,
                                                 host_seconds, kernel_seconds, quantization, rates)
 from meshscale.predict.training.search import candidate_layouts, search_layouts
-from meshscale.predict.training.step import TrainingJob, predict_step
+from meshscale.predict.training.step import TrainingJob, contention_seconds, predict_step
 from meshscale.predict.training.workload import resnet_params, resnet_step, transformer_layer
 from meshscale.results import Result
 
@@ -153,6 +153,18 @@ def test_a_group_spanning_nodes_costs_more_than_one_inside_a_node():
     inside = collective_seconds("all_gather", 1 << 26, [0, 1], fabric)
     across = collective_seconds("all_gather", 1 << 26, [0, 8], fabric)
     assert 0 < inside < across
+
+
+def test_overlapped_collectives_slow_compute_by_the_sms_their_channels_hold():
+    c = collective_cost("all_gather", 1 << 28, list(range(8)), NODE)
+    assert 0 < c.channels < H100.sm_count
+    # no longer than the overlap, no more than the channels' share of it
+    assert contention_seconds([c], 1.0, H100.sm_count) == pytest.approx(c.seconds * c.channels / H100.sm_count)
+    assert contention_seconds([c], c.seconds / 10, H100.sm_count) < contention_seconds([c], 1.0, H100.sm_count)
+    assert contention_seconds([CollectiveCost(0.0)], 1.0, H100.sm_count) == 0.0
+    job = TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=8), 1, 4096, "bf16")
+    p = predict_step(job, NODE, H100)
+    assert 0 < p.contention_s < 0.2 * p.step_s
 
 
 def test_collective_time_grows_with_size():

@@ -25,6 +25,10 @@ kernels' time and its ops' host time; a CUDA-graphed step (train --cuda-graph) p
 
 A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
 backward (only what exceeds backward, and the last bucket, is exposed).
+
+A collective that overlaps compute takes SMs from it: NCCL runs one thread block per channel, each resident on
+an SM for the collective's duration, so the compute it overlaps runs on the SMs left and loses channels /
+SM count of its progress for that time (`contention_seconds`).
 """
 from __future__ import annotations
 
@@ -35,7 +39,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
-from meshscale.predict.training.comm import Placement, collective_seconds
+from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
 from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, accumulation_kernels, element_bytes,
@@ -127,6 +131,7 @@ class TrainingPrediction:
     sharding_s: float = 0.0     # FSDP all-gather / reduce-scatter not hidden by compute
     replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
     host_s: float = 0.0         # a calibration's fixed cost per step
+    contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -151,7 +156,8 @@ class TrainingPrediction:
         """Seconds per step that are not compute, by cause."""
         return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
                 "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
-                "replica all-reduce": self.replica_s, "host per step": self.host_s}
+                "replica all-reduce": self.replica_s, "host per step": self.host_s,
+                "SMs held by NCCL": self.contention_s}
 
     def why(self) -> str:
         """The step's largest costs beyond compute, in words."""
@@ -205,6 +211,16 @@ def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: Tra
     return gpu if job.cuda_graph else max(gpu, host_seconds(list(kernels)))
 
 
+def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_count: int) -> float:
+    """Compute progress lost while ``costs`` (run one after another) overlap ``overlapped_s`` of compute: for as
+    long as both run, the collectives' channels are SMs the compute does not have."""
+    busy = sum(c.seconds for c in costs)
+    if busy <= 0:
+        return 0.0
+    channels = max(c.channels for c in costs)
+    return min(busy, overlapped_s) * min(1.0, channels / sm_count)
+
+
 def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
     kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                           channels_last=job.channels_last, autocast=job.autocast)
@@ -213,10 +229,13 @@ def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, sour
     optimizer = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
-    times = [collective_seconds("all_reduce", b, group, placement) for b in buckets if b]
+    costs = [collective_cost("all_reduce", b, group, placement) for b in buckets if b]
+    times = [c.seconds for c in costs]
     exposed = max(0.0, sum(times) - backward) + (times[-1] if times else 0.0)
+    contention = contention_seconds(costs[:-1], backward, gpu.sm_count)
     compute = forward + backward + optimizer
-    return TrainingPrediction(job, placement, gpu, source, compute + exposed, compute, replica_s=exposed)
+    return TrainingPrediction(job, placement, gpu, source, compute + exposed + contention, compute, replica_s=exposed,
+                              contention_s=contention)
 
 
 def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
@@ -231,8 +250,12 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     layer_f = _pass_seconds(layer.forward, r, job)
     layer_b = _pass_seconds(layer.backward + layer.recompute, r, job)
 
+    def cost(name: str, nbytes: float, dim: str) -> CollectiveCost:
+        return collective_cost(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 \
+            else CollectiveCost(0.0)
+
     def coll(name: str, nbytes: float, dim: str) -> float:
-        return collective_seconds(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 else 0.0
+        return cost(name, nbytes, dim).seconds
 
     activation = tokens * model.d_model * e
     tp_f = 2 * (coll("all_gather", activation, "tp") + coll("reduce_scatter", activation, "tp"))
@@ -254,10 +277,14 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     # FSDP2 and replicas, per layer of this stage over the whole step
     layer_params = model.layer_params() / layout.tp
     param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
-    gather = coll("all_gather", layer_params * param_bytes, "fsdp")
-    reduce = coll("reduce_scatter", layer_params * 4, "fsdp")
-    replicate = coll("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    gather_c = cost("all_gather", layer_params * param_bytes, "fsdp")
+    reduce_c = cost("reduce_scatter", layer_params * 4, "fsdp")
+    replicate_c = cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
+    contention = stage_layers * (
+        contention_seconds([gather_c], m * layer_f, gpu.sm_count)
+        + contention_seconds([gather_c] * (layout.pp == 1) + [reduce_c, replicate_c], m * layer_b, gpu.sm_count))
     sharding = gather + stage_layers * max(0.0, gather - m * layer_f)
     tail = reduce + replicate
     exposed_backward = stage_layers * max(0.0, backward_gather + tail - m * layer_b) + tail
@@ -270,11 +297,11 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     optimizer = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
                               + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
-    step = pipeline + sharding + replica + optimizer
+    step = pipeline + sharding + replica + optimizer + contention
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
                              checkpointing=job.checkpointing)
     return TrainingPrediction(job, placement, gpu, source, step, compute,
                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                              memory=memory)
+                              contention_s=contention, memory=memory)
