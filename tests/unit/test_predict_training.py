@@ -292,6 +292,17 @@ def test_predict_a_layout_prints_tokens_per_gpu_mfu_and_memory(cli, tmp_path):
     assert row["fsdp"] == 8 and 0 < row["mfu"] < 1 and row["memory_peak_bytes"] > 0
 
 
+def test_predict_cuda_graph_removes_the_host_cost_of_a_small_step(cli, tmp_path):
+    rates = []
+    for extra in ([], ["--cuda-graph"]):
+        out = tmp_path / f"p{len(extra)}.json"
+        r = cli("predict", "--model", "gpt-small", "--system", "hgx-h100", "--gpus", "1", "--batch", "1",
+                "--seq-len", "128", "--precision", "bf16", *extra, "--json", out)
+        assert r.exit_code == 0, r.output
+        rates.append(json.loads(out.read_text())["rows"][0]["throughput_samples_per_s"])
+    assert rates[1] > rates[0]
+
+
 @pytest.mark.parametrize("args, field", [
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--tp", "3"], "--tp 3"),
     (["--model", "resnet50", "--system", "dgx1-v100", "--gpus", "1", "--precision", "bf16"], "--precision bf16"),

@@ -132,6 +132,7 @@ class TrainingPrediction:
     replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
     host_s: float = 0.0         # a calibration's fixed cost per step
     contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
+    launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -153,11 +154,11 @@ class TrainingPrediction:
         return self.memory is None or self.memory.fits(self.gpu.memory_bytes)
 
     def exposed(self) -> dict[str, float]:
-        """Seconds per step that are not compute, by cause."""
+        """Seconds per step beyond the kernels' own time, by cause (host-bound ops are inside compute_s)."""
         return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
                 "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
                 "replica all-reduce": self.replica_s, "host per step": self.host_s,
-                "SMs held by NCCL": self.contention_s}
+                "SMs held by NCCL": self.contention_s, "host-bound ops": self.launch_s}
 
     def why(self) -> str:
         """The step's largest costs beyond compute, in words."""
@@ -205,10 +206,12 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     return found
 
 
-def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: TrainingJob) -> float:
-    """A pass's time: its kernels, or the host's issuing of their ops where that is longer (eager only)."""
+def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: TrainingJob) -> tuple[float, float]:
+    """A pass's time: its kernels, or the host's issuing of their ops where that is longer (eager only); and
+    how much longer the host made it."""
     gpu = total_seconds(list(kernels), r)
-    return gpu if job.cuda_graph else max(gpu, host_seconds(list(kernels)))
+    host = 0.0 if job.cuda_graph else host_seconds(list(kernels))
+    return max(gpu, host), max(0.0, host - gpu)
 
 
 def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_count: int) -> float:
@@ -225,8 +228,8 @@ def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, sour
     kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                           channels_last=job.channels_last, autocast=job.autocast)
     params = resnet_params(job.resnet_depth)
-    forward, backward = _pass_seconds(kernels.forward, r, job), _pass_seconds(kernels.backward, r, job)
-    optimizer = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
+    (forward, wait_f), (backward, wait_b) = _pass_seconds(kernels.forward, r, job), _pass_seconds(kernels.backward, r, job)
+    optimizer, wait_o = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
     costs = [collective_cost("all_reduce", b, group, placement) for b in buckets if b]
@@ -235,7 +238,7 @@ def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, sour
     contention = contention_seconds(costs[:-1], backward, gpu.sm_count)
     compute = forward + backward + optimizer
     return TrainingPrediction(job, placement, gpu, source, compute + exposed + contention, compute, replica_s=exposed,
-                              contention_s=contention)
+                              contention_s=contention, launch_s=wait_f + wait_b + wait_o)
 
 
 def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
@@ -247,8 +250,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
                               checkpointing=job.checkpointing, autocast=job.autocast,
                               selective_policy=job.selective_policy)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
-    layer_f = _pass_seconds(layer.forward, r, job)
-    layer_b = _pass_seconds(layer.backward + layer.recompute, r, job)
+    layer_f, wait_lf = _pass_seconds(layer.forward, r, job)
+    layer_b, wait_lb = _pass_seconds(layer.backward + layer.recompute, r, job)
 
     def cost(name: str, nbytes: float, dim: str) -> CollectiveCost:
         return collective_cost(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 \
@@ -267,7 +270,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
         if layout.pp > 1 else 0.0
 
     stage_layers = ceil(model.layers / layout.pp)
-    ends_f, ends_b = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
+    (ends_f, wait_ef), (ends_b, wait_eb) = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
     forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
     backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
     v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
@@ -294,8 +297,9 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
     stage_params = stage_layers * layer_params + ends_params / layout.tp
-    optimizer = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
-                              + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
+    optimizer, wait_o = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
+                                      + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
+    launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer + contention
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
@@ -304,4 +308,4 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     return TrainingPrediction(job, placement, gpu, source, step, compute,
                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                              contention_s=contention, memory=memory)
+                              contention_s=contention, launch_s=launch, memory=memory)
