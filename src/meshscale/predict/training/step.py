@@ -18,6 +18,9 @@ and (resharded after forward when there is no pipeline, FSDP2's default) again b
 gradients are reduce-scattered in fp32. FSDP2 prefetches the next layer's all-gather while this layer computes,
 so per layer only what the collective takes beyond the layer's compute is exposed, plus the first all-gather
 and the last reduce-scatter. Replicas (dp) all-reduce each layer's gradient shard in the same backward stream.
+Without a pipeline this happens for every micro-batch (resharded after each forward, gradients reduced after
+each backward, as FSDP2 and FSDP1 do under gradient accumulation unless told not to); under a pipeline the
+layers stay gathered for the step and their gradients are reduced once.
 
 Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each); the GPU runs ahead only as far as the
 host has issued, so each pass (a layer's forward, its backward, the ends, the optimizer) takes the longer of its
@@ -285,12 +288,15 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     replicate_c = cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
     gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
-    contention = stage_layers * (
-        contention_seconds([gather_c], m * layer_f, gpu.sm_count)
-        + contention_seconds([gather_c] * (layout.pp == 1) + [reduce_c, replicate_c], m * layer_b, gpu.sm_count))
-    sharding = gather + stage_layers * max(0.0, gather - m * layer_f)
+    rounds = m if layout.pp == 1 else 1                       # gathers and reductions per layer per step
+    per_round = m // rounds                                   # micro-batches each round's collectives overlap
+    contention = rounds * stage_layers * (
+        contention_seconds([gather_c], per_round * layer_f, gpu.sm_count)
+        + contention_seconds([gather_c] * (layout.pp == 1) + [reduce_c, replicate_c], per_round * layer_b,
+                             gpu.sm_count))
+    sharding = gather + rounds * stage_layers * max(0.0, gather - per_round * layer_f)
     tail = reduce + replicate
-    exposed_backward = stage_layers * max(0.0, backward_gather + tail - m * layer_b) + tail
+    exposed_backward = rounds * stage_layers * max(0.0, backward_gather + tail - per_round * layer_b) + tail
     replica = exposed_backward * (replicate / tail) if tail else 0.0
     sharding += exposed_backward - replica
 
