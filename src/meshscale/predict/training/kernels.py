@@ -47,22 +47,25 @@ HOST_SECONDS_PER_OP = 10e-6
 # Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
 ATTENTION_FRACTION = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.35}
 ATTENTION_FRACTION_OTHER = 0.30   # memory-efficient attention on older GPUs (no FlashAttention-2 there)
-# Hopper, by head dimension and sequence length: FlashAttention-2 (what PyTorch's SDPA runs) forward TFLOP/s on
-# an H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens (FlashAttention-3 paper, Shah et al. 2024, figure 5, the
-# FlashAttention-2 bars), over the 989 TFLOP/s dense peak; short sequences and small heads fill the SMs
-# less. The backward is taken at the same fraction (the paper's own summary: FlashAttention-2 reaches 35%).
+# Hopper, by head dimension and sequence length: FlashAttention-2 (what PyTorch's SDPA runs) TFLOP/s on an
+# H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens (FlashAttention-3 paper, Shah et al. 2024: figure 5, the
+# FlashAttention-2 bars of the forward pass with the causal mask, head dimensions 64 and 128, and head dimension
+# 256; figure 6, the backward pass at head dimension 128, taken for every head dimension), over the 989 TFLOP/s
+# dense peak; short sequences and small heads fill the SMs less.
 ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (309, 350, 362, 368, 370, 370),
+HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
                            256: (208, 251, 278, 293, 297, 298)}
+HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
 HOPPER_DENSE_TFLOPS = 989.0
 
 
-def attention_fraction(family: str, head_dim: int, seq_len: int) -> float:
+def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
     """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
     if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
         return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
     dims = sorted(HOPPER_ATTENTION_TFLOPS)
-    row = HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+    row = HOPPER_ATTENTION_BACKWARD_TFLOPS if backward else \
+        HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
     points = ATTENTION_SEQ_POINTS
     s = min(max(seq_len, points[0]), points[-1])
     i = max(j for j in range(len(points)) if points[j] <= s)
@@ -164,8 +167,9 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
         share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
-        # an attention kernel carries its sequence length as m and its head dimension as k
-        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m) if r.dense_flops else r.attention_flops
+        # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, kernel.n == 1) if r.dense_flops \
+            else r.attention_flops
         compute_s = kernel.flops / rate
     else:
         compute_s = 0.0

@@ -71,7 +71,7 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
         if k.kind in ("matmul", "conv"):
             backward += gemm_backward(k)
         elif k.kind == "attention":
-            backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes))
+            backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
             backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops))
