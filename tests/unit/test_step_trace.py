@@ -93,3 +93,57 @@ def test_kernel_launching_ops_of_forward_and_backward_match_the_traced_step():
     traffic, _, params = _traced_step(optimizer=False)
     _, kernels = _analytic(params, optimizer=False)
     assert sum(k.ops * k.count for k in kernels) == pytest.approx(traffic.ops, rel=0.15)
+
+
+# ---- a ResNet-50 built by hand (torchvision's v1.5 bottlenecks; torchvision itself is not importable here) --------
+def _resnet50(classes: int):
+    nn = torch.nn
+
+    class Bottleneck(nn.Module):
+        def __init__(self, c_in, width, stride):
+            super().__init__()
+            out = width * 4
+            self.conv1, self.bn1 = nn.Conv2d(c_in, width, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv2, self.bn2 = nn.Conv2d(width, width, 3, stride, 1, bias=False), nn.BatchNorm2d(width)
+            self.conv3, self.bn3 = nn.Conv2d(width, out, 1, bias=False), nn.BatchNorm2d(out)
+            self.relu = nn.ReLU(inplace=True)
+            self.down = None
+            if stride != 1 or c_in != out:
+                self.down = nn.Sequential(nn.Conv2d(c_in, out, 1, stride, bias=False), nn.BatchNorm2d(out))
+
+        def forward(self, x):
+            y = self.relu(self.bn1(self.conv1(x)))
+            y = self.relu(self.bn2(self.conv2(y)))
+            y = self.bn3(self.conv3(y))
+            y += x if self.down is None else self.down(x)
+            return self.relu(y)
+
+    layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(inplace=True), nn.MaxPool2d(3, 2, 1)]
+    c_in = 64
+    for stage, count in enumerate((3, 4, 6, 3)):
+        for b in range(count):
+            layers.append(Bottleneck(c_in, 64 * 2 ** stage, 2 if stage > 0 and b == 0 else 1))
+            c_in = 64 * 2 ** stage * 4
+    layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c_in, classes)]
+    return nn.Sequential(*layers)
+
+
+def test_resnet50_convolution_flops_bytes_and_ops_match_a_traced_step():
+    from meshscale.predict.training.workload import resnet_params, resnet_step
+
+    image, batch, classes = 64, 2, 10
+    torch.manual_seed(0)
+    model = _resnet50(classes)
+    assert sum(p.numel() for p in model.parameters()) == resnet_params(50, classes)
+    x, y = torch.randn(batch, 3, image, image), torch.randint(0, classes, (batch,))
+    traffic, flops = Traffic(), FlopCounterMode(display=False)
+    with traffic, flops:
+        F.cross_entropy(model(x).float(), y).backward()
+    kernels = resnet_step(50, batch, image=image, classes=classes, precision="fp32", autocast=False)
+    analytic = sum(k.flops * k.count for k in kernels.forward + kernels.backward)
+    assert flops.get_total_flops() == pytest.approx(analytic, rel=1e-6)
+    # CPU batch norm and pooling kernels pass over their tensors differently from cuDNN's
+    analytic_bytes = sum(k.bytes * k.count for k in kernels.forward + kernels.backward)
+    assert analytic_bytes == pytest.approx(sum(traffic.bytes.values()), rel=0.15), \
+        sorted(traffic.bytes.items(), key=lambda kv: -kv[1])[:12]
+    assert sum(k.ops * k.count for k in kernels.forward + kernels.backward) == pytest.approx(traffic.ops, rel=0.15)

@@ -232,7 +232,7 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     """A ResNet's kernels for one batch: convolutions, batch norm (a statistics pass and a normalizing pass:
     three accesses of its tensor forward; backward: dy and x read for the parameters' gradients and again for dx,
     dx written: five), ReLU (in place: two accesses; backward reads the gradient and the output, writes one),
-    each block's residual add (in place; its backward passes the gradient on unchanged), pooling, the classifier
+    each block's residual add (in place; in backward the two gradients summed where the input forks), pooling, the classifier
     and the loss in fp32; under autocast each weight cast to the compute precision forward and its gradient
     back to fp32 backward."""
     e = element_bytes(precision)
@@ -246,6 +246,8 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
             in_elements = batch * (c.out_hw * c.stride) ** 2 * c.c_in
             forward.append(replace(conv, bytes=e * (in_elements + conv.k * conv.n + conv.m * conv.n)))
             out_bytes = pixels * c.c_out * e
+            # ops: forward counts num_batches_tracked's increment, the saved-statistics buffer and the norm,
+            # backward one: two each way on average
             forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes, 5 * out_bytes, ops=2),
                         memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes)]
             if not channels_last and precision != "fp32":
@@ -253,7 +255,9 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
                 forward.append(memory_op(f"nchw transpose{i}.{j}", 2 * (in_bytes + out_bytes)))
         if i:
             out = block[-1] if len(block) in (2, 3) else block[-2]
-            forward.append(memory_op(f"residual add{i}", 3 * batch * out.out_hw ** 2 * out.c_out * e, 0))
+            add_bytes = 3 * batch * out.out_hw ** 2 * out.c_out * e
+            # backward: the gradient passes through the add, and is summed where the block's input forks
+            forward.append(memory_op(f"residual add{i}", add_bytes, add_bytes))
     stem = blocks[0][0]
     forward.append(memory_op("max pool", batch * stem.c_out * (stem.out_hw ** 2 + (stem.out_hw // 2) ** 2) * e))
     forward.append(memory_op("average pool", batch * features * (image // 32) ** 2 * e))
@@ -265,4 +269,8 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
         params = resnet_params(depth, classes)
         forward.append(memory_op("autocast weight casts", 6.0 * params, 0, ops=len(blocks) * 3))
         grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * params, ops=len(blocks) * 3)]
-    return _passes(forward, [], "none", grads)
+    passes = _passes(forward, [], "none", grads)
+    # the images need no gradient: autograd skips the stem convolution's input gradient
+    backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
+                     for k in passes.backward if k.name != "conv0.0 dgrad")
+    return replace(passes, backward=backward)
