@@ -15,7 +15,9 @@ Activations saved for backward, elements per token per layer (bf16: 2 B each), L
              (Korthikanti et al., Reducing Activation Recomputation, section 4, counted for this block with
              FlashAttention, which keeps no seq x seq matrix).
   selective  5 d + 2 kv + 2 f: outputs of the matrix multiplications and of attention are kept, the element-wise
-             ops (norms, rotary, SiLU, products) recomputed (torchtitan's op-level selective checkpointing).
+             ops (norms, rotary, SiLU, products) recomputed: the op-level policy meshscale's engine applies
+             (train/parallel keeps every mm and attention output). torchtitan's own policy also recomputes
+             every second mm and so keeps less; this count is the engine's.
   full       d: each layer's input only; one layer's activations live again while it is recomputed.
 GPT-2 style: none 8 d + 2 f, selective 5 d + 2 f (no separate gate), full d.
 With tensor parallelism (with sequence parallelism, as torchtitan applies it) and context parallelism, each rank holds

@@ -1,4 +1,4 @@
-"""The one place a training prediction prices a collective: `collective_seconds`. It calls NCCL's cost model
+"""The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its time). It calls NCCL's cost model
 (`meshscale.simulate.predict_collective`, NCCL's own choice of algorithm and protocol) on the group's placement:
 inside one node, on the node's topology; across nodes, on the cluster topology `predict --nodes` builds
 (`predict.exchange_cost.cluster_fabric`). Re-point this function to change how every training collective is
@@ -48,15 +48,28 @@ def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], 
     return local, len(nodes)
 
 
-def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> float:
-    """Seconds for ``collective`` of ``nbytes`` (the nccl-tests size: the whole gathered / reduced buffer; the
-    message for send_recv) among global ``ranks`` placed on ``fabric``."""
+@dataclass(frozen=True)
+class CollectiveCost:
+    """A collective's time and the channels it runs on (NCCL runs one thread block, on one SM, per channel)."""
+
+    seconds: float
+    channels: int = 0
+
+
+def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> CollectiveCost:
+    """Time and channels of ``collective`` of ``nbytes`` (the nccl-tests size: the whole gathered / reduced
+    buffer; the message for send_recv) among global ``ranks`` placed on ``fabric``."""
     if len(ranks) < 2 or nbytes <= 0:
-        return 0.0
+        return CollectiveCost(0.0)
     local, nodes = group_shape(ranks, fabric.gpus_per_node)
     # sizes rounded to 1/64 of a power of two keep the cache small without moving a time by more than 1.6%
     size = _rounded(nbytes)
     return _priced(collective, size, local, nodes, fabric.system, fabric.link, fabric.nics, fabric.gpus_per_node)
+
+
+def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> float:
+    """Seconds for ``collective`` (see `collective_cost`)."""
+    return collective_cost(collective, nbytes, ranks, fabric).seconds
 
 
 def _rounded(nbytes: float) -> int:
@@ -66,7 +79,7 @@ def _rounded(nbytes: float) -> int:
 
 @lru_cache(maxsize=65536)
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, system: str, link: str, nics: int,
-            gpus_per_node: int) -> float:
+            gpus_per_node: int) -> CollectiveCost:
     from meshscale.simulate import predict_collective
 
     priced_nodes = min(nodes, MAX_PRICED_NODES)
@@ -76,12 +89,14 @@ def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, sy
                  topo.nodes[devices[(gpus_per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
         ranks = [topo.nodes[devices[n * gpus_per_node + i]].index for n in range(priced_nodes) for i in local]
-    t = predict_collective(topo, collective, ranks, nbytes).time_s
+    found = predict_collective(topo, collective, ranks, nbytes)
+    t, channels = found.time_s, found.channels
     if nodes == priced_nodes:
-        return t
+        return CollectiveCost(t, channels)
     p_priced, p = len(ranks), nodes * len(local)
     factor = ((p - 1) / p) / ((p_priced - 1) / p_priced)
-    return t * factor + _STEPS_PER_RANK[collective] * (p - p_priced) * _network_latency_s(system, link, nics, nodes)
+    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * _network_latency_s(system, link, nics, nodes)
+    return CollectiveCost(t * factor + latency, channels)
 
 
 @lru_cache(maxsize=64)

@@ -8,21 +8,26 @@ achievable fractions GPU libraries document.
   waves reach is the measured large-GEMM ceiling of the generation, GEMM_CEILING: the maximum achievable matmul
   FLOPS over shapes (BF16, PyTorch matmul: A100 SXM 267.9 of 312 TFLOP/s, H100 SXM 792.1 of 989, GH200 821.0 of
   989; Stas Bekman's Machine Learning Engineering Open Book, "Maximum Achievable Matmul FLOPS comparison table").
-  Its operands cross HBM at least once, so a thin product is bandwidth-bound instead.
+  Its operands cross HBM at least once, so a thin product is bandwidth-bound instead. Each output tile also
+  pays, beyond its main loop over K, the load of its first K-block and the store of its finished tile at the SM's
+  share of the HBM bandwidth (the pipeline's fill and the epilogue, which the tile's own main loop cannot hide):
+  a short K (GPT-2 small's 768) leaves a GEMM well below the ceiling, a long one (8192) close to it
+  (`tile_efficiency`).
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
-  peak its papers measure for the generation (ATTENTION_FRACTION).
+  peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
+  (`attention_fraction`).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
   datasheet figure; not a figure measured here).
-- No kernel takes less than KERNEL_FLOOR_S: launched from eager PyTorch, each op costs a few microseconds of
-  host dispatch and launch ("Accelerating PyTorch with CUDA Graphs", PyTorch blog), which the GPU waits out when
-  the kernel itself is shorter (a stated allowance).
+- No kernel takes less than KERNEL_FLOOR_S (the GPU's own launch and tail, a few microseconds; "CUDA Graph Best
+  Practice for PyTorch", NVIDIA, "CUDA Graph Basics"). The host's cost of issuing each aten op from eager PyTorch
+  is priced separately, per pass, in the step model (`HOST_SECONDS_PER_OP`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from math import ceil
+from dataclasses import dataclass, replace
+from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
 
@@ -31,13 +36,46 @@ TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper fo
 GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
-KERNEL_FLOOR_S = 5e-6      # eager PyTorch: host dispatch + launch per kernel (stated allowance)
+KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
+TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLASS's 128x128x64 tiles)
+# eager PyTorch: host time to issue one aten op through the dispatcher (autograd, autocast, the launch): a stated
+# allowance, inside the 5-20 us per op "CUDA Graph Best Practice for PyTorch" (NVIDIA) describes for CPU-bound
+# steps; a CUDA-graphed step replays without it.
+HOST_SECONDS_PER_OP = 10e-6
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
 # Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
-# Hopper: FlashAttention-2, what PyTorch's SDPA runs, reaches only 35% on H100 (FlashAttention-3 paper, abstract);
 # Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
 ATTENTION_FRACTION = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.35}
 ATTENTION_FRACTION_OTHER = 0.30   # memory-efficient attention on older GPUs (no FlashAttention-2 there)
+# Hopper, by head dimension and sequence length: FlashAttention-2 (what PyTorch's SDPA runs) TFLOP/s on an
+# H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens (FlashAttention-3 paper, Shah et al. 2024: figure 5, the
+# FlashAttention-2 bars of the forward pass with the causal mask, head dimensions 64 and 128, and head dimension
+# 256; figure 6, the backward pass at head dimension 128, taken for every head dimension), over the 989 TFLOP/s
+# dense peak; short sequences and small heads fill the SMs less.
+ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
+HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
+                           256: (208, 251, 278, 293, 297, 298)}
+HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
+HOPPER_DENSE_TFLOPS = 989.0
+
+
+def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
+    """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
+    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
+        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
+    dims = sorted(HOPPER_ATTENTION_TFLOPS)
+    row = HOPPER_ATTENTION_BACKWARD_TFLOPS if backward else \
+        HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+    points = ATTENTION_SEQ_POINTS
+    s = min(max(seq_len, points[0]), points[-1])
+    i = max(j for j in range(len(points)) if points[j] <= s)
+    if i == len(points) - 1:
+        tflops = row[i]
+    else:   # linear in log2 of the sequence length between the measured points
+        w = log2(s / points[i])
+        tflops = row[i] + (row[i + 1] - row[i]) * w
+    return tflops / HOPPER_DENSE_TFLOPS
+
 
 KINDS = ("matmul", "conv", "attention", "memory")
 
@@ -54,6 +92,8 @@ class Kernel:
     n: int = 0
     k: int = 0
     count: int = 1                  # identical kernels (e.g. per layer)
+    ops: int = 1                    # aten ops the host issues for it (views and the kernel itself)
+    backward_bytes: float | None = None   # memory ops: their backward's traffic (None: the default multiple; 0: none)
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -66,12 +106,14 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
     """The two products of a GEMM's backward: the input gradient (M x N by N x K) and the weight gradient
     (K x M by M x N)."""
     e = fwd.bytes / (fwd.m * fwd.k + fwd.k * fwd.n + fwd.m * fwd.n)
+    wgrad = gemm(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m, e, fwd.kind)
+    # a convolution's backward is one aten op (convolution_backward) launching both products
     return [gemm(fwd.name + " dgrad", fwd.m, fwd.k, fwd.n, e, fwd.kind),
-            gemm(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m, e, fwd.kind)]
+            replace(wgrad, ops=0) if fwd.kind == "conv" else wgrad]
 
 
-def memory_op(name: str, nbytes: float) -> Kernel:
-    return Kernel(name, "memory", 0.0, float(nbytes))
+def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1) -> Kernel:
+    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes)
 
 
 def quantization(m: int, n: int, k: int, sm_count: int) -> float:
@@ -91,10 +133,13 @@ class Rates:
 
     matmul_flops: float
     conv_flops: float
-    attention_flops: float
+    attention_flops: float          # at the family's default fraction (no shape known)
     bandwidth_bytes_per_s: float
     sm_count: int
     factor: float = 1.0             # measured / datasheet-predicted time on the calibrating GPU
+    element_bytes: int = 2          # the GEMMs' operand and output element
+    family: str = ""
+    dense_flops: float = 0.0
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
@@ -102,7 +147,17 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                 gpu.sm_count, factor)
+                 gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision))
+
+
+def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
+    """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
+    against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
+    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth."""
+    tm, tn = min(m, TILE), min(n, TILE)
+    main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
+    edge_bytes = r.element_bytes * ((tm + tn) * min(k, TILE_K) + tm * tn)
+    return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
 def kernel_seconds(kernel: Kernel, r: Rates) -> float:
@@ -111,9 +166,13 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count))
+        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
+        compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
-        compute_s = kernel.flops / r.attention_flops
+        # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, kernel.n == 1) if r.dense_flops \
+            else r.attention_flops
+        compute_s = kernel.flops / rate
     else:
         compute_s = 0.0
     return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S) * r.factor
@@ -126,8 +185,12 @@ def total_seconds(kernels: list[Kernel], r: Rates) -> float:
 def bound_of(kernel: Kernel, r: Rates) -> str:
     """Which side of the roofline limits a kernel: compute, memory or launch."""
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
-    t = kernel_seconds(kernel, Rates(r.matmul_flops, r.conv_flops, r.attention_flops, r.bandwidth_bytes_per_s,
-                                     r.sm_count)) / kernel.count
+    t = kernel_seconds(kernel, replace(r, factor=1.0)) / kernel.count
     if t <= KERNEL_FLOOR_S:
         return "launch"
     return "memory" if memory_s >= t * (1 - 1e-9) else "compute"
+
+
+def host_seconds(kernels: list[Kernel]) -> float:
+    """What the host spends issuing ``kernels`` from eager PyTorch (x their counts)."""
+    return HOST_SECONDS_PER_OP * sum(k.ops * k.count for k in kernels)

@@ -41,6 +41,7 @@ class TrainingRequest:
     micro_batches: int | None = None
     search: bool = False
     profile: Path | None = None
+    cuda_graph: bool = False         # the step replayed as one CUDA graph (train --cuda-graph)
 
 
 def is_training_model(name: str) -> bool:
@@ -118,7 +119,7 @@ def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], Gp
     else:
         seq_len = req.seq_len or 0
     base = TrainingJob(transformer, ParallelLayout(), req.batch, seq_len, req.precision, req.checkpointing,
-                       depth, req.channels_last, autocast)
+                       depth, req.channels_last, autocast, cuda_graph=req.cuda_graph)
     calibration = calibration_of(req, base)
     if req.search:
         return search_layouts(base, placement, gpu, req.global_batch or placement.world_size, calibration), gpu

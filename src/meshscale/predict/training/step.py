@@ -18,9 +18,20 @@ and (resharded after forward when there is no pipeline, FSDP2's default) again b
 gradients are reduce-scattered in fp32. FSDP2 prefetches the next layer's all-gather while this layer computes,
 so per layer only what the collective takes beyond the layer's compute is exposed, plus the first all-gather
 and the last reduce-scatter. Replicas (dp) all-reduce each layer's gradient shard in the same backward stream.
+Without a pipeline this happens for every micro-batch (resharded after each forward, gradients reduced after
+each backward, as FSDP2 and FSDP1 do under gradient accumulation unless told not to); under a pipeline the
+layers stay gathered for the step and their gradients are reduced once.
+
+Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each); the GPU runs ahead only as far as the
+host has issued, so each pass (a layer's forward, its backward, the ends, the optimizer) takes the longer of its
+kernels' time and its ops' host time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
 
 A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
 backward (only what exceeds backward, and the last bucket, is exposed).
+
+A collective that overlaps compute takes SMs from it: NCCL runs one thread block per channel, each resident on
+an SM for the collective's duration, so the compute it overlaps runs on the SMs left and loses channels /
+SM count of its progress for that time (`contention_seconds`).
 """
 from __future__ import annotations
 
@@ -31,11 +42,12 @@ from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
-from meshscale.predict.training.comm import Placement, collective_seconds
+from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import Rates, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, element_bytes, optimizer_kernels, resnet_params,
-                                                 resnet_step, transformer_ends, transformer_layer)
+from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
+from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, accumulation_kernels, element_bytes,
+                                                 optimizer_kernels, resnet_params, resnet_step, transformer_ends,
+                                                 transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 
@@ -87,6 +99,8 @@ class TrainingJob:
     channels_last: bool = True
     autocast: bool = False      # fp32 parameters under torch.autocast (train's engine), else FSDP2 mixed precision
     image: int = 224
+    cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
+    selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
 
     @property
     def name(self) -> str:
@@ -120,6 +134,8 @@ class TrainingPrediction:
     sharding_s: float = 0.0     # FSDP all-gather / reduce-scatter not hidden by compute
     replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
     host_s: float = 0.0         # a calibration's fixed cost per step
+    contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
+    launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -141,10 +157,11 @@ class TrainingPrediction:
         return self.memory is None or self.memory.fits(self.gpu.memory_bytes)
 
     def exposed(self) -> dict[str, float]:
-        """Seconds per step that are not compute, by cause."""
+        """Seconds per step beyond the kernels' own time, by cause (host-bound ops are inside compute_s)."""
         return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
                 "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
-                "replica all-reduce": self.replica_s, "host per step": self.host_s}
+                "replica all-reduce": self.replica_s, "host per step": self.host_s,
+                "SMs held by NCCL": self.contention_s, "host-bound ops": self.launch_s}
 
     def why(self) -> str:
         """The step's largest costs beyond compute, in words."""
@@ -158,6 +175,8 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     """Refuse a job that cannot run, in one line naming the field."""
     if job.precision not in PRECISIONS:
         raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
+    if job.selective_policy not in SELECTIVE_POLICIES:
+        raise MeshscaleError(f"selective_policy {job.selective_policy}: use one of {', '.join(SELECTIVE_POLICIES)}")
     if job.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
     if job.batch < 1:
@@ -190,18 +209,39 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     return found
 
 
+def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: TrainingJob) -> tuple[float, float]:
+    """A pass's time: its kernels, or the host's issuing of their ops where that is longer (eager only); and
+    how much longer the host made it."""
+    gpu = total_seconds(list(kernels), r)
+    host = 0.0 if job.cuda_graph else host_seconds(list(kernels))
+    return max(gpu, host), max(0.0, host - gpu)
+
+
+def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_count: int) -> float:
+    """Compute progress lost while ``costs`` (run one after another) overlap ``overlapped_s`` of compute: for as
+    long as both run, the collectives' channels are SMs the compute does not have."""
+    busy = sum(c.seconds for c in costs)
+    if busy <= 0:
+        return 0.0
+    channels = max(c.channels for c in costs)
+    return min(busy, overlapped_s) * min(1.0, channels / sm_count)
+
+
 def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
     kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                           channels_last=job.channels_last, autocast=job.autocast)
     params = resnet_params(job.resnet_depth)
-    forward, backward = total_seconds(list(kernels.forward), r), total_seconds(list(kernels.backward), r)
-    optimizer = total_seconds(optimizer_kernels(params, "sgd"), r)
+    (forward, wait_f), (backward, wait_b) = _pass_seconds(kernels.forward, r, job), _pass_seconds(kernels.backward, r, job)
+    optimizer, wait_o = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
-    times = [collective_seconds("all_reduce", b, group, placement) for b in buckets if b]
+    costs = [collective_cost("all_reduce", b, group, placement) for b in buckets if b]
+    times = [c.seconds for c in costs]
     exposed = max(0.0, sum(times) - backward) + (times[-1] if times else 0.0)
+    contention = contention_seconds(costs[:-1], backward, gpu.sm_count)
     compute = forward + backward + optimizer
-    return TrainingPrediction(job, placement, gpu, source, compute + exposed, compute, replica_s=exposed)
+    return TrainingPrediction(job, placement, gpu, source, compute + exposed + contention, compute, replica_s=exposed,
+                              contention_s=contention, launch_s=wait_f + wait_b + wait_o)
 
 
 def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
@@ -210,13 +250,18 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
-                              checkpointing=job.checkpointing, autocast=job.autocast)
-    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision)
-    layer_f = total_seconds(list(layer.forward), r)
-    layer_b = total_seconds(list(layer.backward + layer.recompute), r)
+                              checkpointing=job.checkpointing, autocast=job.autocast,
+                              selective_policy=job.selective_policy)
+    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
+    layer_f, wait_lf = _pass_seconds(layer.forward, r, job)
+    layer_b, wait_lb = _pass_seconds(layer.backward + layer.recompute, r, job)
+
+    def cost(name: str, nbytes: float, dim: str) -> CollectiveCost:
+        return collective_cost(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 \
+            else CollectiveCost(0.0)
 
     def coll(name: str, nbytes: float, dim: str) -> float:
-        return collective_seconds(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 else 0.0
+        return cost(name, nbytes, dim).seconds
 
     activation = tokens * model.d_model * e
     tp_f = 2 * (coll("all_gather", activation, "tp") + coll("reduce_scatter", activation, "tp"))
@@ -228,7 +273,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
         if layout.pp > 1 else 0.0
 
     stage_layers = ceil(model.layers / layout.pp)
-    ends_f, ends_b = total_seconds(list(ends.forward), r), total_seconds(list(ends.backward), r)
+    (ends_f, wait_ef), (ends_b, wait_eb) = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
     forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
     backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
     v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
@@ -238,26 +283,35 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     # FSDP2 and replicas, per layer of this stage over the whole step
     layer_params = model.layer_params() / layout.tp
     param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
-    gather = coll("all_gather", layer_params * param_bytes, "fsdp")
-    reduce = coll("reduce_scatter", layer_params * 4, "fsdp")
-    replicate = coll("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    gather_c = cost("all_gather", layer_params * param_bytes, "fsdp")
+    reduce_c = cost("reduce_scatter", layer_params * 4, "fsdp")
+    replicate_c = cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
-    sharding = gather + stage_layers * max(0.0, gather - m * layer_f)
+    rounds = m if layout.pp == 1 else 1                       # gathers and reductions per layer per step
+    per_round = m // rounds                                   # micro-batches each round's collectives overlap
+    contention = rounds * stage_layers * (
+        contention_seconds([gather_c], per_round * layer_f, gpu.sm_count)
+        + contention_seconds([gather_c] * (layout.pp == 1) + [reduce_c, replicate_c], per_round * layer_b,
+                             gpu.sm_count))
+    sharding = gather + rounds * stage_layers * max(0.0, gather - per_round * layer_f)
     tail = reduce + replicate
-    exposed_backward = stage_layers * max(0.0, backward_gather + tail - m * layer_b) + tail
+    exposed_backward = rounds * stage_layers * max(0.0, backward_gather + tail - per_round * layer_b) + tail
     replica = exposed_backward * (replicate / tail) if tail else 0.0
     sharding += exposed_backward - replica
 
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
     stage_params = stage_layers * layer_params + ends_params / layout.tp
-    optimizer = total_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw"), r)
+    optimizer, wait_o = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
+                                      + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
+    launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
-    step = pipeline + sharding + replica + optimizer
+    step = pipeline + sharding + replica + optimizer + contention
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
                              checkpointing=job.checkpointing)
     return TrainingPrediction(job, placement, gpu, source, step, compute,
                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                              memory=memory)
+                              contention_s=contention, launch_s=launch, memory=memory)

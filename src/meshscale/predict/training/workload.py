@@ -1,13 +1,13 @@
 """The kernels of one training step, from the model's configuration alone (no engine imported).
 
 Transformers (Llama and GPT-2 styles, as `meshscale.models` describes them): per layer and micro-batch, the
-forward's kernels as eager PyTorch runs them, the backward's (each GEMM's two products, attention's backward,
-the element-wise ops' gradients at about twice their forward traffic) and what activation checkpointing
-recomputes. full: the whole forward. selective: torchtitan's op-level policy, which saves the output of every
-compute op except every second matrix multiplication of a block (its `_custom_policy`: "Saves output of all
-compute ops, except every second mm"), so the element-wise ops and the 2nd, 4th, ... GEMMs run again (Llama:
-wk, wo, w3; GPT-2's fused qkv: the attention and MLP output projections). `models.memory` counts selective as
-keeping every GEMM output, the larger of the two. Tensor parallelism (with sequence parallelism, as torchtitan applies it) splits the GEMMs' inner
+forward's kernels as eager PyTorch runs them (autocast's casts, norms, rotary, attention, the residual adds, the
+activations), the backward's (each GEMM's two products, attention's backward, each element-wise op's own backward
+traffic, the biases' and weights' gradients) and what activation checkpointing recomputes. full: the whole
+forward. selective: the op-level policy meshscale's engine applies (train/parallel: keep the outputs of every
+matrix multiplication and of attention, recompute the rest), so the element-wise ops run again and no GEMM does,
+as `models.memory` counts it. tests/unit/test_step_trace.py checks these kernels against an aten-level trace
+of the model `train` builds. Tensor parallelism (with sequence parallelism, as torchtitan applies it) splits the GEMMs' inner
 widths and the element-wise ops' tokens by tp; context parallelism splits the tokens by cp.
 
 ResNets: the torchvision architecture (v1.5: stride on the 3x3 convolution), every convolution as the implicit
@@ -20,14 +20,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshscale.models.memory import LOGIT_BYTES_PER_ELEMENT
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.kernels import Kernel, gemm, gemm_backward, memory_op
 
-# AdamW (fused/foreach) reads parameter, gradient and both fp32 moments and writes three back (28 B), plus the
-# gradient-norm clip's read (4 B); SGD with momentum reads parameter, gradient, buffer and writes two (20 B).
-OPTIMIZER_BYTES_PER_PARAM = {"adamw": 32.0, "sgd": 20.0}
+# Optimizer traffic per parameter as PyTorch's default (foreach) implementations run it, one pass per foreach op:
+# AdamW: weight decay (mul_: 8 B), lerp_ of the first moment (12), mul_ and addcmul_ of the second (8 + 12), its
+# sqrt, div_ and add_ of eps (3 x 8), addcdiv_ into the parameter (16): 80 B. SGD with momentum: weight decay
+# into the gradient (12), mul_ and add_ of the buffer (8 + 12), add_ into the parameter (12): 44 B.
+OPTIMIZER_BYTES_PER_PARAM = {"adamw": 80.0, "sgd": 44.0}
+OPTIMIZER_OPS = {"adamw": 9, "sgd": 4}         # foreach ops per step (each one launch per tensor group)
 BACKWARD_TRAFFIC = 2.0   # an element-wise op's backward reads its input and the incoming gradient, writes one
+# the loss as train and torchtitan compute it: logits (compute precision) cast to fp32 (2 + 4 B), log-softmax
+# (4 + 4); backward: nll_loss's zeroed fp32 gradient (4), log-softmax's backward (4 + 4 + 4), the cast back (4 + 2)
+LOSS_FORWARD_BYTES, LOSS_BACKWARD_BYTES = 14.0, 22.0
+GRAD_CAST_BYTES = 6.0    # a weight's gradient made in bf16 and cast to fp32 for .grad / the reduce-scatter (2 + 4)
+LAYER_NORM_BACKWARD_ACCESSES = 5   # dy, x read for dx and again for the weight's gradient, dx written
 
 
 @dataclass(frozen=True)
@@ -41,88 +48,135 @@ class PassKernels:
     def flops(self) -> float:
         return sum(k.flops * k.count for k in self.forward + self.backward + self.recompute)
 
+    def bytes(self) -> float:
+        return sum(k.bytes * k.count for k in self.forward + self.backward + self.recompute)
+
 
 def element_bytes(precision: str) -> int:
     return 4 if precision == "fp32" else 2
 
 
-def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str) -> PassKernels:
+SELECTIVE_POLICIES = ("matmuls", "torchtitan")
+
+
+def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str,
+            backward_only: list[Kernel] = (), selective_policy: str = "matmuls") -> PassKernels:
     """Backward of ``forward`` (GEMMs and convolutions: two products each; attention: 2.5 x its FLOPs;
-    element-wise: BACKWARD_TRAFFIC x its bytes) and the recomputation ``checkpointing`` asks for (selective:
-    ``elementwise`` and every second GEMM)."""
+    element-wise: its own backward traffic, else BACKWARD_TRAFFIC x its bytes), ``backward_only`` kernels, and
+    the recomputation ``checkpointing`` asks for (selective: ``elementwise``; under torchtitan's own op-level
+    policy, whose `_custom_policy` saves "all compute ops, except every second mm", also the 2nd, 4th, ...
+    GEMMs of the block)."""
     backward: list[Kernel] = []
     for k in forward:
         if k.kind in ("matmul", "conv"):
             backward += gemm_backward(k)
         elif k.kind == "attention":
-            backward.append(Kernel(k.name + " backward", "attention", 2.5 * k.flops, 2 * k.bytes))
-        else:
-            backward.append(memory_op(k.name + " backward", BACKWARD_TRAFFIC * k.bytes))
+            backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
+        elif k.backward_bytes is None or k.backward_bytes > 0:
+            nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
+            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops))
+    backward += backward_only
     if checkpointing == "full":
         recompute = forward
     elif checkpointing == "selective":
-        recompute = elementwise + [k for k in forward if k.kind == "matmul"][1::2]
+        recompute = list(elementwise)
+        if selective_policy == "torchtitan":
+            recompute += [k for k in forward if k.kind == "matmul"][1::2]
     else:
         recompute = []
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
 
 
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
-                      precision: str = "bf16", checkpointing: str = "none", autocast: bool = False) -> PassKernels:
-    """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp). ``autocast``:
-    the parameters stay fp32 and torch.autocast casts them (6 B per parameter per forward) and the fp32 residual
-    stream (LayerNorm runs in fp32 under autocast) before each GEMM; otherwise (FSDP2 mixed precision) every
-    activation is in the compute precision."""
+                      precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
+                      selective_policy: str = "matmuls") -> PassKernels:
+    """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
+    launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
+    parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
+    so the residual stream is fp32); otherwise (FSDP2 mixed precision) every activation is in the compute
+    precision. Either way each weight's gradient is made in bf16 and cast to fp32 (for .grad or the
+    reduce-scatter)."""
     e = element_bytes(precision)
     r = 4 if autocast else e                      # the residual stream and its norms
-    d, kv, f, hd = model.d_model, model.kv_dim, model.ffn_dim, model.head_dim
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
     sp_tokens = tokens / tp                       # sequence parallel: element-wise ops on 1/tp of the tokens
-    act = sp_tokens * d * r                       # one d-wide activation of this rank
-    norm_bytes = 2 * act
+    x = sp_tokens * d                             # elements of one d-wide activation of this rank
     sequences = tokens * cp / seq_len
     # causal attention per sequence: 4 x head_dim x seq (seq + 1) / 2 per head; this rank: its heads, its share
-    attention_flops = 4.0 * hd * (model.heads / tp) * seq_len * (seq_len + 1) / 2 * sequences / cp
+    attention_flops = 4.0 * model.head_dim * (model.heads / tp) * seq_len * (seq_len + 1) / 2 * sequences / cp
     attention_bytes = e * tokens * (2 * d + 2 * kv) / tp   # Q and O, K and V once through HBM
-    norm, add = memory_op("norm", norm_bytes), memory_op("residual add", 1.5 * norm_bytes)
+    norm = memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x)
+    # x (fp32) + y (bf16) -> x; backward: the branch's gradient cast to bf16 (autocast) and the two branches'
+    # gradients summed where the residual forks
+    add = memory_op("residual add", (2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
+    hidden = tokens * f / tp
     if model.style == "llama":
         mlp = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e)]
-        act_ops = [memory_op("silu", 2 * tokens * f / tp * e), memory_op("gate x up", 3 * tokens * f / tp * e)]
-        rotary = [memory_op("rotary", 2 * tokens * (d + kv) / tp * e)]
+        act_ops = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
+                   memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
+        # torchtitan's rotary: q and k to fp32, a complex product, back to bf16 (views around them)
+        qk = tokens * (d + kv) / tp
+        rotary = [memory_op("rotary", (e + 4 + 8 + 4 + e) * qk, (e + 4 + 8 + 4 + e) * qk, ops=10)]
         down = gemm("w2 (down)", tokens, d, f / tp, e)
+        qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
+        bias_grads = []
     else:
         mlp = [gemm("fc", tokens, f / tp, d, e)]
-        act_ops = [memory_op("gelu", 2 * tokens * f / tp * e)]
+        act_ops = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden)]
         rotary = []
         down = gemm("fc out", tokens, d, f / tp, e)
+        qkv = [gemm("qkv", tokens, (d + 2 * kv) / tp, d, e)]
+        # the biases' gradients: a sum over the tokens of each GEMM's output gradient
+        bias_grads = [memory_op("bias gradients", e * tokens * (2 * d + 2 * kv + f) / tp, ops=4)]
     casts = []
     if autocast and precision != "fp32":
-        casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp),
-                 memory_op("autocast input cast", 2 * 6.0 * tokens * d)]
-    if model.style == "llama":   # torchtitan's separate wq, wk, wv
-        qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
-    else:
-        qkv = [gemm("qkv", tokens, (d + 2 * kv) / tp, d, e)]
-    forward = [*casts, norm, *qkv, *rotary,
-               Kernel("attention", "attention", attention_flops, attention_bytes),
+        # each weight to bf16; the two norms' fp32 outputs to bf16 before the GEMMs they feed
+        casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp, 0.0, ops=8),
+                 memory_op("autocast input casts", 2 * 6.0 * x, 2 * 6.0 * x, ops=2)]
+    # the attention kernel writes its output as (batch, seq, heads, head_dim), so the heads join as a view; in
+    # backward the gradients of q, k and v are joined (GPT-2's split of the fused qkv: a cat)
+    joined = [memory_op("q, k, v gradients joined", 2 * e * tokens * (d + 2 * kv) / tp)] if model.style == "gpt2" else []
+    grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
+        if precision != "fp32" else []
+    forward = [*casts, norm, *qkv, *rotary, Kernel("attention", "attention", attention_flops, attention_bytes,
+                                                       m=seq_len, k=model.head_dim),
                gemm("attention out", tokens, d, d / tp, e), add, norm, *mlp, *act_ops, down, add]
-    return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing)
+    return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing, joined + grads + bias_grads,
+                   selective_policy)
 
 
-def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16") -> PassKernels:
-    """The embedding lookup, the final norm, the head's GEMM over the vocabulary and the loss (bf16 logits,
-    fp32 log-probabilities and their gradient), and the embedding's dense gradient."""
+def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
+                     autocast: bool = False) -> PassKernels:
+    """The embedding lookup (and GPT-2's learned positions), the final norm, the head's GEMM over the vocabulary
+    and the loss in fp32, and the embedding's dense gradient."""
     e = element_bytes(precision)
+    r = 4 if autocast else e
     d, v = model.d_model, model.vocab_size
     head = gemm("head", tokens, v / tp, d, e)
-    logits = memory_op("cross-entropy", tokens * v / tp * LOGIT_BYTES_PER_ELEMENT)
-    forward = [memory_op("embedding", 2 * tokens * d * e), memory_op("final norm", 2 * tokens * d * e / tp), head, logits]
+    logits = tokens * v / tp
+    loss = memory_op("cross-entropy", LOSS_FORWARD_BYTES * logits, LOSS_BACKWARD_BYTES * logits, ops=3)
+    lookups = 2 if model.style == "gpt2" else 1
+    embed = memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0, ops=2 * lookups - 1)
+    forward = [embed, memory_op("final norm", 2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp),
+               head, loss]
+    if autocast and precision != "fp32":
+        forward.insert(2, memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d, ops=2))
     passes = _passes(forward, [], "none")
-    embedding_grad = memory_op("embedding gradient", 2 * v * d * 4 / tp)   # dense fp32 gradient, zeroed and filled
-    return PassKernels(passes.forward, passes.backward + (embedding_grad,))
+    # dense fp32 gradient of the table: zeroed, the tokens' rows added (tied heads: and summed with the head's)
+    embedding_grad = memory_op("embedding gradient", (2 + 3 * model.tie_embeddings) * v * d * 4 / tp,
+                               ops=2 * lookups)
+    head_grad = (memory_op("head weight gradient to fp32", GRAD_CAST_BYTES * v * d / tp),) if precision != "fp32" else ()
+    return PassKernels(passes.forward, passes.backward + (embedding_grad, *head_grad))
 
 
 def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw") -> list[Kernel]:
-    return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer])]
+    return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer],
+                      ops=OPTIMIZER_OPS[optimizer])]
+
+
+def accumulation_kernels(params_on_rank: float) -> list[Kernel]:
+    """A later micro-batch's gradient added into .grad (fp32: read both, write one)."""
+    return [memory_op("gradient accumulation", 12.0 * params_on_rank)]
 
 
 # ---- ResNets ---------------------------------------------------------------------------------------------
@@ -176,7 +230,11 @@ def resnet_params(depth: int, classes: int = 1000) -> int:
 def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000, precision: str = "bf16",
                 channels_last: bool = True, autocast: bool = True) -> PassKernels:
     """A ResNet's kernels for one batch: convolutions, batch norm (a statistics pass and a normalizing pass:
-    three accesses of its tensor forward), ReLU, each block's residual add, pooling and the classifier."""
+    three accesses of its tensor forward; backward: dy and x read for the parameters' gradients and again for dx,
+    dx written: five), ReLU (in place: two accesses; backward reads the gradient and the output, writes one),
+    each block's residual add (in place; in backward the two gradients summed where the input forks), pooling, the classifier
+    and the loss in fp32; under autocast each weight cast to the compute precision forward and its gradient
+    back to fp32 backward."""
     e = element_bytes(precision)
     blocks, features = resnet_blocks(depth, image)
     forward: list[Kernel] = []
@@ -188,18 +246,31 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
             in_elements = batch * (c.out_hw * c.stride) ** 2 * c.c_in
             forward.append(replace(conv, bytes=e * (in_elements + conv.k * conv.n + conv.m * conv.n)))
             out_bytes = pixels * c.c_out * e
-            forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes), memory_op(f"relu{i}.{j}", 2 * out_bytes)]
+            # ops: forward counts num_batches_tracked's increment, the saved-statistics buffer and the norm,
+            # backward one: two each way on average
+            forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes, 5 * out_bytes, ops=2),
+                        memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes)]
             if not channels_last and precision != "fp32":
                 in_bytes = batch * (c.out_hw * c.stride) ** 2 * c.c_in * e
                 forward.append(memory_op(f"nchw transpose{i}.{j}", 2 * (in_bytes + out_bytes)))
         if i:
             out = block[-1] if len(block) in (2, 3) else block[-2]
-            forward.append(memory_op(f"residual add{i}", 3 * batch * out.out_hw ** 2 * out.c_out * e))
+            add_bytes = 3 * batch * out.out_hw ** 2 * out.c_out * e
+            # backward: the gradient passes through the add, and is summed where the block's input forks
+            forward.append(memory_op(f"residual add{i}", add_bytes, add_bytes))
     stem = blocks[0][0]
     forward.append(memory_op("max pool", batch * stem.c_out * (stem.out_hw ** 2 + (stem.out_hw // 2) ** 2) * e))
     forward.append(memory_op("average pool", batch * features * (image // 32) ** 2 * e))
     forward.append(gemm("fc", batch, classes, features, e))
-    forward.append(memory_op("cross-entropy", batch * classes * LOGIT_BYTES_PER_ELEMENT))
+    forward.append(memory_op("cross-entropy", LOSS_FORWARD_BYTES * batch * classes,
+                             LOSS_BACKWARD_BYTES * batch * classes, ops=4))
+    grads = []
     if autocast and precision != "fp32":
-        forward.append(memory_op("autocast weight casts", 6.0 * resnet_params(depth, classes)))
-    return _passes(forward, [], "none")
+        params = resnet_params(depth, classes)
+        forward.append(memory_op("autocast weight casts", 6.0 * params, 0, ops=len(blocks) * 3))
+        grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * params, ops=len(blocks) * 3)]
+    passes = _passes(forward, [], "none", grads)
+    # the images need no gradient: autograd skips the stem convolution's input gradient
+    backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
+                     for k in passes.backward if k.name != "conv0.0 dgrad")
+    return replace(passes, backward=backward)
