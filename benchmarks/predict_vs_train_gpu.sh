@@ -7,6 +7,7 @@
 #
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
 #   PROFILES=/path/to/h200-run PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/h100-run
+#   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #
 # Writes OUTDIR/train-<model>.json, OUTDIR/profile-<model>.json, OUTDIR/predict-<model>[-calibrated].json and
@@ -33,7 +34,7 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
     $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --json "$OUTDIR/train-$name.json" \
       2>&1 | tail -3 | tee -a "$OUTDIR/log.txt"
     echo "== profile $name" | tee -a "$OUTDIR/log.txt"
-    $MS train --model "$name" --profile-batches "$profile_batches" $shared --steps "$STEPS" \
+    $MS train --model "$name" --gpus 1 --profile-batches "$profile_batches" $shared --steps "$STEPS" \
       --json "$OUTDIR/profile-$name.json" 2>&1 | tail -3 | tee -a "$OUTDIR/log.txt"
   fi
   echo "== predict $name (datasheet)" | tee -a "$OUTDIR/log.txt"
@@ -51,6 +52,6 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
   fi
 }
 
-run resnet50 128 64,128 "--precision bf16 --channels-last" ""
-run gpt-small 16 8,16 "--precision bf16" "--seq-len 1024"
+run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" ""
+run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024"
 $PY benchmarks/predict_vs_train.py "$OUTDIR" | tee "$OUTDIR/summary.txt"
