@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.validation import atomic_write, load_structured, mapping, number, sequence
+from meshscale.safe_io import atomic_write
+from meshscale.validation import load_structured, mapping, number, sequence
 
 SCHEMA = "meshscale-result/1"
 KINDS = ("topology", "bench-collective", "bench-p2p", "bench-host-copy", "sim", "plan", "place", "train", "scale", "predict",

@@ -15,7 +15,8 @@ from meshscale.topology.cluster import NETWORKS, cluster_spec, describe, plan_cl
 from meshscale.topology.discover import discover
 from meshscale.topology.text import per_gpu_bandwidth, relation_matrix, summary
 from meshscale.units import gbps
-from meshscale.validation import Range, atomic_write
+from meshscale.safe_io import atomic_write
+from meshscale.validation import Range
 
 FORMATS = ("matrix", "json", "svg", "png")
 
