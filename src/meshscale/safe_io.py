@@ -19,8 +19,9 @@ import signal
 import stat
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from meshscale.errors import MeshscaleError
 
@@ -195,6 +196,7 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], Any]) ->
     except OSError as exc:
         raise MeshscaleError(f"cannot write {path} ({exc.strerror or exc}); choose a writable path") from None
     tmp = Path(tmp_name)
+    new = not os.path.lexists(path)
     with _removed_on_signal(tmp):
         try:
             if callable(data):
@@ -211,7 +213,33 @@ def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], Any]) ->
         except BaseException:
             tmp.unlink(missing_ok=True)
             raise
+    if new and _written:
+        _written[-1].append(path)
     return path
+
+
+_written: list[list[Path]] = []  # the new files of each open `new_outputs_removed_on` block
+
+
+@contextmanager
+def new_outputs_removed_on(errors: type[BaseException] | tuple, unless: type[BaseException] | tuple = ()
+                           ) -> Iterator[None]:
+    """Files that `atomic_write` creates within the block are removed again when it ends with one of ``errors``
+    (but not ``unless``): a command that fails after its first output (a full disk at the second) leaves none
+    of them behind, while a run that failed part-way keeps what it saved of its finished work."""
+    record: list[Path] = []
+    _written.append(record)
+    try:
+        yield
+    except errors as exc:
+        for path in record if not isinstance(exc, unless) else ():
+            try:
+                path.unlink(missing_ok=True)
+            except OSError:
+                pass
+        raise
+    finally:
+        _written.pop()
 
 
 def _umask() -> int:

@@ -12,7 +12,8 @@ import sys
 import typer
 
 from meshscale.cli import bench, collectives, predict, report, topology, train
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, WorkerError
+from meshscale.safe_io import new_outputs_removed_on
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -130,7 +131,9 @@ def main() -> None:
         print(hint, file=sys.stderr)
         sys.exit(2)
     try:
-        code = app(standalone_mode=False)
+        # bad input found late: none of the files it began; a failed run keeps the finished part it saved
+        with new_outputs_removed_on(MeshscaleError, unless=WorkerError):
+            code = app(standalone_mode=False)
     except MeshscaleError as exc:
         print(f"meshscale: error: {exc}", file=sys.stderr)
         sys.exit(2)

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -38,14 +38,6 @@ NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": 
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Read error", "Broken pipe")
 _WAIT_ERRORS = ("timed out", "timeout")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-class WorkerError(MeshscaleError):
-    """A rank failed, died or timed out; the message names the rank and what it was doing."""
-
-
-class Interrupted(WorkerError):
-    """The run was stopped by Ctrl-C or SIGTERM (not by a failing rank); every rank has been stopped."""
 
 
 @dataclass
