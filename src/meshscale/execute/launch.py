@@ -62,9 +62,76 @@ class RankContext:
             dist.barrier()
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MAX_WORLD = 1 << 16
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What a launcher (torchrun, or variables set by hand) told this process: its rank and the rendezvous."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
 def in_torchrun() -> bool:
-    """True when started by torchrun (or any launcher that sets RANK and WORLD_SIZE)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    """True when started by torchrun (or any launcher that sets RANK or WORLD_SIZE); the variables must then
+    be usable (`launcher`)."""
+    return launcher() is not None
+
+
+def launcher(environ: Any = None) -> Launcher | None:
+    """The launcher's variables, checked: None when neither RANK nor WORLD_SIZE is set; otherwise RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT must all be set and sensible, each refused with one line."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return None
+    missing = [name for name in LAUNCHER_VARIABLES if not env.get(name, "").strip()]
+    if missing:
+        raise MeshscaleError(f"launcher variables: {', '.join(missing)} not set (RANK and WORLD_SIZE say a launcher "
+                             "started this process); run under torchrun, or set all of "
+                             f"{', '.join(LAUNCHER_VARIABLES)}, or none")
+    world = _whole("WORLD_SIZE", env["WORLD_SIZE"], 1, MAX_WORLD)
+    rank = _whole("RANK", env["RANK"], 0, world - 1)
+    local_world = _whole("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", str(world)), 1, world)
+    local_rank = _whole("LOCAL_RANK", env.get("LOCAL_RANK", "0"), 0, local_world - 1)
+    port = _whole("MASTER_PORT", env["MASTER_PORT"], 1, 65535)
+    host = env["MASTER_ADDR"].strip()
+    if len(host) > 253 or any(c.isspace() or c in "\x00/" for c in host):
+        raise MeshscaleError(f"MASTER_ADDR={host[:60]!r} is not a host name or address")
+    return Launcher(rank, world, local_rank, host, port)
+
+
+def _whole(name: str, text: str, lo: int, hi: int) -> int:
+    value = text.strip()
+    if not value.isdigit() or not lo <= int(value) <= hi:
+        raise MeshscaleError(f"{name}={text[:40]!r} is not a whole number in {lo}..{hi}; check the launcher's "
+                             "variables")
+    return int(value)
+
+
+def _resolve_host(host: str, port: int, timeout_s: float = 10.0) -> None:
+    """A one-line error when MASTER_ADDR does not resolve (within ``timeout_s``: a name server may not answer)."""
+    outcome: list[BaseException | None] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            outcome.append(None)
+        except (OSError, UnicodeError) as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True, name="meshscale-resolve")
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise MeshscaleError(f"MASTER_ADDR={host}: no answer from the name service within {timeout_s:.0f} s")
+    if outcome[0] is not None:
+        why = getattr(outcome[0], "strerror", None) or str(outcome[0])
+        raise MeshscaleError(f"MASTER_ADDR={host}: cannot resolve ({why}); give the rendezvous host's name or address")
 
 
 def _die_with(owner_pid: int) -> None:
@@ -394,10 +461,15 @@ def _stop(procs: list) -> None:
 
 def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: float) -> Any:
     os.environ.update(NCCL_SAFETY_ENV)
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    store = _launcher_store(rank, world, timeout_s)
-    ctx = _init(rank, world, local_rank, backend, store, timeout_s)
+    env = launcher()
+    assert env is not None  # launch() came here because in_torchrun()
+    _resolve_host(env.master_addr, env.master_port)
+    store = _launcher_store(env, timeout_s)
+    try:
+        ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)
+    except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
+        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
+                          f"({_first_line(exc)})") from None
     try:
         return fn(ctx, *args)
     finally:
@@ -405,12 +477,41 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
         _teardown()
 
 
-def _launcher_store(rank: int, world: int, timeout_s: float) -> dist.TCPStore:
+@contextmanager
+def _native_logs_silenced() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null within the block (torch's C++ logging writes there directly)."""
+    try:
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no descriptors left: keep the logs rather than fail
+        yield
+        return
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
     """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT).
 
     torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. Otherwise rank 0 serves
-    it, listening on MASTER_ADDR only, as the endpoint says."""
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return serving_store(host, port, world, timeout_s)
-    return dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+    it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
+    host, port = env.master_addr, env.master_port
+    if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return serving_store(host, port, env.world_size, timeout_s)
+    try:
+        with _native_logs_silenced():  # c10d logs every retry; the one line below says it all
+            return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: no rendezvous store answered at "
+                          f"{host}:{port} within {timeout_s:.0f} s ({_first_line(exc)}); start rank 0 or torchrun "
+                          "there first") from None

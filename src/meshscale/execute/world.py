@@ -2,13 +2,12 @@
 ``--gpus`` / ``--cpus`` options that benchmarks, training and scaling sweeps share."""
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.execute.launch import in_torchrun
+from meshscale.execute.launch import launcher
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -44,8 +43,9 @@ def resolve_world(gpus: int | None, cpus: int | None, default: World | None = No
     else `DEFAULT_CPU_WORKERS` CPU workers. Under torchrun the launcher's WORLD_SIZE wins and the backend
     follows the presence of GPUs (unless --cpus asks for Gloo)."""
     _not_both(gpus, cpus)
-    if in_torchrun():
-        return World(int(os.environ["WORLD_SIZE"]), "nccl" if gpu_count() and cpus is None else "gloo")
+    env = launcher()
+    if env is not None:
+        return World(env.world_size, "nccl" if gpu_count() and cpus is None else "gloo")
     if gpus is not None:
         _check_counts("--gpus", [gpus])
         return World(gpus, "nccl")
