@@ -242,6 +242,57 @@ def new_outputs_removed_on(errors: type[BaseException] | tuple, unless: type[Bas
         _written.pop()
 
 
+class AppendLog:
+    """A text file that grows a line at a time (a run's log), each line flushed so that a crash loses none.
+
+    A symlink at the path is replaced by a new file (as `atomic_write` replaces it), never written through. A
+    write that fails (a full disk) cuts the file back to its last whole line and raises one line: the log holds
+    whole lines only (a log this run created and never wrote a line to is removed)."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        try:
+            if self.path.is_symlink():
+                self.path.unlink()
+            self._created = not self.path.exists()
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0)
+                         | getattr(os, "O_CLOEXEC", 0), 0o666)
+            self._file = os.fdopen(fd, "a", encoding="utf-8")
+            self._good_bytes = self._file.seek(0, os.SEEK_END)
+        except OSError as exc:
+            raise MeshscaleError(f"cannot write {self.path} ({exc.strerror or exc}); choose a writable path") from None
+
+    def write_line(self, text: str) -> None:
+        if self._file is None:
+            return
+        try:
+            self._file.write(text + "\n")
+            self._file.flush()
+            self._good_bytes = self._file.tell()
+        except OSError as exc:
+            self._abandon()
+            raise MeshscaleError(f"cannot write {self.path} ({exc.strerror or exc}); the log keeps its whole "
+                                 "lines; free space or choose another path") from None
+
+    def _abandon(self) -> None:
+        file, self._file = self._file, None
+        try:
+            os.truncate(self.path, self._good_bytes)
+            if self._created and self._good_bytes == 0:
+                self.path.unlink()
+        except OSError:
+            pass
+        try:
+            file.close()
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._file is not None:
+            file, self._file = self._file, None
+            file.close()
+
+
 def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)

@@ -279,7 +279,7 @@ def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: i
         del ctx
         _teardown()
     except BaseException as exc:  # report everything, including KeyboardInterrupt, then exit non-zero
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        last = str(exc) if isinstance(exc, MeshscaleError) else traceback.format_exception_only(type(exc), exc)[-1].strip()
         results.put(("error", rank, last[:2000]))
         code = 1
     finally:
