@@ -6,7 +6,9 @@ old spelling gets a one-line hint (exit 2) instead of typer's usage error or, wo
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
+import os
 import sys
 
 import typer
@@ -134,6 +136,7 @@ def main() -> None:
         # bad input found late: none of the files it began; a failed run keeps the finished part it saved
         with new_outputs_removed_on(MeshscaleError, unless=WorkerError):
             code = app(standalone_mode=False)
+        sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
         print(f"meshscale: error: {exc}", file=sys.stderr)
         sys.exit(2)
@@ -142,6 +145,15 @@ def main() -> None:
         sys.exit(130)
     except SystemExit:
         raise
+    except OSError as exc:  # the environment refused (stdout on a full disk, no file descriptors left...)
+        _stop_writing_stdout()
+        if exc.errno == errno.EPIPE:  # `meshscale ... | head`: the reader has what it wanted
+            sys.exit(141)
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = {errno.EMFILE: "; raise the limit of open files (ulimit -n 1024 or more)",
+                errno.ENOSPC: "; free space where meshscale writes (stdout, the output files, the temporary folder)"}
+        print(f"meshscale: error: {exc.strerror or exc}{where}{hint.get(exc.errno, '')}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:  # usage errors arrive here in non-standalone mode (click's, or typer's vendored copy)
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
@@ -151,3 +163,13 @@ def main() -> None:
         raise
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as the return value here
         sys.exit(code)
+
+
+def _stop_writing_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not fail a second time."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass
