@@ -64,8 +64,8 @@ class Result:
 
 # Row keys that must be there, per kind, for the readers (report, compare, calibration) to use a row.
 REQUIRED_ROW_KEYS = {
-    "bench-collective": ("collective", "size_bytes", "busbw_bytes_per_s"),
-    "sim": ("collective", "size_bytes", "busbw_bytes_per_s"),
+    "bench-collective": ("collective", "size_bytes", "time_s", "busbw_bytes_per_s"),
+    "sim": ("collective", "size_bytes", "time_s", "busbw_bytes_per_s"),
     "bench-p2p": ("src", "dst"),
     "scale": ("world_size", "throughput_samples_per_s"),
     "predict": ("world_size", "throughput_samples_per_s"),
@@ -164,6 +164,8 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
     if missing:
         raise MeshscaleError(f"{where}: lacks {', '.join(missing)}; a {kind} row needs {', '.join(REQUIRED_ROW_KEYS[kind])}")
     for key, value in row.items():
+        if isinstance(value, (list, dict)) and not (isinstance(value, list) and key.endswith("times_s")):
+            raise MeshscaleError(f"{where}.{key}: expected one value, got a {type(value).__name__}")
         if value is not None and key in TEXT_KEYS + END_KEYS:
             (_text if key in TEXT_KEYS else _end)(value, f"{where}.{key}")
         if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):
