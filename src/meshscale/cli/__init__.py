@@ -138,7 +138,7 @@ def main() -> None:
             code = app(standalone_mode=False)
         sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
-        print(f"meshscale: error: {exc}", file=sys.stderr)
+        print(f"meshscale: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("meshscale: interrupted", file=sys.stderr)
@@ -163,6 +163,12 @@ def main() -> None:
         raise
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as the return value here
         sys.exit(code)
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, a NUL) shown escaped: one line whatever the
+    input it quotes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _stop_writing_stdout() -> None:
