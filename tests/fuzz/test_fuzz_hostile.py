@@ -116,9 +116,9 @@ def test_special_input_paths_are_refused_before_opening(cli, sandbox, kind, read
 # ---- outputs: symlinks replaced, never written through; a full disk leaves nothing ------------------------
 WRITERS = {
     "sim --json": (("sim", "all_reduce", "-s", "dgx1-v100", "-e", "64K", "--json"), ".json"),
-    "plan --json": (("plan", "all_reduce", "-s", "dgx1-v100", "--json"), ".json"),
-    "plan --schedule": (("plan", "all_reduce", "-s", "dgx1-v100", "--schedule"), ".json"),
-    "plan --svg": (("plan", "all_reduce", "-s", "dgx1-v100", "--svg"), ".svg"),
+    "plan --json": (("plan", "all_reduce", "-s", "dgx1-v100", "--gpus", "2", "--json"), ".json"),
+    "plan --schedule": (("plan", "all_reduce", "-s", "dgx1-v100", "--gpus", "2", "--schedule"), ".json"),
+    "plan --svg": (("plan", "all_reduce", "-s", "dgx1-v100", "--gpus", "2", "--svg"), ".svg"),
     "topo --output svg": (("topo", "-s", "dgx1-v100", "--format", "svg", "--output"), ".svg"),
     "topo --output png": (("topo", "-s", "dgx1-v100", "--format", "png", "--output"), ".png"),
     "topo --output json": (("topo", "-s", "dgx1-v100", "--format", "json", "--output"), ".json"),
@@ -189,7 +189,7 @@ def test_a_full_disk_leaves_no_partial_output(cli, sandbox, full_disk, writer):
 @pytest.mark.timeout(CASE_TIMEOUT_S)
 def test_a_second_output_failing_removes_the_first(cli, sandbox, full_disk):
     before = _listing(sandbox)
-    result = cli("plan", "all_reduce", "-s", "dgx1-v100", "--schedule", sandbox / "s.json", "--svg", full_disk / "p.svg")
+    result = cli("plan", "all_reduce", "-s", "dgx1-v100", "--gpus", "2", "--schedule", sandbox / "s.json", "--svg", full_disk / "p.svg")
     assert result.exit_code == 2 and _listing(sandbox) == before
 
 
