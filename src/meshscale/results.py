@@ -18,7 +18,7 @@ from typing import Any
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.safe_io import atomic_write
-from meshscale.validation import load_structured, mapping, number, sequence
+from meshscale.validation import load_structured, mapping, number, sequence, typed
 
 SCHEMA = "meshscale-result/1"
 KINDS = ("topology", "bench-collective", "bench-p2p", "bench-host-copy", "sim", "plan", "place", "train", "scale", "predict",
@@ -86,15 +86,11 @@ POSITIVE_KEYS = {"scale": ("throughput_samples_per_s",), "predict": ("throughput
 
 
 def _end(value: Any, where: str) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (str, int)):
-        raise MeshscaleError(f"{where}: expected a device name or index, got {type(value).__name__} ({value!r:.40})")
-    return value
+    return typed(value, where, (str, int), "a device name or index")
 
 
 def _text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise MeshscaleError(f"{where}: expected text, got {type(value).__name__} ({value!r:.40})")
-    return value
+    return typed(value, where, (str,), "text")
 
 
 def _texts(value: Any, where: str) -> list:
@@ -104,9 +100,7 @@ def _texts(value: Any, where: str) -> list:
 
 
 def _flag(value: Any, where: str) -> bool:
-    if not isinstance(value, bool):
-        raise MeshscaleError(f"{where}: expected true or false, got {value!r:.40}")
-    return value
+    return typed(value, where, (bool,), "true or false")
 
 
 def _candidates(value: Any, where: str) -> list:

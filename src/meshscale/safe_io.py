@@ -381,7 +381,7 @@ def remove_stale_scratch(kind: str) -> int:
     for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}{kind}-*"):
         owner = path.name[len(_SCRATCH_PREFIX) + len(kind) + 1:].split("-", 1)[0]
         try:
-            stale = (not _alive(int(owner))) if owner.isdigit() else _age_s(path) > 3600
+            stale = (not process_alive(int(owner))) if owner.isdigit() else _age_s(path) > 3600
             if stale and path.is_file() and path.stat().st_uid == os.getuid():
                 path.unlink()
                 removed += 1
@@ -390,7 +390,8 @@ def remove_stale_scratch(kind: str) -> int:
     return removed
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """True while a process of that id exists (a zombie included)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:

@@ -70,6 +70,14 @@ def number(value: Any, where: str, lo: float | None = None, hi: float | None = N
     return value
 
 
+def typed(value: Any, where: str, types: tuple[type, ...], what: str) -> Any:
+    """``value`` if it is one of ``types`` (true/false counts as a bool only, not as a number); else one line
+    saying ``what`` was expected."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise MeshscaleError(f"{where}: expected {what}, got {_kind(value)}")
+    return value
+
+
 def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise MeshscaleError(f"{where}: expected a mapping (key: value), got {_kind(value)}")

@@ -23,20 +23,12 @@ import numpy as np
 import pytest
 import yaml
 
-from test_fuzz_inputs import GOOD_SYSTEM, assert_refused, _listing
+from test_fuzz_inputs import GOOD_SYSTEM, _listing, assert_refused, sandbox  # noqa: F401 (a fixture)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 REPORT = FIXTURES / "report"
 CASE_TIMEOUT_S = 20
 CASE_WALL_S = 10  # what one refused case may take: bad input is found before any work
-
-
-@pytest.fixture
-def sandbox(tmp_path, monkeypatch):
-    work = tmp_path / "work"
-    work.mkdir()
-    monkeypatch.chdir(work)
-    return work
 
 
 def refused(cli, folder: Path, *args, before: set[str] | None = None):

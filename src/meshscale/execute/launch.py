@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
+from meshscale.safe_io import process_alive
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -175,13 +176,7 @@ def _proc_state(pid: int) -> str | None:
 
 def _exited(pid: int) -> bool:
     """True when the process is gone or a zombie (exited, not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    return _proc_state(pid) == "Z"
+    return not process_alive(pid) or _proc_state(pid) == "Z"
 
 
 def _loopback_interface() -> str:
