@@ -465,11 +465,47 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
     except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
         raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
                           f"({_first_line(exc)})") from None
+    host = socket.gethostname()
+    _store_quietly(lambda: store.set(f"meshscale/host/{env.rank}", host))
     try:
         return fn(ctx, *args)
+    except MeshscaleError:
+        raise
+    except (RuntimeError, ValueError, OSError) as exc:  # what a rank sees when a peer dies, stops or times out
+        raise WorkerError(_torchrun_failure(store, env, host, exc, timeout_s)) from None
     finally:
         del ctx
         _teardown()
+
+
+def _store_quietly(op: Callable[[], Any]) -> Any:
+    """A store operation that may fail (the store's host is gone): its value, or None."""
+    try:
+        with _native_logs_silenced():
+            return op()
+    except Exception:
+        return None
+
+
+def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, timeout_s: float) -> str:
+    """One line naming the cause of a failed torchrun rank: the ranks that said nothing (died or stopped) with
+    their host and last phase, else this rank's own error. Each failing rank records its error in the store and
+    waits a moment for its peers to record theirs."""
+    own = _first_line(exc)
+    _store_quietly(lambda: store.set_timeout(timedelta(seconds=2)))
+    _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own))
+    phase = _phase(store, env.rank)
+    time.sleep(min(2.0, timeout_s))  # the peers' errors arrive within their own timeout of the same collective
+    silent = [r for r in range(env.world_size)
+              if r != env.rank and not _store_quietly(lambda r=r: store.check([f"meshscale/failed/{r}"]))]
+    where = f"rank {env.rank} on {host} stopped during {phase}"
+    if not silent:
+        return f"{where}: {own}"
+    r = silent[0]
+    their_host = _store_quietly(lambda: store.get(f"meshscale/host/{r}").decode()) or "an unknown host"
+    more = f" (also silent: ranks {silent[1:]})" if silent[1:] else ""
+    return (f"{where}: rank {r} on {their_host} died, stopped or hung in {_phase(store, r)} (no error from it){more}; "
+            f"seen here as: {own[:160]}")
 
 
 @contextmanager
