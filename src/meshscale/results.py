@@ -81,6 +81,8 @@ MAX_FIGURE = 1e18
 TEXT_KEYS = ("collective", "mode", "algorithm", "variant", "dtype", "redop", "bottleneck", "label", "impl", "system",
              "model")
 END_KEYS = ("src", "dst")
+# Row values the readers match rows of two runs by (compare): one value each
+MATCH_KEYS = TEXT_KEYS + END_KEYS + ("inplace", "root", "size_bytes", "world_size", "batch_per_rank")
 # Figures a run cannot have measured as zero: the readers divide by them
 POSITIVE_KEYS = {"scale": ("throughput_samples_per_s",), "predict": ("throughput_samples_per_s",)}
 
@@ -158,7 +160,7 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
     if missing:
         raise MeshscaleError(f"{where}: lacks {', '.join(missing)}; a {kind} row needs {', '.join(REQUIRED_ROW_KEYS[kind])}")
     for key, value in row.items():
-        if isinstance(value, (list, dict)) and not (isinstance(value, list) and key.endswith("times_s")):
+        if isinstance(value, (list, dict)) and key in MATCH_KEYS:
             raise MeshscaleError(f"{where}.{key}: expected one value, got a {type(value).__name__}")
         if value is not None and key in TEXT_KEYS + END_KEYS:
             (_text if key in TEXT_KEYS else _end)(value, f"{where}.{key}")
