@@ -42,44 +42,32 @@ def refused(cli, folder: Path, *args, before: set[str] | None = None):
 
 
 # ---- special input paths ----------------------------------------------------------------------------------
-def _make_fifo(d: Path) -> Path:
-    os.mkfifo(d / "pipe.json")
-    return d / "pipe.json"
+def _make_fifo(d: Path, suffix: str) -> Path:
+    os.mkfifo(d / f"pipe{suffix}")
+    return d / f"pipe{suffix}"
 
 
-def _make_loop(d: Path) -> Path:
-    (d / "a.json").symlink_to(d / "b.json")
-    (d / "b.json").symlink_to(d / "a.json")
-    return d / "a.json"
+def _make_loop(d: Path, suffix: str) -> Path:
+    (d / f"a{suffix}").symlink_to(d / f"b{suffix}")
+    (d / f"b{suffix}").symlink_to(d / f"a{suffix}")
+    return d / f"a{suffix}"
 
 
-def _make_dangling(d: Path) -> Path:
-    (d / "gone.json").symlink_to(d / "nowhere.json")
-    return d / "gone.json"
+def _make_dangling(d: Path, suffix: str) -> Path:
+    (d / f"gone{suffix}").symlink_to(d / f"nowhere{suffix}")
+    return d / f"gone{suffix}"
 
 
-def _make_folder(d: Path) -> Path:
-    (d / "folder.json").mkdir()
-    return d / "folder.json"
+def _make_folder(d: Path, suffix: str) -> Path:
+    (d / f"folder{suffix}").mkdir()
+    return d / f"folder{suffix}"
 
 
-def _make_long_name(d: Path) -> Path:
-    return d / ("x" * 300 + ".json")
-
-
-def _make_long_path(d: Path) -> Path:
-    return d / "/".join(["y" * 200] * 25) / "r.json"
-
-
-def _make_newline(d: Path) -> Path:
-    return d / "two\nlines.json"
-
-
-SPECIAL_PATHS = {"fifo": _make_fifo, "device": lambda d: Path("/dev/null"), "zero device": lambda d: Path("/dev/zero"),
+SPECIAL_PATHS = {"fifo": _make_fifo, "device": lambda d, s: Path("/dev/null"), "zero device": lambda d, s: Path("/dev/zero"),
                  "symlink loop": _make_loop, "dangling link": _make_dangling, "folder": _make_folder,
-                 "long name": _make_long_name, "long path": _make_long_path, "newline": _make_newline,
-                 "missing": lambda d: d / "missing.json"}
-# commands that read a file named by the user: {f} is the file (each a .json name; yaml systems below)
+                 "long name": lambda d, s: d / ("x" * 300 + s), "long path": lambda d, s: d / "/".join(["y" * 200] * 25) / f"r{s}",
+                 "newline": lambda d, s: d / f"two\nlines{s}", "missing": lambda d, s: d / f"missing{s}"}
+# commands that read a file named by the user: {f} is the file (.json, or .yaml for "(yaml)" readers, .npy for data)
 READERS = {
     "report": ("report", "{f}", "--output", "{out}"),
     "compare": ("compare", str(REPORT / "collective.json"), "{f}"),
@@ -88,7 +76,9 @@ READERS = {
     "predict --from": ("predict", "-m", "resnet50", "--from", "{f}"),
     "predict --p2p": ("predict", "-m", "resnet50", "-s", "hgx-h200", "--gpus", "2", "--p2p", "{f}"),
     "topo -s": ("topo", "-s", "{f}"),
+    "topo -s (yaml)": ("topo", "-s", "{f}"),
     "plan -s": ("plan", "all_reduce", "-s", "{f}"),
+    "cluster --node (yaml)": ("cluster", "--node", "{f}"),
     "train --data": ("train", "--model", "gpt-tiny", "--data", "{f}", "--steps", "2", "--timing-warmup", "1"),
 }
 SPECIAL_INPUT_CASES = [(kind, reader) for kind in SPECIAL_PATHS for reader in READERS]
@@ -97,10 +87,8 @@ SPECIAL_INPUT_CASES = [(kind, reader) for kind in SPECIAL_PATHS for reader in RE
 @pytest.mark.timeout(CASE_TIMEOUT_S)
 @pytest.mark.parametrize("kind,reader", SPECIAL_INPUT_CASES, ids=lambda x: x.replace(" ", "-"))
 def test_special_input_paths_are_refused_before_opening(cli, sandbox, kind, reader):
-    path = SPECIAL_PATHS[kind](sandbox.parent)
-    if reader == "train --data":  # token files are .npy or .bin
-        path = path.with_suffix(".npy") if path.suffix == ".json" and kind not in ("symlink loop", "dangling link",
-                                                                                   "fifo", "folder") else path
+    suffix = ".npy" if reader == "train --data" else ".yaml" if reader.endswith("(yaml)") else ".json"
+    path = SPECIAL_PATHS[kind](sandbox.parent, suffix)
     args = [a.replace("{f}", str(path)).replace("{out}", str(sandbox / "out")) for a in READERS[reader]]
     refused(cli, sandbox, *args)
 
