@@ -134,6 +134,17 @@ def test_a_symlinked_output_is_replaced_not_followed(cli, sandbox, writer, link)
     assert not [p for p in sandbox.iterdir() if ".tmp" in p.name]
 
 
+@pytest.mark.timeout(60)
+def test_a_symlinked_training_log_is_replaced_not_followed(cli, sandbox):
+    target = sandbox.parent / "elsewhere.jsonl"
+    target.write_text("keep me\n")
+    (sandbox / "log.jsonl").symlink_to(target)
+    result = cli("train", "--steps", "2", "--timing-warmup", "1", "--batch", "2", "--log", sandbox / "log.jsonl")
+    assert result.exit_code == 0, result.output[-600:]
+    assert target.read_text() == "keep me\n" and not (sandbox / "log.jsonl").is_symlink()
+    assert len((sandbox / "log.jsonl").read_text().splitlines()) == 2
+
+
 @pytest.fixture(scope="module")
 def full_disk(tmp_path_factory):
     """A 64 KiB tmpfs filled up, where this machine lets the tests mount one (root in a container); else skip."""
