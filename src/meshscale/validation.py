@@ -6,6 +6,7 @@ files, result files and command-line options, so a NaN is refused the same way w
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -132,7 +133,7 @@ def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False)
             data = json.loads(source)
         else:
             import yaml
-            data = yaml.load(source, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+            data = yaml.load(source, Loader=_yaml_loader())
     except RecursionError:
         raise MeshscaleError(f"{path}: nested too deeply for a {what} (at most {MAX_NESTING} levels)") from None
     except json.JSONDecodeError as exc:
@@ -142,6 +143,19 @@ def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False)
         raise MeshscaleError(f"{path}: not valid {'JSON' if as_json else 'YAML'} ({first})") from None
     check_nesting(data, str(path))
     return data
+
+
+@functools.lru_cache(maxsize=1)
+def _yaml_loader() -> type:
+    """PyYAML's safe loader, also reading ``25e9`` and ``1e-6`` as numbers (YAML 1.2 does; PyYAML's 1.1 rules
+    want a dot, ``25.0e9``, and would give the text "25e9")."""
+    import re
+
+    import yaml
+    loader = type("MeshscaleLoader", (getattr(yaml, "CSafeLoader", yaml.SafeLoader),), {})
+    loader.add_implicit_resolver("tag:yaml.org,2002:float",
+                                 re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+    return loader
 
 
 def check_nesting(data: Any, where: str, limit: int = MAX_NESTING) -> None:

@@ -488,3 +488,11 @@ def test_the_new_classes_hold_a_few_hundred_cases():
     total = (len(SPECIAL_INPUT_CASES) + 3 * len(WRITERS) * 2 + len(LAUNCHER_CASES) * len(LAUNCHED) + len(HOSTILE_CASES)
              + len(TOKEN_FILES) + len(CONTRADICTIONS) + len(CHECKPOINTS) + len(CLUSTER_CASES) * 2)
     assert total >= 300, total
+
+
+def test_yaml_numbers_with_an_exponent_are_numbers(tmp_path):
+    from meshscale.topology import load_system, to_dict
+    text = yaml.safe_dump(GOOD_SYSTEM).replace("bandwidth_gb_per_s: 16\n", "bandwidth_bytes_per_s: {}\n", 1)
+    (tmp_path / "e.yaml").write_text(text.format("25e9").replace("latency_s: 1.0e-06", "latency_s: 1e-6"))
+    (tmp_path / "plain.yaml").write_text(text.format("25000000000").replace("latency_s: 1.0e-06", "latency_s: 0.000001"))
+    assert to_dict(load_system(str(tmp_path / "e.yaml"))) == to_dict(load_system(str(tmp_path / "plain.yaml")))
