@@ -11,11 +11,15 @@ import fnmatch
 import os
 import sys
 
-import typer
+# torch's C++ warnings (a store connection lost, with its C++ stack) arrive before meshscale's one line says what
+# happened; errors still show. Read when torch loads, so set before anything imports it; the user's value wins.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from meshscale.cli import bench, collectives, predict, report, topology, train
-from meshscale.errors import MeshscaleError, WorkerError
-from meshscale.safe_io import new_outputs_removed_on
+import typer  # noqa: E402
+
+from meshscale.cli import bench, collectives, predict, report, topology, train  # noqa: E402
+from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},

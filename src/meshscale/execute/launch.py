@@ -493,7 +493,9 @@ def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, 
     waits a moment for its peers to record theirs."""
     own = _first_line(exc)
     _store_quietly(lambda: store.set_timeout(timedelta(seconds=2)))
-    _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own))
+    if _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own) or True) is None:
+        return (f"rank {env.rank} on {host} stopped: the rendezvous store at {env.master_addr}:{env.master_port} is "
+                f"gone (the launcher's agent or rank 0 died); seen here as: {own[:160]}")
     phase = _phase(store, env.rank)
     time.sleep(min(2.0, timeout_s))  # the peers' errors arrive within their own timeout of the same collective
     silent = [r for r in range(env.world_size)
