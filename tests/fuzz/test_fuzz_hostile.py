@@ -418,7 +418,7 @@ def _checkpoint(folder: Path, step: int, record_step: int | None = None, world: 
 
 
 CHECKPOINTS = {"beyond --steps": dict(step=999_999), "record disagrees": dict(step=3, record_step=999_999),
-               "another model": dict(step=3), "another world": dict(step=3, world=4)}
+               "no RNG states": dict(step=3), "another world": dict(step=3, world=4)}
 
 
 @pytest.mark.timeout(60)
@@ -496,3 +496,14 @@ def test_yaml_numbers_with_an_exponent_are_numbers(tmp_path):
     (tmp_path / "e.yaml").write_text(text.format("25e9").replace("latency_s: 1.0e-06", "latency_s: 1e-6"))
     (tmp_path / "plain.yaml").write_text(text.format("25000000000").replace("latency_s: 1.0e-06", "latency_s: 0.000001"))
     assert to_dict(load_system(str(tmp_path / "e.yaml"))) == to_dict(load_system(str(tmp_path / "plain.yaml")))
+
+
+@pytest.mark.timeout(90)
+def test_another_models_checkpoint_is_one_line(cli, sandbox):
+    folder = sandbox / "ckpt"
+    first = cli("train", "--model", "small-cnn", "--steps", "2", "--timing-warmup", "1", "--batch", "2",
+                "--checkpoint-dir", folder)
+    assert first.exit_code == 0, first.output[-600:]
+    result = refused(cli, sandbox, "train", "--model", "gpt-tiny", "--steps", "4", "--timing-warmup", "1", "--batch",
+                     "2", "--checkpoint-dir", folder, "--resume")
+    assert "another model" in result.stderr
