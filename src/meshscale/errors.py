@@ -9,6 +9,14 @@ class TopologyError(MeshscaleError):
     """A system description that is malformed or inconsistent."""
 
 
+class WorkerError(MeshscaleError):
+    """A rank failed, died or timed out; the message names the rank and what it was doing."""
+
+
+class Interrupted(WorkerError):
+    """The run was stopped by Ctrl-C or SIGTERM (not by a failing rank); every rank has been stopped."""
+
+
 def check_choice(value, choices, what: str) -> None:
     """Raise the one-line 'unknown <what> <value>; use one of ...' error unless ``value`` is in ``choices``."""
     if value not in choices:

@@ -19,10 +19,13 @@ from matplotlib.figure import Figure
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
+from meshscale.safe_io import atomic_write
 from meshscale.units import format_bytes, gbps
 
 # text kept as text in SVG (small, searchable pages); a fixed hash salt so the same figure gives the same bytes
-RC = {"svg.fonttype": "none", "svg.hashsalt": "meshscale", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3}
+# and no mathtext: names and labels come from files and options, where a "$" is a dollar sign, not TeX
+RC = {"svg.fonttype": "none", "svg.hashsalt": "meshscale", "font.size": 9, "axes.grid": True, "grid.alpha": 0.3,
+      "text.parse_math": False}
 STYLES = {"measured": dict(marker="o", linestyle="-"), "predicted": dict(marker="s", linestyle="--"),
           "bound": dict(marker="", linestyle=":", linewidth=2)}
 SUFFIXES = (".png", ".svg", ".pdf")
@@ -88,19 +91,22 @@ def to_svg(fig: Figure, plot_id: str) -> str:
                               f'data-legend-entries="{legend_entries(fig)}"', 1)
 
 
-def save(fig: Figure, path: str | Path, suffixes: tuple[str, ...] = SUFFIXES) -> Path:
-    """Write the figure to ``path`` in the format its suffix names; a one-line error for another suffix or an
-    unwritable place."""
+def save(fig: Figure, path: str | Path, suffixes: tuple[str, ...] = SUFFIXES, dpi: int = 120) -> Path:
+    """Write the figure to ``path`` in the format its suffix names, whole or not at all (`atomic_write`); a
+    one-line error for another suffix or an unwritable place."""
     path = Path(path)
     if path.suffix.lower() not in suffixes:
         raise MeshscaleError(f"cannot write {path}: use a {' or '.join(suffixes)} file name")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with matplotlib.rc_context(RC):
-            fig.savefig(path, dpi=120, bbox_inches="tight")
     except OSError as exc:
         raise MeshscaleError(f"cannot write {path} ({exc.strerror}); choose a writable path") from None
-    return path
+
+    def write(tmp: Path) -> None:
+        with matplotlib.rc_context(RC):
+            fig.savefig(tmp, dpi=dpi, bbox_inches="tight", format=path.suffix.lower()[1:])
+
+    return atomic_write(path, write)
 
 
 # ---- scaling: throughput bars, speedup lines (the DGX-1 whitepaper's figures 5 and 6) ----------------------

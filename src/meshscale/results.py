@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.validation import atomic_write, load_structured, mapping, number, sequence
+from meshscale.safe_io import atomic_write
+from meshscale.validation import load_structured, mapping, number, sequence, typed
 
 SCHEMA = "meshscale-result/1"
 KINDS = ("topology", "bench-collective", "bench-p2p", "bench-pairs", "bench-host-copy", "bench-io", "sim", "plan", "place",
@@ -64,16 +65,61 @@ class Result:
 
 # Row keys that must be there, per kind, for the readers (report, compare, calibration) to use a row.
 REQUIRED_ROW_KEYS = {
-    "bench-collective": ("collective", "size_bytes", "busbw_bytes_per_s"),
-    "sim": ("collective", "size_bytes", "busbw_bytes_per_s"),
+    "bench-collective": ("collective", "size_bytes", "time_s", "busbw_bytes_per_s"),
+    "sim": ("collective", "size_bytes", "time_s", "busbw_bytes_per_s"),
     "bench-p2p": ("src", "dst"),
     "bench-pairs": ("rank_a", "rank_b", "p2p_bytes_per_s"),
     "scale": ("world_size", "throughput_samples_per_s"),
     "predict": ("world_size", "throughput_samples_per_s"),
 }
-# A row value under a key with one of these unit suffixes (or one of these names) is a figure: a finite number >= 0
+# A row value under a key with one of these unit suffixes (or one of these names) is a figure: a finite number
+# >= 0 and below MAX_FIGURE (an exabyte, an exabyte a second, 30 years: beyond any machine; larger values overflow
+# the charts' log axes)
 FIGURE_SUFFIXES = ("_s", "_bytes", "_per_s", "_share")
 FIGURE_KEYS = ("world_size", "count", "efficiency", "speedup", "global_batch", "batch_per_rank")
+MAX_FIGURE = 1e18
+# Row values the readers group, sort and match rows by: text, or (the ends of a transfer) a device's name or index,
+# the same in every row
+TEXT_KEYS = ("collective", "mode", "algorithm", "variant", "dtype", "redop", "bottleneck", "label", "impl", "system",
+             "model")
+END_KEYS = ("src", "dst")
+# Row values the readers match rows of two runs by (compare): one value each
+MATCH_KEYS = TEXT_KEYS + END_KEYS + ("inplace", "root", "size_bytes", "world_size", "batch_per_rank")
+# Figures a run cannot have measured as zero: the readers divide by them
+POSITIVE_KEYS = {"scale": ("throughput_samples_per_s",), "predict": ("throughput_samples_per_s",)}
+
+
+def _end(value: Any, where: str) -> Any:
+    return typed(value, where, (str, int), "a device name or index")
+
+
+def _text(value: Any, where: str) -> str:
+    return typed(value, where, (str,), "text")
+
+
+def _texts(value: Any, where: str) -> list:
+    for i, item in enumerate(sequence(value, where)):
+        _text(item, f"{where}[{i}]")
+    return value
+
+
+def _flag(value: Any, where: str) -> bool:
+    return typed(value, where, (bool,), "true or false")
+
+
+def _candidates(value: Any, where: str) -> list:
+    for i, item in enumerate(sequence(value, where)):
+        mapping(item, f"{where}[{i}]")
+        number(item.get("time_s"), f"{where}[{i}].time_s", 0, MAX_FIGURE)
+        _text(item.get("algorithm"), f"{where}[{i}].algorithm")
+    return value
+
+
+# The provenance fields the readers use, each with its check (others are carried along unread)
+META_CHECKS = {"world_size": lambda v, w: number(v, w, 1, 1 << 24, integer=True), "spec": mapping, "summary": mapping,
+               "topology": mapping, "candidates": _candidates, "weak": _flag,
+               **{k: _text for k in ("backend", "device", "model", "system", "group", "label", "scaling", "corpus")}}
+MACHINE_CHECKS = {"hostname": _text, "gpus": _texts, "cpu_count": lambda v, w: number(v, w, 1, 1 << 24, integer=True)}
 
 
 def load_result(path: str | Path) -> Result:
@@ -95,12 +141,19 @@ def load_result(path: str | Path) -> Result:
         raise MeshscaleError(f"{path}: kind: {exc}") from None
     for name in ("meta", "machine", "software", "env"):
         mapping(data.get(name, {}), f"{path}: {name}")
+    for name, checks in (("meta", META_CHECKS), ("machine", MACHINE_CHECKS)):
+        for key, value in data.get(name, {}).items():
+            if key in checks and value is not None:
+                checks[key](value, f"{path}: {name}.{key}")
     if not isinstance(data.get("predicted", False), bool):
         raise MeshscaleError(f"{path}: predicted: expected true or false, got {data['predicted']!r}")
     if not isinstance(data.get("created", ""), str):
         raise MeshscaleError(f"{path}: created: expected a date string, got {data['created']!r}")
     for i, row in enumerate(sequence(data["rows"], f"{path}: rows")):
         _check_row(mapping(row, f"{path}: rows[{i}]"), data["kind"], f"{path}: rows[{i}]")
+    for key in END_KEYS:  # sorted together: names or indices, not both
+        if len({type(row[key]) for row in data["rows"] if row.get(key) is not None}) > 1:
+            raise MeshscaleError(f"{path}: rows mix device names and indices in {key}; give one or the other")
     return Result(**data)
 
 
@@ -109,10 +162,15 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
     if missing:
         raise MeshscaleError(f"{where}: lacks {', '.join(missing)}; a {kind} row needs {', '.join(REQUIRED_ROW_KEYS[kind])}")
     for key, value in row.items():
+        if isinstance(value, (list, dict)) and key in MATCH_KEYS:
+            raise MeshscaleError(f"{where}.{key}: expected one value, got a {type(value).__name__}")
+        if value is not None and key in TEXT_KEYS + END_KEYS:
+            (_text if key in TEXT_KEYS else _end)(value, f"{where}.{key}")
         if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):
             continue
+        positive = key in POSITIVE_KEYS.get(kind, ())
         for item in value if isinstance(value, list) and key.endswith("times_s") else [value]:  # per-rank lists
-            number(item, f"{where}.{key}", 0)
+            number(item, f"{where}.{key}", 0, MAX_FIGURE, lo_open=positive)
 
 
 def provenance() -> tuple[dict[str, Any], dict[str, Any], dict[str, str]]:

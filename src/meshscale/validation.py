@@ -6,21 +6,20 @@ files, result files and command-line options, so a NaN is refused the same way w
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from meshscale.errors import MeshscaleError
+from meshscale.safe_io import read_text
 
-MAX_TEXT_BYTES = 64 << 20   # system and result files are kilobytes to a few megabytes
 MAX_NESTING = 32            # the deepest a system or result file legitimately nests is about 5
 MAX_CPU_RANKS_PER_CORE = 8
 MAX_CPU_RANKS = 256
-_NO_OUTPUT_UNDER = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 Check = Callable[[Any, str], Any]
 
@@ -72,6 +71,14 @@ def number(value: Any, where: str, lo: float | None = None, hi: float | None = N
     return value
 
 
+def typed(value: Any, where: str, types: tuple[type, ...], what: str) -> Any:
+    """``value`` if it is one of ``types`` (true/false counts as a bool only, not as a number); else one line
+    saying ``what`` was expected."""
+    if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+        raise MeshscaleError(f"{where}: expected {what}, got {_kind(value)}")
+    return value
+
+
 def mapping(value: Any, where: str) -> dict:
     if not isinstance(value, dict):
         raise MeshscaleError(f"{where}: expected a mapping (key: value), got {_kind(value)}")
@@ -114,28 +121,6 @@ def _show(value: Any) -> str:
 
 
 # ---- files in -------------------------------------------------------------------------------------------
-
-def read_text(path: str | Path, what: str = "file") -> str:
-    """The UTF-8 text of ``path``; one line when it cannot be read, is too large or is not UTF-8."""
-    path = Path(path)
-    try:
-        if path.is_dir():
-            raise MeshscaleError(f"{path}: is a directory; give a {what}")
-        size = path.stat().st_size
-        if size > MAX_TEXT_BYTES:
-            raise MeshscaleError(f"{path}: {size} bytes is too large for a {what} (at most {MAX_TEXT_BYTES >> 20} MiB)")
-        with open(path, "rb") as f:
-            data = f.read(MAX_TEXT_BYTES + 1)
-    except OSError as exc:
-        raise MeshscaleError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    if len(data) > MAX_TEXT_BYTES:  # a pipe or a growing file
-        raise MeshscaleError(f"{path}: too large for a {what} (at most {MAX_TEXT_BYTES >> 20} MiB)")
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise MeshscaleError(f"{path}: not UTF-8 text (byte {data[exc.start]:#04x} at offset {exc.start}); "
-                             f"give a {what} saved as UTF-8") from None
-
 
 def load_structured(path: str | Path, what: str = "file", yaml_ok: bool = False) -> Any:
     """Parse ``path`` as JSON (or YAML when ``yaml_ok`` and the suffix is not .json), refusing unreadable or
@@ -194,94 +179,3 @@ def check_nesting(data: Any, where: str, limit: int = MAX_NESTING) -> None:
         seen.add(id(value))
         children: Iterable = value.values() if isinstance(value, dict) else value
         stack.extend((child, depth + 1) for child in children)
-
-
-# ---- files out ------------------------------------------------------------------------------------------
-
-def _forbidden(path: Path) -> bool:
-    resolved = path.resolve()
-    return any(resolved == root or root in resolved.parents for root in _NO_OUTPUT_UNDER)
-
-
-def check_output_file(path: str | Path | None, option: str, suffixes: tuple[str, ...] | None = None) -> Path | None:
-    """``path`` if a file can be written there: its folder exists and is writable, it is not a folder itself,
-    not under /proc, /sys or /dev, and (if ``suffixes``) its suffix is one of them. Creates nothing."""
-    if path is None:
-        return None
-    path = Path(path)
-    if not str(path) or str(path).endswith(os.sep) or path.name in ("", ".", ".."):
-        raise MeshscaleError(f"{option} {path}: give a file name, not a folder")
-    if suffixes and path.suffix.lower() not in suffixes:
-        raise MeshscaleError(f"{option} {path}: use a {' or '.join(suffixes)} file name")
-    if _forbidden(path):
-        raise MeshscaleError(f"{option} {path}: not a place for output files; choose a path in a normal folder")
-    if path.is_dir():
-        raise MeshscaleError(f"{option} {path}: is a folder; give a file name")
-    if path.exists() and not os.access(path, os.W_OK):
-        raise MeshscaleError(f"{option} {path}: the file is not writable; choose another path")
-    _check_folder(path.parent, option, path)
-    return path
-
-
-def check_output_dir(path: str | Path | None, option: str) -> Path | None:
-    """``path`` if a folder can be written there: it is a writable folder, or the nearest existing ancestor
-    is one (the folders will be created when the output is written). Creates nothing."""
-    if path is None:
-        return None
-    path = Path(path)
-    if _forbidden(path):
-        raise MeshscaleError(f"{option} {path}: not a place for output files; choose a path in a normal folder")
-    if path.exists():
-        _check_folder(path, option, path)
-        return path
-    ancestor = path.parent
-    while not ancestor.exists() and ancestor != ancestor.parent:
-        if ancestor.is_symlink():  # a dangling link
-            break
-        ancestor = ancestor.parent
-    _check_folder(ancestor, option, path)
-    return path
-
-
-def _check_folder(folder: Path, option: str, path: Path) -> None:
-    folder = folder if str(folder) else Path(".")
-    if not folder.exists():
-        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} does not exist; create it or choose another path")
-    if not folder.is_dir():
-        raise MeshscaleError(f"{option} {path}: cannot write, {folder} is not a folder; choose another path")
-    if not os.access(folder, os.W_OK | os.X_OK):
-        raise MeshscaleError(f"{option} {path}: cannot write, folder {folder} is not writable; choose another path")
-
-
-def atomic_write(path: str | Path, data: str | bytes | Callable[[Path], Any]) -> Path:
-    """Write ``data`` (text, bytes, or a function that writes the file it is given) to ``path`` through a
-    temporary file in the same folder renamed into place: a failure leaves no partial file behind."""
-    path = Path(path)
-    folder = path.parent if str(path.parent) else Path(".")
-    try:
-        fd, tmp_name = tempfile.mkstemp(prefix=f".{path.name}.", suffix=f".tmp{path.suffix}", dir=folder)
-    except OSError as exc:
-        raise MeshscaleError(f"cannot write {path} ({exc.strerror or exc}); choose a writable path") from None
-    tmp = Path(tmp_name)
-    try:
-        if callable(data):
-            os.close(fd)
-            data(tmp)
-        else:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data.encode("utf-8") if isinstance(data, str) else data)
-        os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise MeshscaleError(f"cannot write {path} ({exc.strerror or exc}); choose a writable path") from None
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    return path
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask

@@ -11,7 +11,7 @@ from meshscale.execute.world import World, resolve_sweep, resolve_world
 
 
 def _no_torchrun(monkeypatch):
-    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR"):
+    for key in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
         monkeypatch.delenv(key, raising=False)
 
 
@@ -49,6 +49,7 @@ def test_under_torchrun_the_launcher_decides(monkeypatch):
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("MASTER_ADDR", "node0")
+    monkeypatch.setenv("MASTER_PORT", "29500")
     world = resolve_world(None, 2)
     assert world.size == 16 and world.backend == "gloo"
 

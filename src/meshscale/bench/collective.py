@@ -8,12 +8,11 @@ per-rank times and wrong counts are gathered so that every rank returns the same
 from __future__ import annotations
 
 import json
-import os
 import statistics
-import tempfile
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -27,6 +26,7 @@ from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import Interrupted, RankContext, launch
 from meshscale.results import Result, measured
+from meshscale.safe_io import release_scratch, scratch_file
 from meshscale.topology import Topology, to_dict
 from meshscale.units import format_bytes
 
@@ -257,8 +257,7 @@ def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120
     `SweepInterrupted`, whose result keeps the rows finished so far."""
     validate(spec, world)
     topology = world_topology(world)
-    fd, row_log = tempfile.mkstemp(prefix="meshscale-rows-", suffix=".jsonl")
-    os.close(fd)
+    row_log = str(scratch_file("rows", ".jsonl"))  # removed below, at exit, on SIGTERM, or by the next run
     follower = _RowFollower(row_log, on_row)
     follower.start()
     try:
@@ -270,7 +269,7 @@ def bench_collectives(spec: CollectiveSpec, world: World, timeout_s: float = 120
         raise SweepInterrupted(message, _result(spec, world, topology, follower.rows, interrupted=True)) from None
     finally:
         follower.finish()
-        os.unlink(row_log)
+        release_scratch(Path(row_log))
     return _result(spec, world, joined or topology, rows)
 
 

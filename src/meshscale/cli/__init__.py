@@ -6,13 +6,20 @@ old spelling gets a one-line hint (exit 2) instead of typer's usage error or, wo
 """
 from __future__ import annotations
 
+import errno
 import fnmatch
+import os
 import sys
 
-import typer
+# torch's C++ warnings (a store connection lost, with its C++ stack) arrive before meshscale's one line says what
+# happened; errors still show. Read when torch loads, so set before anything imports it; the user's value wins.
+os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
-from meshscale.cli import bench, collectives, fleet, predict, report, topology, train
-from meshscale.errors import MeshscaleError
+import typer  # noqa: E402
+
+from meshscale.cli import bench, collectives, fleet, predict, report, topology, train  # noqa: E402
+from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
@@ -130,15 +137,27 @@ def main() -> None:
         print(hint, file=sys.stderr)
         sys.exit(2)
     try:
-        code = app(standalone_mode=False)
+        # bad input found late: none of the files it began; a failed run keeps the finished part it saved
+        with new_outputs_removed_on(MeshscaleError, unless=WorkerError):
+            code = app(standalone_mode=False)
+        sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
-        print(f"meshscale: error: {exc}", file=sys.stderr)
+        print(f"meshscale: error: {one_line(str(exc))}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("meshscale: interrupted", file=sys.stderr)
         sys.exit(130)
     except SystemExit:
         raise
+    except OSError as exc:  # the environment refused (stdout on a full disk, no file descriptors left...)
+        _stop_writing_stdout()
+        if exc.errno == errno.EPIPE:  # `meshscale ... | head`: the reader has what it wanted
+            sys.exit(141)
+        where = f" ({exc.filename})" if exc.filename else ""
+        hint = {errno.EMFILE: "; raise the limit of open files (ulimit -n 1024 or more)",
+                errno.ENOSPC: "; free space where meshscale writes (stdout, the output files, the temporary folder)"}
+        print(f"meshscale: error: {exc.strerror or exc}{where}{hint.get(exc.errno, '')}", file=sys.stderr)
+        sys.exit(2)
     except Exception as exc:  # usage errors arrive here in non-standalone mode (click's, or typer's vendored copy)
         if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
             exc.show()
@@ -148,3 +167,19 @@ def main() -> None:
         raise
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as the return value here
         sys.exit(code)
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, a NUL) shown escaped: one line whatever the
+    input it quotes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+
+
+def _stop_writing_stdout() -> None:
+    """Point stdout at /dev/null, so that the interpreter's flush at exit does not fail a second time."""
+    try:
+        null = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(null, sys.stdout.fileno())
+        os.close(null)
+    except (OSError, ValueError, AttributeError):
+        pass

@@ -10,8 +10,8 @@ import typer
 
 from meshscale.errors import MeshscaleError
 from meshscale.units import parse_bytes
-from meshscale.validation import (Check, Range, check_output_dir, check_output_file, count_list, max_cpu_ranks,
-                                  number)
+from meshscale.safe_io import check_output_dir, check_output_file
+from meshscale.validation import Check, Range, count_list, max_cpu_ranks, number
 
 MAX_ITERS = 1_000_000          # iterations of a benchmark loop
 MAX_BATCH = 1 << 16            # samples per rank in one step

@@ -12,6 +12,7 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, print_text, write_result_files
 from meshscale.cli.checks import (FACTOR, MAX_GPU_RANKS, NCCL_ENV_OPTION, ROOT, checked, counts, output_file,
                                   size_bytes)
+from meshscale.safe_io import atomic_write
 from meshscale.validation import Range
 from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
@@ -129,7 +130,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     print_text(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
-        schedule_json.write_text(dumps(p.schedule) + "\n")
+        atomic_write(schedule_json, dumps(p.schedule) + "\n")
         typer.echo(f"wrote {schedule_json}")
     if json_path:
         typer.echo(f"wrote {plan_result(p).save(json_path)}")

@@ -12,7 +12,7 @@ from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.units import gbps
-from meshscale.validation import atomic_write
+from meshscale.safe_io import atomic_write
 
 FORMATS = ("matrix", "json", "svg", "png")
 # topology.cluster.NETWORKS, spelled out so that -h does not import the topology layer (a test holds them equal)

@@ -133,12 +133,10 @@ def scale(
     """Weak or strong scaling over 1, 2, 4 ... workers (or, for a transformer, one run per --layouts entry): throughput beside meshscale's prediction for the
     topology the run used, speedup, efficiency, communication share. Under torchrun: a sweep inside its world
     (default 1, the ranks of one node, all ranks), over the hosts' joined topology; rank 0 prints."""
-    from meshscale import plots
-    from meshscale.predict.against_measured import predicted_beside
     from meshscale.train.runner import notices
     from meshscale.execute import in_torchrun  # torch: imported only when training
     from meshscale.execute.world import resolve_sweep, resolve_world
-    from meshscale.train.scale import scale as run_scale, torchrun_worlds
+    from meshscale.train.scale import ScaleIncomplete, scale as run_scale, torchrun_worlds
 
     if layouts:
         _scale_layouts(options, layouts, gpus, cpus, json_out, csv_path)
@@ -162,14 +160,27 @@ def scale(
     for line in notices(cfg, sizes[-1]) if rank0 else ():
         typer.echo(line, err=True)
     console = text_console()
-    result = run_scale(cfg, sizes, weak, size,
-                       on_row=lambda r: console.print(f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
-    if not rank0:
-        return
+    try:
+        result = run_scale(cfg, sizes, weak, size, on_row=lambda r: console.print(
+            f"{r['world_size']} workers: {r['throughput_samples_per_s']:,.1f} samples/s"))
+    except ScaleIncomplete as failed:  # the finished world sizes are shown and saved; the failure is the last line
+        if rank0:
+            _show_scale(failed.result, cfg.model, cfg.mode, weak, json_out, csv_path, plot)
+        raise
+    if rank0:
+        _show_scale(result, cfg.model, cfg.mode, weak, json_out, csv_path, plot)
+
+
+def _show_scale(result, model: str, mode: str, weak: bool, json_out: Path | None, csv_path: Path | None,
+                plot: Path | None) -> None:
+    """The sweep's table beside the prediction, and its files."""
+    from meshscale import plots
+    from meshscale.predict.against_measured import predicted_beside
+
     result, note = predicted_beside(result)
     hosts = result.meta.get("hosts")
     where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
-    _table(f"{cfg.model} {cfg.mode}: {'weak' if weak else 'strong'} scaling{where}", result.rows,
+    _table(f"{model} {mode}: {'weak' if weak else 'strong'} scaling{where}", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "predicted_samples_per_s",
             "prediction_error", "speedup", "efficiency", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
     typer.echo(note)

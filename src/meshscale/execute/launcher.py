@@ -29,8 +29,9 @@ from typing import Any, Callable, Iterator
 import torch
 import torch.distributed as dist
 
-from meshscale.errors import MeshscaleError
-from meshscale.execute.world import in_torchrun
+from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
+from meshscale.execute.world import Launcher, in_torchrun, launcher  # noqa: F401 (in_torchrun: imported from here)
+from meshscale.safe_io import process_alive
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -39,14 +40,6 @@ NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": 
 _PEER_ERRORS = ("Connection closed by peer", "Connection reset by peer", "Read error", "Broken pipe")
 _WAIT_ERRORS = ("timed out", "timeout")
 _PR_SET_PDEATHSIG = 1  # linux/prctl.h
-
-
-class WorkerError(MeshscaleError):
-    """A rank failed, died or timed out; the message names the rank and what it was doing."""
-
-
-class Interrupted(WorkerError):
-    """The run was stopped by Ctrl-C or SIGTERM (not by a failing rank); every rank has been stopped."""
 
 
 @dataclass
@@ -69,6 +62,27 @@ class RankContext:
             dist.barrier(device_ids=[self.device.index])
         else:
             dist.barrier()
+
+
+def _resolve_host(host: str, port: int, timeout_s: float = 10.0) -> None:
+    """A one-line error when MASTER_ADDR does not resolve (within ``timeout_s``: a name server may not answer)."""
+    outcome: list[BaseException | None] = []
+
+    def lookup() -> None:
+        try:
+            socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+            outcome.append(None)
+        except (OSError, UnicodeError) as exc:
+            outcome.append(exc)
+
+    thread = threading.Thread(target=lookup, daemon=True, name="meshscale-resolve")
+    thread.start()
+    thread.join(timeout_s)
+    if not outcome:
+        raise MeshscaleError(f"MASTER_ADDR={host}: no answer from the name service within {timeout_s:.0f} s")
+    if outcome[0] is not None:
+        why = getattr(outcome[0], "strerror", None) or str(outcome[0])
+        raise MeshscaleError(f"MASTER_ADDR={host}: cannot resolve ({why}); give the rendezvous host's name or address")
 
 
 def _die_with(owner_pid: int) -> None:
@@ -112,13 +126,7 @@ def _proc_state(pid: int) -> str | None:
 
 def _exited(pid: int) -> bool:
     """True when the process is gone or a zombie (exited, not yet reaped)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        pass
-    return _proc_state(pid) == "Z"
+    return not process_alive(pid) or _proc_state(pid) == "Z"
 
 
 def _loopback_interface() -> str:
@@ -217,7 +225,7 @@ def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: i
         del ctx
         _teardown()
     except BaseException as exc:  # report everything, including KeyboardInterrupt, then exit non-zero
-        last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+        last = str(exc) if isinstance(exc, MeshscaleError) else traceback.format_exception_only(type(exc), exc)[-1].strip()
         results.put(("error", rank, last[:2000]))
         code = 1
     finally:
@@ -402,23 +410,95 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
                         env: dict[str, str] | None = None) -> Any:
     os.environ.update(NCCL_SAFETY_ENV)
     os.environ.update(env or {})
-    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    store = _launcher_store(rank, world, timeout_s)
-    ctx = _init(rank, world, local_rank, backend, store, timeout_s)
+    env = launcher()
+    assert env is not None  # launch() came here because in_torchrun()
+    _resolve_host(env.master_addr, env.master_port)
+    store = _launcher_store(env, timeout_s)
+    try:
+        ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)
+    except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
+        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
+                          f"({_first_line(exc)})") from None
+    host = socket.gethostname()
+    _store_quietly(lambda: store.set(f"meshscale/host/{env.rank}", host))
     try:
         return fn(ctx, *args)
+    except MeshscaleError:
+        raise
+    except (RuntimeError, ValueError, OSError) as exc:  # what a rank sees when a peer dies, stops or times out
+        raise WorkerError(_torchrun_failure(store, env, host, exc, timeout_s)) from None
     finally:
         del ctx
         _teardown()
 
 
-def _launcher_store(rank: int, world: int, timeout_s: float) -> dist.TCPStore:
+def _store_quietly(op: Callable[[], Any]) -> Any:
+    """A store operation that may fail (the store's host is gone): its value, or None."""
+    try:
+        with _native_logs_silenced():
+            return op()
+    except Exception:
+        return None
+
+
+def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, timeout_s: float) -> str:
+    """One line naming the cause of a failed torchrun rank: the ranks that said nothing (died or stopped) with
+    their host and last phase, else this rank's own error. Each failing rank records its error in the store and
+    waits a moment for its peers to record theirs."""
+    own = _first_line(exc)
+    _store_quietly(lambda: store.set_timeout(timedelta(seconds=2)))
+    if _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own) or True) is None:
+        return (f"rank {env.rank} on {host} stopped: the rendezvous store at {env.master_addr}:{env.master_port} is "
+                f"gone (the launcher's agent or rank 0 died); seen here as: {own[:160]}")
+    phase = _phase(store, env.rank)
+    time.sleep(min(2.0, timeout_s))  # the peers' errors arrive within their own timeout of the same collective
+    silent = [r for r in range(env.world_size)
+              if r != env.rank and not _store_quietly(lambda r=r: store.check([f"meshscale/failed/{r}"]))]
+    where = f"rank {env.rank} on {host} stopped during {phase}"
+    if not silent:
+        return f"{where}: {own}"
+    r = silent[0]
+    their_host = _store_quietly(lambda: store.get(f"meshscale/host/{r}").decode()) or "an unknown host"
+    more = f" (also silent: ranks {silent[1:]})" if silent[1:] else ""
+    return (f"{where}: rank {r} on {their_host} died, stopped or hung in {_phase(store, r)} (no error from it){more}; "
+            f"seen here as: {own[:160]}")
+
+
+@contextmanager
+def _native_logs_silenced() -> Iterator[None]:
+    """File descriptor 2 goes to /dev/null within the block (torch's C++ logging writes there directly)."""
+    try:
+        saved = os.dup(2)
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no descriptors left: keep the logs rather than fail
+        yield
+        return
+    try:
+        os.dup2(null, 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(null)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]
+
+
+def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
     """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT).
 
     torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. Otherwise rank 0 serves
-    it, listening on MASTER_ADDR only, as the endpoint says."""
-    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    if rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return serving_store(host, port, world, timeout_s)
-    return dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
+    it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
+    host, port = env.master_addr, env.master_port
+    if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return serving_store(host, port, env.world_size, timeout_s)
+    try:
+        with _native_logs_silenced():  # c10d logs every retry; the one line below says it all
+            return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+    except (RuntimeError, ValueError) as exc:
+        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: no rendezvous store answered at "
+                          f"{host}:{port} within {timeout_s:.0f} s ({_first_line(exc)}); start rank 0 or torchrun "
+                          "there first") from None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from typing import Any
 
 from meshscale.errors import MeshscaleError
 
@@ -25,8 +26,54 @@ class World:
 
 
 def in_torchrun() -> bool:
-    """True when started by torchrun (or any launcher that sets RANK and WORLD_SIZE)."""
-    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "MASTER_ADDR" in os.environ
+    """True when started by torchrun (or any launcher that sets RANK or WORLD_SIZE); the variables must then
+    be usable (`launcher`)."""
+    return launcher() is not None
+
+
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+MAX_WORLD = 1 << 16
+
+
+@dataclass(frozen=True)
+class Launcher:
+    """What a launcher (torchrun, or variables set by hand) told this process: its rank and the rendezvous."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+
+
+def launcher(environ: Any = None) -> Launcher | None:
+    """The launcher's variables, checked: None when neither RANK nor WORLD_SIZE is set; otherwise RANK,
+    WORLD_SIZE, MASTER_ADDR and MASTER_PORT must all be set and sensible, each refused with one line."""
+    env = os.environ if environ is None else environ
+    if "RANK" not in env and "WORLD_SIZE" not in env:
+        return None
+    missing = [name for name in LAUNCHER_VARIABLES if not env.get(name, "").strip()]
+    if missing:
+        raise MeshscaleError(f"launcher variables: {', '.join(missing)} not set (RANK and WORLD_SIZE say a launcher "
+                             "started this process); run under torchrun, or set all of "
+                             f"{', '.join(LAUNCHER_VARIABLES)}, or none")
+    world = _whole("WORLD_SIZE", env["WORLD_SIZE"], 1, MAX_WORLD)
+    rank = _whole("RANK", env["RANK"], 0, world - 1)
+    local_world = _whole("LOCAL_WORLD_SIZE", env.get("LOCAL_WORLD_SIZE", str(world)), 1, world)
+    local_rank = _whole("LOCAL_RANK", env.get("LOCAL_RANK", "0"), 0, local_world - 1)
+    port = _whole("MASTER_PORT", env["MASTER_PORT"], 1, 65535)
+    host = env["MASTER_ADDR"].strip()
+    if len(host) > 253 or any(c.isspace() or c in "\x00/" for c in host):
+        raise MeshscaleError(f"MASTER_ADDR={host[:60]!r} is not a host name or address")
+    return Launcher(rank, world, local_rank, host, port)
+
+
+def _whole(name: str, text: str, lo: int, hi: int) -> int:
+    value = text.strip()
+    if not value.isdigit() or not lo <= int(value) <= hi:
+        raise MeshscaleError(f"{name}={text[:40]!r} is not a whole number in {lo}..{hi}; check the launcher's "
+                             "variables")
+    return int(value)
 
 
 def gpu_count() -> int:
@@ -47,8 +94,9 @@ def resolve_world(gpus: int | None, cpus: int | None, default: World | None = No
     else `DEFAULT_CPU_WORKERS` CPU workers. Under torchrun the launcher's WORLD_SIZE wins and the backend
     follows the presence of GPUs (unless --cpus asks for Gloo)."""
     _not_both(gpus, cpus)
-    if in_torchrun():
-        return World(int(os.environ["WORLD_SIZE"]), "nccl" if gpu_count() and cpus is None else "gloo")
+    env = launcher()
+    if env is not None:
+        return World(env.world_size, "nccl" if gpu_count() and cpus is None else "gloo")
     if gpus is not None:
         _check_counts("--gpus", [gpus])
         return World(gpus, "nccl")

@@ -11,7 +11,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.report.figures import Source, sections
 from meshscale.report.verdicts import is_cpu_run
 from meshscale.results import Result, load_result
-from meshscale.validation import atomic_write
+from meshscale.safe_io import atomic_write, check_path_length
 
 TEMPLATE = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
@@ -70,6 +70,7 @@ def load_sources(paths: list[str | Path]) -> list[Source]:
     that is a meshscale result."""
     sources = []
     for path in map(Path, paths):
+        check_path_length(path, str(path)[:200])
         if path.is_dir():
             found = []
             for file in sorted(path.glob("*.json")):

@@ -26,6 +26,7 @@ from meshscale.bench.p2p import P2PSpec, bench_p2p
 from meshscale.collectives.kinds import KINDS
 from meshscale.errors import MeshscaleError
 from meshscale.execute.launcher import NCCL_SAFETY_ENV
+from meshscale.safe_io import atomic_write
 from meshscale.execute.world import resolve_world
 from meshscale.predict.against_measured import calibrated_job, compare_scale
 from meshscale.predict.request import PredictRequest, predict_rows
@@ -57,6 +58,10 @@ class TourSettings:
     fast: bool = False
     cpus: int | None = None  # CPU worker ranks when there is no GPU
     timeout_s: float = 120.0
+
+    def __post_init__(self) -> None:
+        if self.full and self.fast:
+            raise MeshscaleError("--fast and --full ask for opposite lengths of tour; give one of them")
 
 
 @dataclass
@@ -486,5 +491,4 @@ def _release_gpu_cache() -> None:
 
 def _empty_report(out: Path, heading: str, notes: list[str]) -> Path:
     page = out / "index.html"
-    page.write_text(render([], heading, notes))
-    return page
+    return atomic_write(page, render([], heading, notes))

@@ -123,13 +123,14 @@ def collective_verdict(rows: list[dict[str, Any]], look_at: list[str], cpu: bool
         best, closest = None, None
         for r in (r for r in rows if r["size_bytes"] == size):
             reference, model = references(r)
-            if model is not None:
-                gap = abs(math.log(r["busbw_bytes_per_s"] / _capped(model.busbw_bytes_per_s, r, floor_s)))
+            capped = _capped(model.busbw_bytes_per_s, r, floor_s) if model is not None else 0.0
+            if model is not None and r["busbw_bytes_per_s"] > 0 and capped > 0:  # a zero (one rank) has no gap
+                gap = abs(math.log(r["busbw_bytes_per_s"] / capped))
                 if closest is None or gap < closest[0]:
                     closest = (gap, r, model)
             chosen = reference or model
-            if chosen is not None:
-                expected = _capped(chosen.busbw_bytes_per_s, r, floor_s)
+            expected = _capped(chosen.busbw_bytes_per_s, r, floor_s) if chosen is not None else 0.0
+            if chosen is not None and expected > 0:
                 if floor_s and r.get("time_s", 0) < 2 * floor_s:  # launch-bound: it moves as small messages do
                     chosen = replace(chosen, floor=min(chosen.floor, 1 - SPREAD[SIZE_CLASSES[0]]))
                 share = r["busbw_bytes_per_s"] / expected

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from meshscale import plots
 from meshscale.errors import MeshscaleError
 from meshscale.topology import draw as topo_draw
 from meshscale.units import format_bytes, gbps
@@ -29,7 +30,7 @@ def draw_plan(plan, path: str | Path) -> Path:
         for t in step.transfers:
             pairs.setdefault(t.channel, set()).add((t.src, t.dst))
     xs, ys = [p[0] for p in pos.values()], [p[1] for p in pos.values()]
-    with rc_context({"svg.fonttype": "none"}):
+    with rc_context(plots.RC):
         fig = Figure(figsize=(max(6.0, (max(xs) - min(xs) + 2) * 1.1), max(4.0, (max(ys) - min(ys) + 2) * 1.1 + 0.8)))
         ax = fig.add_subplot()
         topo_draw._draw_links(ax, topo, pos)  # the plain diagram underneath (same module, same look)
@@ -51,8 +52,4 @@ def draw_plan(plan, path: str | Path) -> Path:
                      f"predicted busbw {gbps(r.busbw_bytes_per_s):.1f} GB/s, {r.time_s * 1e6:.0f} us", fontsize=10)
         if len(handles) <= 16:
             ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
-        try:
-            fig.savefig(path, dpi=110, bbox_inches="tight")
-        except OSError as exc:
-            raise MeshscaleError(f"cannot write {path} ({exc.strerror}); choose a writable path") from None
-    return path
+    return plots.save(fig, path, (".svg", ".png"), dpi=110)

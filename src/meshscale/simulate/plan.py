@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from meshscale.collectives.algorithms.base import check_root
 from meshscale.collectives.bounds import busbw_bound
 from meshscale.collectives.kinds import kind
 from meshscale.collectives.schedule import Schedule
@@ -162,6 +163,7 @@ def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list
     rounded down to a multiple of 4 bytes per rank."""
     if nccl and algorithm != "nccl":
         raise MeshscaleError(f"{', '.join(nccl)} describe NCCL's run; they go with --algo nccl, not {algorithm}")
+    check_root(collective, root, len(ranks))  # before any size: the NCCL model and the bound index by it
     params = params or SimParams()
     rows = []
     k, n = kind(collective), len(ranks)

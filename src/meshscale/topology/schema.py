@@ -95,8 +95,10 @@ def _link_bandwidth(spec: dict[str, Any], source: str, entry: str) -> float:
 
 
 def _name(value: Any, source: str, where: str) -> str:
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip():
-        raise _fail(source, where, f"name {value!r} is not a name", "give a short string such as gpu0")
+    if (isinstance(value, bool) or not isinstance(value, (str, int)) or not str(value).strip()
+            or len(str(value)) > 200 or any(c in str(value) for c in "\n\r\x00")):
+        raise _fail(source, where, f"name {str(value)[:40]!r} is not a name", "give a short string such as gpu0 "
+                    "(one line)")
     return str(value)
 
 

@@ -323,7 +323,7 @@ def write_topology(topo: SlurmTopology, path) -> "Path":
     """Write ``topo`` to ``path``: topology.yaml syntax for a .yaml/.yml file, topology.conf syntax otherwise."""
     from pathlib import Path
 
-    from meshscale.validation import atomic_write
+    from meshscale.safe_io import atomic_write
     path = Path(path)
     text = topology_yaml(topo) if path.suffix in (".yaml", ".yml") else topology_conf(topo)
     return atomic_write(path, text)

@@ -18,7 +18,10 @@ def _labels(topo: Topology) -> tuple[list[str], list[str]]:
 def relation_matrix(topo: Topology, bandwidth: bool = True) -> str:
     """The matrix of `nvidia-smi topo -m` (same layout and legend), then per-pair bandwidth in GB/s."""
     labels, nodes = _labels(topo)
-    width = max(6, *(len(l) + 2 for l in labels))
+    if not labels:  # a system of CPUs and switches only: drawable, but no matrix of devices
+        return (f"{topo.name} has no GPUs or NICs: no device matrix to show ({len(topo.nodes)} nodes, "
+                f"{len(topo.links)} links; --format svg draws them)")
+    width = max([6, *(len(l) + 2 for l in labels)])
     lines = [" " * width + "".join(f"{l:<{width}}" for l in labels) + "CPU Affinity    NUMA Affinity"]
     for label, a in zip(labels, nodes):
         cells = "".join(f"{relation(topo, a, b):<{width}}" for b in nodes)

@@ -11,25 +11,19 @@ JSON. A file holding anything else (a pickle of arbitrary objects) is refused wi
 from __future__ import annotations
 
 import json
-import os
 import pickle
 import random
 import shutil
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 import torch
 
 from meshscale.errors import MeshscaleError
+from meshscale.safe_io import atomic_write, read_bytes, read_text
 
 KEEP = 2  # complete checkpoints kept on disk
-
-
-def _atomic_write(path: Path, write: Callable[[Path], None]) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    write(tmp)
-    os.replace(tmp, path)
 
 
 def rng_state() -> tuple[dict, dict]:
@@ -62,7 +56,7 @@ def latest_step(directory: str | Path) -> int | None:
     marker = Path(directory) / "latest"
     if not marker.is_file():
         return None
-    text = marker.read_text(errors="replace").strip()
+    text = read_bytes(marker, "checkpoint marker", 4096).decode("utf-8", errors="replace").strip()
     if not text.isdigit():
         raise MeshscaleError(f"{marker} should hold a step number, not {text[:40]!r}; remove it or choose another "
                              "checkpoint directory")
@@ -72,11 +66,20 @@ def latest_step(directory: str | Path) -> int | None:
 def save(directory: str | Path, step: int, rank: int, world: int, state: dict, barrier: Callable[[], None]) -> None:
     """Save this rank's ``state``; rank 0 then publishes the checkpoint as the latest and prunes old ones."""
     folder = Path(directory) / f"step-{step:08d}"
-    folder.mkdir(parents=True, exist_ok=True)
     rng_tensors, rng_data = rng_state()
-    _atomic_write(folder / f"rank{rank}.pt", lambda tmp: torch.save({**state, "rng": rng_tensors}, tmp))
-    _atomic_write(folder / f"rank{rank}.json",
-                  lambda tmp: tmp.write_text(json.dumps({"step": step, "world": world, "rng": rng_data}) + "\n"))
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        atomic_write(folder / f"rank{rank}.pt", lambda tmp: _torch_save({**state, "rng": rng_tensors}, tmp))
+        atomic_write(folder / f"rank{rank}.json",
+                     lambda tmp: tmp.write_text(json.dumps({"step": step, "world": world, "rng": rng_data}) + "\n"))
+    except (OSError, MeshscaleError) as exc:
+        for empty in (folder, Path(directory)):  # what this save created and left empty
+            try:
+                empty.rmdir()
+            except OSError:
+                pass
+        raise MeshscaleError(f"cannot save the checkpoint of step {step} in {directory}: "
+                             f"{getattr(exc, 'strerror', None) or exc}") from None
     barrier()  # every rank's files are on disk before the marker moves
     if rank == 0:
         publish(directory, step)
@@ -84,10 +87,17 @@ def save(directory: str | Path, step: int, rank: int, world: int, state: dict, b
 
 def publish(directory: str | Path, step: int) -> None:
     """Once every rank has saved step ``step``: mark it the latest (atomically) and prune older checkpoints."""
-    _atomic_write(Path(directory) / "latest", lambda tmp: tmp.write_text(f"{step}\n"))
+    atomic_write(Path(directory) / "latest", lambda tmp: tmp.write_text(f"{step}\n"))
     old = sorted(Path(directory).glob("step-*"))[:-KEEP]
     for d in old:
         shutil.rmtree(d, ignore_errors=True)
+
+
+def _torch_save(state: dict, path: Path) -> None:
+    try:
+        torch.save(state, path)
+    except RuntimeError as exc:  # torch's zip writer reports a short write (a full disk) as a RuntimeError
+        raise OSError(f"writing failed, is the disk full? ({str(exc).strip()[:120]})") from None
 
 
 def load(directory: str | Path, rank: int, world: int) -> dict:
@@ -101,6 +111,9 @@ def load(directory: str | Path, rank: int, world: int) -> dict:
     if not path.is_file():
         raise MeshscaleError(f"checkpoint {folder} has no file for rank {rank}; resume with the world size it was saved with")
     meta = _read_meta(folder / f"rank{rank}.json")
+    if meta["step"] != step:
+        raise MeshscaleError(f"checkpoint {folder} records step {meta['step']}, not {step}; it was altered or mixed "
+                             "with another run: start again without --resume")
     if meta["world"] != world:
         raise MeshscaleError(f"checkpoint {folder} was saved by {meta['world']} ranks, this run has {world}; "
                              "resume with the same world size")
@@ -114,6 +127,18 @@ def load(directory: str | Path, rank: int, world: int) -> dict:
                              "start again without --resume") from None
     state["step"] = meta["step"]
     return state
+
+
+def load_weights(module: Any, weights: Any, directory: str | Path) -> None:
+    """``module.load_state_dict(weights)``, or one line saying the checkpoint holds another model's weights."""
+    try:
+        module.load_state_dict(weights)
+    except (RuntimeError, KeyError, TypeError, ValueError, AttributeError) as exc:
+        text = str(exc)
+        missing, unexpected = text.count("Missing key"), text.count("Unexpected key")
+        what = "other parameter names" if missing or unexpected else "parameters of other shapes"
+        raise MeshscaleError(f"checkpoint in {directory} holds another model's weights ({what}); resume with the "
+                             "--model and options it was saved with, or choose another --checkpoint-dir") from None
 
 
 def _read_tensors(path: Path) -> dict:
@@ -131,12 +156,12 @@ def _read_tensors(path: Path) -> dict:
 
 def _read_meta(path: Path) -> dict:
     """A rank's JSON file: step, world size and RNG states, checked for their types."""
-    try:
-        meta = json.loads(path.read_text())
-    except FileNotFoundError:
+    if not path.exists():
         raise MeshscaleError(f"checkpoint {path.parent} has no {path.name}; it is incomplete or from an older "
-                             "meshscale: start again without --resume") from None
-    except (OSError, ValueError) as exc:
+                             "meshscale: start again without --resume")
+    try:
+        meta = json.loads(read_text(path, "checkpoint record"))
+    except ValueError as exc:
         raise MeshscaleError(f"cannot read {path} ({exc})") from None
     if not (isinstance(meta, dict) and isinstance(meta.get("step"), int) and isinstance(meta.get("world"), int)
             and isinstance(meta.get("rng"), dict)):

@@ -7,7 +7,8 @@ import typing
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from meshscale.validation import Check, Range, check_output_file
+from meshscale.safe_io import check_output_file
+from meshscale.validation import Check, Range
 
 if TYPE_CHECKING:
     from meshscale.models.layout import ParallelLayout

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from meshscale.errors import MeshscaleError
+from meshscale.safe_io import input_file
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
 
@@ -87,14 +88,13 @@ def image_folder(root: str | Path, size: tuple[int, int] = (224, 224)) -> Datase
 def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:
     """A flat file of token ids: ``.npy`` (any integer dtype) or raw ``uint16`` (nanoGPT's ``.bin``). Sample i
     is the window ``[i*seq, (i+1)*seq]``; the target is the input shifted by one token."""
-    path = Path(path)
-    if not path.is_file():
-        raise MeshscaleError(f"token file {path} does not exist; give a .npy or uint16 .bin file of token ids")
-    tokens = np.load(path, mmap_mode="r") if path.suffix == ".npy" else np.memmap(path, dtype=np.uint16, mode="r")
+    tokens = _token_ids(Path(path))
     n = (len(tokens) - 1) // seq_len
     if n < 1:
         raise MeshscaleError(f"token file {path} holds {len(tokens)} tokens, fewer than one sequence of {seq_len + 1}")
-    top = int(tokens.max())
+    low, top = int(tokens.min()), int(tokens.max())
+    if low < 0:
+        raise MeshscaleError(f"token file {path} has id {low}; token ids are whole numbers from 0")
     if top >= vocab_size:
         raise MeshscaleError(f"token file {path} has id {top} but the model's vocabulary is {vocab_size}; pick a bigger model")
 
@@ -103,6 +103,32 @@ def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:
         return w[:, :-1], w[:, 1:]
 
     return Dataset(f"tokens:{path}", n, fetch, "tokens", (seq_len,), vocab_size)
+
+
+TOKEN_SUFFIXES = (".npy", ".bin")
+
+
+def _token_ids(path: Path) -> np.ndarray:
+    """The token ids of ``path`` as a read-only memory map, refused in one line when they are not a flat array
+    of integers: a .npy of another dtype (floats, objects: loading never unpickles), a corrupt header, a .bin
+    of an odd or zero length, a file of another kind."""
+    if path.suffix.lower() not in TOKEN_SUFFIXES:
+        raise MeshscaleError(f"token file {path}: use a .npy array of integer ids or a uint16 .bin file "
+                             "(nanoGPT's); other files are not token files")
+    size = input_file(path, "token file (.npy or .bin of token ids)").stat().st_size
+    if path.suffix.lower() == ".bin":
+        if size == 0 or size % 2:
+            raise MeshscaleError(f"token file {path}: {size} bytes is not a whole number of uint16 token ids")
+        return np.memmap(path, dtype=np.uint16, mode="r")
+    try:
+        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
+    except Exception as exc:  # numpy parses the header with ast and tokenize: any of their errors
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
+        raise MeshscaleError(f"token file {path}: not a readable .npy array of token ids ({first})") from None
+    if not isinstance(tokens, np.ndarray) or tokens.dtype.kind not in "iu" or tokens.ndim != 1:
+        what = f"a {tokens.ndim}-d array of {tokens.dtype}" if isinstance(tokens, np.ndarray) else "not an array"
+        raise MeshscaleError(f"token file {path}: holds {what}; give a flat array of integer token ids")
+    return tokens
 
 
 class Batches:

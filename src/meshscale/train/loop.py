@@ -7,6 +7,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
+from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, in_torchrun
 from meshscale.train import checkpoint
 from meshscale.train.build import Trainer, build, learning_rate
@@ -81,10 +82,13 @@ def restore(ctx: RankContext, t: Trainer) -> int:
         return 0
     ctx.phase("loading the checkpoint")
     state = checkpoint.load(directory, ctx.rank, ctx.world_size)
-    t.model.load_state_dict(state["model"])
+    checkpoint.load_weights(t.model, state["model"], directory)
     t.exchange.load_state_dict(state["exchange"])
     if t.scaler is not None and state.get("scaler"):
         t.scaler.load_state_dict(state["scaler"])
+    if state["step"] >= t.cfg.steps:  # nothing would train, and the run would look like a finished one
+        raise MeshscaleError(f"the checkpoint in {directory} is at step {state['step']} and --steps {t.cfg.steps} is "
+                             f"not beyond it; give --steps more than {state['step']} or another --checkpoint-dir")
     return state["step"]
 
 

@@ -12,6 +12,7 @@ from meshscale.execute.world import check_gpus, resolve_world
 from meshscale.results import Result, measured
 from meshscale.train.build import resolve
 from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainConfig
+from meshscale.train.data import open_data
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
@@ -55,9 +56,14 @@ def validate(cfg: TrainConfig) -> None:
         check_graphable(cfg.mode, cfg.device, cfg.speed.precision, cfg.speed.compile)
     if cfg.checkpoint.resume and not cfg.checkpoint.dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
+    if cfg.timing_warmup >= cfg.steps:
+        raise MeshscaleError(f"--timing-warmup {cfg.timing_warmup} leaves none of the {cfg.steps} steps to time; "
+                             f"give --steps more than {cfg.timing_warmup} or a shorter --timing-warmup")
     if cfg.device == "cuda":
         check_gpus(cfg.world)
-    resolve(cfg)  # unknown model, missing data folder, bad token file
+    spec, _ = resolve(cfg)  # unknown model, missing data folder, bad token file
+    if cfg.eval_data:  # refused now, not after the training
+        open_data(cfg.eval_data, spec.input_kind, spec.input_shape, spec.num_classes)
     if cfg.is_transformer:
         layout = check_layout_run(cfg)
         if cfg.device == "cuda":

@@ -71,8 +71,23 @@ def scale(cfg: TrainConfig, worlds: list[int], weak: bool, batch: int, on_row: R
     topology = world_topology(World(max(worlds), "nccl" if cfg.device == "cuda" else "gloo"))
     rows: list[dict] = []
     for c in configs:
-        _add_row(rows, c, summarize(c, run(c)), on_row)
+        try:
+            summary = summarize(c, run(c))
+        except WorkerError as exc:
+            if not rows:
+                raise
+            raise ScaleIncomplete(f"the {c.world}-worker run failed: {exc}",
+                                  _result(cfg, weak, batch, rows, topology, failed=f"{c.world} workers: {exc}")) from None
+        _add_row(rows, c, summary, on_row)
     return _result(cfg, weak, batch, rows, topology)
+
+
+class ScaleIncomplete(WorkerError):
+    """A later world size of the sweep failed; ``result`` holds the rows of those that finished (meta: failed)."""
+
+    def __init__(self, message: str, result: Result):
+        super().__init__(message)
+        self.result = result
 
 
 def _add_row(rows: list[dict], cfg: TrainConfig, summary: dict[str, Any], on_row: RowCallback) -> None:
@@ -102,15 +117,19 @@ def _torchrun_scale(cfg: TrainConfig, configs: list[TrainConfig], weak: bool, ba
     for c in configs:
         c.device = world.device
         check_rank_config(c)
-    topology, rows = launch(_sweep_ranks, world.size, (configs, world, on_row), backend=world.backend,
-                            timeout_s=cfg.timeout_s)[0]
-    return _result(replace(cfg, device=world.device), weak, batch, rows, topology, torchrun_world_size=world.size)
+    topology, rows, failed = launch(_sweep_ranks, world.size, (configs, world, on_row), backend=world.backend,
+                                    timeout_s=cfg.timeout_s)[0]
+    result = _result(replace(cfg, device=world.device), weak, batch, rows, topology, torchrun_world_size=world.size,
+                     **({"failed": failed} if failed else {}))
+    if failed:
+        raise ScaleIncomplete(failed, result)
+    return result
 
 
 def _sweep_ranks(ctx: RankContext, configs: list[TrainConfig], world: World,
-                 on_row: RowCallback) -> tuple[Topology | None, list[dict]]:
+                 on_row: RowCallback) -> tuple[Topology | None, list[dict], str | None]:
     """One torchrun rank's part of the sweep: the topology (joined over the hosts: collective), then each world
-    size on the first ranks. Rank 0 returns the rows."""
+    size on the first ranks. Rank 0 returns the rows, and what failed if a later world size did."""
     ctx.phase("joining the hosts' topologies")
     topology = world_topology(world, ctx)
     gc.collect()
@@ -119,11 +138,16 @@ def _sweep_ranks(ctx: RankContext, configs: list[TrainConfig], world: World,
     run_id = f"meshscale/scale/{os.environ.get('TORCHELASTIC_RUN_ID', '')}/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     for c in configs:
         store = dist.PrefixStore(f"{run_id}/{c.world}", ctx.store)
-        output = _train_in_first_ranks(ctx, c, store) if ctx.rank < c.world else None
-        _store_barrier(store, ctx.world_size, c.timeout_s, c.world)
+        try:
+            output = _train_in_first_ranks(ctx, c, store) if ctx.rank < c.world else None
+            _store_barrier(store, ctx.world_size, c.timeout_s, c.world)
+        except (RuntimeError, MeshscaleError) as exc:  # torch's Dist*Error are RuntimeErrors
+            if not rows:
+                raise
+            return topology, rows, f"the {c.world}-rank run failed: {(str(exc).strip().splitlines() or ['?'])[0]}"
         if ctx.rank == 0:
             _add_row(rows, c, summarize(c, [output]), on_row)
-    return topology, rows
+    return topology, rows, None
 
 
 def _train_in_first_ranks(ctx: RankContext, cfg: TrainConfig, store: Any) -> dict[str, Any]:

@@ -3,12 +3,12 @@ nothing written), TensorBoard (an optional extra), and a rich progress bar on th
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from meshscale.errors import MeshscaleError
+from meshscale.safe_io import AppendLog
 
 
 def require_tensorboard() -> None:
@@ -28,7 +28,7 @@ class StepLog:
                  title: str):
         self.rows: list[dict[str, Any]] = []
         self._waiting: list[tuple[dict[str, Any], torch.Tensor]] = []
-        self._file = open(Path(jsonl), "a") if jsonl else None
+        self._file = AppendLog(jsonl) if jsonl else None
         self._tb = None
         if tensorboard:
             require_tensorboard()
@@ -62,8 +62,7 @@ class StepLog:
 
     def _write(self, row: dict[str, Any]) -> None:
         if self._file:
-            self._file.write(json.dumps(row) + "\n")
-            self._file.flush()
+            self._file.write_line(json.dumps(row))
         if self._tb:
             for key, value in row.items():
                 if key != "step" and isinstance(value, (int, float)):
