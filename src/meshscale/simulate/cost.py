@@ -43,6 +43,7 @@ class Prediction:
     chosen: str
     model: str
     settings: tuple[str, ...] = ()
+    channels: int = 0   # NCCL's channels (each holds one SM while it runs), or the schedule's; 0 where unknown
 
 
 class CostModel(Protocol):
@@ -63,7 +64,7 @@ class NcclCostModel:
         r = nccl_result(fabric, call.collective, list(call.ranks), _padded(call), self.params, call.root,
                         nccl_version=self.version, nccl_env=self.env)
         return Prediction(call, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.detail.removeprefix("nccl "),
-                          "nccl", self.env.settings)
+                          "nccl", self.env.settings, r.channels or 0)
 
 
 @dataclass(frozen=True)

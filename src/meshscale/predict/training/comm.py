@@ -1,5 +1,6 @@
-"""The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its time). It calls NCCL's cost model
-(`meshscale.simulate.predict_collective`, NCCL's own choice of algorithm and protocol) on the group's placement:
+"""The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its time). It asks the one
+cost interface (`meshscale.simulate.cost.collective_time_s`: NCCL's model, NCCL's own choice of algorithm and
+protocol) on the group's placement:
 inside one node, on the node's topology; across nodes, on the cluster topology `predict --nodes` builds
 (`predict.exchange_cost.cluster_fabric`). Re-point this function to change how every training collective is
 priced.
@@ -80,7 +81,7 @@ def _rounded(nbytes: float) -> int:
 @lru_cache(maxsize=65536)
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, system: str, link: str, nics: int,
             gpus_per_node: int) -> CollectiveCost:
-    from meshscale.simulate import predict_collective
+    from meshscale.simulate.cost import collective_time_s
 
     priced_nodes = min(nodes, MAX_PRICED_NODES)
     topo, devices = _topology(system, priced_nodes, link, nics)
@@ -89,7 +90,7 @@ def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, sy
                  topo.nodes[devices[(gpus_per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
         ranks = [topo.nodes[devices[n * gpus_per_node + i]].index for n in range(priced_nodes) for i in local]
-    found = predict_collective(topo, collective, ranks, nbytes)
+    found = collective_time_s(collective, nbytes, ranks, topo)  # the one cost interface (simulate/cost.py)
     t, channels = found.time_s, found.channels
     if nodes == priced_nodes:
         return CollectiveCost(t, channels)
