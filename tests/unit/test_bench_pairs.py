@@ -66,3 +66,21 @@ def test_a_slowed_worker_is_named_and_bisect_finds_it(cli, tmp_path, monkeypatch
 def test_one_worker_is_one_line_and_exit_2(cli):
     result = cli("bench", "pairs", "--cpus", 1)
     assert result.exit_code == 2 and "at least 2 workers" in result.stderr and result.stderr.count("\n") == 1
+
+
+def test_a_slow_pair_and_a_slow_worker_name_their_link_and_nic():
+    from meshscale.bench.pairs import outliers, pair_path
+    from meshscale.topology.cluster import system_or_cluster
+
+    cluster = system_or_cluster("hgx-h100", nodes=2, link="ndr", nics=8)
+    assert pair_path(cluster, 0, 1) == "NV18"
+    across = pair_path(cluster, 0, 9)
+    assert across.startswith("NET via ") and across.count("/ib") == 2
+    # workers 0 and 1 on node 0, 8 and 9 on node 1 (global device indices); worker 9 is slow everywhere
+    ranks = [0, 1, 8, 9]
+    rows = [{"rank_a": a, "rank_b": b, "p2p_bytes_per_s": (1e9 if 9 in (a, b) else 20e9),
+             "path": pair_path(cluster, a, b)} for i, a in enumerate(ranks) for b in ranks[i + 1:]]
+    found = outliers(rows, [f"w{r}" for r in range(10)])  # names by global rank; 2-7 take no part
+    assert len(found.workers) == 1 and found.workers[0].startswith("w9") and "its NIC n1/ib" in found.workers[0]
+    assert any(p.startswith("w8-w9 over NV18") for p in found.pairs)
+    assert any(p.startswith("w0-w9 over NET via n0/ib") for p in found.pairs)

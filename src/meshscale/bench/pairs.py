@@ -105,6 +105,7 @@ def bench_pairs(spec: PairsSpec, world: World, timeout_s: float = 120.0) -> Resu
     for row in rows:
         row["a"], row["b"] = names[row["rank_a"]], names[row["rank_b"]]
         row["expected_bytes_per_s"] = _expected(topology, row["rank_a"], row["rank_b"])
+        row["path"] = pair_path(topology, row["rank_a"], row["rank_b"])
     found = outliers(rows, names)
     return measured("bench-pairs", rows, spec=asdict(spec), workers=names, backend=world.backend,
                     world_size=world.size, outlier_workers=found.workers, outlier_pairs=found.pairs,
@@ -129,6 +130,22 @@ def _expected(topology, a: int, b: int) -> float | None:
         return None
 
 
+def pair_path(topology, a: int, b: int) -> str | None:
+    """What joins workers ``a`` and ``b``: the `nvidia-smi topo -m` relation (NV18, PIX, SYS...), and across hosts
+    the NICs the route leaves and enters by ("NET via n0/ib0, n1/ib0"), so a slow pair names its link or NIC."""
+    if topology is None:
+        return None
+    from meshscale.topology.queries import relation, route
+    try:
+        kind = relation(topology, a, b)
+        if kind != "NET":
+            return kind
+        hops = route(topology, topology.device(a), topology.device(b)).paths[0].nodes
+        return "NET via " + ", ".join(n for n in hops if topology.nodes[n].kind == "nic")
+    except (MeshscaleError, IndexError, KeyError):
+        return None
+
+
 def outliers(rows: list[dict[str, Any]], names: list[str]) -> Outliers:
     """Workers whose pairs' median is below `OUTLIER_SHARE` of the median of the pairs without them (a slow
     worker drags down all its pairs and none of the others'), and pairs below that share of the median pair.
@@ -141,14 +158,27 @@ def outliers(rows: list[dict[str, Any]], names: list[str]) -> Outliers:
         others = [v for pair, v in figure.items() if w not in pair]
         if mine and others and statistics.median(mine) < OUTLIER_SHARE * statistics.median(others):
             m, o = statistics.median(mine), statistics.median(others)
+            nics = sorted({nic for r in rows if w in (r["rank_a"], r["rank_b"])
+                           for nic in _nics(r.get("path"), w == r["rank_a"])})
             workers.append(f"{name} (median of its {len(mine)} pairs {m / 1e9:.3g} GB/s = {m / o:.0%} of the "
-                           f"median of the {len(others)} pairs without it, {o / 1e9:.3g} GB/s)")
-    pairs = [f"{names[a]}-{names[b]} ({v / 1e9:.3g} GB/s = {v / typical_pair:.0%} of the median pair)"
+                           f"median of the {len(others)} pairs without it, {o / 1e9:.3g} GB/s"
+                           + (f"; its NIC {', '.join(nics)}" if nics else "") + ")")
+    path = {(r["rank_a"], r["rank_b"]): r.get("path") for r in rows}
+    pairs = [f"{names[a]}-{names[b]}" + (f" over {path[a, b]}" if path.get((a, b)) else "")
+             + f" ({v / 1e9:.3g} GB/s = {v / typical_pair:.0%} of the median pair)"
              for (a, b), v in sorted(figure.items()) if v < OUTLIER_SHARE * typical_pair]
     return Outliers(workers, pairs, typical_pair)
 
 
 # ---- inside every rank -------------------------------------------------------------------------------------
+def _nics(path: str | None, first: bool) -> list[str]:
+    """The NIC on one end of a "NET via A, B" path: A for the pair's first worker, B for its second."""
+    if not path or not path.startswith("NET via "):
+        return []
+    ends = path.removeprefix("NET via ").split(", ")
+    return [ends[0] if first else ends[-1]]
+
+
 def _rank(ctx: RankContext, spec: PairsSpec, hook: SlowRank | None):
     """(rows, [(host, local rank)] of every rank, bisection steps): all on every rank."""
     if hook is None and os.environ.get(SLOW_RANK_ENV):  # under torchrun each rank reads its own environment
