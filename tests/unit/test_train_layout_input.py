@@ -23,7 +23,7 @@ from meshscale.train.parallel.plan import check_fits, memory_needed, parse_layou
 ], ids=["product", "tp-heads", "tp-kv", "pp-layers", "micro-batches", "seq-len", "cp-chunks", "checkpointing",
         "mode"])
 def test_bad_layout_is_one_line_exit_2(cli, args, words):
-    out = cli("train", "--model", "llama-tiny", "--steps", "1", *args)
+    out = cli("train", "--model", "llama-tiny", "--steps", "1", "--timing-warmup", "0", *args)
     assert out.exit_code == 2, out.output
     assert words in out.stderr and out.stderr.count("\n") == 1, out.stderr
 
@@ -37,7 +37,7 @@ def test_bad_layout_is_one_line_exit_2(cli, args, words):
 def test_bad_config_file_is_one_line_exit_2(cli, tmp_path, fields, words):
     path = tmp_path / "config.json"
     path.write_text(json.dumps({"model_type": "llama", **fields}))
-    out = cli("train", "--model", str(path), "--steps", "1")
+    out = cli("train", "--model", str(path), "--steps", "1", "--timing-warmup", "0")
     assert out.exit_code == 2, out.output
     assert words in out.stderr and out.stderr.count("\n") == 1, out.stderr
 

@@ -40,7 +40,9 @@ def _hang_rank(rank: int, port: int, out: str) -> None:
 def test_a_real_gloo_hang_names_the_rank_and_the_collective(tmp_path, monkeypatch, cli):
     monkeypatch.setenv("TORCH_FR_BUFFER_SIZE", "100")  # Flight Recorder records Gloo too when given a buffer
     store = dist.TCPStore("127.0.0.1", 0, 3, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
-    ctx = multiprocessing.get_context("fork")
+    # spawned, not forked: a forked child inherits this process's Flight Recorder buffer, with the entries of any
+    # collective an earlier test ran in it
+    ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_hang_rank, args=(r, store.port, str(tmp_path))) for r in range(2)]
     for p in procs:
         p.start()
