@@ -101,7 +101,7 @@ def train(
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
-                  "compute_s", "comm_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes",
+                  "compute_s", "comm_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes", "peak_rss_bytes",
                   "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
@@ -221,6 +221,7 @@ _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error"
            "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy",
            "tokens_per_s": "tokens/s", "tokens_per_s_per_rank": "tokens/s per rank", "mfu": "MFU",
            "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
+           "peak_rss_bytes": "peak RSS GiB (a CPU worker)",
            "memory_needed_bytes": "needed GiB (model arithmetic)"}
 
 

@@ -6,6 +6,7 @@ of the tokens, the last pipeline stage holds it alone), so it compares with a on
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -185,6 +186,9 @@ def load_checkpoint(t: LayoutTrainer) -> int:
 def layout_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     """One rank of a layout run (started by `meshscale.execute.launch`). Rank 0 returns the per-step rows."""
     ctx.phase(f"building {cfg.model} ({cfg.layout.parallel_layout().describe()})")
+    # FSDP2 warns once per rank that the root module returns a view (the logits reshaped for the loss); nothing
+    # here changes that view in place, so the warning says nothing about this run
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t = build_layout(cfg, ctx.device)
@@ -215,8 +219,12 @@ def summarize(ctx: RankContext, t: LayoutTrainer, start: int, steps: int, window
     summary: dict[str, Any] = {
         "rank": ctx.rank, "steps": steps, "first_step": start, "max_param_diff": 0.0, "timed_steps": timed,
         "samples_per_s": rate, "params": t.spec.params, "flops_per_sample": t.spec.flops_per_sample,
-        "layout": t.layout.describe(), "peak_allocated_bytes": None, "peak_reserved_bytes": None}
+        "layout": t.layout.describe(), "peak_allocated_bytes": None, "peak_reserved_bytes": None,
+        "peak_rss_bytes": None}
     if ctx.device.type == "cuda":
         summary["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(ctx.device)
         summary["peak_reserved_bytes"] = torch.cuda.max_memory_reserved(ctx.device)
+    else:  # CPU workers have no allocator statistics: the process's peak resident memory (Linux: KiB)
+        import resource
+        summary["peak_rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     return summary
