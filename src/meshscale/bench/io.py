@@ -309,16 +309,6 @@ def decode_rate(data: DataFiles, readers: int, sample_shape: tuple[int, ...], vo
 
 # ---- demand -------------------------------------------------------------------------------------------------
 
-def predicted_demand(model: str, system: str, gpus: int, batch: int) -> Demand:
-    """Samples/s `meshscale predict` gives for ``model`` on ``gpus`` GPUs of ``system`` at ``batch`` per GPU."""
-    from meshscale.predict.request import PredictRequest, predict_rows
-
-    rows, job, _ = predict_rows(PredictRequest(model=model, system=system, gpus=(gpus,), batch_per_gpu=batch))
-    rate = float(rows[0]["throughput_samples_per_s"])
-    return Demand(rate, f"PREDICTED: {model} on {gpus} GPU(s) of {system}, batch {batch} per GPU ({job.profile.source})",
-                  True)
-
-
 def measured_demand(path: str | Path) -> Demand:
     """Samples/s of a measured run: a `train` result (its summary) or a `scale` result (its largest world)."""
     from meshscale.results import load_result

@@ -169,7 +169,7 @@ def io(
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
 ) -> None:
     """Read and decode rates of a data set beside a training run's demand: is storage, decoding or the GPUs the limit?"""
-    from meshscale.bench.io import IoSpec, bench_io, io_result, measured_demand, predicted_demand, report_lines
+    from meshscale.bench.io import IoSpec, bench_io, io_result, measured_demand, report_lines
     from meshscale.bench.tables import io_table
 
     shape, vocab = None, 1 << 16
@@ -179,7 +179,7 @@ def io(
         shape, vocab = spec.input_shape, spec.num_classes
     demand = measured_demand(from_result) if from_result else None
     if demand is None and model:
-        demand = predicted_demand(model, system, gpus, batch)
+        demand = _predicted_demand(model, system, gpus, batch)
     report = bench_io(IoSpec(path, readers, shape, vocab, not no_decode, decode_samples, timeout_s), demand)
     print_tables(io_table(report))
     for line in report_lines(report):
@@ -190,3 +190,15 @@ def io(
 def register(app: typer.Typer) -> None:
     """Add the `bench` sub-app to the meshscale app."""
     app.add_typer(bench_app, name="bench")
+
+
+# the demand a prediction makes of storage: predicted here, in the CLI, since bench sits below predict
+def _predicted_demand(model: str, system: str, gpus: int, batch: int) -> "Demand":
+    """Samples/s `meshscale predict` gives for ``model`` on ``gpus`` GPUs of ``system`` at ``batch`` per GPU."""
+    from meshscale.bench.io import Demand
+    from meshscale.predict.request import PredictRequest, predict_rows
+
+    rows, job, _ = predict_rows(PredictRequest(model=model, system=system, gpus=(gpus,), batch_per_gpu=batch))
+    rate = float(rows[0]["throughput_samples_per_s"])
+    return Demand(rate, f"PREDICTED: {model} on {gpus} GPU(s) of {system}, batch {batch} per GPU ({job.profile.source})",
+                  True)
