@@ -39,7 +39,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         print("no CUDA GPU here: this benchmark times the one-GPU tour; run it on an H100 or H200")
         return
-    from meshscale.report.tour import run_tour
+    from meshscale.app.tour import run_tour
     out = args.out or Path(tempfile.mkdtemp(prefix="meshscale-tour-"))
     start = time.perf_counter()
     outcome = run_tour(out)

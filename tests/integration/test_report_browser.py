@@ -143,7 +143,7 @@ def test_overflowing_page_and_long_legend_are_caught(tmp_path):
 
 def test_tour_report_renders_in_chromium(tmp_path):
     """The README's first command: a (fast) tour on this machine leaves a page that passes the browser check."""
-    from meshscale.report.tour import TourSettings, run_tour
+    from meshscale.app.tour import TourSettings, run_tour
     from meshscale.results import load_result
 
     outcome = run_tour(tmp_path / "tour", TourSettings(fast=True))

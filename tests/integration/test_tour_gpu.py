@@ -10,7 +10,7 @@ import pytest
 def test_fast_tour_on_all_gpus(tmp_path):
     import torch
 
-    from meshscale.report.tour import TourSettings, run_tour
+    from meshscale.app.tour import TourSettings, run_tour
     from meshscale.results import load_result
 
     n = torch.cuda.device_count()

@@ -2,8 +2,8 @@
 healthy GPU passes, and a counter the GPU lacks gives no line."""
 from __future__ import annotations
 
-from meshscale.report import health
-from meshscale.report.doctor import run_doctor
+from meshscale.app import health
+from meshscale.app.doctor import run_doctor
 
 from conftest import FakeNVML
 from test_report_doctor import by_name, fake_env

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.report.doctor_levels import CopyFigure, parse_dcgmi, run_levels
+from meshscale.app.doctor_levels import CopyFigure, parse_dcgmi, run_levels
 
 from conftest import FakeNVML
 from test_report_doctor import by_name, fake_env
@@ -44,7 +44,7 @@ def test_dcgmi_verdicts_are_folded_in(tmp_path):
 def test_dcgmi_without_json_is_one_warn_line():
     checks = parse_dcgmi({"nothing": []})
     assert checks == []
-    from meshscale.report.doctor_levels import dcgmi_checks
+    from meshscale.app.doctor_levels import dcgmi_checks
     (line,) = dcgmi_checks("dcgmi", 1, lambda c, t: (255, "Error: unable to connect to host engine\n"))
     assert line.status == "warn" and "host engine" in line.message and "nv-hostengine" in line.fix
 
@@ -66,7 +66,7 @@ def test_level2_judges_copies_against_their_bounds(tmp_path):
 
 
 def test_level3_adds_the_pairs_and_no_gpu_says_so(tmp_path):
-    from meshscale.report.doctor import Check
+    from meshscale.app.doctor import Check
     env = fake_env(tmp_path, None)
     found = by_name(run_levels(3, env, which=lambda _: None, measure=never,
                                pairs=lambda: [Check("pass", "pairs", "1 GPU pair")]))

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from meshscale.report.deployment import check_container, check_cuda_against_driver, check_partitions, in_container
-from meshscale.report.doctor import run_doctor
+from meshscale.app.deployment import check_container, check_cuda_against_driver, check_partitions, in_container
+from meshscale.app.doctor import run_doctor
 from meshscale.topology.nvml_discovery import nvml_topology
 from meshscale.topology.text import summary
 

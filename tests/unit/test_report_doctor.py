@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from meshscale.report.doctor import DoctorEnv, run_doctor
+from meshscale.app.doctor import DoctorEnv, run_doctor
 
 from conftest import FakeNVML
 
@@ -141,11 +141,11 @@ def test_cli_doctor_writes_json_and_fails_on_a_failed_check(tmp_path, monkeypatc
     import sys
 
     from meshscale import cli
-    from meshscale.report.doctor import Check
+    from meshscale.app.doctor import Check
     from meshscale.results import load_result
 
     checks = [Check("pass", "driver", "570"), Check("fail", "shm", "64 MiB", "run with --ipc=host")]
-    monkeypatch.setattr("meshscale.report.doctor_levels.run_levels", lambda level: checks)
+    monkeypatch.setattr("meshscale.app.doctor_levels.run_levels", lambda level: checks)
     out = tmp_path / "doctor.json"
     monkeypatch.setattr(sys, "argv", ["meshscale", "doctor", "--json", str(out)])
     with pytest.raises(SystemExit) as info:
@@ -241,7 +241,7 @@ def test_nccl_ib_hca_must_select_an_active_port(tmp_path):
 
 
 def test_nccl_selection_syntax():
-    from meshscale.report.doctor import nccl_selects
+    from meshscale.app.doctor import nccl_selects
 
     names = ["eth0", "eth1", "ens1f0", "lo"]
     assert nccl_selects("eth", names) == ["eth0", "eth1"]

@@ -133,7 +133,7 @@ def test_cluster_plan_and_predict_results_have_their_own_sections():
 
 def test_the_dgx1_reference_charts_have_short_legends():
     from meshscale.report.figures import Source
-    from meshscale.report.tour import whitepaper_results
+    from meshscale.app.tour import whitepaper_results
     page = render([Source(name, result) for name, result in whitepaper_results().items()])
     counts = [int(n) for n in re.findall(r'data-legend-entries="(\d+)"', page)]
     assert len(counts) >= 2 and max(counts) <= 6, counts

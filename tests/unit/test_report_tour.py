@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.report.tour import Skipped, Stage, TourSettings, run_tour
+from meshscale.app.tour import Skipped, Stage, TourSettings, run_tour
 from meshscale.results import load_result
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "report"
@@ -79,7 +79,7 @@ def _one_gpu_state(tmp_path, name="NVIDIA H100 80GB HBM3"):
     from types import SimpleNamespace
 
     from conftest import FakeNVML
-    from meshscale.report.tour import TourState
+    from meshscale.app.tour import TourState
     from meshscale.results import Result
     from meshscale.topology.nvml_discovery import nvml_topology
 
@@ -94,7 +94,7 @@ def _one_gpu_state(tmp_path, name="NVIDIA H100 80GB HBM3"):
 
 
 def test_one_gpu_skips_what_needs_two_ranks_with_one_line(tmp_path):
-    from meshscale.report.tour import collective_stage, p2p_stage, scale_stage
+    from meshscale.app.tour import collective_stage, p2p_stage, scale_stage
 
     state = _one_gpu_state(tmp_path)
     for stage, text in ((collective_stage, "one GPU, nothing to exchange"), (p2p_stage, "one GPU, no peer"),
@@ -108,7 +108,7 @@ def test_one_gpu_skips_what_needs_two_ranks_with_one_line(tmp_path):
 
 
 def test_the_catalog_system_of_a_gpu_generation():
-    from meshscale.report.tour import systems_of
+    from meshscale.app.tour import systems_of
 
     assert systems_of({"model": "NVIDIA H100 80GB HBM3", "nvlink_generation": 4}) == "hgx-h100"
     assert systems_of({"model": "NVIDIA H200", "nvlink_generation": 4}) == "hgx-h200"
@@ -119,7 +119,7 @@ def test_the_catalog_system_of_a_gpu_generation():
 
 def test_one_gpu_predicts_the_systems_built_from_it_marked_predicted(tmp_path):
     from meshscale.report.figures import Source, sections
-    from meshscale.report.tour import built_from_this_gpu
+    from meshscale.app.tour import built_from_this_gpu
 
     out = built_from_this_gpu(_one_gpu_state(tmp_path))
     system, cluster = out["predict-system"], out["predict-cluster"]
@@ -171,13 +171,13 @@ def test_host_copy_without_a_gpu_is_one_line():
 
 @pytest.mark.parametrize("name, precision", [("NVIDIA H100 80GB HBM3", "bf16"), ("Tesla P100-SXM2-16GB", "fp32")])
 def test_a_gpu_tour_trains_in_bf16_where_the_gpu_has_bf16_rates(tmp_path, name, precision):
-    from meshscale.report.tour import _train_config
+    from meshscale.app.tour import _train_config
     cfg, _ = _train_config(_one_gpu_state(tmp_path, name))
     assert cfg.speed.precision == precision
 
 
 def test_a_gpu_tour_draws_only_this_machine_and_its_predictions(tmp_path, monkeypatch):
-    from meshscale.report import tour
+    from meshscale.app import tour
     state = _one_gpu_state(tmp_path)
     monkeypatch.setattr(tour, "built_from_this_gpu", lambda s: {"predict-system": tour.Result("predict", [], True)})
     assert set(tour.predict_stage(state)) == {"predict-system"}  # no DGX-1 whitepaper reference charts

@@ -76,7 +76,7 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
                                      callback=checked(Range(1, 3, integer=True)))) -> None:
     """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network, versions and the GPUs'
     error and health counters; --level 2 and 3 also measure."""
-    from meshscale.report.doctor_levels import run_levels
+    from meshscale.app.doctor_levels import run_levels
     checks = run_levels(level)
     console = text_console()
     for c in checks:
@@ -96,7 +96,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="r
          cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)", callback=checked(CPU_COUNT)),
          timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage", callback=checked(TIMEOUT_S))) -> None:
     """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
-    from meshscale.report.tour import TourSettings, run_tour
+    from meshscale.app.tour import TourSettings, run_tour
     created = not output.exists()
     try:
         outcome = run_tour(output, TourSettings(full=full, fast=fast, cpus=cpus, timeout_s=timeout_s))

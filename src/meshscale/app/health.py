@@ -14,7 +14,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from meshscale.report.doctor import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
+from meshscale.app.doctor import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
 
 COUNTER_INTERVAL_S = 0.5
 

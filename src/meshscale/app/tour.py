@@ -33,7 +33,7 @@ from meshscale.predict.request import PredictRequest, predict_rows
 from meshscale.predict.scaling import prediction_result
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
-from meshscale.report.doctor import run_doctor
+from meshscale.app.doctor import run_doctor
 from meshscale.report.figures import Source
 from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured

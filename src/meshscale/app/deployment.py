@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 import shutil
 
-from meshscale.report.doctor import Check, DoctorEnv, check_memlock, check_shm, nvml_gpus, nvml_text
+from meshscale.app.doctor import Check, DoctorEnv, check_memlock, check_shm, nvml_gpus, nvml_text
 
 CONTAINER_MARKERS = (".dockerenv", "run/.containerenv")  # Docker's and Podman's
 CGROUP_WORDS = ("docker", "containerd", "kubepods", "libpod", "lxc")

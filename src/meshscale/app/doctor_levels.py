@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshscale.errors import MeshscaleError
-from meshscale.report.doctor import Check, DoctorEnv, nvml_gpus, run_doctor
+from meshscale.app.doctor import Check, DoctorEnv, nvml_gpus, run_doctor
 from meshscale.report.verdicts import share_verdict
 
 LEVELS = (1, 2, 3)

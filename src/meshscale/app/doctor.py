@@ -104,7 +104,7 @@ class DoctorEnv:
             nvml = pynvml
         except Exception as exc:  # library missing, no driver, driver/library mismatch
             error = f"{type(exc).__name__}: {exc}".strip(": ")
-        from meshscale.report.health import kernel_log
+        from meshscale.app.health import kernel_log
         return cls(environ=dict(os.environ), nvml=nvml, nvml_error=error, kernel_log=kernel_log)
 
 
@@ -494,7 +494,7 @@ def check_versions(env: DoctorEnv) -> list[Check]:
 
 
 def _deployment_checks(env: DoctorEnv) -> list[Check]:
-    from meshscale.report.deployment import check_container, check_partitions  # it imports this module
+    from meshscale.app.deployment import check_container, check_partitions  # it imports this module
     return check_container(env) + check_partitions(env)
 
 
@@ -504,9 +504,9 @@ CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, ch
 
 
 def run_doctor(env: DoctorEnv | None = None) -> list[Check]:
-    """Every check's lines, configuration then error and health counters (`report/health.py`). A check that
+    """Every check's lines, configuration then error and health counters (`app/health.py`). A check that
     itself breaks becomes a warn line, never a traceback."""
-    from meshscale.report.health import CHECKS as HEALTH_CHECKS
+    from meshscale.app.health import CHECKS as HEALTH_CHECKS
     env = env or DoctorEnv.real()
     out = []
     for check in (*CHECKS, *HEALTH_CHECKS):
