@@ -17,7 +17,7 @@ run() {  # name, command...
   echo "exit $? ($OUTDIR/$name.txt)"
   cat "$OUTDIR/$name.txt"
 }
-run nvidia-smi nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER,PERFORMANCE,PCIE
+run nvidia-smi nvidia-smi -q -d ECC,PAGE_RETIREMENT,ROW_REMAPPER,PERFORMANCE
 run doctor-level1 python3 -m meshscale doctor --json "$OUTDIR/doctor-level1.json"
 run doctor-level2 python3 -m meshscale doctor --level 2 --json "$OUTDIR/doctor-level2.json"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)
