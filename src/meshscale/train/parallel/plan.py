@@ -87,7 +87,7 @@ def peak_flops(device_name: str, precision: str) -> tuple[float | None, str]:
     which PyTorch uses for fp32 matmuls only when allowed: the fp32 figure is the one stated) and its source."""
     from meshscale.topology.nvml_discovery import model_facts
     facts, known = model_facts(device_name)
-    key = "bf16_flops" if precision == "bf16" else "fp32_flops"
+    key = {"bf16": "bf16_flops", "fp16": "fp16_flops"}.get(precision, "fp32_flops")
     return facts.get(key), str(facts.get("source", "")) + ("" if known else " (assumed: model not in the table)")
 
 
