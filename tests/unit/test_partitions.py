@@ -12,8 +12,8 @@ from meshscale.topology.nvml_discovery import GPU_MODELS_FILE
 from meshscale.topology.partitions import (COMPUTE_SLICES, MEMORY_SLICES, mig_profiles, partitioned, split_system,
                                            system_partition)
 
-SPLITS = [("dgx-a100", "1g.5gb", 7), ("hgx-h100", "1g.10gb", 7), ("hgx-h200", "1g.18gb", 7), ("dgx-a100", "2g.10gb", 3),
-          ("dgx-a100", "3g.20gb", 2), ("hgx-h100", "1/4", 4), ("dgx1-p100", "1/2", 2), ("dgx-a100", "1/7", 7)]
+SPLITS = [("dgx-a100-320gb", "1g.5gb", 7), ("hgx-h100", "1g.10gb", 7), ("hgx-h200", "1g.18gb", 7), ("dgx-a100-320gb", "2g.10gb", 3),
+          ("dgx-a100", "3g.40gb", 2), ("dgx-a100", "1g.10gb", 7), ("hgx-h100", "1/4", 4), ("dgx1-p100", "1/2", 2), ("dgx-a100", "1/7", 7)]
 
 
 def _rate(system: str, gpus: int, partition: str | None = None, batch: int = 32) -> float:
@@ -71,7 +71,7 @@ def test_time_slices_share_everything_equally():
 
 
 @pytest.mark.parametrize("system, text, message", [
-    ("dgx-a100", "3g.40gb", "not a MIG profile of NVIDIA A100-SXM4-40GB"),
+    ("dgx-a100-320gb", "3g.40gb", "not a MIG profile of NVIDIA A100-SXM4-40GB"),
     ("dgx1-p100", "3g.40gb", "has no MIG profiles"),
     ("dgx-a100", "1/0", "1/N"),
     ("dgx-a100", "2/3", "not a MIG profile"),

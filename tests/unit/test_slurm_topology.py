@@ -157,10 +157,10 @@ def test_place_prints_the_slurm_binding_and_places_on_slices(cli):
     r = cli("place", "--system", "dgx1-p100", "--gpus", "2", "--free", "0,1,4", "--slurm")
     assert r.exit_code == 0, r.output
     assert "Name=gpu" in r.stdout and "srun --gres=gpu:2" in r.stdout
-    r = cli("place", "--system", "dgx-a100", "--partition", "3g.20gb", "--gpus", "2", "--free", "0,1,2")
+    r = cli("place", "--system", "dgx-a100-320gb", "--partition", "3g.20gb", "--gpus", "2", "--free", "0,1,2")
     assert r.exit_code == 0, r.output
     assert "MIG instance 3g.20gb" in r.stdout and "UUID" in r.stdout
-    bad = cli("place", "--system", "dgx-a100", "--partition", "3g.40gb", "--gpus", "2")
+    bad = cli("place", "--system", "dgx-a100-320gb", "--partition", "3g.40gb", "--gpus", "2")
     assert bad.exit_code == 2 and bad.stderr.count("\n") == 1
 
 
