@@ -12,17 +12,24 @@ from meshscale.train.timing import Clock
 
 
 def test_profile_runs_without_per_step_timing(monkeypatch):
-    seen = []
+    seen, launches = [], []
 
-    def fake_run(cfg):
+    def fake_worker(ctx, cfg):
         seen.append(cfg)
-        return [{"summary": {"rank": 0, "steps": cfg.steps, "first_step": 0, "max_param_diff": 0.0, "timed_steps": 10,
-                             "samples_per_s": 4.0 * cfg.batch_per_rank, "params": 1, "flops_per_sample": 1.0},
-                 "rows": [{"step": i, "lr": 0.1} for i in range(cfg.steps)]}]
+        return {"summary": {"rank": 0, "steps": cfg.steps, "first_step": 0, "max_param_diff": 0.0, "timed_steps": 10,
+                            "samples_per_s": 4.0 * cfg.batch_per_rank, "params": 1, "flops_per_sample": 1.0},
+                "rows": [{"step": i, "lr": 0.1} for i in range(cfg.steps)]}
 
-    monkeypatch.setattr(runner, "run", fake_run)
-    result = runner.profile(TrainConfig(steps=12), [8, 32])
-    assert [c.timing for c in seen] == [False, False] and [c.world for c in seen] == [1, 1]
+    def fake_launch(fn, world, args, **kwargs):
+        launches.append(world)
+        return [fn(None, *args)]
+
+    monkeypatch.setattr(runner, "train_worker", fake_worker)
+    monkeypatch.setattr(runner, "launch", fake_launch)
+    monkeypatch.setattr(runner, "gradient_readiness", lambda cfg, batch: [(10, 1.0)])
+    result = runner.profile(TrainConfig(steps=12), [32, 8])
+    assert launches == [1]  # one process for every batch size, smallest first
+    assert [c.timing for c in seen] == [False, False] and [c.batch_per_rank for c in seen] == [8, 32]
     assert [r["step_time_s"] for r in result.rows] == pytest.approx([0.25, 0.25])  # batch / the window's rate
     assert result.meta["profile"] is True and result.rows[0]["compute_s"] is None
 

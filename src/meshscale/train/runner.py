@@ -91,11 +91,14 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
         check_rank_config(cfg)
     else:
         validate(cfg)
-    backend = "nccl" if cfg.device == "cuda" else "gloo"
     if cfg.is_transformer:  # the flight recorder counts each dimension's communication (timed runs)
-        return launch(layout_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s,
+        return launch(layout_worker, cfg.world, (cfg,), backend=_backend(cfg), timeout_s=cfg.timeout_s,
                       env=FLIGHT_RECORDER_ENV if cfg.timing else None)
-    return launch(train_worker, cfg.world, (cfg,), backend=backend, timeout_s=cfg.timeout_s)
+    return launch(train_worker, cfg.world, (cfg,), backend=_backend(cfg), timeout_s=cfg.timeout_s)
+
+
+def _backend(cfg: TrainConfig) -> str:
+    return "nccl" if cfg.device == "cuda" else "gloo"
 
 
 def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -132,19 +135,34 @@ def train(cfg: TrainConfig) -> Result:
 
 
 def profile(cfg: TrainConfig, batches: list[int]) -> Result:
-    """Time per step on ONE device for each per-device batch size (fresh process each): rows with
-    batch_per_rank and step_time_s, meta.profile = True (the predictor's input). Timed as the scaled runs are
-    (``timing`` off): no device sync inside the window, one at each end; the step time is the window's mean, so
-    there is no compute / data split (None). meta.gradients: when backward completes each gradient
-    (`gradient_readiness`), which the predictor's overlap of the exchange with backward takes."""
-    rows = []
-    for b in batches:
+    """Time per step on ONE device for each per-device batch size (one process for all of them, smallest batch
+    first): rows with batch_per_rank and step_time_s, meta.profile = True (the predictor's input). Timed as the
+    scaled runs are (``timing`` off): no device sync inside the window, one at each end; the step time is the
+    window's mean, so there is no compute / data split (None). meta.gradients: when backward completes each
+    gradient (`gradient_readiness`), which the predictor's overlap of the exchange with backward takes."""
+    ones = []
+    for b in sorted(batches):
         one = replace(cfg, world=1, batch_per_rank=b, timing=False, checkpoint=CheckpointOptions(), logging=LogOptions())
-        s = summarize(one, run(one))
+        if one.is_transformer:
+            one.layout = with_default_layout(one).layout
+        validate(one)
+        ones.append(one)
+    # one process: a fresh one per batch size costs a process start and CUDA's and cuDNN's set-up each time (most
+    # of a short profile on a GPU); each run still builds its own model and warms up before its window
+    [(outputs, gradients)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
+                                    timeout_s=cfg.timeout_s)
+    rows = []
+    for one, out in zip(ones, outputs):
+        s = summarize(one, [out])
         rate = s["samples_per_s"]
-        rows.append({"batch_per_rank": b, "step_time_s": b / rate if rate else None, "compute_s": s["compute_s"],
-                     "data_s": s["data_s"], "samples_per_s": rate})
-    gradients = gradient_readiness(cfg, max(batches))  # when backward completes each gradient, at the largest batch
+        rows.append({"batch_per_rank": one.batch_per_rank, "step_time_s": one.batch_per_rank / rate if rate else None,
+                     "compute_s": s["compute_s"], "data_s": s["data_s"], "samples_per_s": rate})
     return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
                     timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)),
                     gradients=[[elements, share] for elements, share in gradients], gradients_batch=max(batches))
+
+
+def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple[list[dict[str, Any]], list]:
+    """The profile's one rank: every batch size's run, then when backward completes each gradient."""
+    outputs = [(layout_worker if one.is_transformer else train_worker)(ctx, one) for one in ones]
+    return outputs, gradient_readiness(ones[0], gradients_batch)
