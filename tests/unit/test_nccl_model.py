@@ -3,7 +3,9 @@ DGX-1 broadcast/reduce, socket crossing, forcing, NVLS only with multicast, scal
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.simulate import nccl_model, predict_collective
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl import runtime, tuning
+from meshscale.simulate import predict_collective
 from meshscale.simulate.engine import run_flows
 from meshscale.topology import load_system
 
@@ -11,26 +13,26 @@ GIB = 1 << 30
 
 
 def test_every_family_loads_with_a_source():
-    assert {"1.6", "2.7", "2.18", "2.20", "2.28"} <= set(nccl_model.families())
-    for family in nccl_model.families():
-        c = nccl_model.constants(family)
+    assert {"1.6", "2.7", "2.18", "2.20", "2.28"} <= set(nccl.families())
+    for family in nccl.families():
+        c = nccl.constants(family)
         assert c["family"] == family
         assert "tuning.cc" in c["source"] or "NCCL 1.x" in c["source"]
         assert c["base_latency_us"]["ring"]["LL"] > 0 and c["nvlink_bw_per_link"][90] == 20.6
-    assert nccl_model.constants("2.18.5")["family"] == "2.18"
-    assert nccl_model.constants(None)["family"] == "2.28"
-    assert nccl_model.constants("1.6.1")["algorithms"] == ["ring"]
+    assert nccl.constants("2.18.5")["family"] == "2.18"
+    assert nccl.constants(None)["family"] == "2.28"
+    assert nccl.constants("1.6.1")["algorithms"] == ["ring"]
     with pytest.raises(MeshscaleError):
-        nccl_model.constants("1.0")
+        nccl.constants("1.0")
 
 
 def test_topology_facts_nccl_derives():
-    h100 = nccl_model.analyse(load_system("hgx-h100"), list(range(8)))
+    h100 = nccl.analyse(load_system("hgx-h100"), list(range(8)))
     assert (h100.sm, h100.nvls, h100.ring.path_type) == (90, True, "NVL")
     assert h100.ring.total_gbps == pytest.approx(360)  # 6 rings at 60 GB/s on 18 x 20.6, duplicated to 12 x 30
-    p100 = nccl_model.analyse(load_system("dgx1-p100"), list(range(8)))
+    p100 = nccl.analyse(load_system("dgx1-p100"), list(range(8)))
     assert (p100.sm, p100.ring.channels, p100.ring.bw_gbps) == (60, 4, 18)  # 4 NVLink rings at 18 GB/s
-    a100 = nccl_model.analyse(load_system("dgx-a100"), list(range(8)))
+    a100 = nccl.analyse(load_system("dgx-a100"), list(range(8)))
     assert a100.sm == 80 and not a100.nvls and a100.ring.total_gbps == pytest.approx(240)
 
 
@@ -101,16 +103,16 @@ def test_nvls_only_where_switches_multicast():
 
 def test_ranks_scale_as_the_formulas_say():
     topo = load_system("hgx-h100")
-    c = nccl_model.constants("2.28")
-    lat = {n: nccl_model.latency_us(nccl_model.analyse(topo, list(range(n))), c, "all_reduce", "ring", "LL")
+    c = nccl.constants("2.28")
+    lat = {n: tuning.latency_us(nccl.analyse(topo, list(range(n))), c, "all_reduce", "ring", "LL")
            for n in (2, 4, 8)}
     assert lat[4] - lat[2] == pytest.approx(4 * 0.6) and lat[8] - lat[4] == pytest.approx(8 * 0.6)
-    systems = {n: nccl_model.analyse(topo, list(range(n))) for n in (2, 4, 8)}
+    systems = {n: nccl.analyse(topo, list(range(n))) for n in (2, 4, 8)}
     # NCCL's estimate: ring busbw does not depend on the rank count, algbw = busBw * n / nsteps
-    nccl_bus = {n: nccl_model.bus_bandwidth(s, c, "all_reduce", "ring", "Simple") * 2 * (n - 1) / n
+    nccl_bus = {n: tuning.bus_bandwidth(s, c, "all_reduce", "ring", "Simple") * 2 * (n - 1) / n
                 for n, s in systems.items()}
     assert nccl_bus[2] == pytest.approx(nccl_bus[8], rel=0.02)
-    alg = {n: nccl_model.bus_bandwidth(systems[n], c, "all_gather", "ring", "Simple") for n in (2, 8)}
+    alg = {n: tuning.bus_bandwidth(systems[n], c, "all_gather", "ring", "Simple") for n in (2, 8)}
     assert alg[2] / alg[8] == pytest.approx((2 / 1) / (8 / 7), rel=0.02)
     # the run: a loop's 2(n-1) link steps and one copy inside the GPU, in lock step: busbw climbs towards the
     # link with the rank count, as the copy-out step weighs less
@@ -128,7 +130,7 @@ def test_ranks_scale_as_the_formulas_say():
 def test_host_thread_driving_several_gpus_sets_a_floor():
     """One thread issuing the call on G GPUs: the loop runs at the longer of G issues and the device time."""
     topo = load_system("hgx-h200")
-    launch_s = nccl_model.host_launch_s()
+    launch_s = runtime.host_launch_s()
     one = predict_collective(topo, "all_reduce", [0, 1, 2, 3], 1024)
     four = predict_collective(topo, "all_reduce", [0, 1, 2, 3], 1024, gpus_per_thread=4)
     assert 4 * launch_s > one.time_s  # a small call: the thread is the bottleneck
@@ -146,7 +148,7 @@ def test_host_launch_reproduces_its_source():
     topo = load_system("dgx-a100")
     measured_us = {2: 10.0, 3: 13.76, 4: 16.88, 6: 25.2, 8: 33.7}
     for g, t_us in measured_us.items():
-        p = nccl_model.predict(topo, "all_reduce", list(range(g)), 8, nccl_algo="ring", proto="LL", gpus_per_thread=g,
+        p = nccl.predict(topo, "all_reduce", list(range(g)), 8, nccl_algo="ring", proto="LL", gpus_per_thread=g,
                                nccl_version="2.18")
         assert p.time_s * 1e6 == pytest.approx(t_us, rel=0.3 if g == 2 else 0.1), g
 
@@ -157,16 +159,16 @@ def test_launch_overhead_floor_reproduces_one_thread_per_gpu():
     topo = load_system("dgx-a100")
     measured_us = {2: 12.0, 4: 15.0, 6: 17.6, 8: 21.0}
     for g, t_us in measured_us.items():
-        p = nccl_model.predict(topo, "all_reduce", list(range(g)), 8, nccl_algo="ring", proto="LL")
+        p = nccl.predict(topo, "all_reduce", list(range(g)), 8, nccl_algo="ring", proto="LL")
         assert p.time_s * 1e6 == pytest.approx(t_us, rel=0.1), g
         assert p.time_s > p.nccl_time_s  # NCCL's estimate leaves the overhead out
 
 
 def test_launch_overhead_floor_leaves_nccl_choice_and_large_calls_alone():
     topo = load_system("hgx-h200")
-    s = nccl_model.analyse(topo, [0, 1])
-    c = nccl_model.constants()
-    floor_us = nccl_model.call_floor_us(s, c, "all_gather")
+    s = nccl.analyse(topo, [0, 1])
+    c = nccl.constants()
+    floor_us = runtime.call_floor_us(s, c, "all_gather")
     assert floor_us == pytest.approx(7.2 + 5.0)  # NCCL's Ring/LL 7.2 us (its printed table) + the overhead
     small = predict_collective(topo, "all_gather", [0, 1], 1024, nvls=False)
     # the overhead on top of NCCL's Ring/LL time: the floor + 1 KiB at LL's rate (a fraction of a us)
@@ -174,10 +176,10 @@ def test_launch_overhead_floor_leaves_nccl_choice_and_large_calls_alone():
     # LL128's own latency (NCCL: 15.9 us) is above the floor: forcing it changes nothing
     ll128 = predict_collective(topo, "all_gather", [0, 1], 1024, nccl_algo="ring", proto="LL128")
     assert ll128.time_s * 1e6 == pytest.approx(15.9, rel=0.05)
-    big = nccl_model.predict(topo, "all_reduce", [0, 1], GIB)
+    big = nccl.predict(topo, "all_reduce", [0, 1], GIB)
     assert big.time_s == pytest.approx(big.candidates[0].time_s)  # far above the floor
     # point-to-point calls have their own latency, no collective floor
-    p2p = nccl_model.predict(topo, "send_recv", [0, 1], 1024)
+    p2p = nccl.predict(topo, "send_recv", [0, 1], 1024)
     assert p2p.time_s == pytest.approx(p2p.candidates[0].time_s)
 
 
@@ -186,27 +188,27 @@ def test_launch_overhead_adds_to_ll_and_simple_calls_of_any_size():
     latency + size / bandwidth at every size; LL128's base latency already holds it; NCCL's choice is
     unchanged (it compares its own estimates)."""
     topo = load_system("hgx-h200")
-    s = nccl_model.analyse(topo, [0, 1])
-    c = nccl_model.constants()
+    s = nccl.analyse(topo, [0, 1])
+    c = nccl.constants()
     for proto, extra_us in (("Simple", 5.0), ("LL", 5.0), ("LL128", 0.0)):
         for nbytes in (4 << 20, 64 << 20, GIB):
-            p = nccl_model.predict(topo, "all_gather", [0, 1], nbytes, nccl_algo="ring", proto=proto)
-            kernel_us = nccl_model._predicted_us(s, c, "all_gather", "ring", proto, nbytes, 1.0)[0] - extra_us
-            bw = (nccl_model.ring_loop_gbps(s, c, "all_gather", proto, 24) if proto != "LL"
-                  else nccl_model.bus_bandwidth(s, c, "all_gather", "ring", proto))
-            assert kernel_us == pytest.approx(nccl_model.latency_us(s, c, "all_gather", "ring", proto)
+            p = nccl.predict(topo, "all_gather", [0, 1], nbytes, nccl_algo="ring", proto=proto)
+            kernel_us = runtime.predicted_us(s, c, "all_gather", "ring", proto, nbytes, 1.0)[0] - extra_us
+            bw = (runtime.ring_loop_gbps(s, c, "all_gather", proto, 24) if proto != "LL"
+                  else tuning.bus_bandwidth(s, c, "all_gather", "ring", proto))
+            assert kernel_us == pytest.approx(tuning.latency_us(s, c, "all_gather", "ring", proto)
                                               + nbytes / (1000 * bw), rel=1e-9), (proto, nbytes)
             assert p.time_s * 1e6 == pytest.approx(kernel_us + extra_us, rel=1e-9), (proto, nbytes)
-    assert nccl_model.launch_overhead_us("LL128") == 0.0 < nccl_model.launch_overhead_us("Simple")
-    chosen = nccl_model.predict(topo, "all_gather", [0, 1], 4 << 20)
+    assert runtime.launch_overhead_us("LL128") == 0.0 < runtime.launch_overhead_us("Simple")
+    chosen = nccl.predict(topo, "all_gather", [0, 1], 4 << 20)
     assert chosen.candidates[0].nccl_time_s == min(e.nccl_time_s for e in chosen.candidates)
 
 
 def test_host_launch_is_per_nccl_family():
-    assert nccl_model.host_launch_s("2.28.9") == pytest.approx(6.1e-6)  # the 2x H200 C loop, NCCL 2.28.9
-    assert nccl_model.host_launch_s("2.18.5") == pytest.approx(4.2e-6)  # nccl-tests issue #123, DGX A100
-    assert nccl_model.host_launch_s("1.6") == nccl_model.host_launch_s("2.7")  # older than any measurement
-    assert nccl_model.host_launch_s() == nccl_model.host_launch_s(nccl_model.DEFAULT_VERSION)
+    assert runtime.host_launch_s("2.28.9") == pytest.approx(6.1e-6)  # the 2x H200 C loop, NCCL 2.28.9
+    assert runtime.host_launch_s("2.18.5") == pytest.approx(4.2e-6)  # nccl-tests issue #123, DGX A100
+    assert runtime.host_launch_s("1.6") == runtime.host_launch_s("2.7")  # older than any measurement
+    assert runtime.host_launch_s() == runtime.host_launch_s(nccl.DEFAULT_VERSION)
 
 
 def test_schedule_algorithms_still_work():
@@ -234,23 +236,23 @@ NCCL_PRINTED_H200 = {
 @pytest.mark.parametrize("n_gpus", [2, 4])
 def test_reproduces_nccl_printed_tuning_table_on_h200(n_gpus):
     topo = load_system("hgx-h200")
-    s = nccl_model.analyse(topo, list(range(n_gpus)), "2.28.9")
-    c = nccl_model.constants("2.28.9")
+    s = nccl.analyse(topo, list(range(n_gpus)), "2.28.9")
+    c = nccl.constants("2.28.9")
     assert (s.ring.channels, s.ring.bw_gbps) == (12, 30.0)  # "Pattern 4, nChannels 12, bw 30"
-    assert nccl_model.comm_channels(s, c, "ring") == 24  # "24 coll channels"
+    assert runtime.comm_channels(s, c, "ring") == 24  # "24 coll channels"
     for (collective, algo), row in NCCL_PRINTED_H200[n_gpus].items():
-        for proto, (lat_us, bw_gbps) in zip(nccl_model.PROTOCOLS, row):
-            assert nccl_model.enabled(s, c, collective, algo, proto, nvls=False)
-            assert nccl_model.latency_us(s, c, collective, algo, proto) == pytest.approx(lat_us, rel=0.02)
-            assert nccl_model.bus_bandwidth(s, c, collective, algo, proto) == pytest.approx(bw_gbps, rel=0.02)
-    assert not nccl_model.enabled(s, c, "all_gather", "tree", "Simple", nvls=False)
+        for proto, (lat_us, bw_gbps) in zip(nccl.PROTOCOLS, row):
+            assert tuning.enabled(s, c, collective, algo, proto, nvls=False)
+            assert tuning.latency_us(s, c, collective, algo, proto) == pytest.approx(lat_us, rel=0.02)
+            assert tuning.bus_bandwidth(s, c, collective, algo, proto) == pytest.approx(bw_gbps, rel=0.02)
+    assert not tuning.enabled(s, c, "all_gather", "tree", "Simple", nvls=False)
 
 
 def test_tree_graph_follows_nccl_search_on_h200():
     """2 GPUs: chains 0->1 and 1->0 at 60 GB/s fill the ring's 12 channels ("Pattern 1, nChannels 12, bw 60,
     sameChannels 0"); 4 GPUs: fewer chains at 60, duplicated to 12 x 30 ("nChannels 12, bw 30")."""
     topo = load_system("hgx-h200")
-    two = nccl_model.analyse(topo, [0, 1], "2.28.9").tree
+    two = nccl.analyse(topo, [0, 1], "2.28.9").tree
     assert (two.channels, two.bw_gbps, two.same_channels) == (12, 60, False)
-    four = nccl_model.analyse(topo, [0, 1, 2, 3], "2.28.9").tree
+    four = nccl.analyse(topo, [0, 1, 2, 3], "2.28.9").tree
     assert (four.channels, four.bw_gbps) == (12, 30)

@@ -2,7 +2,8 @@
 run on as many channels as NCCL gives them for their size."""
 import pytest
 
-from meshscale.simulate import nccl_model
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl import p2p, runtime, tuning
 from meshscale.topology import load_system
 
 GIB = 1 << 30
@@ -10,7 +11,7 @@ MIB = 1 << 20
 
 
 def _time_s(topo, collective, n, nbytes, **kw):
-    return nccl_model.predict(topo, collective, list(range(n)), nbytes, nccl_version="2.28.9", nvls=False, **kw)
+    return nccl.predict(topo, collective, list(range(n)), nbytes, nccl_version="2.28.9", nvls=False, **kw)
 
 
 def test_tree_in_one_node_moves_what_its_chain_moves():
@@ -44,17 +45,17 @@ def test_older_nccl_caps_a_sends_channels():
     topo = load_system("dgx-a100")
     names = [topo.device(r) for r in range(8)]
     for version, channels in (("2.18.5", 16), ("2.28.9", 32)):
-        s = nccl_model.analyse(topo, list(range(8)), version)
-        c = nccl_model.constants(version)
-        assert nccl_model.p2p_op_channels(topo, s, c, names, GIB) == (channels, 32)
+        s = nccl.analyse(topo, list(range(8)), version)
+        c = nccl.constants(version)
+        assert p2p.p2p_op_channels(topo, s, c, names, GIB) == (channels, 32)
 
 
 def test_tree_on_an_nvlink_mesh_keeps_nccls_bandwidth():
     """DGX-1V: a middle GPU of the chain sends up and down over different NVLinks, no port is shared."""
     topo = load_system("dgx1-v100")
-    prediction = nccl_model.predict(topo, "all_reduce", list(range(8)), GIB, nccl_algo="tree", proto="Simple")
-    assert nccl_model.analyse(topo, list(range(8))).gpu_mesh
-    overhead_s = nccl_model.launch_overhead_us("Simple") * 1e-6  # the launch, on top of NCCL's estimate
+    prediction = nccl.predict(topo, "all_reduce", list(range(8)), GIB, nccl_algo="tree", proto="Simple")
+    assert nccl.analyse(topo, list(range(8))).gpu_mesh
+    overhead_s = runtime.launch_overhead_us("Simple") * 1e-6  # the launch, on top of NCCL's estimate
     assert prediction.time_s == pytest.approx(prediction.nccl_time_s + overhead_s, rel=1e-9)
 
 
@@ -83,9 +84,9 @@ def test_nvls_chunk_shrinks_with_size_as_nccl_picks_it():
     """calcCollChunking on 8 GPUs (8 heads) x 16 NVLS channels: 128 KiB from 1 GiB, 64 KiB below, 32 KiB below
     64 MiB, 16 KiB below 8 MiB."""
     topo = load_system("hgx-h100")
-    s = nccl_model.analyse(topo, list(range(8)), "2.18.5")
-    c = nccl_model.constants("2.18.5")
-    chunk = {size: nccl_model.nvls_loop_bytes(s, c, size, 16) // (16 * 8)
+    s = nccl.analyse(topo, list(range(8)), "2.18.5")
+    c = nccl.constants("2.18.5")
+    chunk = {size: runtime.nvls_loop_bytes(s, c, size, 16) // (16 * 8)
              for size in (1 << 20, 4 << 20, 8 << 20, 32 << 20, 64 << 20, 512 << 20, GIB, 8 * GIB)}
     assert chunk == {1 << 20: 16384, 4 << 20: 16384, 8 << 20: 32768, 32 << 20: 32768, 64 << 20: 65536,
                      512 << 20: 65536, GIB: 131072, 8 * GIB: 131072}
@@ -96,12 +97,12 @@ def test_nvls_pipeline_fill_is_two_loops_of_its_three_stages():
     before the pipeline runs full. At 4 MiB (two loops of 2 MiB) that is twice the bytes' own time; at 8 GiB
     (a 16 MiB loop) half a percent. NCCL's choice does not see it."""
     topo = load_system("hgx-h100")
-    s = nccl_model.analyse(topo, list(range(8)), "2.18.5")
-    c = nccl_model.constants("2.18.5")
-    bw = nccl_model.bus_bandwidth(s, c, "all_reduce", "nvls", "Simple", nvls_traffic=True)
-    fixed_us = nccl_model.launch_overhead_us("Simple") + nccl_model.latency_us(s, c, "all_reduce", "nvls", "Simple")
+    s = nccl.analyse(topo, list(range(8)), "2.18.5")
+    c = nccl.constants("2.18.5")
+    bw = runtime.nvls_traffic_gbps(s, c, "nvls")
+    fixed_us = runtime.launch_overhead_us("Simple") + tuning.latency_us(s, c, "all_reduce", "nvls", "Simple")
     for size, loop in ((4 << 20, 2 << 20), (8 * GIB, 16 << 20)):
-        p = nccl_model.predict(topo, "all_reduce", list(range(8)), size, nccl_version="2.18.5")
+        p = nccl.predict(topo, "all_reduce", list(range(8)), size, nccl_version="2.18.5")
         assert p.algo == "nvls"
         assert p.time_s * 1e6 == pytest.approx(fixed_us + (size + 2 * loop) / (1000 * bw), rel=1e-9)
         assert p.nccl_time_s < p.time_s
