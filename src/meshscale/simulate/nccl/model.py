@@ -5,10 +5,10 @@ from dataclasses import dataclass, field
 
 from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.nccl.tables import P2P, P2P_COLLECTIVES, constants
 from meshscale.simulate.nccl.p2p import p2p_us
 from meshscale.simulate.nccl.runtime import call_floor_us, host_bound_s, host_launch_s, predicted_us
 from meshscale.simulate.nccl.search import System, analyse
+from meshscale.simulate.nccl.tables import P2P, P2P_COLLECTIVES, constants
 from meshscale.simulate.nccl.tuning import NVLS_ALGOS, estimate_us, tuning_table
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, allows
 from meshscale.topology import Topology

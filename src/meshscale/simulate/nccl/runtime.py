@@ -4,8 +4,8 @@ copy (runRing), a one-node tree as a chain and its pipeline fill (runTreeSplit),
 pipeline, per-block ceilings of clamped communicators, the CUDA launch and the host thread's issue rate."""
 from __future__ import annotations
 
-from meshscale.simulate.nccl.tables import RING_ONLY, constants, data_file, version_key
 from meshscale.simulate.nccl.search import System
+from meshscale.simulate.nccl.tables import RING_ONLY, constants, data_file, version_key
 from meshscale.simulate.nccl.tuning import (NVLS_ALGOS, arch_row, bus_bandwidth, enabled, index2, latency_us,
                                              nvls_channel_gbps, ring_steps, tree_size_factor, tuning_table)
 

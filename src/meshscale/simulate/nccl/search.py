@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
-                                               data_file, gpu_sm)
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, links_gbps,
                                              network_latency_s, network_paths, node_of, node_view, path_shape,
                                              port_gbps)
+from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
+                                            data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
+
+if TYPE_CHECKING:
+    from meshscale.simulate.nccl.tuning import TuningTable
 
 
 @dataclass
@@ -59,11 +63,11 @@ class System:
     pair_gbps: dict[tuple[str, str], float] = field(default_factory=dict)  # (src, dst) -> NCCL path GB/s
     tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
     net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
-    nics: list = field(default_factory=list)  # NicPath of each NIC of a node (several nodes only)
+    nics: list[NicPath] = field(default_factory=list)  # each NIC of a node (several nodes only)
     gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
     env: NcclEnv = DEFAULT_ENV  # NCCL's environment (channels, transports)
     mixed_sm: bool = False  # GPUs of several generations: NCCL disables LL128 (min != max compute capability)
-    tables: dict = field(default_factory=dict)  # NCCL family -> tuning.TuningTable, filled once (tuning_table)
+    tables: dict[str, TuningTable] = field(default_factory=dict)  # NCCL family -> its table (tuning_table)
 
     @property
     def ppn(self) -> float:

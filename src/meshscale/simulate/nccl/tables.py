@@ -92,7 +92,7 @@ def cpu_class(model: str) -> str:
 
 
 def normalize_algo(name: str | None) -> str | None:
-    """NCCL_ALGO spellings (Ring, NVLS, NVLSTree, CollNetDirect...) -> this module's names; None stays None."""
+    """NCCL_ALGO spellings (Ring, NVLS, NVLSTree, CollNetDirect...) -> meshscale's names; None stays None."""
     if name is None:
         return None
     key = name.strip().lower().replace("-", "_")

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from meshscale.simulate.nccl.tables import ALGORITHMS, PROTOCOLS, RING_ONLY, TUNED_COLLECTIVES
 from meshscale.simulate.nccl.search import System
+from meshscale.simulate.nccl.tables import ALGORITHMS, PROTOCOLS, RING_ONLY, TUNED_COLLECTIVES
 
 NVLS_ALGOS = ("nvls", "nvls_tree")  # NVLink SHARP: off with NCCL_NVLS_ENABLE=0
 
