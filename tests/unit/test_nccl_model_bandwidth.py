@@ -110,3 +110,25 @@ def test_nvls_pipeline_fill_weighs_less_as_the_size_grows():
         assert p.algo == "nvls" and p.nccl_time_s < p.time_s
         excess.append(p.time_s / (size / (steady_gbps * 1e9)) - 1)
     assert all(a > b > 0 for a, b in zip(excess, excess[1:]))
+
+
+def test_ring_ll_chunks_round_up_before_2_20():
+    """NCCL 2.18's runRing rounds an LL / LL128 chunk up to a multiple of its minimum chunk and runs every step of
+    the ring on whole chunks: within one rounding step the time does not grow with the size, and a call never
+    moves fewer bytes than it holds. From 2.20 the host cuts each channel one contiguous part: the time grows
+    with every byte."""
+    topo = load_system("dgx-a100")
+    s = nccl.analyse(topo, list(range(8)), "2.18.5")
+    c = nccl.constants("2.18.5")
+    for nbytes in (1 << 10, 1 << 20, 4 * MIB, 64 * MIB, GIB):
+        for proto in ("LL", "LL128"):
+            assert runtime.ring_chunked_bytes(s, c, "all_reduce", proto, nbytes, 24) >= nbytes
+
+    def time_s(version, nbytes):
+        return nccl.predict(topo, "all_reduce", list(range(8)), nbytes, nccl_version=version, nccl_algo="ring",
+                            proto="LL128").time_s
+
+    # 3.6 and 7 MiB over 192 chunk slots both round up to two 19.2 KB minimum chunks; 7.1 MiB needs three
+    assert time_s("2.18.5", int(3.6 * MIB)) == pytest.approx(time_s("2.18.5", 7 * MIB))
+    assert time_s("2.18.5", int(7.1 * MIB)) > time_s("2.18.5", 7 * MIB)
+    assert time_s("2.28.9", int(3.6 * MIB)) < time_s("2.28.9", 7 * MIB)

@@ -4,6 +4,8 @@ copy (runRing), a one-node tree as a chain and its pipeline fill (runTreeSplit),
 pipeline, per-block ceilings of clamped communicators, the CUDA launch and the host thread's issue rate."""
 from __future__ import annotations
 
+import math
+
 from meshscale.simulate.nccl.search import System
 from meshscale.simulate.nccl.tables import RING_ONLY, constants, data_file, version_key
 from meshscale.simulate.nccl.tuning import (NVLS_ALGOS, arch_row, bus_bandwidth, enabled, index2, latency_us,
@@ -180,6 +182,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         bw = nvls_traffic_gbps(s, c, algo, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share) * scale
+    if algo == "ring" and proto != "Simple" and c["ring_chunk_rounding"]:
+        moved = ring_chunked_bytes(s, c, collective, proto, nbytes, nc)
     if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace
         bw = ring_loop_gbps(s, c, collective, proto, nc, share) * scale
     if algo == "tree" and not chain:  # NCCL's own size correction stands for the pipeline of trees not modelled
@@ -192,6 +196,21 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         moved += (c["nvls_pipeline_stages"] - 1) * min(nbytes, nvls_loop_bytes(s, c, nbytes, nc))
     nccl_latency_us = tuning_table(s, c).entries[(collective, algo, proto)].latency_us
     return launch_overhead_us(proto) + nccl_latency_us + moved / (1000 * bw), nc
+
+
+def ring_chunked_bytes(s: System, c: dict, collective: str, proto: str, nbytes: int, channels: int) -> float:
+    """Bytes a ring of ``channels`` moves for ``nbytes`` with LL or LL128, by the chunks NCCL's device code cut
+    before 2.20 (runRing; see ``ring_chunk_rounding`` in the data file): each loop gives every slot (channels x ranks; broadcast and
+    reduce: channels) a chunk rounded up to a multiple of the protocol's minimum chunk, laid out chunk-major across
+    the channels, and every channel that holds data runs all its ring's steps on whole chunks. A call that fills
+    fewer slots than the rounding leaves (4 MiB on 8 GPUs x 24 channels with LL128: 110 of 192 chunks of
+    38.4 KB) takes the time of all of them."""
+    slots = channels * (1 if collective in RING_ONLY else s.n_ranks)
+    min_chunk = c["max_threads"][proto] * c["ring_grain_bytes"][proto] / c["ring_min_chunk_divisor"][proto]
+    step = c["ring_step_data_bytes"][proto]
+    loops, rest = divmod(nbytes, slots * step)
+    last = min(step, math.ceil(rest / (slots * min_chunk)) * min_chunk) if rest else 0
+    return max(float(nbytes), (loops * step + last) * slots)
 
 
 def nvls_traffic_gbps(s: System, c: dict, algo: str, share: float = 1.0) -> float:
