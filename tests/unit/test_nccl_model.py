@@ -248,9 +248,10 @@ def test_the_launch_overhead_is_paid_by_ll_and_simple_calls_and_leaves_the_choic
 
 def test_host_launch_is_per_nccl_family():
     """The newest family measured that is not newer than the version; older than any: the oldest measured."""
-    measured = sorted(tables.data_file()["host_launch_us_per_gpu"], key=tables.version_key)
+    per_family_us = tables.data_file()["host_launch_us_per_gpu"]
+    measured = sorted(per_family_us, key=tables.version_key)
     for family in measured:
-        assert runtime.host_launch_s(family) == pytest.approx(tables.data_file()["host_launch_us_per_gpu"][family] * 1e-6)
+        assert runtime.host_launch_s(family) == pytest.approx(per_family_us[family] * 1e-6)
     assert runtime.host_launch_s("1.6") == runtime.host_launch_s(measured[0])
     assert runtime.host_launch_s("2.20") == runtime.host_launch_s(measured[-2])
     assert runtime.host_launch_s() == runtime.host_launch_s(nccl.DEFAULT_VERSION)

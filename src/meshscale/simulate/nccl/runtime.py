@@ -167,6 +167,9 @@ def tree_fill_bytes(s: System, c: dict, proto: str, nbytes: int, channels: int) 
 
 
 def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nbytes: int, scale: float) -> tuple[float, int]:
+    """What a run of ``algo``/``proto`` takes (us) and the channels it runs on: the launch, NCCL's latency from its
+    table, and the bytes the run moves (fills and rounded chunks included) at the rate this module's corrections
+    give; ``scale`` scales every bandwidth (a calibration)."""
     nc = channels_used(s, c, algo, proto, nbytes)
     # the share of the links the channels run carry: channels NCCL sheds for a small call leave theirs idle;
     # a communicator clamped to fewer channels (NCCL_MAX_NCHANNELS) leaves the links free and each block runs
@@ -200,9 +203,10 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
 
 def ring_chunked_bytes(s: System, c: dict, collective: str, proto: str, nbytes: int, channels: int) -> float:
     """Bytes a ring of ``channels`` moves for ``nbytes`` with LL or LL128, by the chunks NCCL's device code cut
-    before 2.20 (runRing; see ``ring_chunk_rounding`` in the data file): each loop gives every slot (channels x ranks; broadcast and
-    reduce: channels) a chunk rounded up to a multiple of the protocol's minimum chunk, laid out chunk-major across
-    the channels, and every channel that holds data runs all its ring's steps on whole chunks. A call that fills
+    before 2.20 (runRing; see ``ring_chunk_rounding`` in the data file): each loop gives every slot (channels x
+    ranks; broadcast and reduce: channels) a chunk rounded up to a multiple of the protocol's minimum chunk, laid
+    out chunk-major across the channels, and every channel that holds data runs all its ring's steps on whole
+    chunks. A call that fills
     fewer slots than the rounding leaves (4 MiB on 8 GPUs x 24 channels with LL128: 110 of 192 chunks of
     38.4 KB) takes the time of all of them."""
     slots = channels * (1 if collective in RING_ONLY else s.n_ranks)
