@@ -16,7 +16,8 @@ import re
 from pathlib import Path
 
 from meshscale.collectives.kinds import kind
-from meshscale.simulate.nccl_model import analyse, bus_bandwidth, constants, latency_us, predict
+from meshscale.simulate.nccl import analyse, constants, predict
+from meshscale.simulate.nccl.tuning import bus_bandwidth, latency_us
 from meshscale.topology.catalog import load_system
 
 SIZES = (1 << 10, 1 << 16, 1 << 20, 1 << 22, 1 << 24, 1 << 26, 1 << 30)

@@ -6,7 +6,7 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, load_result
-from meshscale.simulate import nccl_model
+from meshscale.simulate import nccl
 from meshscale.simulate.auto import nccl_result
 from meshscale.simulate.link_fit import fit_network
 from meshscale.topology.cluster import net_link, system_or_cluster
@@ -47,14 +47,14 @@ def test_network_bandwidth_and_latency_change_nccl_across_nodes():
 
 
 def test_nic_affinity_and_gpudirect_as_nccl_sees_them():
-    on = nccl_model.analyse(system_or_cluster("dgx1-v100", nodes=2), _ranks(system_or_cluster("dgx1-v100", nodes=2)))
+    on = nccl.analyse(system_or_cluster("dgx1-v100", nodes=2), _ranks(system_or_cluster("dgx1-v100", nodes=2)))
     assert [n.path_type for n in on.nics] == ["PIX"] * 4 and all(n.gdr for n in on.nics)
     assert len({n.gpu for n in on.nics}) == 4  # each NIC serves its own GPU
     off_topo = system_or_cluster("dgx1-v100", nodes=2, gpudirect=False)
-    off = nccl_model.analyse(off_topo, _ranks(off_topo))
+    off = nccl.analyse(off_topo, _ranks(off_topo))
     assert not any(n.gdr for n in off.nics) and {n.path_type for n in off.nics} == {"PHB"}
     eth_topo = system_or_cluster("dgx1-v100", nodes=2, link="10gbe")
-    eth = nccl_model.analyse(eth_topo, _ranks(eth_topo))
+    eth = nccl.analyse(eth_topo, _ranks(eth_topo))
     assert not any(n.gdr for n in eth.nics)  # the 10 GbE ports hang off a CPU: no GPUDirect RDMA
     assert eth.inter_gbps == pytest.approx(2.5)
 
@@ -158,9 +158,9 @@ def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
     topo = system_or_cluster("dgx1-v100", nodes=2)
     fitted, fit = fit_network(topo, load_result(path))
     assert fit.rate_bytes_per_s == pytest.approx(8e9 * 2 * 15 / 16 / 4, rel=1e-6)  # per NIC, 4 NICs
-    assert fit.latency_s > 10 * nccl_model.REFERENCE_NET_LATENCY_S
+    assert fit.latency_s > 10 * nccl.REFERENCE_NET_LATENCY_S
     fast = _measured(tmp_path, 16, [(s, 1e-6 + s / 8e9) for s in sizes])
-    assert fit_network(topo, load_result(fast))[1].latency_s == nccl_model.REFERENCE_NET_LATENCY_S  # never below
+    assert fit_network(topo, load_result(fast))[1].latency_s == nccl.REFERENCE_NET_LATENCY_S  # never below
     assert fitted.attrs["cluster"]["link"] == net_link(fit.link).name
     r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "4", "--bench", path, "-b", "1M", "-e", "1M")
     assert r.exit_code == 0, r.output

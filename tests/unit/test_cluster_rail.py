@@ -4,7 +4,9 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import load_result
-from meshscale.simulate import nccl_model, predict_collective
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl import tuning
+from meshscale.simulate import predict_collective
 from meshscale.topology import route
 from meshscale.topology.cluster import ClusterSpec, build_cluster, describe, net_link, plan_cluster, system_or_cluster
 
@@ -64,7 +66,7 @@ def test_an_oversubscribed_fat_tree_cuts_the_ring_where_rails_do_not():
     # one node per leaf at 2:1: every ring hop between nodes climbs through half the node's rate of up-links
     blocking = ClusterSpec(nodes=4, nodes_per_leaf=1, oversubscription=2, **H100)
     topo = build_cluster(plan_cluster(blocking))
-    s = nccl_model.analyse(topo, _ranks(topo))
+    s = nccl.analyse(topo, _ranks(topo))
     assert s.inter_gbps == pytest.approx(4 * net_link("ndr").bandwidth_bytes_per_s / 1e9)  # 8 ports, 4 up-links
     assert s.inter_gbps < 0.55 * sum(n.gbps for n in s.nics)
     tree = _ring(1 << 30, nodes=4, nodes_per_leaf=1, oversubscription=2).busbw_bytes_per_s
@@ -78,12 +80,12 @@ def test_an_oversubscribed_fat_tree_cuts_the_ring_where_rails_do_not():
 
 def test_fabric_rate_counts_each_rail_leafs_share():
     topo = build_cluster(plan_cluster(ClusterSpec(nodes=4, nodes_per_leaf=1, oversubscription=8, network="rail", **H100)))
-    s = nccl_model.analyse(topo, _ranks(topo))
+    s = nccl.analyse(topo, _ranks(topo))
     # a rail leaf of one node has 1 up-link (50 GB/s) for one NIC's eighth of the node's 400 GB/s: not a limit
     assert s.inter_gbps == pytest.approx(sum(n.gbps for n in s.nics))
     tree = build_cluster(plan_cluster(ClusterSpec(nodes=4, nodes_per_leaf=1, oversubscription=8, **H100)))
     ndr_gbps = net_link("ndr").bandwidth_bytes_per_s / 1e9
-    assert nccl_model.analyse(tree, _ranks(tree)).inter_gbps == pytest.approx(ndr_gbps)  # the leaf's one up-link
+    assert nccl.analyse(tree, _ranks(tree)).inter_gbps == pytest.approx(ndr_gbps)  # the leaf's one up-link
 
 
 def test_rails_take_fewer_hops_so_small_rings_are_faster():
@@ -93,7 +95,7 @@ def test_rails_take_fewer_hops_so_small_rings_are_faster():
     # 30 network steps of a 16-node ring all_reduce; NCCL's latency constants hold for a 3-hop EDR tree (1.28 us),
     # so the tree's 3 NDR hops (1.40 us) cost 0.12 us a step more and the rail's 1 hop (1.14 us) nothing more
     tree_latency_s = plan_cluster(ClusterSpec(nodes=16, oversubscription=2, **H100)).latency_s
-    assert tree - rails == pytest.approx(30 * (tree_latency_s - nccl_model.REFERENCE_NET_LATENCY_S), rel=0.02)
+    assert tree - rails == pytest.approx(30 * (tree_latency_s - nccl.REFERENCE_NET_LATENCY_S), rel=0.02)
 
 
 def test_network_option_on_every_cluster_command(cli, tmp_path):
@@ -179,7 +181,7 @@ def test_nvls_across_nodes_is_held_to_the_network_as_nccl_tunes_it():
     # nodes: a slower network lowers both (before, the NVLS tree ignored it and kept 520 GB/s on any network)
     def busbw(link, nodes):
         topo = build_cluster(plan_cluster(ClusterSpec(nodes=nodes, node="hgx-h100", nics=8, link=link)))
-        p = nccl_model.predict(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="nvls_tree")
+        p = nccl.predict(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="nvls_tree")
         return (1 << 30) * 2 * (p.system.n_ranks - 1) / p.system.n_ranks / p.time_s / 1e9
     fast, slow = busbw("ndr", 4), busbw("hdr", 4)
     assert slow < 0.75 * fast  # HDR is half NDR's rate
@@ -189,6 +191,6 @@ def test_nvls_across_nodes_is_held_to_the_network_as_nccl_tunes_it():
 def test_a_small_call_on_many_nodes_is_floored_by_the_trees_latency_not_the_rings():
     # the per-call floor is NCCL's cheapest latency: across 16 nodes the tree's log depth, not a 30-step ring
     topo = build_cluster(plan_cluster(ClusterSpec(nodes=16, **H100)))
-    p = nccl_model.predict(topo, "all_reduce", _ranks(topo), 4096)
-    ring_ll_us = nccl_model.latency_us(p.system, nccl_model.constants(), "all_reduce", "ring", "LL")
+    p = nccl.predict(topo, "all_reduce", _ranks(topo), 4096)
+    ring_ll_us = tuning.latency_us(p.system, nccl.constants(), "all_reduce", "ring", "LL")
     assert p.time_s * 1e6 < 0.5 * ring_ll_us

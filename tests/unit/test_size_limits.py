@@ -4,7 +4,7 @@ import time
 
 import pytest
 
-from meshscale.simulate.nccl_model import MAX_NODE_GPUS
+from meshscale.simulate.nccl import MAX_NODE_GPUS
 from meshscale.simulate.plan import MAX_PLAN_RANKS
 
 

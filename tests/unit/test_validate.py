@@ -306,7 +306,7 @@ def test_the_models_choice_is_what_nccl_logged_on_2_h200():
     five collectives on 2 H200: the model picks the same algorithm and protocol at every size, on the same
     channels within two (NCCL splits some sizes over 22 of 24)."""
     import re
-    from meshscale.simulate import nccl_model
+    from meshscale.simulate import nccl
     from meshscale.topology import load_system
     topo = load_system("hgx-h200")
     names = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
@@ -320,7 +320,7 @@ def test_the_models_choice_is_what_nccl_logged_on_2_h200():
             total = int(nbytes) * (2 if collective in ("all_gather", "reduce_scatter") else 1)
             if names[func] != collective or total < 1024:
                 continue  # the harness's own small all-reduce and all-gather
-            p = nccl_model.predict(topo, collective, [0, 1], total, nccl_version="2.28.9")
+            p = nccl.predict(topo, collective, [0, 1], total, nccl_version="2.28.9")
             assert (p.algo.upper(), p.proto.upper()) == (algo, proto), (collective, total)
             assert abs(p.channels - (int(hi) - int(lo) + 1)) <= 2, (collective, total, p.channels, lo, hi)
             checked += 1

@@ -1,4 +1,4 @@
-"""Predicting one collective: by NCCL's cost model (`predict_collective`'s default, see `nccl_model`) or by
+"""Predicting one collective: by NCCL's cost model (`predict_collective`'s default, see `simulate.nccl`) or by
 meshscale's schedules. The `auto` schedule simulates every algorithm that applies (with a few pipeline depths)
 and takes the fastest. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling) win
 for small messages; bandwidth-optimal ones (rings over disjoint links, packed trees) for large ones."""
@@ -104,18 +104,18 @@ def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: i
                 root: int = 0, *, nccl_version: str | None = None, nccl_algo: str | None = None,
                 proto: str | None = None, nvls: bool | None = None, gpus_per_thread: int = 1,
                 nccl_env: NcclEnv | None = None) -> SimResult:
-    """NCCL's cost model (`nccl_model.predict`) as a `SimResult`, in NCCL's environment ``nccl_env``. Calibrated
+    """NCCL's cost model (`nccl.predict`) as a `SimResult`, in NCCL's environment ``nccl_env``. Calibrated
     ``params`` scale its bandwidth by the measured link efficiency over the default one, for the link kind its
     rings use."""
-    from meshscale.simulate import nccl_model
+    from meshscale.simulate import nccl
     from meshscale.simulate.params import DEFAULT_EFFICIENCY
 
     scale = 1.0
     if params is not None:
-        link = nccl_model.analyse(topology, list(ranks), nccl_version).ring.link
+        link = nccl.analyse(topology, list(ranks), nccl_version).ring.link
         kind_name = "nvlink" if link == "nvlink" else "pcie"
         scale = params.efficiency_of(kind_name) / DEFAULT_EFFICIENCY[kind_name]
-    p = nccl_model.predict(topology, collective, ranks, nbytes, nccl_version=nccl_version, nccl_algo=nccl_algo,
+    p = nccl.predict(topology, collective, ranks, nbytes, nccl_version=nccl_version, nccl_algo=nccl_algo,
                            proto=proto, nvls=nvls, root=root, gpus_per_thread=gpus_per_thread,
                            bandwidth_scale=scale, env=nccl_env)
     alg, bus = kind(p.collective).algbw_busbw(nbytes, p.time_s, len(ranks))

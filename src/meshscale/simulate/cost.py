@@ -3,7 +3,7 @@
 A `Call` (collective, bytes as nccl-tests counts them, the ranks of the group, the root) is priced on a fabric (a
 `Topology`: one system, or a cluster as `topology.cluster.system_or_cluster` builds it) by a `CostModel`:
 
-- `NcclCostModel`: NCCL's tuning model, what NCCL would pick and how long it takes (`nccl_model`), in NCCL's
+- `NcclCostModel`: NCCL's tuning model, what NCCL would pick and how long it takes (`simulate.nccl`), in NCCL's
   environment (`nccl_env.NcclEnv`);
 - `FlowCostModel`: meshscale's own schedules timed by the flow simulator (`auto.choose_and_simulate`).
 

@@ -205,7 +205,8 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     rows; the rate a ring moves, size / time x 2(n-1)/n, is what the node's NICs carry together (the network is
     the ring's bottleneck across nodes); the latency beyond NCCL's own ring latency is spread over the ring's
     2 (nodes-1) network steps. Returns (topology, NetworkFit)."""
-    from meshscale.simulate import nccl_model
+    from meshscale.simulate import nccl
+    from meshscale.simulate.nccl.tuning import latency_us
     from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
 
     cluster = topo.attrs.get("cluster")
@@ -242,11 +243,11 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
                        network=cluster.get("network", "fat-tree"), oversubscription=cluster.get("oversubscription", 1.0))
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
     measured = build_cluster(plan_cluster(ClusterSpec(**{**vars(spec), "nodes": nodes})))
-    s = nccl_model.analyse(measured, list(range(ranks)))
+    s = nccl.analyse(measured, list(range(ranks)))
     steps = 2 * (nodes - 1)
-    base = nccl_model.latency_us(s, nccl_model.constants(), collective, "ring", "Simple") - s.net_extra_us * steps
+    base = latency_us(s, nccl.constants(), collective, "ring", "Simple") - s.net_extra_us * steps
     extra_s = max(0.0, intercept_s - base * 1e-6) / steps
-    latency_s = nccl_model.REFERENCE_NET_LATENCY_S + extra_s
+    latency_s = nccl.REFERENCE_NET_LATENCY_S + extra_s
     rate = node_bytes_per_s / nics
     spec.link = f"{rate / 1e9:.4g}GB/s,{latency_s * 1e6:.4g}us"
     fitted = build_cluster(plan_cluster(spec))

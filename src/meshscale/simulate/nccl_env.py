@@ -102,7 +102,7 @@ def _names(key: str, value: str, normalize) -> frozenset[str]:
 def parse_nccl_env(pairs: list[str] | tuple[str, ...] | None) -> NcclEnv:
     """The `NcclEnv` of ``KEY=VALUE`` strings; a one-line `MeshscaleError` naming the accepted keys for an
     unknown key, and the accepted values for a bad value."""
-    from meshscale.simulate.nccl_model import ALGORITHMS, PROTOCOLS, normalize_algo, normalize_proto
+    from meshscale.simulate.nccl.tables import ALGORITHMS, PROTOCOLS, normalize_algo, normalize_proto
 
     if not pairs:
         return DEFAULT_ENV
@@ -169,7 +169,7 @@ def with_forced(env: NcclEnv, algo: str | None = None, proto: str | None = None,
     an error)."""
     from dataclasses import replace
 
-    from meshscale.simulate.nccl_model import normalize_algo, normalize_proto
+    from meshscale.simulate.nccl.tables import normalize_algo, normalize_proto
 
     for given, name, current in ((algo, "NCCL_ALGO", env.algos), (proto, "NCCL_PROTO", env.protos),
                                  (nvls, "NCCL_NVLS_ENABLE", env.nvls)):

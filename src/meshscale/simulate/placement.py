@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from meshscale.collectives.bounds import busbw_bound
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate import nccl_model
+from meshscale.simulate import nccl
+from meshscale.simulate.nccl.search import local_cpu, pair_path
 from meshscale.simulate.auto import predict_collective
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology
@@ -107,8 +108,8 @@ class _Ranker:
 
     def __init__(self, topo: Topology, nbytes: int, nccl_env: NcclEnv | None):
         self.topo, self.nbytes, self.env = topo, nbytes, nccl_env
-        self.c = nccl_model.constants(None)
-        self.sm = nccl_model.gpu_sm(topo.gpu_model)
+        self.c = nccl.constants(None)
+        self.sm = nccl.gpu_sm(topo.gpu_model)
         self._pairs: dict = {}
         self._found: dict = {}
         self._bounds: dict = {}
@@ -120,7 +121,7 @@ class _Ranker:
         if (u, v) not in self._pairs:
             capacity: dict = {}
             a, b = self.topo.device(u), self.topo.device(v)
-            p = nccl_model._pair_path(self.topo, a, b, self.c, self.sm, capacity, self.env or DEFAULT_ENV)
+            p = pair_path(self.topo, a, b, self.c, self.sm, capacity, self.env or DEFAULT_ENV)
             self._pairs[(u, v)] = (p.path_type, round(min(capacity[k] / f for k, f in p.uses), 6)) if p else ("-", 0.0)
         return self._pairs[(u, v)]
 
@@ -143,7 +144,7 @@ class _Ranker:
             name = self.topo.device(device)
             switch = next((l.other(name) for l in self.topo.links_of(name, "pcie")
                            if self.topo.nodes[l.other(name)].kind == "pcie_switch"), None)
-            self._pairs[key] = (switch, nccl_model._local_cpu(self.topo, name))
+            self._pairs[key] = (switch, local_cpu(self.topo, name))
         return self._pairs[key]
 
     def placement(self, devices: list[int]) -> Placement:
@@ -151,7 +152,7 @@ class _Ranker:
         if key not in self._found:
             self.predictions += 1
             r = predict_collective(self.topo, "all_reduce", devices, self.nbytes, nccl_env=self.env)
-            ring = nccl_model.analyse(self.topo, devices, env=self.env or DEFAULT_ENV).ring
+            ring = nccl.analyse(self.topo, devices, env=self.env or DEFAULT_ENV).ring
             self._found[key] = Placement(devices, r.busbw_bytes_per_s, r.time_s, r.detail or r.algorithm, None,
                                          ring.path_type, ring.channels, ring.bw_gbps)
         return replace(self._found[key], devices=list(devices))

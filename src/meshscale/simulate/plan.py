@@ -57,9 +57,9 @@ def step_call_s(topology: Topology, ranks: list[int]) -> float:
     """What one step of a meshscale schedule costs beyond its bytes when it runs on GPUs: the executor issues each
     step as one grouped NCCL send/recv call (`execute.schedule_runner`), which pays NCCL's launch and per-call
     latency; NCCL's model prices that call (a send of 4 bytes between two of the ranks)."""
-    from meshscale.simulate import nccl_model
+    from meshscale.simulate import nccl
 
-    return nccl_model.predict(topology, "send_recv", list(ranks[:2]), 4).time_s
+    return nccl.predict(topology, "send_recv", list(ranks[:2]), 4).time_s
 
 
 def with_call_costs(result: SimResult, steps: int, per_step_s: float) -> SimResult:

@@ -1,0 +1,171 @@
+"""The network between nodes as NCCL reaches it: each NIC's nearest GPU and path (GPUDirect RDMA or staged
+through host memory), a node's rate when every node sends around the ring, and the latency node to node; the
+per-node view of a cluster that searches inside a node use."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
+from meshscale.topology import Topology, route
+
+
+REFERENCE_NET_LATENCY_S = 1.28e-6  # EDR InfiniBand, NIC to NIC over a two-level fat tree (3 switch hops)
+GDR_PATH_TYPES = ("PIX", "PXB")  # NCCL_NET_GDR_LEVEL's default: GPUDirect RDMA only through PCIe switches
+
+
+@dataclass
+class NicPath:
+    """One NIC as NCCL drives it: its nearest GPU, the path type between them, whether GPUDirect RDMA is used,
+    and the GB/s the node gets through it."""
+
+    nic: str
+    gpu: str
+    path_type: str
+    gdr: bool
+    port_gbps: float
+    gbps: float
+
+
+def path_shape(topo: Topology, nodes: list[str]) -> str:
+    cpus = [n for n in nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    switches = [n for n in nodes[1:-1] if topo.nodes[n].kind == "pcie_switch"]
+    return "SYS" if len(cpus) >= 2 else "PHB" if cpus else "PIX" if len(switches) <= 1 else "PXB"
+
+
+def links_gbps(topo: Topology, directed: list, c: dict) -> dict:
+    """(link index, direction) -> GB/s as NCCL rates it, for the links a path crosses."""
+    out = {}
+    for i, d in directed:
+        link = topo.links[i]
+        if link.kind in ("qpi", "upi"):
+            out[(i, d)] = c["inter_cpu_bw"][cpu_class(topo.nodes[link.a].attrs.get("model", ""))]
+        else:
+            out[(i, d)] = pci_gbps(link, c) if link.kind == "pcie" else link.bandwidth_bytes_per_s / 1e9
+    return out
+
+
+def pci_gbps(link, c: dict) -> float:
+    rate = c["pci_rate_per_lane"].get(link.generation or 3, 60)
+    return (link.width or 16) * rate / 80 * (link.count or 1)
+
+
+def port_gbps(topo: Topology, nic: str) -> float:
+    return sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9 \
+        or float(topo.nodes[nic].attrs.get("port_gbps", 0) or 0) or _catalog_port_gbps(topo, nic)
+
+
+def _catalog_port_gbps(topo: Topology, nic: str) -> float:
+    """A system file's NIC without its network link: the port its ``port_rate`` names (ndr, 100gbe...)."""
+    from meshscale.topology.cluster import NET_LINKS
+
+    rate = str(topo.nodes[nic].attrs.get("port_rate", "")).lower()
+    return NET_LINKS[rate].bandwidth_bytes_per_s / 1e9 if rate in NET_LINKS else 0.0
+
+
+def node_view(topo: Topology, k: int) -> Topology:
+    """Node ``k`` of a cluster on its own (its nodes and the links among them), built once per topology: the
+    routes inside a node are found there, not by a max-flow over the whole cluster's graph. A topology of one
+    node is its own view."""
+    key = ("meshscale.simulate.nccl.node_view", k)
+    if key not in topo.route_cache:
+        # a cluster marks every node's parts with node=k; its switches belong to no node
+        names = {n for n, node in topo.nodes.items() if node.attrs.get("node") is not None and int(node.attrs["node"]) == k}
+        if not names or len(names) == len(topo.nodes):
+            topo.route_cache[key] = topo
+        else:
+            topo.route_cache[key] = Topology(f"{topo.name}/n{k}", {n: topo.nodes[n] for n in names},
+                                             [l for l in topo.links if l.a in names and l.b in names], topo.title)
+    return topo.route_cache[key]
+
+
+def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFAULT_ENV) -> list[NicPath]:
+    """How NCCL reaches the network from the GPUs ``local`` of one node of a cluster. Each NIC serves its nearest
+    GPU (NIC-GPU affinity). GPUDirect RDMA is used when the NIC allows it and the path is PIX or PXB (NCCL's
+    default GDR level): the NIC reads GPU memory at the path's bottleneck. Otherwise the data is staged through
+    host memory: GPU -> CPU -> NIC, and links both legs cross (a PCIe switch's up-link) carry it twice. Equally
+    near GPUs are spread over the NICs, as NCCL's rings start on different GPUs. The socket transport (``env``)
+    stages through host memory too, and a NIC carries what its streams move."""
+    k = node_of(topo, local[0])
+    cluster, topo = topo, node_view(topo, k)  # ports from the cluster, routes inside the node
+    out, served = [], set()
+    for nic in topo.nodes_of("nic"):
+        port = sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
+        if not port:
+            continue
+        shapes = []
+        for g in local:
+            path = route(topo, g, nic).paths[0]
+            shapes.append((PATH_TYPES.index(path_shape(topo, path.nodes)), g, path))
+        _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
+        served.add(gpu)
+        kind_name = path_shape(topo, path.nodes)
+        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
+            and not env.socket
+        if gdr:
+            gbps = min([port, *links_gbps(topo, path.directed_links, c).values()])
+        else:
+            cpus = [n for n in path.nodes if topo.nodes[n].kind in ("cpu", "host")]
+            host = cpus[0] if cpus else next(iter(topo.nodes_of("cpu") + topo.nodes_of("host")), None)
+            legs = [route(topo, gpu, host).paths[0], route(topo, host, nic).paths[0]] if host else [path]
+            uses: dict = {}
+            rates: dict = {}
+            for leg in legs:
+                rates.update(links_gbps(topo, leg.directed_links, c))
+                for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
+                    uses[i] = uses.get(i, 0) + 1
+            gbps = min([port, *(rate / uses[i] for (i, _d), rate in rates.items())])
+        if env.socket:
+            gbps = env.socket_gbps(gbps)
+        out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps))
+    return out
+
+
+def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -> float:
+    """A node's network rate when every node sends at once around NCCL's ring over the nodes in rank order. The
+    ring crosses nodes NIC k to NIC k (NCCL keeps each channel on one NIC, rail-aligned), so it passes inside
+    any set of nodes whose NICs share their leaf switches: one leaf in a fat tree, one leaf per rail (a rail
+    group) in a rail-optimized network. It leaves each such group once, with all of a node's traffic, each NIC's
+    share through its leaf's up-links: a tree oversubscribed k:1 has 1/k as many up-links as down-links, so it
+    slows the ring only where a leaf holds fewer than k nodes; a rail leaf carries one NIC's share of the ring,
+    so its up-links rarely bind. One group: nothing climbs."""
+    leaves = _leaves_by_node(topo)
+    groups = {tuple(leaves.get(k, ())) for k in nodes}
+    if () in groups or len(groups) < 2:
+        return node_gbps
+    rate = node_gbps
+    for group in groups:
+        for leaf in set(group):
+            up = sum(l.bandwidth_bytes_per_s for l in topo.links_of(leaf) if topo.nodes[l.other(leaf)].kind == "net_switch"
+                     and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1)
+            rate = min(rate, up / 1e9 * len(group) / group.count(leaf))  # the leaf carries its NICs' share
+    return rate
+
+
+def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
+    """One message's latency node to node: the cluster's worst case where its plan says (`build_cluster`), else
+    what the topology's own network says, a NIC's link to its switch, the switch, and the link down to another
+    node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's."""
+    stated = topo.attrs.get("cluster", {}).get("latency_s")
+    if stated:
+        return float(stated)
+    for path in nics:
+        up = [l for l in topo.links_of(path.nic) if topo.nodes[l.other(path.nic)].kind == "net_switch"]
+        if up:
+            switch = up[0].other(path.nic)
+            return 2 * up[0].latency_s + float(topo.nodes[switch].attrs.get("latency_s", 0.0))
+    return REFERENCE_NET_LATENCY_S
+
+
+def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:
+    """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out)."""
+    out: dict[int, list[str]] = {}
+    for nic in topo.nodes_of("nic"):
+        switch = next((l.other(nic) for l in topo.links_of(nic) if topo.nodes[l.other(nic)].kind == "net_switch"), None)
+        if switch is not None:
+            out.setdefault(node_of(topo, nic), []).append(switch)
+    return out
+
+
+def node_of(topo: Topology, name: str) -> int:
+    return int(topo.nodes[name].attrs.get("node", 0))

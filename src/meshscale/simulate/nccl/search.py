@@ -1,0 +1,398 @@
+"""What NCCL derives from the topology (src/graph/search.cc, paths.cc): the path between two GPUs of a node
+(type and the links a channel consumes), the ring and tree graphs its search lays over them (speed ladder,
+channels, duplication), and `analyse`, which gathers it all in a `System` as NCCL's tuning reads it."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from meshscale.errors import MeshscaleError
+from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, links_gbps,
+                                             network_latency_s, network_paths, node_of, node_view, path_shape,
+                                             port_gbps)
+from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
+                                            data_file, gpu_sm)
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
+from meshscale.topology import Topology, route
+
+if TYPE_CHECKING:
+    from meshscale.simulate.nccl.tuning import TuningTable
+
+
+@dataclass
+class Graph:
+    """A channel graph as NCCL's search leaves it: channels, GB/s per channel, the farthest path type used, and
+    what its links carry at their capacity (``capacity_gbps``; 0: the search's channels x speed)."""
+
+    channels: int
+    bw_gbps: float
+    path_type: str = "NVL"
+    same_channels: bool = True
+    orders: list[list[str]] = field(default_factory=list)
+    capacity_gbps: float = 0.0
+
+    @property
+    def link(self) -> str:
+        return "nvlink" if self.path_type == "NVL" else "pci"
+
+    @property
+    def total_gbps(self) -> float:
+        return self.channels * self.bw_gbps
+
+    @property
+    def link_gbps(self) -> float:
+        """GB/s a GPU's bytes cross its links at: the capacity of the links the channels use (NCCL's per-link
+        figures, e.g. 18 NVLinks x 20.6 = 370.8 on an H100 / H200, as NCCL prints it as the system's maxBw),
+        not the search's speed step (12 channels x 30 = 360 there), which NCCL's estimate and choice keep.
+        Measured on 2 H200, broadcast and reduce at 1 GiB run at 366-371 GB/s: above the speed step."""
+        return max(self.capacity_gbps, self.total_gbps)
+
+
+@dataclass
+class System:
+    """What NCCL knows when it tunes: GPU generation, ranks and nodes, the ring graph, NVLS, CPU vendor."""
+
+    sm: int
+    n_ranks: int
+    n_nodes: int
+    ring: Graph
+    nvls: bool  # NVSwitch multicast joins the ranks of a node
+    cpu: str
+    inter_gbps: float = 0.0  # network bandwidth of one node, all NICs (several nodes only)
+    pair_gbps: dict[tuple[str, str], float] = field(default_factory=dict)  # (src, dst) -> NCCL path GB/s
+    tree: Graph | None = None  # the tree graph (chains inside the node); None: trees use the ring graph
+    net_extra_us: float = 0.0  # network latency beyond the InfiniBand fabric NCCL's constants were measured on
+    nics: list[NicPath] = field(default_factory=list)  # each NIC of a node (several nodes only)
+    gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
+    env: NcclEnv = DEFAULT_ENV  # NCCL's environment (channels, transports)
+    mixed_sm: bool = False  # GPUs of several generations: NCCL disables LL128 (min != max compute capability)
+    tables: dict[str, TuningTable] = field(default_factory=dict)  # NCCL family -> its table (tuning_table)
+
+    @property
+    def ppn(self) -> float:
+        return self.n_ranks / self.n_nodes
+
+    @property
+    def arch(self) -> str:
+        return ARCH[max(k for k in ARCH if k <= max(self.sm, 70))]
+
+    @property
+    def hw(self) -> str:
+        return "net" if self.n_nodes > 1 else self.ring.link
+
+
+@dataclass
+class _PairPath:
+    path_type: str
+    uses: list  # (resource key, consumption per unit of channel bandwidth)
+
+
+def pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict,
+               env: NcclEnv = DEFAULT_ENV) -> _PairPath | None:
+    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it. Where
+    ``env`` denies the P2P transport on that path, the SHM transport's path through host memory (or, SHM
+    disabled too, the network's)."""
+    natural = _p2p_pair_path(topo, a, b, c, sm, capacity)
+    if natural is None or env.p2p_allowed(natural.path_type):
+        return natural
+    if env.shm:
+        return _host_pair_path(topo, a, b, c, capacity)
+    return _net_pair_path(topo, a, b, c, capacity, env)
+
+
+def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
+    nv = c["nvlink_bw_per_link"].get(sm, c["nvlink_bw_per_link"][80 if sm >= 80 else 70])
+    direct = [l for l in topo.links_between(a, b) if l.kind == "nvlink"]
+    if direct:
+        key = ("nvl", a, b)
+        capacity[key] = sum(l.count for l in direct) * nv
+        return _PairPath("NVL", [(key, 1.0)])
+    shared = _switches_of(topo, a) & _switches_of(topo, b)  # one hop through a common switch: no route needed
+    if shared or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's links out
+        for g, way in ((a, "out"), (b, "in")):
+            capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
+                                            if topo.nodes[l.other(g)].kind == "nvswitch") * nv
+        return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
+    r = route(topo, a, b)
+    if r.fabric != "pcie":
+        return None
+    path = r.paths[0]
+    path_type = path_shape(topo, path.nodes)
+    cpus = [n for n in path.nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    intel = bool(cpus) and all(cpu_class(topo.nodes[x].attrs.get("model", "")) in ("bdw", "skl", "srp", "erp")
+                               for x in cpus)
+    uses = []
+    for (i, d), rate in links_gbps(topo, path.directed_links, c).items():
+        capacity[("link", i, d)] = rate
+        # P2P through an Intel root complex: 64 B TLPs cost 1.2x the link (search.cc, PHB paths); not the CPU link
+        intel_tlp = path_type == "PHB" and intel and topo.links[i].kind not in ("qpi", "upi")
+        uses.append((("link", i, d), c["intel_p2p_overhead"] if intel_tlp else 1.0))
+    return _PairPath(path_type, uses)
+
+
+def _switches_of(topo: Topology, gpu: str) -> set[str]:
+    return {l.other(gpu) for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+
+
+def local_cpu(topo: Topology, gpu: str) -> str | None:
+    """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
+    cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
+    node = node_of(topo, gpu)
+    mine = [x for x in cpus if node_of(topo, x) == node]
+    return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
+
+
+def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict) -> _PairPath:
+    """The SHM transport's path a -> b: paths.cc diverts a pair without P2P through the CPU next to the receiver
+    (addInterStep); a's GPU writes into pinned host memory over its PCIe links (and the CPUs' link, if a hangs
+    off the other CPU), b's reads it over its own. Type PHB, or SYS when it crosses between CPUs."""
+    host = local_cpu(topo, b)
+    if host is None:
+        raise MeshscaleError(f"{topo.name}: no CPU to stage {a} -> {b} through host memory (P2P disabled); "
+                             "describe the host in the system file")
+    legs = [route(topo, a, host).paths[0], route(topo, host, b).paths[0]]
+    uses = []
+    for leg in legs:
+        for key, rate in links_gbps(topo, leg.directed_links, c).items():
+            capacity[("link", *key)] = rate
+            uses.append((("link", *key), 1.0))
+    cpus = {x for leg in legs for x in leg.nodes if topo.nodes[x].kind in ("cpu", "host")}
+    return _PairPath("SYS" if len(cpus) >= 2 else "PHB", uses)
+
+
+def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env: NcclEnv) -> _PairPath:
+    """The NET transport's path a -> b inside one node (P2P and SHM both disabled): out through the NIC nearest
+    a and back in through it (paths.cc marks the pair PATH_NET)."""
+    node = node_of(topo, a)
+    nics = [n for n in topo.nodes_of("nic") if node_of(topo, n) == node and port_gbps(topo, n)]
+    if not nics:
+        raise MeshscaleError(f"{topo.name}: with P2P and SHM disabled NCCL sends through the network, and this "
+                             "node has no NIC; enable one of them or describe the NICs")
+    nic = min(nics, key=lambda n: len(route(topo, a, n).paths[0].nodes))
+    port = port_gbps(topo, nic)
+    capacity[("nic", nic)] = env.socket_gbps(port) if env.socket else port
+    return _PairPath("SYS", [(("nic", nic), 1.0)])
+
+
+def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
+    """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
+    nearest path types first); ``closed`` False: chains (a tree's intra-node pattern), from any first GPU.
+    Each ring is yielded with its resources taken; they are given back after."""
+    n = len(names)
+
+    def fits(u, v):
+        p = paths.get((u, v))
+        return p is not None and all(left[k] >= speed * f - 1e-9 for k, f in p.uses)
+
+    def take(u, v, sign):
+        for k, f in paths[(u, v)].uses:
+            left[k] -= sign * speed * f
+
+    order: list[str] = []
+
+    def dfs():
+        budget[0] -= 1
+        if budget[0] < 0:
+            return
+        u = order[-1]
+        if len(order) == n and not closed:
+            yield list(order)
+            return
+        if len(order) == n:
+            if fits(u, names[0]):
+                take(u, names[0], 1)
+                yield list(order)
+                take(u, names[0], -1)
+            return
+        rest = [v for v in names if v not in order and (u, v) in paths]
+        rest.sort(key=lambda v: (PATH_TYPES.index(paths[(u, v)].path_type),
+                                 -min(left[k] / f for k, f in paths[(u, v)].uses)))
+        for v in rest:
+            if fits(u, v):
+                take(u, v, 1)
+                order.append(v)
+                yield from dfs()
+                order.pop()
+                take(u, v, -1)
+
+    for first in (names if not closed else names[:1]):
+        order.append(first)
+        yield from dfs()
+        order.pop()
+
+
+def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
+                closed: bool = True) -> list[list[str]]:
+    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
+    channels too, within a time limit); stops at the bound the busiest GPU's links set."""
+    out: dict = {}
+    for (a, _), p in paths.items():
+        for k, _f in p.uses[:1]:
+            out.setdefault(a, set()).add(k)
+    sends = min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values())
+    bound = min(limit, sends if closed else sends * len(names) // max(1, len(names) - 1))
+    left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
+
+    def rec():
+        if len(rings) > len(best[0]):
+            best[0] = list(rings)
+        if len(rings) >= bound or budget[0] <= 0:
+            return
+        for ring in _cycles(names, paths, left, speed, budget, closed):
+            rings.append(ring)
+            rec()
+            rings.pop()
+            if len(best[0]) >= bound or budget[0] <= 0:
+                return
+
+    rec()
+    return best[0]
+
+
+def ring_graph(topo: Topology, names: list[str], c: dict, sm: int, env: NcclEnv = DEFAULT_ENV) -> Graph:
+    """The ring graph NCCL's search finds over the GPUs ``names`` of one node: NVLink-only rings if any exist
+    (else rings over PCIe / the CPU link), at the fastest speed of the ladder that gives the most bandwidth
+    (nChannels x speed), then channel duplication."""
+    return _search_graph(topo, names, c, sm, closed=True, limit=c["search_max_channels"], dup_limit=c["max_channels"],
+                         env=env)
+
+
+def tree_graph(topo: Topology, names: list[str], c: dict, sm: int, ring: Graph, env: NcclEnv = DEFAULT_ENV) -> Graph:
+    """The tree graph of one node (search.cc, balanced-tree pattern): chains through ``names``, at most as many
+    as the ring graph has channels (init.cc sets the tree's maxChannels to the ring's nChannels); a chain
+    crosses n-1 links, so a perfect graph carries totalBw * n / (n-1)."""
+    return _search_graph(topo, names, c, sm, closed=False, limit=ring.channels, dup_limit=ring.channels, env=env)
+
+
+def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bool, limit: int,
+                  dup_limit: int, env: NcclEnv = DEFAULT_ENV) -> Graph:
+    if len(names) == 1:
+        return Graph(1, 0.0)
+    capacity: dict = {}
+    paths = {}
+    for a in names:
+        for b in names:
+            if a != b:
+                p = pair_path(topo, a, b, c, sm, capacity, env)
+                if p is not None:
+                    paths[(a, b)] = p
+    ladders = c["speed_ladder_intra"]
+    ladder = ladders.get("sm100" if sm >= 100 else "sm90" if sm >= 90 else "default", ladders["default"])
+    for allowed in (("NVL",), PATH_TYPES):
+        usable = {k: p for k, p in paths.items() if p.path_type in allowed}
+        if not usable:
+            continue
+        best: tuple[int, float, list] = (0, 0.0, [])
+        per_gpu = {a: max((min(capacity[k] / f for k, f in p.uses) for (s, _), p in usable.items() if s == a), default=0)
+                   for a in names}
+        max_bw = max(per_gpu.values())
+        total_bw = max(sum(capacity[k] for k in {p.uses[0][0] for (s, _), p in usable.items() if s == a}) for a in names)
+        if not closed:
+            total_bw *= len(names) / (len(names) - 1)
+        first = None
+        for speed in [s for s in ladder if s <= max_bw + 1e-9]:
+            if first is not None and speed / first <= 0.49:
+                break
+            rings = _pack_rings(names, usable, capacity, speed, limit, closed)
+            if rings and len(rings) * speed > best[0] * best[1] + 1e-9:
+                best = (len(rings), speed, rings)
+            if rings and first is None:
+                first = speed
+            if best[0] * best[1] >= total_bw - 1e-9 or best[0] >= limit:
+                break
+        if best[0]:
+            nch, bw, rings = best
+            hops = [(u, v) for r in rings for u, v in zip(r, r[1:] + (r[:1] if closed else []))]
+            worst = max((paths[h].path_type for h in hops), key=PATH_TYPES.index)
+            same = all(r == rings[0] for r in rings)
+            load: dict = {}  # per unit of channel speed, summed over every hop of every ring
+            for hop in hops:
+                for k, f in paths[hop].uses:
+                    load[k] = load.get(k, 0.0) + f
+            capacity_gbps = nch * min(capacity[k] / x for k, x in load.items())
+            if bw >= c["duplicate_min_bw"] and not (sm > 80 and bw < c["duplicate_sm90_max_bw"] and nch > 4):
+                dup = min(2 * nch, dup_limit)
+                bw, nch = bw / math.ceil(dup / nch), dup
+            return Graph(nch, bw, worst, same, rings, capacity_gbps)
+    hops = list(zip(names, names[1:] + (names[:1] if closed else [])))
+    if all(h in paths for h in hops):
+        # search.cc: no pattern at any speed of the ladder -> "falling back to simple order": one channel over the
+        # GPUs in order, typed SYS, rated 0.1 GB/s for the tuning; a run moves what its paths carry
+        load = {}
+        for hop in hops:
+            for k, f in paths[hop].uses:
+                load[k] = load.get(k, 0.0) + f
+        return Graph(1, c["fallback_bw"], "SYS", True, [list(names)], min(capacity[k] / x for k, x in load.items()))
+    raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
+
+
+_NODE_GRAPHS: dict = {}  # node type -> what NCCL's search finds inside it (see `_node_graphs`)
+NODE_GRAPHS_KEPT = 64
+
+
+def _node_signature(topo: Topology, inside: Topology) -> tuple:
+    """What makes two nodes of clusters the same to NCCL's search: their nodes, links and NIC ports."""
+    ports = tuple(sorted((nic, sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic)
+                                   if l.kind in ("infiniband", "ethernet"))) for nic in inside.nodes_of("nic")))
+    return (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
+            tuple(repr(vars(l)) for l in inside.links), ports)
+
+
+def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEnv,
+                 several_nodes: bool) -> tuple[Graph, Graph | None, list[NicPath]]:
+    """The ring and tree graphs NCCL's search lays over the GPUs ``local`` of one node, and its NICs' paths
+    (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
+    inside a node; a cluster of thousands of the same node needs the search once)."""
+    inside = node_view(topo, node_of(topo, local[0]))
+    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.system_key, several_nodes)
+    if key not in _NODE_GRAPHS:
+        if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
+            _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
+        ring = ring_graph(inside, local, c, sm, env)
+        tree = tree_graph(inside, local, c, sm, ring, env) if len(local) > 1 else None
+        _NODE_GRAPHS[key] = ring, tree, network_paths(topo, local, c, env) if several_nodes else []
+    return _NODE_GRAPHS[key]
+
+
+def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: NcclEnv = DEFAULT_ENV) -> System:
+    """What NCCL derives from ``topo`` for ``ranks`` (device indices) in the environment ``env``; memoized on
+    the topology."""
+    c = constants(version)
+    memo = ("meshscale.simulate.nccl", tuple(ranks), c["family"], env.system_key)
+    if memo in topo.route_cache:
+        return topo.route_cache[memo]
+    names = [topo.device(r) for r in ranks]
+    if len(set(names)) != len(names):
+        raise MeshscaleError(f"device list {list(ranks)} repeats a device; give each GPU once")
+    if topo.device_kind != "gpu":
+        raise MeshscaleError(f"{topo.name} has no GPUs; NCCL's model applies to GPUs only")
+    sms = {gpu_sm(topo.nodes[n].attrs.get("model", "")) for n in names}
+    sm = min(sms)
+    nodes: dict[int, list[str]] = {}
+    for n in names:
+        nodes.setdefault(node_of(topo, n), []).append(n)
+    local = next(iter(nodes.values()))
+    if len(local) > MAX_NODE_GPUS:
+        raise MeshscaleError(f"{topo.name}: {len(local)} GPUs in one node; NCCL's model searches rings over at most "
+                             f"{MAX_NODE_GPUS} GPUs of a node (an NVL72 domain): describe larger machines as a "
+                             "cluster of nodes (--nodes, a cluster file)")
+    graph, tree, node_nics = _node_graphs(topo, local, c, sm, env, len(nodes) > 1)
+    cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
+    cpu = cpu_class(cpus[0]) if cpus else data_file()["cpu_class_default"]
+    nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
+    multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
+    nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
+    inter, net_extra_us, nics = 0.0, 0.0, []
+    if len(nodes) > 1:
+        nics = node_nics
+        inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
+        latency_s = network_latency_s(topo, nics)
+        net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
+        if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
+            graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
+    mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
+    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
+                    nics=nics, gpu_mesh=mesh, env=env, mixed_sm=len(sms) > 1)
+    topo.route_cache[memo] = system
+    return system
