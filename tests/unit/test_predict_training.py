@@ -342,3 +342,19 @@ def test_predict_with_a_layout_runs_without_importing_torch():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
                           env={**os.environ, "PYTHONPATH": src})
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+# ---- the step's kernels by category (what benchmarks/predict_kernels_gpu.py holds a profile against) ---------
+@pytest.mark.parametrize("job", [
+    TrainingJob(preset("llama3-8b"), ParallelLayout(), 2, 2048, "bf16", "full", cuda_graph=True),
+    TrainingJob(preset("gpt2-small"), ParallelLayout(), 16, 1024, "bf16", autocast=True, cuda_graph=True),
+    TrainingJob(None, ParallelLayout(), 128, 0, "bf16", resnet_depth=50, autocast=True, cuda_graph=True)])
+def test_categories_add_up_to_the_step_models_own_compute(job):
+    # the categories re-list the step's kernels on their own; on one GPU without host cost they must sum to the
+    # compute the step model prices pass by pass
+    from meshscale.predict.training.breakdown import CATEGORIES, predicted_categories
+    cats = predicted_categories(job, rates(H100, job.precision))
+    assert all(c.category in CATEGORIES and c.seconds > 0 and c.kernels > 0 for c in cats)
+    assert sum(c.seconds for c in cats) == pytest.approx(predict_step(job, ONE, H100).compute_s, rel=1e-9)
+    names = {c.category for c in cats}
+    assert ("conv" in names) == (job.model is None) and ("attention" in names) == (job.model is not None)
