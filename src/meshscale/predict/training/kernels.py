@@ -56,25 +56,38 @@ ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
                            256: (208, 251, 278, 293, 297, 298)}
 HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
+# The backward figure is measured without the causal mask (figure 6 has no causal panels; figure 5 has both).
+# A causal kernel does half the FLOPs in the same grid: the blocks on the diagonal are computed whole and masked,
+# the thread blocks of early queries finish early and leave SMs idle, which the shorter sequences feel most. The
+# forward pass measures that cost at head dimension 128 (figure 5: causal against the same bars without the mask,
+# 309, 350, 362, 368, 370, 370 TFLOP/s); the backward runs the same causal loop over the same blocks, so it pays
+# the same share (`attention_fraction(..., backward=True)`).
+HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128 = (309, 350, 362, 368, 370, 370)
 HOPPER_DENSE_TFLOPS = 989.0
 
 
-def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
-    """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
-    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
-        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
-    dims = sorted(HOPPER_ATTENTION_TFLOPS)
-    row = HOPPER_ATTENTION_BACKWARD_TFLOPS if backward else \
-        HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+def _at_length(row: tuple, seq_len: int) -> float:
+    """``row`` (one value per ATTENTION_SEQ_POINTS) at ``seq_len``: linear in log2 of the length between the
+    measured points, the end points beyond them."""
     points = ATTENTION_SEQ_POINTS
     s = min(max(seq_len, points[0]), points[-1])
     i = max(j for j in range(len(points)) if points[j] <= s)
     if i == len(points) - 1:
-        tflops = row[i]
-    else:   # linear in log2 of the sequence length between the measured points
-        w = log2(s / points[i])
-        tflops = row[i] + (row[i + 1] - row[i]) * w
-    return tflops / HOPPER_DENSE_TFLOPS
+        return float(row[i])
+    return row[i] + (row[i + 1] - row[i]) * log2(s / points[i])
+
+
+def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
+    """The causal attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
+    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
+        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
+    if backward:
+        causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[128], seq_len) / \
+            _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128, seq_len)
+        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS, seq_len) * causal_share / HOPPER_DENSE_TFLOPS
+    dims = sorted(HOPPER_ATTENTION_TFLOPS)
+    row = HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+    return _at_length(row, seq_len) / HOPPER_DENSE_TFLOPS
 
 
 KINDS = ("matmul", "conv", "attention", "memory")
