@@ -81,7 +81,7 @@ def cases(tiny: bool, device: str) -> list[Case]:
         gpt, name, batch, seq = load_model_config("gpt2-small"), "gpt-small", 16, 1024
     found.append(Case(name, TrainConfig(model=name, device=device, batch_per_rank=batch, timing=False,
                                         speed=SpeedOptions(precision="bf16")),
-                      TrainingJob(gpt, ParallelLayout(), batch, seq, "bf16", autocast=True), False,
+                      TrainingJob(gpt, ParallelLayout(), batch, seq, "bf16", autocast=True, sharding="none"), False,
                       gpt.vocab_size, gpt.ffn_dim))
     llama_name, batch, seq = ("llama-tiny", 2, 64) if tiny else ("llama-1b", 2, 2048)
     llama = load_model_config(llama_name)

@@ -247,7 +247,7 @@ def test_a_two_batch_profile_separates_a_fixed_cost_per_step_from_the_kernels(tm
     assert (fitted.factor, fitted.host_s) == pytest.approx((1.5, 0.01))
     assert fit_calibration([0.01, 0.03], [0.005, 0.045], "x").host_s == 0.0   # a negative fixed cost is not one
     h200 = gpu_spec({"model": "NVIDIA H200"})
-    job = TrainingJob(preset("gpt2-small"), ParallelLayout(), 8, 1024, autocast=True)
+    job = TrainingJob(preset("gpt2-small"), ParallelLayout(), 8, 1024, autocast=True, sharding="none")
     host, factor = 0.013, 1.4
     measured = [host + factor * predict_step(replace(job, batch=b), ONE, h200).step_s for b in (8, 16)]
     path = _profile(tmp_path, "NVIDIA H200", [8, 16], measured, model="gpt-small")

@@ -5,12 +5,9 @@ time and kernel count: what a profiler's per-category table is held against (ben
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from math import ceil
 
 from meshscale.predict.training.kernels import Kernel, Rates, kernel_seconds
-from meshscale.predict.training.step import TrainingJob
-from meshscale.predict.training.workload import (accumulation_kernels, optimizer_kernels, resnet_params, resnet_step,
-                                                 transformer_ends, transformer_layer)
+from meshscale.predict.training.step import TrainingJob, step_kernels
 
 CATEGORIES = ("matmul: attention projections", "matmul: MLP", "matmul: head", "matmul: other", "attention",
               "conv", "batch norm", "norm", "elementwise/activation", "rotary", "embedding/loss", "optimizer",
@@ -54,29 +51,20 @@ def category_of(kernel: Kernel, transformer: bool) -> str:
         return "embedding/loss"
     if " step" in name or name.startswith("gradient accumulation"):
         return "optimizer"
+    if name.startswith("FSDP"):
+        return "FSDP copies"
     if "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
         return "copies/casts"
     return "elementwise/activation"
 
 
-def step_kernels(job: TrainingJob) -> list[Kernel]:
+def step_kernel_list(job: TrainingJob) -> list[Kernel]:
     """Every kernel one rank runs in one step (counts multiplied out: micro-batches, layers of its stage)."""
-    if job.model is None:
-        k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
-                        channels_last=job.channels_last, autocast=job.autocast)
-        return [*k.forward, *k.backward, *optimizer_kernels(resnet_params(job.resnet_depth), "sgd")]
-    model, layout = job.model, job.layout
-    m = layout.micro_batches
-    tokens = job.batch // m * job.seq_len / layout.cp
-    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
-                              checkpointing=job.checkpointing, autocast=job.autocast,
-                              selective_policy=job.selective_policy)
-    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
-    layers = ceil(model.layers / layout.pp)
-    params = (layers * model.layer_params() + model.embedding_params() + model.head_params()) / layout.tp / layout.fsdp
-    per_layer = [replace(k, count=k.count * layers * m) for k in layer.forward + layer.backward + layer.recompute]
-    per_micro = [replace(k, count=k.count * m) for k in ends.forward + ends.backward]
-    return per_layer + per_micro + optimizer_kernels(params, "adamw") + (m - 1) * accumulation_kernels(params)
+    k = step_kernels(job)
+    per_layer = k.layer.forward + k.layer.backward + k.layer.recompute
+    return ([replace(x, count=x.count * k.stage_layers * k.micro_batches) for x in per_layer]
+            + [replace(x, count=x.count * k.micro_batches) for x in k.ends.forward + k.ends.backward]
+            + list(k.per_step))
 
 
 def launches(kernel: Kernel) -> int:
@@ -90,7 +78,7 @@ def predicted_categories(job: TrainingJob, r: Rates) -> list[CategoryTime]:
     """The step's predicted GPU time and launches per category (categories with no kernel left out)."""
     seconds: dict[str, float] = {}
     counts: dict[str, int] = {}
-    for k in step_kernels(job):
+    for k in step_kernel_list(job):
         c = category_of(k, job.model is not None)
         seconds[c] = seconds.get(c, 0.0) + kernel_seconds(k, r)
         counts[c] = counts.get(c, 0) + launches(k)

@@ -174,6 +174,24 @@ def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw") -> list[K
                       ops=OPTIMIZER_OPS[optimizer])]
 
 
+def layer_tensors(model: TransformerConfig) -> int:
+    """Parameter tensors of one layer: the projections (and their biases), the norms' weights (and biases)."""
+    return 9 if model.style == "llama" else 16
+
+
+def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, param_bytes: int,
+                          tensors: int | None = None) -> list[Kernel]:
+    """What gathering one FSDP2 module's ``params`` (this rank's tp share) costs the compute stream beyond the
+    all-gather (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the gathered buffer copied out into
+    each parameter (split_with_sizes_copy: read and write, one kernel); the copy-in runs on the all-gather's own
+    stream. A shard group of one rank gathers nothing (_fsdp_param_group.py): each parameter is cast from its
+    fp32 shard to the compute dtype and copied into place on the compute stream, two kernels per tensor."""
+    tensors = tensors or layer_tensors(model)
+    if fsdp > 1:
+        return [memory_op("FSDP copy-out", 2 * param_bytes * params)]
+    return [memory_op("FSDP cast and copy", (4 + param_bytes + 2 * param_bytes) * params, ops=2 * tensors)]
+
+
 def accumulation_kernels(params_on_rank: float) -> list[Kernel]:
     """A later micro-batch's gradient added into .grad (fp32: read both, write one)."""
     return [memory_op("gradient accumulation", 12.0 * params_on_rank)]
