@@ -114,6 +114,19 @@ def test_a_short_k_gemm_runs_further_below_the_ceiling_than_a_long_one():
     assert rate[0] < 0.6 * rate[-1]
 
 
+def test_a_gemm_whose_rows_are_not_16_byte_aligned_pays_its_loads_and_padding_wins_it_back():
+    # GPT-2's head: 50,257 rows of bf16 are not 16-byte aligned, 50,304 are (nanoGPT pads to it); the padded
+    # product has more FLOPs yet takes less time; the penalty is every K-block's load, which a product already
+    # bound by its loads barely feels
+    r = rates(H100, "bf16")
+    odd, padded = gemm("head", 16384, 50257, 768, 2), gemm("head", 16384, 50304, 768, 2)
+    assert kernel_seconds(padded, r) < kernel_seconds(odd, r) / 2
+    thin_odd, thin_padded = gemm("x", 16384, 50257, 8, 2), gemm("x", 16384, 50304, 8, 2)
+    assert kernel_seconds(thin_odd, r) < 1.1 * kernel_seconds(thin_padded, r)
+    fp32 = rates(H100, "fp32")                # 4-byte elements: 50,257 x 4 is still unaligned, 50,260 x 4 is not
+    assert kernel_seconds(gemm("h", 16384, 50260, 768, 4), fp32) < kernel_seconds(gemm("h", 16384, 50257, 768, 4), fp32)
+
+
 def test_attention_on_hopper_runs_faster_with_longer_sequences_and_stays_below_peak():
     for head_dim in (64, 128, 256):
         fractions = [attention_fraction("hopper", head_dim, s) for s in (256, 512, 1500, 4096, 16384, 65536)]

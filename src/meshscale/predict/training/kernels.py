@@ -38,6 +38,7 @@ GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the l
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
 KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
 TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLASS's 128x128x64 tiles)
+ALIGN_BYTES = 16           # the asynchronous tile copies' alignment (TMA strides, cp.async.cg of 16 bytes)
 # eager PyTorch: host time to issue one aten op through the dispatcher (autograd, autocast, the launch): a stated
 # allowance, inside the 5-20 us per op "CUDA Graph Best Practice for PyTorch" (NVIDIA) describes for CPU-bound
 # steps; a CUDA-graphed step replays without it.
@@ -163,13 +164,23 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
                  gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision))
 
 
+def aligned(m: int, n: int, k: int, element_bytes: int) -> bool:
+    """Whether every row of a GEMM's operands and output starts on a 16-byte boundary: the asynchronous copies
+    a tensor-core GEMM stages its tiles with take 16-byte aligned addresses (Hopper's TMA: global strides a
+    multiple of 16 bytes; Ampere's cp.async of 16 bytes: 16-byte aligned; CUDA C++ Programming Guide), and the
+    rows of a row-major matrix are as wide as its inner dimension. GPT-2's 50,257-token vocabulary is not."""
+    return all(d * element_bytes % ALIGN_BYTES == 0 for d in (m, n, k))
+
+
 def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
     """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
     against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
-    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth."""
+    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth. Without asynchronous
+    copies (rows not 16-byte aligned) no K-block's load overlaps the tensor cores: every one is paid."""
     tm, tn = min(m, TILE), min(n, TILE)
     main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
-    edge_bytes = r.element_bytes * ((tm + tn) * min(k, TILE_K) + tm * tn)
+    loaded_k = min(k, TILE_K) if aligned(m, n, k, r.element_bytes) else k
+    edge_bytes = r.element_bytes * ((tm + tn) * loaded_k + tm * tn)
     return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
