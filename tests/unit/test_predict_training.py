@@ -303,6 +303,29 @@ def test_published_runs_within_the_bounds():
     assert summary["worst_times_off"] <= WORST_BOUND
 
 
+def test_a_profile_that_does_not_grow_with_the_batch_is_host_bound_and_floors_the_step(tmp_path):
+    # eager ResNet-50 on one H100 took 36.3 ms per step at batch 64 and at 128: the host set the pace. Its
+    # roofline grows with the batch, so the fit can only be a floor (the host) and kernels at most that long
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+    from meshscale.predict.training.step import fit_calibration
+
+    fitted = fit_calibration([0.014, 0.028], [0.0363, 0.0363], "x")
+    assert fitted.floor_s == pytest.approx(0.0363) and fitted.factor == pytest.approx(0.0363 / 0.028)
+    assert fitted.host_s == 0 and "host-bound" in fitted.describe()
+    h100, h200 = H100, gpu_spec({"model": "NVIDIA H200"})
+    job = TrainingJob(None, ParallelLayout(), 64, resnet_depth=50, autocast=True, channels_last=True)
+    kernels = [predict_step(replace(job, batch=b), ONE, h100).step_s for b in (64, 128)]
+    path = _profile(tmp_path, h100.model, [64, 128], [1.6 * kernels[1]] * 2)
+    steps = {}
+    for system, batch in (("hgx-h200", 128), ("hgx-h200", 512), ("hgx-h100", 512)):
+        req = TrainingRequest(model="resnet50", system=system, gpus=1, batch=batch, channels_last=True, profile=path)
+        (steps[system, batch],), _ = predict_training(req)
+    # the same batch on a faster GPU is still held by the same host; a batch large enough is not
+    assert steps["hgx-h200", 128].step_s == pytest.approx(1.6 * kernels[1])
+    assert steps["hgx-h200", 128].host_s > 0 and "host per step" in steps["hgx-h200", 128].why()
+    assert steps["hgx-h100", 512].step_s > steps["hgx-h200", 512].step_s > 1.6 * kernels[1]
+
+
 # ---- the command line ----------------------------------------------------------------------------------------
 def test_predict_a_layout_prints_tokens_per_gpu_mfu_and_memory(cli, tmp_path):
     out = tmp_path / "p.json"

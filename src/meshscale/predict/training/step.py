@@ -46,8 +46,9 @@ from meshscale.predict.training.comm import CollectiveCost, Placement, collectiv
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
 from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, PassKernels, accumulation_kernels,
-                                                 element_bytes, fsdp2_unshard_kernels, optimizer_kernels,
-                                                 resnet_params, resnet_step, transformer_ends, transformer_layer)
+                                                 element_bytes, fsdp2_reduce_kernels, fsdp2_unshard_kernels,
+                                                 optimizer_kernels, resnet_params, resnet_step, transformer_ends,
+                                                 transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 SHARDINGS = ("fsdp2", "fsdp1", "none")
@@ -89,34 +90,43 @@ def step_kernels(job: TrainingJob) -> StepKernels:
         param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers
         unshard = fsdp2_unshard_kernels(model, model.layer_params() / layout.tp, layout.fsdp, param_bytes)
         root = fsdp2_unshard_kernels(model, ends_params / layout.tp, layout.fsdp, param_bytes, tensors=2)
-        ends = replace(ends, forward=ends.forward + tuple(root))      # the root stays gathered until backward
+        ends = replace(ends, forward=ends.forward + tuple(root),       # the root stays gathered until backward
+                       backward=ends.backward + tuple(fsdp2_reduce_kernels(ends_params / layout.tp, layout.fsdp)))
+        reduce = fsdp2_reduce_kernels(model.layer_params() / layout.tp, layout.fsdp)
         if layout.pp == 1:       # resharded after forward: gathered again before backward
             layer = replace(layer, forward=layer.forward + tuple(unshard),
-                            backward=layer.backward + tuple(unshard))
-        else:                    # a pipeline keeps its layers gathered for the step
-            per_step += stage_layers * unshard
+                            backward=layer.backward + tuple(unshard + reduce))
+        else:                    # a pipeline keeps its layers gathered and reduces once, for the step
+            per_step += stage_layers * (unshard + reduce)
     return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """A measured profile's verdict on the datasheet roofline of the GPU that measured it, ``gpu_model``:
-    measured step = host_s + factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own
-    bound on another GPU); ``host_s`` is a fixed cost per step that does not grow with the batch (host dispatch,
-    synchronization), carried over unchanged."""
+    measured step = host_s + factor x predicted kernels, or, for a host-bound profile, the longer of floor_s and
+    factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own bound on another GPU);
+    ``host_s`` (a fixed cost per step that does not grow with the batch) and ``floor_s`` (the host's own time per
+    step, which the GPU waits for when its kernels are shorter) are carried over unchanged."""
 
     factor: float
     gpu_model: str
     host_s: float = 0.0
+    floor_s: float = 0.0
 
     def describe(self) -> str:
         host = f" + {self.host_s * 1e3:.1f} ms per step" if self.host_s else ""
-        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host})"
+        floor = f", host-bound at {self.floor_s * 1e3:.1f} ms per step" if self.floor_s else ""
+        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host}{floor})"
 
 
 def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model: str) -> Calibration:
-    """measured = host + factor x predicted, by least squares over the profile's batches (two or more); one
-    batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the ratios)."""
+    """measured = host + factor x predicted, by least squares over the profile's batches (two or more). The
+    roofline is a lower bound of the kernels' time, so a factor below 1 means the step grew less than its
+    kernels must: the host set the pace (eager PyTorch issuing ops slower than the GPU runs them), and the
+    profile gives a floor (its shortest step) and at most the largest batch's measured / predicted as the
+    factor. One batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the
+    ratios)."""
     n = len(predicted_s)
     if n >= 2:
         mp, mm = sum(predicted_s) / n, sum(measured_s) / n
@@ -124,7 +134,10 @@ def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model
         if spread > 0:
             factor = sum((p - mp) * (m - mm) for p, m in zip(predicted_s, measured_s)) / spread
             host = mm - factor * mp
-            if factor > 0 and host >= 0:
+            if factor < 1:
+                largest = max(range(n), key=lambda i: predicted_s[i])
+                return Calibration(measured_s[largest] / predicted_s[largest], gpu_model, floor_s=min(measured_s))
+            if host >= 0:
                 return Calibration(factor, gpu_model, host)
     ratio = exp(sum(log(m / p) for p, m in zip(predicted_s, measured_s)) / n)
     return Calibration(ratio, gpu_model)
@@ -256,6 +269,9 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
         found.step_s += calibration.host_s
+    if calibration and calibration.floor_s > found.step_s:
+        found.host_s = calibration.floor_s - found.step_s
+        found.step_s = calibration.floor_s
     return found
 
 

@@ -192,6 +192,12 @@ def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, pa
     return [memory_op("FSDP cast and copy", (4 + param_bytes + 2 * param_bytes) * params, ops=2 * tensors)]
 
 
+def fsdp2_reduce_kernels(params: float, fsdp: int) -> list[Kernel]:
+    """A one-rank shard group reduces nothing either: its fp32 reduce-scatter input is copied to the output
+    (read and write, _fsdp_collectives.foreach_reduce); a real reduce-scatter writes its output itself."""
+    return [] if fsdp > 1 else [memory_op("FSDP reduce copy", 8.0 * params)]
+
+
 def accumulation_kernels(params_on_rank: float) -> list[Kernel]:
     """A later micro-batch's gradient added into .grad (fp32: read both, write one)."""
     return [memory_op("gradient accumulation", 12.0 * params_on_rank)]
