@@ -45,7 +45,7 @@ from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, PassKernels, accumulation_kernels,
+from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels, accumulation_kernels,
                                                  element_bytes, fsdp2_reduce_kernels, fsdp2_unshard_kernels,
                                                  optimizer_kernels, resnet_params, resnet_step, transformer_ends,
                                                  transformer_layer)
@@ -78,7 +78,7 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     tokens = job.batch // m * job.seq_len / layout.cp
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
                               checkpointing=job.checkpointing, autocast=job.autocast,
-                              selective_policy=job.selective_policy)
+                              selective_policy=job.selective_policy, rotary_style=job.rotary)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
@@ -160,6 +160,7 @@ class TrainingJob:
     image: int = 224
     cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
     selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
+    rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
 
@@ -238,6 +239,8 @@ def check_job(job: TrainingJob, world_size: int) -> None:
         raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
     if job.selective_policy not in SELECTIVE_POLICIES:
         raise MeshscaleError(f"selective_policy {job.selective_policy}: use one of {', '.join(SELECTIVE_POLICIES)}")
+    if job.rotary not in ROTARY_STYLES:
+        raise MeshscaleError(f"rotary {job.rotary}: use one of {', '.join(ROTARY_STYLES)}")
     if job.sharding not in SHARDINGS:
         raise MeshscaleError(f"sharding {job.sharding}: use one of {', '.join(SHARDINGS)}")
     if job.checkpointing not in CHECKPOINTING:

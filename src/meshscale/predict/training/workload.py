@@ -87,9 +87,24 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
 
 
+ROTARY_STYLES = ("pairs", "complex")
+
+
+def rotary_op(style: str, e: int, elements: float) -> Kernel:
+    """Rotary positions on q and k (``elements`` of them, ``e`` bytes each), per element of traffic:
+    complex (torchtitan): to fp32, one complex product with the table, back (e + 4 + 8 + 4 + e each way);
+    pairs (meshscale's engine, train/transformer.apply_rotary): to fp32 (e + 4), four products of a half with
+    cos or sin (4 x 4), their difference and sum (2 x 6), stacked (8), back (4 + e); its backward: the cast
+    (e + 4), the difference's negation (4), the four products' (16), each half's two gradients summed (2 x 6),
+    each half scattered into the pairs (2 x 8), the cast back (4 + e)."""
+    if style == "complex":
+        return memory_op("rotary", (2 * e + 16) * elements, (2 * e + 16) * elements, ops=10)
+    return memory_op("rotary", (2 * e + 40) * elements, (2 * e + 52) * elements, ops=15)
+
+
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
-                      selective_policy: str = "matmuls") -> PassKernels:
+                      selective_policy: str = "matmuls", rotary_style: str = "pairs") -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
@@ -114,9 +129,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
         mlp = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e)]
         act_ops = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
                    memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
-        # torchtitan's rotary: q and k to fp32, a complex product, back to bf16 (views around them)
-        qk = tokens * (d + kv) / tp
-        rotary = [memory_op("rotary", (e + 4 + 8 + 4 + e) * qk, (e + 4 + 8 + 4 + e) * qk, ops=10)]
+        rotary = [rotary_op(rotary_style, e, tokens * (d + kv) / tp)]
         down = gemm("w2 (down)", tokens, d, f / tp, e)
         qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
         bias_grads = []
