@@ -93,13 +93,14 @@ ROTARY_STYLES = ("pairs", "complex")
 def rotary_op(style: str, e: int, elements: float) -> Kernel:
     """Rotary positions on q and k (``elements`` of them, ``e`` bytes each), per element of traffic:
     complex (torchtitan): to fp32, one complex product with the table, back (e + 4 + 8 + 4 + e each way);
-    pairs (meshscale's engine, train/transformer.apply_rotary): to fp32 (e + 4), four products of a half with
-    cos or sin (4 x 4), their difference and sum (2 x 6), stacked (8), back (4 + e); its backward: the cast
-    (e + 4), the difference's negation (4), the four products' (16), each half's two gradients summed (2 x 6),
-    each half scattered into the pairs (2 x 8), the cast back (4 + e)."""
+    pairs (meshscale's engine, train/transformer.apply_rotary): four products of a half with cos or sin
+    (4 x 4), their difference and sum (2 x 6), stacked (8); its backward: the difference's negation (4), the
+    four products' (16), the sums of each half's gradients (24), each half written into the pairs (2 x 6);
+    below fp32, the cast to fp32 and back each way (2 x (e + 4))."""
     if style == "complex":
         return memory_op("rotary", (2 * e + 16) * elements, (2 * e + 16) * elements, ops=10)
-    return memory_op("rotary", (2 * e + 40) * elements, (2 * e + 52) * elements, ops=15)
+    casts = 2 * (e + 4) if e != 4 else 0
+    return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15)
 
 
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
