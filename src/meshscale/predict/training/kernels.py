@@ -172,14 +172,15 @@ def aligned(m: int, n: int, k: int, element_bytes: int) -> bool:
     return all(d * element_bytes % ALIGN_BYTES == 0 for d in (m, n, k))
 
 
-def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
+def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged: bool = True) -> float:
     """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
     against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
     TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth. Without asynchronous
-    copies (rows not 16-byte aligned) no K-block's load overlaps the tensor cores: every one is paid."""
+    copies (``staged`` False: rows not 16-byte aligned) no K-block's load overlaps the tensor cores: every one
+    is paid."""
     tm, tn = min(m, TILE), min(n, TILE)
     main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
-    loaded_k = min(k, TILE_K) if aligned(m, n, k, r.element_bytes) else k
+    loaded_k = min(k, TILE_K) if staged else k
     edge_bytes = r.element_bytes * ((tm + tn) * loaded_k + tm * tn)
     return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
@@ -190,7 +191,11 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
+        # cuDNN pads a convolution's channels to the vector width itself (the stem's 3 to 4 or 8; NVIDIA,
+        # "Convolutional Layers User's Guide", channels in and out); cuBLAS takes the rows as they are
+        staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, r.element_bytes)
+        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * \
+            tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
