@@ -303,6 +303,25 @@ def test_published_runs_within_the_bounds():
     assert summary["worst_times_off"] <= WORST_BOUND
 
 
+def test_fsdp2_copies_cost_the_compute_stream_in_proportion_to_the_parameters_and_flat_parameters_none():
+    from meshscale.predict.training.breakdown import predicted_categories
+    r = rates(H100, "bf16")
+    small, large = preset("llama-1b"), preset("llama3-8b")
+    copies = {}
+    for model in (small, large):
+        for sharding in ("fsdp2", "fsdp1"):
+            job = TrainingJob(model, ParallelLayout(), 1, 2048, "bf16", "full", sharding=sharding)
+            cats = {c.category: c.seconds for c in predicted_categories(job, r)}
+            copies[model.name, sharding] = cats.get("FSDP copies", 0.0)
+    assert copies["llama-1b", "fsdp1"] == copies["llama3-8b", "fsdp1"] == 0
+    ratio = copies["llama3-8b", "fsdp2"] / copies["llama-1b", "fsdp2"]
+    assert ratio == pytest.approx(preset("llama3-8b").layer_params() * 32 / (small.layer_params() * 16), rel=0.35)
+    with pytest.raises(MeshscaleError, match="sharding fsdp3"):
+        predict_step(TrainingJob(small, ParallelLayout(), 1, 2048, sharding="fsdp3"), ONE, H100)
+    with pytest.raises(MeshscaleError, match="rotary spiral"):
+        predict_step(TrainingJob(small, ParallelLayout(), 1, 2048, rotary="spiral"), ONE, H100)
+
+
 def test_a_profile_that_does_not_grow_with_the_batch_is_host_bound_and_floors_the_step(tmp_path):
     # eager ResNet-50 on one H100 took 36.3 ms per step at batch 64 and at 128: the host set the pace. Its
     # roofline grows with the batch, so the fit can only be a floor (the host) and kernels at most that long
