@@ -45,10 +45,10 @@ from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels, accumulation_kernels,
-                                                 element_bytes, fsdp2_reduce_kernels, fsdp2_unshard_kernels,
-                                                 optimizer_kernels, resnet_params, resnet_step, transformer_ends,
-                                                 transformer_layer)
+from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
+                                                 accumulation_kernels, element_bytes, fsdp2_reduce_kernels,
+                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step,
+                                                 transformer_ends, transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 SHARDINGS = ("fsdp2", "fsdp1", "none")
