@@ -215,6 +215,15 @@ def categorize(events: list[dict], case: Case, device: torch.device) -> Measured
         notes = [events[j]["name"] for j in chain if events[j].get("cat") == "user_annotation"]
         return ops, python, notes
 
+    def forward_of(ops: list[dict]) -> str | None:
+        """Backward: the category of the forward op whose autograd node launched this."""
+        for o in ops:
+            if "Backward" in o["name"] or o["name"].startswith("autograd::engine::evaluate_function"):
+                seq = (o.get("args") or {}).get("Sequence number")
+                if seq in forward_category:
+                    return forward_category[seq]
+        return None
+
     def classify(chain: list[int], kernel: str) -> str:
         ops, python, notes = chain_info(chain)
         names = [o["name"] for o in ops]
@@ -224,20 +233,14 @@ def categorize(events: list[dict], case: Case, device: torch.device) -> Measured
             return "optimizer"
         if any(n.startswith("FSDP::") for n in notes + names):
             return "FSDP copies"
-        found = _by_ops(names, ops, kernel, case)
-        if found:
-            return found
-        for o in ops:   # backward: the category of the forward op whose autograd node this is
-            if "Backward" in o["name"] or o["name"].startswith("autograd::engine::evaluate_function"):
-                seq = (o.get("args") or {}).get("Sequence number")
-                if seq in forward_category:
-                    return forward_category[seq]
-        found = _by_module(python)
-        if found:
-            return found
+        backward = forward_of(ops)
+        # the model counts rotary's casts in rotary, autocast's casts (inside linear, conv) as copies
+        if backward == "rotary" or any("apply_rotary" in p for p in python):
+            return "rotary"
         if names and names[0] in COPY_OPS or kernel.lower().startswith(("memcpy", "memset")):
             return "copies/casts"
-        return "elementwise/activation" if names else "other"
+        return _by_ops(names, ops, kernel, case) or backward or _by_module(python) or \
+            ("elementwise/activation" if names else "other")
 
     # forward ops first, so that a backward node can take its forward op's category
     for i, e in enumerate(events):
