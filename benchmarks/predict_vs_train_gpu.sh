@@ -10,8 +10,8 @@
 #   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #
-# Writes OUTDIR/train-<model>.json, OUTDIR/profile-<model>.json, OUTDIR/predict-<model>[-calibrated].json and
-# OUTDIR/summary.txt (the table printed last).
+# Writes OUTDIR/train-<model>.json, OUTDIR/profile-<model>.json, OUTDIR/predict-<model>[-calibrated].json,
+# OUTDIR/summary.txt (the table of errors), and OUTDIR/kernels.{txt,json} (benchmarks/predict_kernels_gpu.py).
 set -u
 OUTDIR="${1:-${OUT:-predict_vs_train}}"
 PY="${PYTHON:-python}"
@@ -55,3 +55,9 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
 run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" ""
 run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024"
 $PY benchmarks/predict_vs_train.py "$OUTDIR" | tee "$OUTDIR/summary.txt"
+# the same steps per kernel category against the model (KERNELS=0 skips it)
+if [ "${KERNELS:-1}" != 0 ]; then
+  echo "== kernels per category" | tee -a "$OUTDIR/log.txt"
+  if [ -n "${DRY_RUN:-}" ]; then KOPTS="--device cpu --tiny"; else KOPTS=""; fi
+  $PY benchmarks/predict_kernels_gpu.py $KOPTS --out "$OUTDIR/kernels.json" 2>&1 | grep -v USDT | tee "$OUTDIR/kernels.txt"
+fi

@@ -147,3 +147,27 @@ def test_resnet50_convolution_flops_bytes_and_ops_match_a_traced_step():
     assert analytic_bytes == pytest.approx(sum(traffic.bytes.values()), rel=0.15), \
         sorted(traffic.bytes.items(), key=lambda kv: -kv[1])[:12]
     assert sum(k.ops * k.count for k in kernels.forward + kernels.backward) == pytest.approx(traffic.ops, rel=0.15)
+
+
+@pytest.mark.parametrize("dtype,e", [(torch.bfloat16, 2), (torch.float32, 4)])
+def test_rotary_as_the_engine_computes_it_moves_the_bytes_the_model_counts(dtype, e):
+    # train/transformer.apply_rotary on q-shaped activations, forward and backward, traced op by op
+    from meshscale.models.transformer import preset
+    from meshscale.predict.training.workload import rotary_op
+    from meshscale.train.transformer import apply_rotary, rotary_tables
+
+    cfg = preset("llama-tiny")
+    cos, sin = rotary_tables(cfg, SEQ)
+    q = torch.randn(BATCH, SEQ, cfg.heads, cfg.head_dim, dtype=dtype, requires_grad=True)
+    elements = q.numel()
+    traffic = Traffic()
+    with traffic:
+        out = apply_rotary(q, cos, sin)
+        grad = torch.ones_like(out)
+    forward = sum(traffic.bytes.values()) - 2 * elements * e          # less the ones_like of the gradient
+    with Traffic() as backward:
+        out.backward(grad)
+    model = rotary_op("pairs", e, elements)
+    tables = 2 * cos.numel() * 4 * 4                                 # cos and sin read by each of 4 products
+    assert forward - tables == pytest.approx(model.bytes, rel=0.15)
+    assert sum(backward.bytes.values()) == pytest.approx(model.backward_bytes, rel=0.15)

@@ -38,6 +38,7 @@ GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the l
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
 KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
 TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLASS's 128x128x64 tiles)
+ALIGN_BYTES = 16           # the asynchronous tile copies' alignment (TMA strides, cp.async.cg of 16 bytes)
 # eager PyTorch: host time to issue one aten op through the dispatcher (autograd, autocast, the launch): a stated
 # allowance, inside the 5-20 us per op "CUDA Graph Best Practice for PyTorch" (NVIDIA) describes for CPU-bound
 # steps; a CUDA-graphed step replays without it.
@@ -56,25 +57,38 @@ ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
 HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
                            256: (208, 251, 278, 293, 297, 298)}
 HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
+# The backward figure is measured without the causal mask (figure 6 has no causal panels; figure 5 has both).
+# A causal kernel does half the FLOPs in the same grid: the blocks on the diagonal are computed whole and masked,
+# the thread blocks of early queries finish early and leave SMs idle, which the shorter sequences feel most. The
+# forward pass measures that cost at head dimension 128 (figure 5: causal against the same bars without the mask,
+# 309, 350, 362, 368, 370, 370 TFLOP/s); the backward runs the same causal loop over the same blocks, so it pays
+# the same share (`attention_fraction(..., backward=True)`).
+HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128 = (309, 350, 362, 368, 370, 370)
 HOPPER_DENSE_TFLOPS = 989.0
 
 
-def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
-    """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
-    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
-        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
-    dims = sorted(HOPPER_ATTENTION_TFLOPS)
-    row = HOPPER_ATTENTION_BACKWARD_TFLOPS if backward else \
-        HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+def _at_length(row: tuple, seq_len: int) -> float:
+    """``row`` (one value per ATTENTION_SEQ_POINTS) at ``seq_len``: linear in log2 of the length between the
+    measured points, the end points beyond them."""
     points = ATTENTION_SEQ_POINTS
     s = min(max(seq_len, points[0]), points[-1])
     i = max(j for j in range(len(points)) if points[j] <= s)
     if i == len(points) - 1:
-        tflops = row[i]
-    else:   # linear in log2 of the sequence length between the measured points
-        w = log2(s / points[i])
-        tflops = row[i] + (row[i + 1] - row[i]) * w
-    return tflops / HOPPER_DENSE_TFLOPS
+        return float(row[i])
+    return row[i] + (row[i + 1] - row[i]) * log2(s / points[i])
+
+
+def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
+    """The causal attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
+    if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
+        return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
+    if backward:
+        causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[128], seq_len) / \
+            _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128, seq_len)
+        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS, seq_len) * causal_share / HOPPER_DENSE_TFLOPS
+    dims = sorted(HOPPER_ATTENTION_TFLOPS)
+    row = HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+    return _at_length(row, seq_len) / HOPPER_DENSE_TFLOPS
 
 
 KINDS = ("matmul", "conv", "attention", "memory")
@@ -150,13 +164,24 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
                  gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision))
 
 
-def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates) -> float:
+def aligned(m: int, n: int, k: int, element_bytes: int) -> bool:
+    """Whether every row of a GEMM's operands and output starts on a 16-byte boundary: the asynchronous copies
+    a tensor-core GEMM stages its tiles with take 16-byte aligned addresses (Hopper's TMA: global strides a
+    multiple of 16 bytes; Ampere's cp.async of 16 bytes: 16-byte aligned; CUDA C++ Programming Guide), and the
+    rows of a row-major matrix are as wide as its inner dimension. GPT-2's 50,257-token vocabulary is not."""
+    return all(d * element_bytes % ALIGN_BYTES == 0 for d in (m, n, k))
+
+
+def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged: bool = True) -> float:
     """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
     against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
-    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth."""
+    TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth. Without asynchronous
+    copies (``staged`` False: rows not 16-byte aligned) no K-block's load overlaps the tensor cores: every one
+    is paid."""
     tm, tn = min(m, TILE), min(n, TILE)
     main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
-    edge_bytes = r.element_bytes * ((tm + tn) * min(k, TILE_K) + tm * tn)
+    loaded_k = min(k, TILE_K) if staged else k
+    edge_bytes = r.element_bytes * ((tm + tn) * loaded_k + tm * tn)
     return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
@@ -166,7 +191,11 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r)
+        # cuDNN pads a convolution's channels to the vector width itself (the stem's 3 to 4 or 8; NVIDIA,
+        # "Convolutional Layers User's Guide", channels in and out); cuBLAS takes the rows as they are
+        staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, r.element_bytes)
+        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * \
+            tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward

@@ -50,7 +50,8 @@ def is_training_model(name: str) -> bool:
 
 
 def _model(name: str) -> tuple[TransformerConfig | None, int, bool]:
-    """(transformer shape, ResNet depth, autocast) of a model name or config path."""
+    """(transformer shape, ResNet depth, autocast) of a model name or config path. train's own models (ResNets,
+    its GPTs) train under torch.autocast and DDP; transformers under FSDP2 in the compute precision."""
     if name in RESNETS:
         return None, RESNETS[name], True
     if name in TRAIN_MODELS:
@@ -119,7 +120,8 @@ def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], Gp
     else:
         seq_len = req.seq_len or 0
     base = TrainingJob(transformer, ParallelLayout(), req.batch, seq_len, req.precision, req.checkpointing,
-                       depth, req.channels_last, autocast, cuda_graph=req.cuda_graph)
+                       depth, req.channels_last, autocast, cuda_graph=req.cuda_graph,
+                       sharding="none" if req.model in TRAIN_MODELS else "fsdp2")
     calibration = calibration_of(req, base)
     if req.search:
         return search_layouts(base, placement, gpu, req.global_batch or placement.world_size, calibration), gpu

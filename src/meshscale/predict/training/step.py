@@ -35,7 +35,7 @@ SM count of its progress for that time (`contention_seconds`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from math import ceil, exp, log
 
 from meshscale.errors import MeshscaleError
@@ -45,32 +45,88 @@ from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
-from meshscale.predict.training.workload import (RESNET_BLOCKS, SELECTIVE_POLICIES, accumulation_kernels, element_bytes,
-                                                 optimizer_kernels, resnet_params, resnet_step, transformer_ends,
-                                                 transformer_layer)
+from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
+                                                 accumulation_kernels, element_bytes, fsdp2_reduce_kernels,
+                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step,
+                                                 transformer_ends, transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
+SHARDINGS = ("fsdp2", "fsdp1", "none")
+
+
+@dataclass(frozen=True)
+class StepKernels:
+    """One rank's kernels of one step by pass: ``layer`` runs ``stage_layers`` times per micro-batch, ``ends``
+    once per micro-batch, ``per_step`` once (optimizer, gradient accumulation, a pipeline's unshards)."""
+
+    layer: PassKernels
+    ends: PassKernels
+    per_step: tuple[Kernel, ...]
+    stage_layers: int = 1
+    micro_batches: int = 1
+
+
+def step_kernels(job: TrainingJob) -> StepKernels:
+    """The kernels the step model prices for ``job`` (what `_transformer` and `_resnet` time, and what
+    `breakdown` groups by category)."""
+    if job.model is None:
+        k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
+                        channels_last=job.channels_last, autocast=job.autocast)
+        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(resnet_params(job.resnet_depth), "sgd")))
+    model, layout = job.model, job.layout
+    m = layout.micro_batches
+    tokens = job.batch // m * job.seq_len / layout.cp
+    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
+                              checkpointing=job.checkpointing, autocast=job.autocast,
+                              selective_policy=job.selective_policy, rotary_style=job.rotary)
+    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
+    stage_layers = ceil(model.layers / layout.pp)
+    ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
+        max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
+    stage_params = (stage_layers * model.layer_params() + ends_params) / layout.tp
+    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw") + \
+        (m - 1) * accumulation_kernels(stage_params / layout.fsdp)
+    if job.sharding == "fsdp2":
+        param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers
+        unshard = fsdp2_unshard_kernels(model, model.layer_params() / layout.tp, layout.fsdp, param_bytes)
+        root = fsdp2_unshard_kernels(model, ends_params / layout.tp, layout.fsdp, param_bytes, tensors=2)
+        ends = replace(ends, forward=ends.forward + tuple(root),       # the root stays gathered until backward
+                       backward=ends.backward + tuple(fsdp2_reduce_kernels(ends_params / layout.tp, layout.fsdp)))
+        reduce = fsdp2_reduce_kernels(model.layer_params() / layout.tp, layout.fsdp)
+        if layout.pp == 1:       # resharded after forward: gathered again before backward
+            layer = replace(layer, forward=layer.forward + tuple(unshard),
+                            backward=layer.backward + tuple(unshard + reduce))
+        else:                    # a pipeline keeps its layers gathered and reduces once, for the step
+            per_step += stage_layers * (unshard + reduce)
+    return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
 
 
 @dataclass(frozen=True)
 class Calibration:
     """A measured profile's verdict on the datasheet roofline of the GPU that measured it, ``gpu_model``:
-    measured step = host_s + factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own
-    bound on another GPU); ``host_s`` is a fixed cost per step that does not grow with the batch (host dispatch,
-    synchronization), carried over unchanged."""
+    measured step = host_s + factor x predicted kernels, or, for a host-bound profile, the longer of floor_s and
+    factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own bound on another GPU);
+    ``host_s`` (a fixed cost per step that does not grow with the batch) and ``floor_s`` (the host's own time per
+    step, which the GPU waits for when its kernels are shorter) are carried over unchanged."""
 
     factor: float
     gpu_model: str
     host_s: float = 0.0
+    floor_s: float = 0.0
 
     def describe(self) -> str:
         host = f" + {self.host_s * 1e3:.1f} ms per step" if self.host_s else ""
-        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host})"
+        floor = f", host-bound at {self.floor_s * 1e3:.1f} ms per step" if self.floor_s else ""
+        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host}{floor})"
 
 
 def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model: str) -> Calibration:
-    """measured = host + factor x predicted, by least squares over the profile's batches (two or more); one
-    batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the ratios)."""
+    """measured = host + factor x predicted, by least squares over the profile's batches (two or more). The
+    roofline is a lower bound of the kernels' time, so a factor below 1 means the step grew less than its
+    kernels must: the host set the pace (eager PyTorch issuing ops slower than the GPU runs them), and the
+    profile gives a floor (its shortest step) and at most the largest batch's measured / predicted as the
+    factor. One batch, or a fit with a negative host cost, gives the factor alone (geometric mean of the
+    ratios)."""
     n = len(predicted_s)
     if n >= 2:
         mp, mm = sum(predicted_s) / n, sum(measured_s) / n
@@ -78,7 +134,10 @@ def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model
         if spread > 0:
             factor = sum((p - mp) * (m - mm) for p, m in zip(predicted_s, measured_s)) / spread
             host = mm - factor * mp
-            if factor > 0 and host >= 0:
+            if factor < 1:
+                largest = max(range(n), key=lambda i: predicted_s[i])
+                return Calibration(measured_s[largest] / predicted_s[largest], gpu_model, floor_s=min(measured_s))
+            if host >= 0:
                 return Calibration(factor, gpu_model, host)
     ratio = exp(sum(log(m / p) for p, m in zip(predicted_s, measured_s)) / n)
     return Calibration(ratio, gpu_model)
@@ -101,6 +160,9 @@ class TrainingJob:
     image: int = 224
     cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
     selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
+    rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
+    sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
+    # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
 
     @property
     def name(self) -> str:
@@ -177,6 +239,10 @@ def check_job(job: TrainingJob, world_size: int) -> None:
         raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
     if job.selective_policy not in SELECTIVE_POLICIES:
         raise MeshscaleError(f"selective_policy {job.selective_policy}: use one of {', '.join(SELECTIVE_POLICIES)}")
+    if job.rotary not in ROTARY_STYLES:
+        raise MeshscaleError(f"rotary {job.rotary}: use one of {', '.join(ROTARY_STYLES)}")
+    if job.sharding not in SHARDINGS:
+        raise MeshscaleError(f"sharding {job.sharding}: use one of {', '.join(SHARDINGS)}")
     if job.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
     if job.batch < 1:
@@ -206,6 +272,9 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
         found.step_s += calibration.host_s
+    if calibration and calibration.floor_s > found.step_s:
+        found.host_s = calibration.floor_s - found.step_s
+        found.step_s = calibration.floor_s
     return found
 
 
@@ -228,11 +297,11 @@ def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_coun
 
 
 def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
-    kernels = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
-                          channels_last=job.channels_last, autocast=job.autocast)
+    kernels = step_kernels(job)
     params = resnet_params(job.resnet_depth)
-    (forward, wait_f), (backward, wait_b) = _pass_seconds(kernels.forward, r, job), _pass_seconds(kernels.backward, r, job)
-    optimizer, wait_o = _pass_seconds(optimizer_kernels(params, "sgd"), r, job)
+    (forward, wait_f), (backward, wait_b) = (_pass_seconds(kernels.layer.forward, r, job),
+                                             _pass_seconds(kernels.layer.backward, r, job))
+    optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
     costs = [collective_cost("all_reduce", b, group, placement) for b in buckets if b]
@@ -249,10 +318,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     e = element_bytes(job.precision)
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
-    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
-                              checkpointing=job.checkpointing, autocast=job.autocast,
-                              selective_policy=job.selective_policy)
-    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
+    kernels = step_kernels(job)
+    layer, ends, stage_layers = kernels.layer, kernels.ends, kernels.stage_layers
     layer_f, wait_lf = _pass_seconds(layer.forward, r, job)
     layer_b, wait_lb = _pass_seconds(layer.backward + layer.recompute, r, job)
 
@@ -272,7 +339,6 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], placement) \
         if layout.pp > 1 else 0.0
 
-    stage_layers = ceil(model.layers / layout.pp)
     (ends_f, wait_ef), (ends_b, wait_eb) = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
     forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
     backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
@@ -300,11 +366,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     replica = exposed_backward * (replicate / tail) if tail else 0.0
     sharding += exposed_backward - replica
 
-    ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
-        max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
-    stage_params = stage_layers * layer_params + ends_params / layout.tp
-    optimizer, wait_o = _pass_seconds(optimizer_kernels(stage_params / layout.fsdp, "adamw")
-                                      + (m - 1) * accumulation_kernels(stage_params / layout.fsdp), r, job)
+    optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
     launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer + contention

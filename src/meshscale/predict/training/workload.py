@@ -87,9 +87,25 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
 
 
+ROTARY_STYLES = ("pairs", "complex")
+
+
+def rotary_op(style: str, e: int, elements: float) -> Kernel:
+    """Rotary positions on q and k (``elements`` of them, ``e`` bytes each), per element of traffic:
+    complex (torchtitan): to fp32, one complex product with the table, back (e + 4 + 8 + 4 + e each way);
+    pairs (meshscale's engine, train/transformer.apply_rotary): four products of a half with cos or sin
+    (4 x 4), their difference and sum (2 x 6), stacked (8); its backward: the difference's negation (4), the
+    four products' (16), the sums of each half's gradients (24), each half written into the pairs (2 x 6);
+    below fp32, the cast to fp32 and back each way (2 x (e + 4))."""
+    if style == "complex":
+        return memory_op("rotary", (2 * e + 16) * elements, (2 * e + 16) * elements, ops=10)
+    casts = 2 * (e + 4) if e != 4 else 0
+    return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15)
+
+
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
-                      selective_policy: str = "matmuls") -> PassKernels:
+                      selective_policy: str = "matmuls", rotary_style: str = "pairs") -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
@@ -114,9 +130,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
         mlp = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e)]
         act_ops = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
                    memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
-        # torchtitan's rotary: q and k to fp32, a complex product, back to bf16 (views around them)
-        qk = tokens * (d + kv) / tp
-        rotary = [memory_op("rotary", (e + 4 + 8 + 4 + e) * qk, (e + 4 + 8 + 4 + e) * qk, ops=10)]
+        rotary = [rotary_op(rotary_style, e, tokens * (d + kv) / tp)]
         down = gemm("w2 (down)", tokens, d, f / tp, e)
         qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
         bias_grads = []
@@ -172,6 +186,30 @@ def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, pr
 def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw") -> list[Kernel]:
     return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer],
                       ops=OPTIMIZER_OPS[optimizer])]
+
+
+def layer_tensors(model: TransformerConfig) -> int:
+    """Parameter tensors of one layer: the projections (and their biases), the norms' weights (and biases)."""
+    return 9 if model.style == "llama" else 16
+
+
+def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, param_bytes: int,
+                          tensors: int | None = None) -> list[Kernel]:
+    """What gathering one FSDP2 module's ``params`` (this rank's tp share) costs the compute stream beyond the
+    all-gather (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the gathered buffer copied out into
+    each parameter (split_with_sizes_copy: read and write, one kernel); the copy-in runs on the all-gather's own
+    stream. A shard group of one rank gathers nothing (_fsdp_param_group.py): each parameter is cast from its
+    fp32 shard to the compute dtype and copied into place on the compute stream, two kernels per tensor."""
+    tensors = tensors or layer_tensors(model)
+    if fsdp > 1:
+        return [memory_op("FSDP copy-out", 2 * param_bytes * params)]
+    return [memory_op("FSDP cast and copy", (4 + param_bytes + 2 * param_bytes) * params, ops=2 * tensors)]
+
+
+def fsdp2_reduce_kernels(params: float, fsdp: int) -> list[Kernel]:
+    """A one-rank shard group reduces nothing either: its fp32 reduce-scatter input is copied to the output
+    (read and write, _fsdp_collectives.foreach_reduce); a real reduce-scatter writes its output itself."""
+    return [] if fsdp > 1 else [memory_op("FSDP reduce copy", 8.0 * params)]
 
 
 def accumulation_kernels(params_on_rank: float) -> list[Kernel]:
