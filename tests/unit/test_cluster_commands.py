@@ -161,7 +161,7 @@ def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
     assert fit.latency_s > 10 * nccl_model.REFERENCE_NET_LATENCY_S
     fast = _measured(tmp_path, 16, [(s, 1e-6 + s / 8e9) for s in sizes])
     assert fit_network(topo, load_result(fast))[1].latency_s == nccl_model.REFERENCE_NET_LATENCY_S  # never below
-    assert fitted.attrs["cluster"]["link"] == net_link(fit.link).name
+    assert fitted.cluster.net == net_link(fit.link)
     r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "4", "--bench", path, "-b", "1M", "-e", "1M")
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout and "calibrated" in r.stderr

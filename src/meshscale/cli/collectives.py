@@ -51,7 +51,7 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     topology, notice = resolve_system(system, None, **(cluster or {}))
     require_devices(topology)
     network_fit = None
-    if bench and "cluster" in topology.attrs:
+    if bench and topology.cluster is not None:
         topology, network_fit = fit_network(topology, load_result(bench))
         typer.echo(network_fit.source, err=True)
         bench = None
@@ -187,7 +187,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
-    if "cluster" in topology.attrs:
+    if topology.cluster is not None:
         table.caption = "bound: not computed across a cluster's nodes (its max-flow routes every pair of GPUs)"
     print_tables(table)
     write_result_files(result, json_path, csv_path)

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 import numpy as np
@@ -208,12 +208,12 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     from meshscale.simulate import nccl_model
     from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
 
-    cluster = topo.attrs.get("cluster")
-    if not cluster:
+    cluster = topo.cluster
+    if cluster is None:
         raise MeshscaleError("fitting the network needs a cluster: give --nodes N (and --link) or a cluster file")
     if bench.kind != "bench-collective":
         raise MeshscaleError(f"the network fit needs a bench-collective result, got kind {bench.kind!r}")
-    gpus_per_node = len(topo.devices()) // cluster["nodes"]
+    gpus_per_node = len(topo.devices()) // cluster.nodes
     ranks = int(bench.meta.get("world_size") or 0)
     nodes = int(bench.meta.get("nodes") or (ranks // gpus_per_node if gpus_per_node else 0))
     if nodes < 2 or ranks < 2:
@@ -236,12 +236,11 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
         raise MeshscaleError(f"the measured {collective} times do not grow with size; the fit needs a sweep "
                              "that reaches bandwidth-bound sizes (e.g. -b 1M -e 1G)")
     node_bytes_per_s = 2 * (ranks - 1) / ranks / s_per_byte
-    nics = cluster["nics"]
-    spec = ClusterSpec(node=cluster["node"], nodes=cluster["nodes"], nics=nics, link=cluster["link"],
-                       levels=cluster["levels"], gpudirect=cluster["gpudirect"],
-                       network=cluster.get("network", "fat-tree"), oversubscription=cluster.get("oversubscription", 1.0))
+    nics = cluster.nics
+    spec = ClusterSpec(node=cluster.node, nodes=cluster.nodes, nics=nics, link=cluster.link, levels=cluster.levels,
+                       gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
-    measured = build_cluster(plan_cluster(ClusterSpec(**{**vars(spec), "nodes": nodes})))
+    measured = build_cluster(plan_cluster(replace(spec, nodes=nodes)))
     s = nccl_model.analyse(measured, list(range(ranks)))
     steps = 2 * (nodes - 1)
     base = nccl_model.latency_us(s, nccl_model.constants(), collective, "ring", "Simple") - s.net_extra_us * steps

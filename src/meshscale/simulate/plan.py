@@ -72,7 +72,7 @@ def with_call_costs(result: SimResult, steps: int, per_step_s: float) -> SimResu
 
 
 def _bound(topology: Topology, collective: str, ranks: list[int], root: int) -> float | None:
-    if "cluster" in topology.attrs:  # the bound routes every pair of GPUs: too many across a cluster's nodes
+    if topology.cluster is not None:  # the bound routes every pair of GPUs: too many across a cluster's nodes
         return None
     try:
         return busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None

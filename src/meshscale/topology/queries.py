@@ -195,7 +195,7 @@ def subset(topo: Topology, indices: list[int]) -> Topology:
              if node.kind not in DEVICE_KINDS or n in keep}
     links = [Link(**vars(l)) for l in topo.links if l.a in nodes and l.b in nodes]
     attrs = dict(topo.attrs, subset_of=topo.name)
-    return Topology(f"{topo.name}[{','.join(map(str, indices))}]", nodes, links, topo.title, attrs)
+    return Topology(f"{topo.name}[{','.join(map(str, indices))}]", nodes, links, topo.title, attrs, topo.cluster)
 
 
 def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exhaustive: int = 16,
