@@ -11,6 +11,7 @@ from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.simulate.auto import choose_and_simulate, nccl_result
+from meshscale.simulate.cost import call_bytes
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult
 from meshscale.topology import Topology
@@ -159,17 +160,15 @@ def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list
               root: int = 0, params: SimParams | None = None, **nccl) -> Result:
     """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True).
     ``algorithm`` "nccl": NCCL's cost model (its pick per size; ``nccl``: `nccl_result`'s keywords); "auto" or
-    an algorithm name: meshscale's schedule by flow simulation. Sizes that do not split over the ranks are
-    rounded down to a multiple of 4 bytes per rank."""
+    an algorithm name: meshscale's schedule by flow simulation. Sizes as nccl-tests takes them (`call_bytes`)."""
     if nccl and algorithm != "nccl":
         raise MeshscaleError(f"{', '.join(nccl)} describe NCCL's run; they go with --algo nccl, not {algorithm}")
     check_root(collective, root, len(ranks))  # before any size: the NCCL model and the bound index by it
     params = params or SimParams()
     rows = []
     k, n = kind(collective), len(ranks)
-    step = 4 * n if k.segmented else 4
     for size in sizes:
-        nbytes = max(step, size // step * step)
+        nbytes = call_bytes(collective, size, n)
         if algorithm == "nccl":
             r, bound = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl), _bound(topology, collective, ranks, root)
         else:
