@@ -165,9 +165,11 @@ def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
     r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "4", "--bench", path, "-b", "1M", "-e", "1M")
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout and "calibrated" in r.stderr
+    fitted_for_sim = r.stderr.strip().splitlines()[-1]
     r = cli("predict", "-m", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout
+    assert fitted_for_sim in r.stderr  # one resolution of --bench for sim and predict: the same network
 
 
 def test_network_fit_refuses_a_single_node_or_non_positive_result(tmp_path, cli):

@@ -77,3 +77,18 @@ def test_no_reader_takes_the_cluster_from_an_untyped_dict():
     found = [f"{p.relative_to(SRC)}:{i}" for p in SRC.rglob("*.py")
              for i, line in enumerate(p.read_text().splitlines(), 1) if pattern.search(line)]
     assert not found, f"read the typed topology.cluster instead: {found}"
+
+
+def test_a_one_node_p2p_measurement_calibrates_a_cluster_of_that_node_as_the_node_itself():
+    """`bench p2p` names the devices of the one node it ran on (gpu0, gpu1, ...); on a cluster of that node they
+    are the first node's, so sim --nodes and predict --nodes fit the same links as the node alone."""
+    from meshscale.results import Result
+    from meshscale.simulate.link_fit import calibrated
+
+    rows = [{"src": f"gpu{a}", "dst": f"gpu{b}", "mode": "unidirectional", "bandwidth_bytes_per_s": 5e9,
+             "latency_s": 4e-6} for a in range(4) for b in range(4) if a != b]
+    p2p = Result("bench-p2p", rows)
+    alone = calibrated(system_or_cluster("pcie-4gpu"), p2p).params
+    clustered = calibrated(system_or_cluster("pcie-4gpu", nodes=2), p2p).params
+    assert alone.efficiency == clustered.efficiency and "calibrated" in clustered.source
+    assert alone.efficiency["pcie"] < 1.0

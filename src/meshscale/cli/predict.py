@@ -179,15 +179,6 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     elif not nodes and any(v is not None for v in shape.values()):
         raise MeshscaleError("--network and --oversubscription describe a cluster; add --nodes (e.g. 1,2,4,8) or "
                              "pass a cluster file")
-    calibrated = ""
-    if nodes and bench:  # a measured multi-node all_reduce fits the network, not the links inside a node
-        from meshscale.results import load_result
-        from meshscale.simulate.link_fit import fit_network
-        from meshscale.topology.cluster import system_or_cluster
-
-        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect, **shape), load_result(bench))
-        link, bench, calibrated = fit.link, None, f" ({fit.source})"
-        typer.echo(fit.source, err=True)
     if partition and nodes:
         raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
                              "over the network like whole GPUs)")
@@ -204,6 +195,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             bench=bench, compare=compare, measured=from_result, partition=partition,
             nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
     model = job.model
+    if job.network_source:  # a measured multi-node all_reduce fitted the network
+        typer.echo(job.network_source, err=True)
     if partition:
         from meshscale.topology import load_system
         from meshscale.topology.partitions import system_partition
@@ -211,7 +204,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
-    title += calibrated
+    title += f" ({job.network_source})" if job.network_source else ""
     if nccl_env:
         title += ", NCCL with " + " ".join(nccl_env)
     if measured:
@@ -228,6 +221,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out or csv_path:
+        link = next((r["link"] for r in rows if r.get("link")), link)  # the fitted network's, where one was fitted
         write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link,
                                              **({k: v for k, v in shape.items() if v is not None} if nodes else {})),
                            json_out, csv_path)

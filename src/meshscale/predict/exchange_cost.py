@@ -18,7 +18,7 @@ from dataclasses import astuple, replace
 from functools import lru_cache
 
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.simulate.cost import Call, CostModel, NcclCostModel
+from meshscale.simulate.cost import Call, CostModel, FlowCostModel, NcclCostModel
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
@@ -97,14 +97,18 @@ class Exchange:
                  params: SimParams | None = None, intra: CostModel | None = None, nccl_version: str | None = None,
                  nccl_env: NcclEnv | None = None):
         check_choice(algorithm, EXCHANGES, "exchange")
-        self.topology, self.algorithm = topology, algorithm
-        self.nodes = topology.cluster.nodes if topology.cluster is not None else 1
+        self.topology, self.algorithm, self.nccl_version = topology, algorithm, nccl_version
         self.world_size = system_gpus(topology, gpus) if gpus is not None else len(topology.devices())
+        self.nodes = len({topology.nodes[d].attrs.get("node", 0) for d in topology.devices()[:self.world_size]})
         self.params = params or SimParams()
         env = nccl_env or DEFAULT_ENV
-        self.intra = intra or NcclCostModel(env, nccl_version, self.params)
-        # across nodes: NCCL's pick, or its algorithm forced; the links as calibrated, or NCCL's defaults
-        self.across = NcclCostModel(env, nccl_version, params, NCCL_ALGO_ACROSS_NODES.get(algorithm))
+        if topology.device_kind == "gpu":
+            self.intra = intra or NcclCostModel(env, nccl_version, self.params)
+            # across nodes: NCCL's pick, or its algorithm forced; the links as calibrated, or NCCL's defaults
+            self.across: CostModel = NcclCostModel(env, nccl_version, params, NCCL_ALGO_ACROSS_NODES.get(algorithm))
+        else:  # CPU workers have no NCCL: meshscale's fastest schedule by flow simulation (Gloo's stand-in)
+            self.intra = intra or FlowCostModel("auto", self.params)
+            self.across = FlowCostModel("auto", self.params)
         self._cache: dict[float, float] = {}
         self.chosen: dict[float, str] = {}  # bytes -> what NCCL ran for that size (e.g. "tree/LL128")
 
@@ -152,4 +156,4 @@ class Exchange:
             if self.algorithm != "hierarchical":
                 raise
             raise MeshscaleError(f"the hierarchical all-reduce across nodes is NCCL's tree, which NCCL "
-                                 f"{self.across.version} does not have; use --algo ring") from e
+                                 f"{self.nccl_version} does not have; use --algo ring") from e

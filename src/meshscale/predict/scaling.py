@@ -36,6 +36,7 @@ class Job:
     gradients: list[GradientTensor] | None = None
     notes: list[str] = field(default_factory=list)
     nccl_env: NcclEnv | None = None  # NCCL's environment the exchange runs in (None: its defaults)
+    network_source: str = ""         # where the cluster network's figures come from when fitted to a measurement
 
     def __post_init__(self) -> None:
         check_mode(self.mode)

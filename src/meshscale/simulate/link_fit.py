@@ -126,12 +126,15 @@ def _fit_latency(samples: dict[str, list[tuple[float, float]]], latency: dict[st
 
 
 def _device(topo: Topology, name) -> str | None:
-    """A row's src/dst as a device name: an index (int or digits) or a node name; None for 'host' and the like."""
+    """A row's src/dst as a device name: an index (int or digits) or a node name (on a cluster, a name of one node
+    is its first node's: a bench p2p ran inside one node); None for 'host' and the like."""
     if isinstance(name, int) or (isinstance(name, str) and name.isdigit()):
         try:
             return topo.device(int(name))
         except MeshscaleError:
             return None
+    if topo.cluster is not None and isinstance(name, str) and not name.startswith("n0/"):
+        name = f"n0/{name}"
     return name if name in topo.nodes and name in topo.devices() else None
 
 
@@ -270,3 +273,29 @@ class NetworkFit:
     def source(self) -> str:
         return (f"calibrated: network fitted to a measured {self.nodes}-node all_reduce ({self.rows} rows): "
                 f"{self.rate_bytes_per_s / 1e9:.2f} GB/s per NIC, {self.latency_s * 1e6:.2f} us")
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A fabric under the measurements a command was given: the topology (on a cluster with a measured
+    multi-node all_reduce, its network fitted: ``network_fit``) and the links' calibration."""
+
+    topology: Topology
+    params: SimParams
+    network_fit: NetworkFit | None = None
+
+
+def calibrated(topo: Topology, p2p: Result | None = None, bench: Result | None = None) -> Calibrated:
+    """What ``--p2p`` and ``--bench`` make of ``topo``, the same for every command: on a cluster a measured
+    all_reduce fits the network (`fit_network`), not the links inside a node; otherwise the links are fitted to
+    ``p2p`` (`calibrate`), then to ``bench`` (`calibrate_collective`)."""
+    fit = None
+    if bench is not None and topo.cluster is not None:
+        topo, fit = fit_network(topo, bench)
+        bench = None
+    params = calibrate(topo, p2p) if p2p is not None else SimParams()
+    if bench is not None:
+        params = calibrate_collective(topo, bench, params)
+    if fit is not None:
+        params = replace(params, source=fit.source)
+    return Calibrated(topo, params, fit)
