@@ -92,3 +92,21 @@ def test_a_one_node_p2p_measurement_calibrates_a_cluster_of_that_node_as_the_nod
     clustered = calibrated(system_or_cluster("pcie-4gpu", nodes=2), p2p).params
     assert alone.efficiency == clustered.efficiency and "calibrated" in clustered.source
     assert alone.efficiency["pcie"] < 1.0
+
+
+def test_a_cluster_topology_keeps_its_cluster_through_json():
+    """A cluster's topology written out (`topo --format json`, a result's meta.topology) and read back is the
+    same cluster: its Cluster too, not only its nodes and links."""
+    from meshscale.topology.schema import dumps, from_dict
+    import json
+
+    for topo in (system_or_cluster("hgx-h100", nodes=3, link="ndr", nics=8, network="rail"), _joined(())):
+        again = from_dict(json.loads(dumps(topo)))
+        assert again.cluster == topo.cluster and again.cluster is not None
+    from meshscale.errors import TopologyError
+
+    written = json.loads(dumps(_joined(())))
+    for bad in ({"nodes": "two"}, {**written["fabric"], "nodes": "two"}, {**written["fabric"], "latency_s": -1},
+                {**written["fabric"], "net": {**written["fabric"]["net"], "radix": None}}):
+        with pytest.raises(TopologyError, match="fabric"):
+            from_dict({**written, "fabric": bad})
