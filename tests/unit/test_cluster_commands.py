@@ -233,3 +233,17 @@ def test_an_exponent_without_a_dot_is_a_number_in_yaml(cli, tmp_path):
     r = cli("topo", "--system", str(system), "--format", "json")
     assert r.exit_code == 0, r.output
     assert "25000000000" in r.stdout
+
+
+def test_predict_takes_a_cluster_file_and_its_overriding_options_as_sim_does(tmp_path, cli):
+    """A cluster file's fields, overridden by the options given (--link here), are the cluster predict prices,
+    as sim and plan resolve them: the same rows as the cluster named by options alone."""
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 2\n  nics: 2\n  link: edr\n")
+    args = ("predict", "-m", "resnet50", "--nodes", "2", "--json")
+    overridden, named, filed = (tmp_path / f"{k}.json" for k in ("o", "n", "f"))
+    assert cli(*args, overridden, "-s", path, "--link", "10gbe").exit_code == 0
+    assert cli(*args, named, "-s", "dgx1-p100", "--nics", "2", "--link", "10gbe").exit_code == 0
+    assert cli(*args, filed, "-s", path).exit_code == 0
+    rate = [[r["throughput_samples_per_s"] for r in load_result(p).rows] for p in (overridden, named, filed)]
+    assert rate[0] == rate[1] and rate[0][-1] < rate[2][-1]

@@ -162,26 +162,27 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         raise MeshscaleError(f"{given[0]} is for the training step model: name a transformer (a preset or a "
                              "config.json), gpt-small/gpt-medium or a ResNet with --model")
     gpus = gpus or "1,2,4,8"
-    link = link or "edr"
     batch = 64 if batch is None else batch
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.predict.scaling import prediction_result
-    from meshscale.topology.cluster import cluster_file_spec
+    from meshscale.topology.cluster import cluster_file_spec, cluster_spec
 
     shape = {"network": network, "oversubscription": oversubscription}
-    spec = cluster_file_spec(system)
-    if spec is not None:  # a cluster file: its node, network and size (a sweep up to it unless --nodes says)
-        system, link, nics, gpudirect = spec.node, spec.link, nics or spec.nics, spec.gpudirect
+    if cluster_file_spec(system) is not None:
+        # a cluster file: its node, network and size (a sweep up to it unless --nodes says), its fields overridden by
+        # the options given, as sim and plan take it
+        spec = cluster_spec(system, None, link, nics, None if gpudirect else False, **shape)
+        system, link, nics, gpudirect = spec.node, spec.link, spec.nics, spec.gpudirect
         nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
-        file_shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
-        shape = {**file_shape, **{k: v for k, v in shape.items() if v is not None}}
+        shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
     elif not nodes and any(v is not None for v in shape.values()):
         raise MeshscaleError("--network and --oversubscription describe a cluster; add --nodes (e.g. 1,2,4,8) or "
                              "pass a cluster file")
     if partition and nodes:
         raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
                              "over the network like whole GPUs)")
+    link = link or "edr"
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:

@@ -16,7 +16,7 @@ from meshscale.simulate.link_fit import calibrated
 from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
-from meshscale.topology.cluster import ClusterSpec, system_or_cluster
+from meshscale.topology.cluster import ClusterSpec, default_nics, system_or_cluster
 from meshscale.train.models import get_model
 
 COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
@@ -96,7 +96,7 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
             from meshscale.topology.partitions import split_system
             topo, partition = split_system(topo, req.partition)
         net = variant if kind == "link" else req.link
-        nics = req.nics or (2 if "gbe" in net else 4)
+        nics = req.nics or default_nics(net)
         shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
         # the calibration as sim and plan take it (`calibrated`); a measured all_reduce with nodes is a multi-node
         # one: fitted on two of them, it gives the network every node count is then built with
