@@ -161,13 +161,15 @@ def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
     assert fit.latency_s > 10 * nccl.REFERENCE_NET_LATENCY_S
     fast = _measured(tmp_path, 16, [(s, 1e-6 + s / 8e9) for s in sizes])
     assert fit_network(topo, load_result(fast))[1].latency_s == nccl.REFERENCE_NET_LATENCY_S  # never below
-    assert fitted.attrs["cluster"]["link"] == net_link(fit.link).name
+    assert fitted.cluster.net == net_link(fit.link)
     r = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "4", "--bench", path, "-b", "1M", "-e", "1M")
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout and "calibrated" in r.stderr
+    fitted_for_sim = r.stderr.strip().splitlines()[-1]
     r = cli("predict", "-m", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout
+    assert fitted_for_sim in r.stderr  # one resolution of --bench for sim and predict: the same network
 
 
 def test_network_fit_refuses_a_single_node_or_non_positive_result(tmp_path, cli):
@@ -231,3 +233,17 @@ def test_an_exponent_without_a_dot_is_a_number_in_yaml(cli, tmp_path):
     r = cli("topo", "--system", str(system), "--format", "json")
     assert r.exit_code == 0, r.output
     assert "25000000000" in r.stdout
+
+
+def test_predict_takes_a_cluster_file_and_its_overriding_options_as_sim_does(tmp_path, cli):
+    """A cluster file's fields, overridden by the options given (--link here), are the cluster predict prices,
+    as sim and plan resolve them: the same rows as the cluster named by options alone."""
+    path = tmp_path / "c.yaml"
+    path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 2\n  nics: 2\n  link: edr\n")
+    args = ("predict", "-m", "resnet50", "--nodes", "2", "--json")
+    overridden, named, filed = (tmp_path / f"{k}.json" for k in ("o", "n", "f"))
+    assert cli(*args, overridden, "-s", path, "--link", "10gbe").exit_code == 0
+    assert cli(*args, named, "-s", "dgx1-p100", "--nics", "2", "--link", "10gbe").exit_code == 0
+    assert cli(*args, filed, "-s", path).exit_code == 0
+    rate = [[r["throughput_samples_per_s"] for r in load_result(p).rows] for p in (overridden, named, filed)]
+    assert rate[0] == rate[1] and rate[0][-1] < rate[2][-1]

@@ -124,7 +124,7 @@ def test_a_cluster_file_names_its_network(cli, tmp_path):
     assert "1 rail group(s) of up to 42 nodes" in cli("cluster", "-s", path).stdout
     assert cli("topo", "-s", path, "--network", "fat-tree").stdout.count("fat tree:") == 1  # options override
     topo = system_or_cluster(path)
-    assert topo.attrs["cluster"]["network"] == "rail" and topo.attrs["cluster"]["oversubscription"] == 2
+    assert topo.cluster.network == "rail" and topo.cluster.oversubscription == 2
 
 
 def test_the_network_fit_keeps_the_rails(tmp_path):
@@ -135,7 +135,7 @@ def test_the_network_fit_keeps_the_rails(tmp_path):
                                  "busbw_bytes_per_s": 0.0} for s in (1 << 20, 1 << 28)],
            meta={"world_size": 16}).save(path)
     fitted, _ = fit_network(system_or_cluster("hgx-h100", nodes=2, nics=8, link="ndr", network="rail"), load_result(path))
-    assert fitted.attrs["cluster"]["network"] == "rail" and fitted.name.endswith("-rail")
+    assert fitted.cluster.network == "rail" and fitted.name.endswith("-rail")
 
 
 @pytest.mark.parametrize("spec, text", [

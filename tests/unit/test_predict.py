@@ -4,13 +4,14 @@ import json
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Exchange, cluster_fabric, system_fabric
+from meshscale.predict.exchange_cost import Exchange, cluster_topology
 from meshscale.predict.frameworks import FRAMEWORKS, buckets, resolve_framework
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, resnet50_tensors
 from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.predict.step_time import exposed_exchange_s, per_rank_batch
 from meshscale.results import Result
+from meshscale.simulate.alpha_beta import AlphaBetaCostModel
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
 
@@ -89,16 +90,17 @@ def test_modes_as_train_names_them():
 
 def test_nvlink_faster_than_pcie_and_ps_slowest():
     nbytes = 100e6
-    nv = Exchange(system_fabric(load_system("dgx1-p100"), 8), intra="alpha-beta").allreduce_s(nbytes)
-    pcie = Exchange(system_fabric(load_system("pcie-8gpu-2socket"), 8), intra="alpha-beta").allreduce_s(nbytes)
-    ps = Exchange(system_fabric(load_system("dgx1-p100"), 8), "ps").allreduce_s(nbytes)
+    alpha_beta = AlphaBetaCostModel()
+    nv = Exchange(load_system("dgx1-p100"), 8, intra=alpha_beta).allreduce_s(nbytes)
+    pcie = Exchange(load_system("pcie-8gpu-2socket"), 8, intra=alpha_beta).allreduce_s(nbytes)
+    ps = Exchange(load_system("dgx1-p100"), 8, "ps").allreduce_s(nbytes)
     assert nv < pcie and nv < ps
 
 
 def test_cluster_exchange_hierarchical_beats_flat_ring_and_ib_beats_ethernet():
-    ib, _ = cluster_fabric(ClusterSpec("dgx1-p100", 1, 4, "edr"), 64)
-    eth, _ = cluster_fabric(ClusterSpec("dgx1-p100", 1, 2, "10gbe"), 64)
-    t = {(name, alg): Exchange(f, alg, intra="alpha-beta").allreduce_s(25e6)
+    ib = cluster_topology(ClusterSpec("dgx1-p100", 1, 4, "edr"), 64)
+    eth = cluster_topology(ClusterSpec("dgx1-p100", 1, 2, "10gbe"), 64)
+    t = {(name, alg): Exchange(f, None, alg, intra=AlphaBetaCostModel()).allreduce_s(25e6)
          for name, f in (("ib", ib), ("eth", eth)) for alg in ("ring", "hierarchical")}
     assert t[("ib", "hierarchical")] < t[("ib", "ring")]
     assert t[("ib", "ring")] < t[("eth", "ring")]
@@ -138,28 +140,28 @@ def test_documented_profile_for_resnet50_on_p100():
 
 
 def test_exchange_passes_the_framework_nccl_version(monkeypatch):
-    import meshscale.simulate as simulate
+    import meshscale.simulate.auto as auto
     seen = []
-    real = simulate.predict_collective
+    real = auto.nccl_result
 
     def spy(*args, **kwargs):
         seen.append(kwargs.get("nccl_version"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(simulate, "predict_collective", spy)
+    monkeypatch.setattr(auto, "nccl_result", spy)
     job = Job("resnet50", 25_557_032, PROFILE, 64, framework=FRAMEWORKS["cntk-2016"], mode="allreduce")
-    job.step(job.exchange(system_fabric(load_system("dgx1-p100"), 2)), 64)
+    job.step(job.exchange(load_system("dgx1-p100"), 2), 64)
     assert seen and set(seen) == {"1.6"}
     job = Job("resnet50", 25_557_032, PROFILE, 64)
-    job.exchange(system_fabric(load_system("dgx1-p100"), 2)).allreduce_s(1 << 20)
+    job.exchange(load_system("dgx1-p100"), 2).allreduce_s(1 << 20)
     assert seen[-1] is None
 
 
 @pytest.mark.parametrize("bad", [
     lambda: per_rank_batch(3, 64, weak=False),
-    lambda: system_fabric(load_system("dgx1-p100"), 9),
+    lambda: Exchange(load_system("dgx1-p100"), 9),
     lambda: profile_for(load_system("dgx1-p100"), None, None),
-    lambda: Exchange(system_fabric(load_system("dgx1-p100"), 2), "butterfly"),
+    lambda: Exchange(load_system("dgx1-p100"), 2, "butterfly"),
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="ps-async"),
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="sync"),
     lambda: Job("resnet50", 25_557_032, PROFILE, 64, algorithm="ps"),

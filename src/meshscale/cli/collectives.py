@@ -39,22 +39,18 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     the `cluster_options`, --nodes, --link, ...), the ranks (``--devices``, or the first ``--gpus`` N, or all),
     the calibration (``p2p``, ``bench``; on a cluster ``bench``, a measured multi-node all_reduce, fits the
     network instead of the links) and NCCL's description (``nccl``: `_nccl_options`)."""
-    from dataclasses import replace
-
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.cli.topology import resolve_system
     from meshscale.topology.schema import require_devices
     from meshscale.results import load_result
-    from meshscale.simulate import SimParams, calibrate, calibrate_collective
-    from meshscale.simulate.link_fit import fit_network
+    from meshscale.simulate.link_fit import calibrated
 
     topology, notice = resolve_system(system, None, **(cluster or {}))
     require_devices(topology)
-    network_fit = None
-    if bench and "cluster" in topology.attrs:
-        topology, network_fit = fit_network(topology, load_result(bench))
-        typer.echo(network_fit.source, err=True)
-        bench = None
+    measured = calibrated(topology, load_result(p2p) if p2p else None, load_result(bench) if bench else None)
+    topology = measured.topology
+    if measured.network_fit:
+        typer.echo(measured.network_fit.source, err=True)
     if notice:
         typer.echo(notice, err=True)
     if devices and gpus is not None:
@@ -72,12 +68,7 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     ranks = check_ranks(ranks, topology)
     if len(ranks) < 2:
         raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --devices")
-    params = calibrate(topology, load_result(p2p)) if p2p else SimParams()
-    if bench:
-        params = calibrate_collective(topology, load_result(bench), params)
-    if network_fit:
-        params = replace(params, source=network_fit.source)
-    return Scenario(topology, ranks, params, dict(nccl or {}))
+    return Scenario(topology, ranks, measured.params, dict(nccl or {}))
 
 
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
@@ -187,7 +178,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         table.add_row(str(r["size_bytes"]), str(r["count"]), r["dtype"], r["redop"], str(r["root"]),
                       f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}", f"{gbps(r['busbw_bytes_per_s']):.2f}",
                       f"{gbps(bound):.1f}" if bound else "-", r["algorithm"])
-    if "cluster" in topology.attrs:
+    if topology.cluster is not None:
         table.caption = "bound: not computed across a cluster's nodes (its max-flow routes every pair of GPUs)"
     print_tables(table)
     write_result_files(result, json_path, csv_path)

@@ -162,35 +162,27 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         raise MeshscaleError(f"{given[0]} is for the training step model: name a transformer (a preset or a "
                              "config.json), gpt-small/gpt-medium or a ResNet with --model")
     gpus = gpus or "1,2,4,8"
-    link = link or "edr"
     batch = 64 if batch is None else batch
     from meshscale.predict.request import PredictRequest, predict_rows
     from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.predict.scaling import prediction_result
-    from meshscale.topology.cluster import cluster_file_spec
+    from meshscale.topology.cluster import cluster_file_spec, cluster_spec
 
     shape = {"network": network, "oversubscription": oversubscription}
-    spec = cluster_file_spec(system)
-    if spec is not None:  # a cluster file: its node, network and size (a sweep up to it unless --nodes says)
-        system, link, nics, gpudirect = spec.node, spec.link, nics or spec.nics, spec.gpudirect
+    if cluster_file_spec(system) is not None:
+        # a cluster file: its node, network and size (a sweep up to it unless --nodes says), its fields overridden by
+        # the options given, as sim and plan take it
+        spec = cluster_spec(system, None, link, nics, None if gpudirect else False, **shape)
+        system, link, nics, gpudirect = spec.node, spec.link, spec.nics, spec.gpudirect
         nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
-        file_shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
-        shape = {**file_shape, **{k: v for k, v in shape.items() if v is not None}}
+        shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
     elif not nodes and any(v is not None for v in shape.values()):
         raise MeshscaleError("--network and --oversubscription describe a cluster; add --nodes (e.g. 1,2,4,8) or "
                              "pass a cluster file")
-    calibrated = ""
-    if nodes and bench:  # a measured multi-node all_reduce fits the network, not the links inside a node
-        from meshscale.results import load_result
-        from meshscale.simulate.link_fit import fit_network
-        from meshscale.topology.cluster import system_or_cluster
-
-        _, fit = fit_network(system_or_cluster(system, 2, link, nics, gpudirect, **shape), load_result(bench))
-        link, bench, calibrated = fit.link, None, f" ({fit.source})"
-        typer.echo(fit.source, err=True)
     if partition and nodes:
         raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
                              "over the network like whole GPUs)")
+    link = link or "edr"
     if weak and global_batch is not None:
         raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
     if not weak and global_batch is None:
@@ -204,6 +196,8 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             bench=bench, compare=compare, measured=from_result, partition=partition,
             nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
     model = job.model
+    if job.network_source:  # a measured multi-node all_reduce fitted the network
+        typer.echo(job.network_source, err=True)
     if partition:
         from meshscale.topology import load_system
         from meshscale.topology.partitions import system_partition
@@ -211,7 +205,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
     title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
     if compare != "frameworks":
         title += f", {job.framework.name if job.framework else 'parameter server'}"
-    title += calibrated
+    title += f" ({job.network_source})" if job.network_source else ""
     if nccl_env:
         title += ", NCCL with " + " ".join(nccl_env)
     if measured:
@@ -228,6 +222,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out or csv_path:
+        link = next((r["link"] for r in rows if r.get("link")), link)  # the fitted network's, where one was fitted
         write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link,
                                              **({k: v for k, v in shape.items() if v is not None} if nodes else {})),
                            json_out, csv_path)

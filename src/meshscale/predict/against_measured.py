@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Fabric, cluster_fabric, system_fabric
+from meshscale.predict.exchange_cost import Exchange, cluster_topology
 from meshscale.predict.profile import run_profile
 from meshscale.predict.scaling import Job
 from meshscale.results import Result
@@ -17,14 +17,14 @@ from meshscale.topology.multinode import network_assumed
 from meshscale.train.models import get_model
 
 
-def _fabric(topo: Topology, world: int, cluster: ClusterSpec | None, params: SimParams | None) -> Fabric:
-    """The fabric a row of ``world`` GPUs ran on: part of one node, or whole nodes of ``cluster``."""
+def _exchange(job: Job, topo: Topology, world: int, cluster: ClusterSpec | None, params: SimParams | None) -> Exchange:
+    """The exchange of a row of ``world`` GPUs: on part of one node, or on whole nodes of ``cluster``."""
     per_node = len(topo.devices())
     if cluster is None or world <= per_node:
-        return system_fabric(topo, world)
+        return job.exchange(topo, world, params)
     if world % per_node:
         raise MeshscaleError(f"a row of {world} GPUs is not a whole number of {per_node}-GPU nodes")
-    return cluster_fabric(cluster, world // per_node, params)[0]
+    return job.exchange(cluster_topology(cluster, world // per_node), None, params)
 
 
 def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams | None = None,
@@ -41,7 +41,7 @@ def compare_scale(measured: Result, job: Job, topo: Topology, params: SimParams 
         except (KeyError, TypeError, ValueError):
             raise MeshscaleError("a scale row lacks world_size, batch_per_rank or throughput_samples_per_s; "
                                  "give a file `meshscale scale --json` wrote") from None
-        pred = job.step(job.exchange(_fabric(topo, world, cluster, params), params), batch).throughput_samples_per_s
+        pred = job.step(_exchange(job, topo, world, cluster, params), batch).throughput_samples_per_s
         rows.append({"world_size": world, "mode": row.get("mode", ""), "batch_per_rank": batch,
                      "global_batch": world * batch, "measured_samples_per_s": meas,
                      "predicted_samples_per_s": pred, "error": pred / meas - 1,

@@ -12,11 +12,11 @@ from meshscale.predict.frameworks import FRAMEWORKS, MODES, resolve_framework
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
-from meshscale.simulate import SimParams, calibrate, calibrate_collective
+from meshscale.simulate.link_fit import calibrated
 from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
-from meshscale.topology.cluster import ClusterSpec
+from meshscale.topology.cluster import ClusterSpec, default_nics, system_or_cluster
 from meshscale.train.models import get_model
 
 COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
@@ -46,7 +46,7 @@ class PredictRequest:
     profile: Path | None = None
     compute_efficiency: float = 0.4
     p2p: Path | None = None
-    bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p)
+    bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p); with nodes, the network
     compare: str | None = None
     measured: Path | None = None
     partition: str | None = None             # each GPU split into MIG instances ("3g.40gb") or time slices ("1/4")
@@ -95,9 +95,15 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
         if req.partition:
             from meshscale.topology.partitions import split_system
             topo, partition = split_system(topo, req.partition)
-        params = calibrate(topo, p2p) if p2p else None
-        if bench:
-            params = calibrate_collective(topo, bench, params or SimParams())
+        net = variant if kind == "link" else req.link
+        nics = req.nics or default_nics(net)
+        shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
+        # the calibration as sim and plan take it (`calibrated`); a measured all_reduce with nodes is a multi-node
+        # one: fitted on two of them, it gives the network every node count is then built with
+        fabric = system_or_cluster(system, 2, net, nics, req.gpudirect, **shape) if req.nodes and bench else topo
+        measured_fabric = calibrated(fabric, p2p, bench) if p2p or bench else None
+        params = measured_fabric.params if measured_fabric else None
+        fit = measured_fabric.network_fit if measured_fabric else None
         asked_mode, asked_framework, algorithm = _exchange_of(variant, kind, req)
         mode, framework = resolve_framework(asked_mode, asked_framework)
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
@@ -105,12 +111,12 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
                   framework=framework, wire=req.wire, nccl_env=req.nccl_env)
         if partition:  # the whole GPU's step on the slice's share of it
             job.profile = job.profile.scaled(partition.step_time_factor, partition.describe())
+        if fit:
+            job.network_source = fit.source
         cluster = None
         if req.nodes:
-            net = variant if kind == "link" else req.link
-            nics = req.nics or (2 if "gbe" in net else 4)
-            shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
-            cluster = ClusterSpec(node=system, nodes=1, nics=nics, link=net, gpudirect=req.gpudirect, **shape)
+            cluster = ClusterSpec(node=system, nodes=1, nics=nics, link=fit.link if fit else net,
+                                  gpudirect=req.gpudirect, **shape)
         if measured:
             found = compare_scale(measured, job, topo, params, cluster)
         elif cluster:

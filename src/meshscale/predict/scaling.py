@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError, check_choice
-from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, Fabric, cluster_fabric, system_fabric
+from meshscale.predict.exchange_cost import ALLREDUCE_ALGORITHMS, Exchange, cluster_topology
 from meshscale.predict.frameworks import FRAMEWORKS, MODE_FRAMEWORK, WIRE_BYTES, Bucket, Framework, check_mode
 from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors
 from meshscale.predict.profile import ComputeProfile, documented_profile, flops_profile, sustained_ratio
@@ -36,6 +36,7 @@ class Job:
     gradients: list[GradientTensor] | None = None
     notes: list[str] = field(default_factory=list)
     nccl_env: NcclEnv | None = None  # NCCL's environment the exchange runs in (None: its defaults)
+    network_source: str = ""         # where the cluster network's figures come from when fitted to a measurement
 
     def __post_init__(self) -> None:
         check_mode(self.mode)
@@ -71,11 +72,11 @@ class Job:
         """Bytes of each exchange of one step, in issue order."""
         return [b.nbytes for b in self.buckets()]
 
-    def exchange(self, fabric: Fabric, params: SimParams | None = None) -> Exchange:
-        """The exchange on ``fabric``: the NCCL cost model of the framework's NCCL version, refined by ``params``
-        (a calibration) when given."""
+    def exchange(self, topology: Topology, gpus: int | None = None, params: SimParams | None = None) -> Exchange:
+        """The exchange on the first ``gpus`` GPUs of ``topology`` (None: all of them, every node of a cluster):
+        the NCCL cost model of the framework's NCCL version, refined by ``params`` (a calibration) when given."""
         version = self.framework.nccl_version if self.framework else None
-        return Exchange(fabric, self.route, params, nccl_version=version, nccl_env=self.nccl_env)
+        return Exchange(topology, gpus, self.route, params, nccl_version=version, nccl_env=self.nccl_env)
 
     def step(self, exchange: Exchange, batch_per_rank: int) -> StepPrediction:
         return predict_step(self.profile, exchange, self.buckets(), batch_per_rank)
@@ -107,11 +108,10 @@ def profile_for(topo: Topology, profile: ComputeProfile | None, flops_per_sample
     return profile
 
 
-def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = None) -> list[dict]:
-    """Rows for each fabric (one per GPU or node count), speedup against one GPU of the first fabric's node."""
-    exchanges = [job.exchange(fabric, params) for fabric in fabrics]
-    points = [job.step(ex, per_rank_batch(ex.fabric.world_size, job.batch, job.weak)) for ex in exchanges]
-    base = job.step(job.exchange(Fabric(fabrics[0].node, 1), params), job.batch)
+def predict_exchanges(job: Job, exchanges: list[Exchange], one_gpu: Topology) -> list[dict]:
+    """Rows for each exchange (one per GPU or node count), speedup against one GPU of ``one_gpu``."""
+    points = [job.step(ex, per_rank_batch(ex.world_size, job.batch, job.weak)) for ex in exchanges]
+    base = job.step(job.exchange(one_gpu, 1), job.batch)
     rows = scaling_rows(points, base.throughput_samples_per_s, job.weak, model=job.model,
                         algorithm=job.route, exchange_mode=job.mode,
                         framework=job.framework.name if job.framework else "parameter server")
@@ -121,13 +121,14 @@ def predict_fabrics(job: Job, fabrics: list[Fabric], params: SimParams | None = 
 
 def predict_system(job: Job, topo: Topology, gpus: list[int], params: SimParams | None = None) -> list[dict]:
     """Predicted scaling on 1 system for each GPU count in ``gpus``."""
-    return [dict(r, system=topo.name) for r in predict_fabrics(job, [system_fabric(topo, g) for g in gpus], params)]
+    return [dict(r, system=topo.name) for r in predict_exchanges(job, [job.exchange(topo, g, params) for g in gpus], topo)]
 
 
 def predict_cluster(job: Job, spec: ClusterSpec, nodes: list[int], params: SimParams | None = None) -> list[dict]:
     """Predicted scaling on ``nodes`` full nodes of a cluster (each count re-sizes the tree)."""
-    fabrics = [cluster_fabric(spec, n, params)[0] for n in nodes]
-    return [dict(r, system=spec.node, link=spec.link, nics=spec.nics) for r in predict_fabrics(job, fabrics, params)]
+    exchanges = [job.exchange(cluster_topology(spec, n), None, params) for n in nodes]
+    rows = predict_exchanges(job, exchanges, cluster_topology(spec, 1))
+    return [dict(r, system=spec.node, link=spec.link, nics=spec.nics) for r in rows]
 
 
 def prediction_result(rows: list[dict], job: Job, **meta) -> Result:

@@ -53,17 +53,16 @@ def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], b
 
 
 def predict_step(profile: ComputeProfile, exchange: Exchange, buckets: list[Bucket], batch_per_rank: int) -> StepPrediction:
-    """Predict one step of ``batch_per_rank`` samples on every rank of ``exchange.fabric``, exchanging
+    """Predict one step of ``batch_per_rank`` samples on every rank of the exchange, exchanging
     all-reduces of ``buckets`` (in issue order), each started once its gradients are complete."""
     if batch_per_rank < 1:
         raise MeshscaleError(f"batch per GPU must be at least 1, got {batch_per_rank}")
-    fabric = exchange.fabric
     compute = profile.step_time(batch_per_rank)
-    if fabric.world_size == 1:
+    if exchange.world_size == 1:
         return StepPrediction(1, 1, batch_per_rank, compute, 0.0, 0.0, 0.0)
     times = [exchange.allreduce_s(b.nbytes) for b in buckets]
     exposed = exposed_exchange_s(times, [b.ready_share for b in buckets], BACKWARD_SHARE * compute, compute)
-    return StepPrediction(fabric.world_size, fabric.nodes, batch_per_rank, compute, sum(times), exposed,
+    return StepPrediction(exchange.world_size, exchange.nodes, batch_per_rank, compute, sum(times), exposed,
                           DIST_OVERHEAD_S)
 
 

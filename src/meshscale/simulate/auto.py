@@ -133,10 +133,11 @@ def predict_collective(topology: Topology, collective: str, ranks: list[int], nb
     NCCL_PROTO force them; ``nvls`` False as NCCL_NVLS_ENABLE=0; ``gpus_per_thread``: GPUs one host thread
     drives, as nccl-tests -g; ``nccl_env``: NCCL's environment, `nccl_env.parse_nccl_env`). "auto": the fastest
     meshscale schedule by flow simulation; any other name: that
-    schedule. GPU-less topologies (CPU workers) fall back to "auto". Sizes that do not split into whole 4-byte
-    elements per rank are rounded up, as frameworks pad gradient buckets."""
-    step = 4 * len(ranks)
-    nbytes = max(step, -(-int(nbytes) // step) * step)
+    schedule. GPU-less topologies (CPU workers) fall back to "auto". Sizes as nccl-tests takes them
+    (`cost.call_bytes`)."""
+    from meshscale.simulate.cost import call_bytes
+
+    nbytes = call_bytes(collective, nbytes, len(ranks))
     if algorithm == "nccl" and topology.device_kind == "gpu":
         return nccl_result(topology, collective, ranks, nbytes, params, root, nccl_version=nccl_version,
                            nccl_algo=nccl_algo, proto=proto, nvls=nvls, gpus_per_thread=gpus_per_thread,

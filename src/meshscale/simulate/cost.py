@@ -5,7 +5,8 @@ A `Call` (collective, bytes as nccl-tests counts them, the ranks of the group, t
 
 - `NcclCostModel`: NCCL's tuning model, what NCCL would pick and how long it takes (`simulate.nccl`), in NCCL's
   environment (`nccl_env.NcclEnv`);
-- `FlowCostModel`: meshscale's own schedules timed by the flow simulator (`auto.choose_and_simulate`).
+- `FlowCostModel`: meshscale's own schedules timed by the flow simulator (`auto.choose_and_simulate`);
+- `alpha_beta.AlphaBetaCostModel`: a ring by alpha-beta on the topology, independent of both.
 
 `collective_time_s` is the entry for callers that price many collectives (a training step's FSDP, TP, PP and
 CP groups): NCCL's model, the group given by its device indices on the fabric.
@@ -30,6 +31,11 @@ class Call:
     ranks: tuple[int, ...]
     root: int = 0
 
+    @property
+    def sized_bytes(self) -> int:
+        """``nbytes`` as the call moves it (`call_bytes`)."""
+        return call_bytes(self.collective, self.nbytes, len(self.ranks))
+
 
 @dataclass(frozen=True)
 class Prediction:
@@ -52,17 +58,19 @@ class CostModel(Protocol):
 
 @dataclass(frozen=True)
 class NcclCostModel:
-    """NCCL's model of the NCCL ``version`` (default 2.28) in ``env``, bandwidths scaled by ``params``' calibration."""
+    """NCCL's model of the NCCL ``version`` (default 2.28) in ``env``, bandwidths scaled by ``params``' calibration,
+    NCCL's own pick or the algorithm ``algo`` forced."""
 
     env: NcclEnv = DEFAULT_ENV
     version: str | None = None
     params: SimParams | None = None
+    algo: str | None = None       # NCCL's algorithm forced (as --nccl-algo), None: NCCL's pick
 
     def predict(self, call: Call, fabric: Topology) -> Prediction:
         from meshscale.simulate.auto import nccl_result
 
-        r = nccl_result(fabric, call.collective, list(call.ranks), _padded(call), self.params, call.root,
-                        nccl_version=self.version, nccl_env=self.env)
+        r = nccl_result(fabric, call.collective, list(call.ranks), call.sized_bytes, self.params, call.root,
+                        nccl_version=self.version, nccl_env=self.env, nccl_algo=self.algo)
         return Prediction(call, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.detail.removeprefix("nccl "),
                           "nccl", self.env.settings, r.channels or 0)
 
@@ -77,15 +85,18 @@ class FlowCostModel:
     def predict(self, call: Call, fabric: Topology) -> Prediction:
         from meshscale.simulate.auto import choose_and_simulate
 
-        r = choose_and_simulate(fabric, call.collective, list(call.ranks), _padded(call), self.algorithm,
+        r = choose_and_simulate(fabric, call.collective, list(call.ranks), call.sized_bytes, self.algorithm,
                                 self.params, call.root).result
         return Prediction(call, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.detail or r.algorithm, "flow")
 
 
-def _padded(call: Call) -> int:
-    """Sizes that do not split into whole 4-byte elements per rank rounded up, as frameworks pad buckets."""
-    step = 4 * len(call.ranks) if kind(call.collective).segmented else 4
-    return max(step, -(-int(call.nbytes) // step) * step)
+def call_bytes(collective: str, nbytes: int, ranks: int, elem_bytes: int = 4) -> int:
+    """The bytes a call of ``nbytes`` moves, as nccl-tests sizes it (common.cu and each test's
+    GetCollByteCount): whole elements, and for collectives whose buffer splits over the ranks (all_gather,
+    reduce_scatter, all_to_all, ...) whole elements per rank, rounded down; at least one such step. Every
+    model and sweep sizes its calls here."""
+    step = elem_bytes * ranks if kind(collective).segmented else elem_bytes
+    return max(step, int(nbytes) // step * step)
 
 
 def collective_time_s(collective: str, nbytes: int, group: Sequence[int] | None, fabric: Topology | str,

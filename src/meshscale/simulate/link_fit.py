@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from statistics import median
 
 import numpy as np
@@ -126,12 +126,15 @@ def _fit_latency(samples: dict[str, list[tuple[float, float]]], latency: dict[st
 
 
 def _device(topo: Topology, name) -> str | None:
-    """A row's src/dst as a device name: an index (int or digits) or a node name; None for 'host' and the like."""
+    """A row's src/dst as a device name: an index (int or digits) or a node name (on a cluster, a name of one node
+    is its first node's: a bench p2p ran inside one node); None for 'host' and the like."""
     if isinstance(name, int) or (isinstance(name, str) and name.isdigit()):
         try:
             return topo.device(int(name))
         except MeshscaleError:
             return None
+    if topo.cluster is not None and isinstance(name, str) and not name.startswith("n0/"):
+        name = f"n0/{name}"
     return name if name in topo.nodes and name in topo.devices() else None
 
 
@@ -209,12 +212,12 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     from meshscale.simulate.nccl.tuning import latency_us
     from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
 
-    cluster = topo.attrs.get("cluster")
-    if not cluster:
+    cluster = topo.cluster
+    if cluster is None:
         raise MeshscaleError("fitting the network needs a cluster: give --nodes N (and --link) or a cluster file")
     if bench.kind != "bench-collective":
         raise MeshscaleError(f"the network fit needs a bench-collective result, got kind {bench.kind!r}")
-    gpus_per_node = len(topo.devices()) // cluster["nodes"]
+    gpus_per_node = len(topo.devices()) // cluster.nodes
     ranks = int(bench.meta.get("world_size") or 0)
     nodes = int(bench.meta.get("nodes") or (ranks // gpus_per_node if gpus_per_node else 0))
     if nodes < 2 or ranks < 2:
@@ -237,12 +240,11 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
         raise MeshscaleError(f"the measured {collective} times do not grow with size; the fit needs a sweep "
                              "that reaches bandwidth-bound sizes (e.g. -b 1M -e 1G)")
     node_bytes_per_s = 2 * (ranks - 1) / ranks / s_per_byte
-    nics = cluster["nics"]
-    spec = ClusterSpec(node=cluster["node"], nodes=cluster["nodes"], nics=nics, link=cluster["link"],
-                       levels=cluster["levels"], gpudirect=cluster["gpudirect"],
-                       network=cluster.get("network", "fat-tree"), oversubscription=cluster.get("oversubscription", 1.0))
+    nics = cluster.nics
+    spec = ClusterSpec(node=cluster.node, nodes=cluster.nodes, nics=nics, link=cluster.link, levels=cluster.levels,
+                       gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
-    measured = build_cluster(plan_cluster(ClusterSpec(**{**vars(spec), "nodes": nodes})))
+    measured = build_cluster(plan_cluster(replace(spec, nodes=nodes)))
     s = nccl.analyse(measured, list(range(ranks)))
     steps = 2 * (nodes - 1)
     base = latency_us(s, nccl.constants(), collective, "ring", "Simple") - s.net_extra_us * steps
@@ -272,3 +274,29 @@ class NetworkFit:
     def source(self) -> str:
         return (f"calibrated: network fitted to a measured {self.nodes}-node all_reduce ({self.rows} rows): "
                 f"{self.rate_bytes_per_s / 1e9:.2f} GB/s per NIC, {self.latency_s * 1e6:.2f} us")
+
+
+@dataclass(frozen=True)
+class Calibrated:
+    """A fabric under the measurements a command was given: the topology (on a cluster with a measured
+    multi-node all_reduce, its network fitted: ``network_fit``) and the links' calibration."""
+
+    topology: Topology
+    params: SimParams
+    network_fit: NetworkFit | None = None
+
+
+def calibrated(topo: Topology, p2p: Result | None = None, bench: Result | None = None) -> Calibrated:
+    """What ``--p2p`` and ``--bench`` make of ``topo``, the same for every command: on a cluster a measured
+    all_reduce fits the network (`fit_network`), not the links inside a node; otherwise the links are fitted to
+    ``p2p`` (`calibrate`), then to ``bench`` (`calibrate_collective`)."""
+    fit = None
+    if bench is not None and topo.cluster is not None:
+        topo, fit = fit_network(topo, bench)
+        bench = None
+    params = calibrate(topo, p2p) if p2p is not None else SimParams()
+    if bench is not None:
+        params = calibrate_collective(topo, bench, params)
+    if fit is not None:
+        params = replace(params, source=fit.source)
+    return Calibrated(topo, params, fit)

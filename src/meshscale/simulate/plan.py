@@ -11,6 +11,7 @@ from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.simulate.auto import choose_and_simulate, nccl_result
+from meshscale.simulate.cost import call_bytes
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult
 from meshscale.topology import Topology
@@ -72,7 +73,7 @@ def with_call_costs(result: SimResult, steps: int, per_step_s: float) -> SimResu
 
 
 def _bound(topology: Topology, collective: str, ranks: list[int], root: int) -> float | None:
-    if "cluster" in topology.attrs:  # the bound routes every pair of GPUs: too many across a cluster's nodes
+    if topology.cluster is not None:  # the bound routes every pair of GPUs: too many across a cluster's nodes
         return None
     try:
         return busbw_bound(topology, collective, ranks, root) if len(ranks) > 1 else None
@@ -159,17 +160,15 @@ def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list
               root: int = 0, params: SimParams | None = None, **nccl) -> Result:
     """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True).
     ``algorithm`` "nccl": NCCL's cost model (its pick per size; ``nccl``: `nccl_result`'s keywords); "auto" or
-    an algorithm name: meshscale's schedule by flow simulation. Sizes that do not split over the ranks are
-    rounded down to a multiple of 4 bytes per rank."""
+    an algorithm name: meshscale's schedule by flow simulation. Sizes as nccl-tests takes them (`call_bytes`)."""
     if nccl and algorithm != "nccl":
         raise MeshscaleError(f"{', '.join(nccl)} describe NCCL's run; they go with --algo nccl, not {algorithm}")
     check_root(collective, root, len(ranks))  # before any size: the NCCL model and the bound index by it
     params = params or SimParams()
     rows = []
     k, n = kind(collective), len(ranks)
-    step = 4 * n if k.segmented else 4
     for size in sizes:
-        nbytes = max(step, size // step * step)
+        nbytes = call_bytes(collective, size, n)
         if algorithm == "nccl":
             r, bound = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl), _bound(topology, collective, ranks, root)
         else:

@@ -30,57 +30,11 @@ from dataclasses import dataclass, field
 from meshscale.errors import TopologyError
 from meshscale.topology import links as calc
 from meshscale.topology.catalog import load_system
+from meshscale.topology.fabric import NET_LINKS, NETWORKS, STATED_RADIX, Cluster, NetLink, net_link  # noqa: F401
 from meshscale.topology.schema import require_devices
 from meshscale.topology.limits import CLUSTER_RANGES, MAX_NODES
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.validation import Range, text
-
-
-@dataclass(frozen=True)
-class NetLink:
-    """One kind of network port: its data rate, nominal rate, the usual switch radix and latencies."""
-
-    name: str
-    kind: str                     # "infiniband" or "ethernet"
-    bandwidth_bytes_per_s: float  # data rate per direction
-    nominal_gbits: float          # marketing rate per direction (EDR 100, 10 GbE 10)
-    radix: int                    # ports of a typical switch
-    switch_latency_s: float       # per switch hop
-    system_latency_s: float       # NIC to NIC, both NIC links together, without the switches
-    whitepaper_encoding: float    # the DGX-1 whitepaper counts IB bisection as nominal x 64/66 (table 1, note a)
-
-
-NET_LINKS = {
-    "edr": NetLink("edr", "infiniband", calc.infiniband_bandwidth("edr"), 100, 36, 0.09e-6, 1.01e-6, 64 / 66),
-    "hdr": NetLink("hdr", "infiniband", calc.infiniband_bandwidth("hdr"), 200, 40, 0.13e-6, 1.01e-6, 64 / 66),
-    "ndr": NetLink("ndr", "infiniband", calc.infiniband_bandwidth("ndr"), 400, 64, 0.13e-6, 1.01e-6, 64 / 66),
-    "10gbe": NetLink("10gbe", "ethernet", calc.ethernet_bandwidth(10), 10, 48, 0.5e-6, 3.5e-6, 1.0),
-    "25gbe": NetLink("25gbe", "ethernet", calc.ethernet_bandwidth(25), 25, 48, 0.5e-6, 3.5e-6, 1.0),
-    "100gbe": NetLink("100gbe", "ethernet", calc.ethernet_bandwidth(100), 100, 32, 0.4e-6, 3.0e-6, 1.0),
-    "400gbe": NetLink("400gbe", "ethernet", calc.ethernet_bandwidth(400), 400, 64, 0.4e-6, 3.0e-6, 1.0),
-}
-
-
-STATED_RADIX = 64  # switch ports assumed for a network given by its rate alone
-NETWORKS = ("fat-tree", "rail")
-
-
-def net_link(name: str) -> NetLink:
-    """The port kind called ``name`` (edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe), or one stated by its rate and
-    latency (``25GB/s,5us``, ``100Gb/s,2us``: see `links.parse_network_rate`). A stated latency is NIC to NIC,
-    switches included; without one, InfiniBand EDR's figures stand. A stated network is taken to be an RDMA
-    fabric (NCCL's IB transport), on switches of `STATED_RADIX` ports."""
-    if name.lower() in NET_LINKS:
-        return NET_LINKS[name.lower()]
-    if not any(ch.isdigit() for ch in name):
-        raise TopologyError(f"unknown network link {name!r}; use one of {', '.join(NET_LINKS)} "
-                            "or a stated rate such as 25GB/s,5us") from None
-    bytes_per_s, latency_s = calc.parse_network_rate(name)
-    edr = NET_LINKS["edr"]
-    switch_s, system_s = (0.0, latency_s) if latency_s is not None else (edr.switch_latency_s, edr.system_latency_s)
-    label = f"{bytes_per_s / 1e9:g}GBps" + (f"-{latency_s * 1e6:g}us" if latency_s is not None else "")
-    return NetLink(label, "infiniband", bytes_per_s, bytes_per_s * 8 / 1e9, STATED_RADIX,
-                   switch_s, system_s, 1.0)
 
 
 @dataclass
@@ -132,8 +86,7 @@ class ClusterPlan:
 
     @property
     def rails(self) -> int:
-        """Rails of a rail-optimized network (one per NIC of a node); 0 on a fat tree."""
-        return self.spec.nics if self.spec.network == "rail" else 0
+        return self.cluster.rails
 
     @property
     def groups(self) -> int:
@@ -142,12 +95,15 @@ class ClusterPlan:
         return math.ceil(self.spec.nodes / self.nodes_per_leaf)
 
     def leaves_of_node(self, k: int) -> list[int]:
-        """The level-1 switch of each NIC of node ``k``: all on its leaf in a fat tree, NIC j on rail j's leaf
-        of its group in a rail network."""
-        group = k // self.nodes_per_leaf
-        if self.rails:
-            return [group * self.rails + j for j in range(self.spec.nics)]
-        return [group] * self.spec.nics
+        return self.cluster.leaves_of_node(k)
+
+    @property
+    def cluster(self) -> Cluster:
+        """The sized network as the typed description a cluster `Topology` carries."""
+        spec = self.spec
+        return Cluster(spec.node, spec.nodes, spec.nics, self.net, spec.link, self.levels, self.nodes_per_leaf,
+                       tuple(self.switches), self.latency_s, spec.network, spec.oversubscription, spec.gpudirect,
+                       self.radix)
 
     def layout(self) -> str:
         """The network in words: "2-level fat tree", "rail-optimized, 8 rails, 2 levels"."""
@@ -381,11 +337,8 @@ def build_cluster(plan: ClusterPlan) -> Topology:
         links += _bundled([(f"l2/{spine}", f"l3/{(spine * up + j) % plan.switches[2]}")
                            for spine in range(plan.switches[1]) for j in range(up)], net)
     title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.layout()}"
-    attrs = {"cluster": {"node": spec.node, "nodes": spec.nodes, "nics": spec.nics, "link": net.name,
-                         "levels": plan.levels, "gpudirect": spec.gpudirect, "latency_s": plan.latency_s,
-                         "network": spec.network, "oversubscription": spec.oversubscription}}
     suffix = "-rail" if plan.rails else ""
-    return Topology(f"{node.name}x{spec.nodes}-{net.name}{suffix}", nodes, links, title, attrs)
+    return Topology(f"{node.name}x{spec.nodes}-{net.name}{suffix}", nodes, links, title, cluster=plan.cluster)
 
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",

@@ -20,6 +20,8 @@ TOP_FIELDS = {
     "defaults": "per node kind or link kind, fields merged into every node / link of that kind",
     "nodes": "devices and the parts between them: gpus, cpus, PCIe and NVLink switches, NICs",
     "links": "one entry per connection (a bundle of `count` parallel links)",
+    "fabric": "the network joining a cluster's nodes (node type, node count, ports, sizing, latency), as meshscale "
+              "writes it out for a cluster; describe a cluster by a cluster file instead (docs/systems.md)",
 }
 NODE_FIELDS = {
     "name": "unique name, referred to by links (gpu0, cpu0, pcie1, nvswitch0)",
@@ -82,7 +84,8 @@ def system_schema() -> dict[str, Any]:
            "title": {"type": ["string", "null"]}, "gpu_count": {"type": "integer", "minimum": 0},
            "attrs": {"type": "object"},
            "defaults": {"type": "object", "additionalProperties": {"type": ["object", "null"]}},
-           "nodes": {"type": "array", "minItems": 1, "items": node}, "links": {"type": "array", "items": link}}
+           "nodes": {"type": "array", "minItems": 1, "items": node}, "links": {"type": "array", "items": link},
+           "fabric": {"type": "object"}}
     for key, prop in top.items():
         prop["description"] = TOP_FIELDS[key]
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", "$id": SCHEMA,

@@ -7,11 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import networkx as nx
 
 from meshscale.errors import TopologyError
+
+if TYPE_CHECKING:
+    from meshscale.topology.fabric import Cluster
 
 # "worker" is a CPU process acting as a rank on machines with no GPU (linked to its host over shared memory).
 NODE_KINDS = ("gpu", "cpu", "pcie_switch", "nvswitch", "nic", "net_switch", "host", "worker")
@@ -76,13 +79,15 @@ class Link:
 
 @dataclass
 class Topology:
-    """A system: named nodes and the links between them. Construct, then treat as read-only."""
+    """A system: named nodes and the links between them. Construct, then treat as read-only. ``cluster``: the
+    network joining the nodes of a cluster (or of hosts joined under torchrun); None for one system."""
 
     name: str
     nodes: dict[str, Node]
     links: list[Link]
     title: str = ""
     attrs: dict[str, Any] = field(default_factory=dict)
+    cluster: Cluster | None = None
 
     def __post_init__(self) -> None:
         self._check()

@@ -11,14 +11,13 @@ from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
 from meshscale.topology import links as calc
-from meshscale.topology.cluster import NET_LINKS, node_copy
+from meshscale.topology.cluster import node_copy
+from meshscale.topology.fabric import Cluster, NetLink, network_of
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
 from meshscale.topology.nics import Port
 
 HOSTNAME_ENV = "MESHSCALE_HOSTNAME"  # overrides the hostname, so that agents on one machine act as hosts
 ASSUMED_PORT = Port("assumed", "ethernet", "up", 10.0, rate_text="10 GbE assumed (no port with a known rate)")
-# switch and NIC latencies by port kind (typical figures, the same as the cluster model's)
-_NET = {"infiniband": NET_LINKS["ndr"], "ethernet": NET_LINKS["100gbe"]}
 
 
 def network_assumed(attrs: dict) -> bool:
@@ -66,38 +65,54 @@ def network_ports(ports: list[Port]) -> list[Port]:
     return [max(eth, key=lambda p: p.rate_gbits)] if eth else [ASSUMED_PORT]
 
 
+def _port_kind(port: Port) -> str:
+    return "ethernet" if port.kind == "ethernet" or port.link_layer.lower() == "ethernet" else "infiniband"
+
+
 def join_hosts(reports: list[HostReport]) -> Topology:
     """The hosts' topologies as one, host k's nodes prefixed ``n<k>/``, their network ports as NICs on one
-    switch ``l1/0``. Raises `MeshscaleError` when the hosts disagree on their rank devices."""
+    switch ``l1/0``; its `Cluster` is the network the hosts found (or the 10 GbE assumed where a host found
+    none), with that network's own switch and NIC latencies. Raises `MeshscaleError` when the hosts disagree
+    on their rank devices."""
     check_hosts_agree(reports)
     per_host = len(reports[0].topology.devices())
+    used = {r.hostname: network_ports(r.ports) for r in reports}
+    # the slowest port any host uses: a collective across the hosts runs at its pace
+    net = min((network_of(_port_kind(p), p.bandwidth_bytes_per_s) for ps in used.values() for p in ps),
+              key=lambda n: (n.bandwidth_bytes_per_s, n.kind != "ethernet"))
     nodes: dict[str, Node] = {}
     links: list[Link] = []
-    used = {}
     for k, report in enumerate(reports):
         prefix, topo = f"n{k}/", report.topology
         copied, copied_links = node_copy(topo, k, k * per_host, hostname=report.hostname)
         nodes.update(copied)
         links += copied_links
-        used[report.hostname] = ports = network_ports(report.ports)
-        for j, port in enumerate(ports):
-            kind = "ethernet" if port.kind == "ethernet" or port.link_layer.lower() == "ethernet" else "infiniband"
+        for j, port in enumerate(used[report.hostname]):
+            kind = _port_kind(port)
             nic = f"{prefix}nic{j}"
             nodes[nic] = Node(nic, "nic", {"port": port.name, "port_kind": kind, "port_rate": port.rate_text
                                            or f"{port.rate_gbits:g} Gb/s", "numa": port.numa, "node": k})
             generation = _nic_pcie_generation(port.bandwidth_bytes_per_s)
             links.append(Link(nic, prefix + _attach_point(topo, port), "pcie", calc.pcie_bandwidth(generation, 16),
                               DEFAULT_LATENCY_S["pcie"], generation=generation, width=16))
-            links.append(Link(nic, "l1/0", kind, port.bandwidth_bytes_per_s, _NET[kind].system_latency_s / 2))
-    kinds = {l.kind for l in links if l.b == "l1/0"}
-    nodes["l1/0"] = Node("l1/0", "net_switch", {"level": 1, "latency_s": min(_NET[k].switch_latency_s for k in kinds)})
+            links.append(Link(nic, "l1/0", kind, port.bandwidth_bytes_per_s, net.system_latency_s / 2))
+    nodes["l1/0"] = Node("l1/0", "net_switch", {"level": 1, "latency_s": net.switch_latency_s})
     names = [r.hostname for r in reports]
     title = (f"{len(reports)} hosts ({', '.join(names)}): {reports[0].devices_text()} each, joined by "
              f"{', '.join(sorted({p.rate_text or p.name for ps in used.values() for p in ps}))}")
     attrs = {"source": "joined hosts", "hosts": names,
              "network_ports": {h: [p.name for p in ps] for h, ps in used.items()},
              "bandwidth_source": reports[0].topology.attrs.get("bandwidth_source", "")}
-    return Topology(f"{len(reports)}-hosts", nodes, links, title, attrs)
+    return Topology(f"{len(reports)}-hosts", nodes, links, title, attrs, _joined_cluster(reports, used, net))
+
+
+def _joined_cluster(reports: list[HostReport], used: dict[str, list[Port]], net: NetLink) -> Cluster:
+    """The hosts under one switch: one level, every host on the one leaf; one message crosses both NIC links
+    and the switch."""
+    nics = min(len(ps) for ps in used.values())
+    return Cluster(reports[0].topology.name, len(reports), nics, net, net.name, levels=1,
+                   nodes_per_leaf=len(reports), switches=(1,), latency_s=net.system_latency_s + net.switch_latency_s,
+                   radix=net.radix)
 
 
 def _attach_point(topo: Topology, port: Port) -> str:

@@ -174,12 +174,22 @@ def relation(topo: Topology, a: int | str, b: int | str) -> str:
         return f"NV{min(topo.nvlink_count(a), topo.nvlink_count(b))}"
     if r.fabric == "network":
         return "NET"
-    relays = [topo.nodes[n] for n in r.paths[0].nodes[1:-1]]
+    return path_class(topo, r.paths[0].nodes)
+
+
+def path_class(topo: Topology, path_nodes: list[str], nccl: bool = False) -> str:
+    """The PCIe class (`nics.RELATIONS`) of a route's path (its node names, both ends included): SYS across two
+    CPUs, PHB through one (NODE where the CPU says its root ports sit behind separate host bridges), PHB through
+    a host bridge below the CPU, PIX through at most one PCIe switch, else PXB. ``nccl``: as NCCL's path types,
+    which have no NODE (PHB there). The one place path classes are computed on a topology: `relation` (and so
+    bench pairs) and NCCL's model."""
+    relays = [topo.nodes[n] for n in path_nodes[1:-1]]
     cpus = [n for n in relays if n.kind in ("cpu", "host")]
     if len(cpus) >= 2:
         return "SYS"
     if len(cpus) == 1:
-        return cpus[0].attrs.get("pcie_relation", "PHB")
+        found = cpus[0].attrs.get("pcie_relation", "PHB")
+        return "PHB" if nccl and found == "NODE" else found
     if any(n.attrs.get("host_bridge") for n in relays):  # a root port shared below the CPU (discovered machines)
         return "PHB"
     return "PIX" if len([n for n in relays if n.kind == "pcie_switch"]) <= 1 else "PXB"
@@ -195,7 +205,7 @@ def subset(topo: Topology, indices: list[int]) -> Topology:
              if node.kind not in DEVICE_KINDS or n in keep}
     links = [Link(**vars(l)) for l in topo.links if l.a in nodes and l.b in nodes]
     attrs = dict(topo.attrs, subset_of=topo.name)
-    return Topology(f"{topo.name}[{','.join(map(str, indices))}]", nodes, links, topo.title, attrs)
+    return Topology(f"{topo.name}[{','.join(map(str, indices))}]", nodes, links, topo.title, attrs, topo.cluster)
 
 
 def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exhaustive: int = 16,

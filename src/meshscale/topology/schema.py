@@ -17,6 +17,7 @@ and the fix. The same schema serves the shipped catalog, user files and the JSON
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 import re
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from meshscale.validation import Range, load_structured
 SCHEMA = "meshscale-topology/1"
 _LINK_KEYS = {"a", "b", "kind", "count", "generation", "width", "rate", "bandwidth_bytes_per_s",
               "bandwidth_gb_per_s", "latency_s"}
-_TOP_KEYS = {"schema", "name", "title", "gpu_count", "defaults", "nodes", "links", "attrs"}
+_TOP_KEYS = {"schema", "name", "title", "gpu_count", "defaults", "nodes", "links", "attrs", "fabric"}
 
 
 # Sane ranges of a system file's numbers: a link is between a slow NIC (1 kB/s) and 1 PB/s, a hop takes at most
@@ -198,9 +199,40 @@ def from_dict(data: Any, source: str = "<dict>") -> Topology:
         raise _fail(source, "gpu_count", f"says {data['gpu_count']!r} but {len(gpus)} gpu nodes are defined",
                     "make gpu_count match the gpu entries under nodes")
     try:
-        return Topology(name, nodes, links, str(data.get("title") or ""), dict(data.get("attrs") or {}))
+        return Topology(name, nodes, links, str(data.get("title") or ""), dict(data.get("attrs") or {}),
+                        _fabric(data.get("fabric"), source))
     except TopologyError as exc:
         raise TopologyError(f"{source}: {exc}") from None
+
+
+def _fabric(data: Any, source: str):
+    """The `Cluster` a serialized cluster topology carries under ``fabric`` (None when it has none)."""
+    if data is None:
+        return None
+    from dataclasses import fields
+
+    from meshscale.topology.fabric import Cluster, NetLink
+
+    def number(value, integer: bool = False) -> bool:
+        return (isinstance(value, int if integer else (int, float)) and not isinstance(value, bool)
+                and 0 <= value < 1e12)
+
+    try:
+        values = {f.name: data[f.name] for f in fields(Cluster) if f.name in data}
+        net = NetLink(**data["net"])
+        values["net"], values["switches"] = net, tuple(data["switches"])
+        whole = [values[k] for k in ("nodes", "nics", "levels", "nodes_per_leaf", "radix") if k in values]
+        whole += [*values["switches"], net.radix]
+        real = [values[k] for k in ("latency_s", "oversubscription") if k in values]
+        real += [net.bandwidth_bytes_per_s, net.nominal_gbits, net.switch_latency_s, net.system_latency_s,
+                 net.whitepaper_encoding]
+        texts = [values[k] for k in ("node", "link", "network") if k in values] + [net.name, net.kind]
+        if not (all(number(v, True) for v in whole) and all(number(v) for v in real)
+                and all(isinstance(t, str) for t in texts) and isinstance(values.get("gpudirect", True), bool)):
+            raise ValueError
+        return Cluster(**values)
+    except (TypeError, KeyError, ValueError):
+        raise _fail(source, "fabric", "is not a cluster's network", "write it as `to_dict` does, or leave it out") from None
 
 
 def to_dict(topo: Topology) -> dict[str, Any]:
@@ -216,6 +248,7 @@ def to_dict(topo: Topology) -> dict[str, Any]:
             {k: v for k, v in vars(l).items() if v is not None}
             for l in topo.links
         ],
+        **({"fabric": asdict(topo.cluster)} if topo.cluster is not None else {}),
     }
 
 

@@ -2,7 +2,7 @@
 cost interface (`meshscale.simulate.cost.collective_time_s`: NCCL's model, NCCL's own choice of algorithm and
 protocol) on the group's placement:
 inside one node, on the node's topology; across nodes, on the cluster topology `predict --nodes` builds
-(`predict.exchange_cost.cluster_fabric`). Re-point this function to change how every training collective is
+(`predict.exchange_cost.cluster_topology`). Re-point this function to change how every training collective is
 priced.
 
 A group of a layout is placed by its global ranks: rank r sits on node r // gpus_per_node, local GPU
@@ -109,16 +109,16 @@ def _topology(system: str, nodes: int, link: str, nics: int):
     if nodes == 1:
         topo = load_system(system)
     else:
-        from meshscale.predict.exchange_cost import cluster_fabric
+        from meshscale.predict.exchange_cost import cluster_topology
         from meshscale.topology.cluster import ClusterSpec
 
-        topo = cluster_fabric(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes)[0].cluster
+        topo = cluster_topology(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes)
     return topo, topo.devices()
 
 
 @lru_cache(maxsize=256)
 def _network_latency_s(system: str, link: str, nics: int, nodes: int) -> float:
-    from meshscale.predict.exchange_cost import cluster_fabric
+    from meshscale.predict.exchange_cost import cluster_topology, network_latency_s
     from meshscale.topology.cluster import ClusterSpec
 
-    return cluster_fabric(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes)[0].net_latency_s
+    return network_latency_s(cluster_topology(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes))

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
+from meshscale.topology.queries import path_class
 
 
 REFERENCE_NET_LATENCY_S = 1.28e-6  # EDR InfiniBand, NIC to NIC over a two-level fat tree (3 switch hops)
@@ -25,12 +26,6 @@ class NicPath:
     gdr: bool
     port_gbps: float
     gbps: float
-
-
-def path_shape(topo: Topology, nodes: list[str]) -> str:
-    cpus = [n for n in nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
-    switches = [n for n in nodes[1:-1] if topo.nodes[n].kind == "pcie_switch"]
-    return "SYS" if len(cpus) >= 2 else "PHB" if cpus else "PIX" if len(switches) <= 1 else "PXB"
 
 
 def links_gbps(topo: Topology, directed: list, c: dict) -> dict:
@@ -96,10 +91,10 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
         shapes = []
         for g in local:
             path = route(topo, g, nic).paths[0]
-            shapes.append((PATH_TYPES.index(path_shape(topo, path.nodes)), g, path))
+            shapes.append((PATH_TYPES.index(path_class(topo, path.nodes, nccl=True)), g, path))
         _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
         served.add(gpu)
-        kind_name = path_shape(topo, path.nodes)
+        kind_name = path_class(topo, path.nodes, nccl=True)
         gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
             and not env.socket
         if gdr:
@@ -146,7 +141,7 @@ def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
     """One message's latency node to node: the cluster's worst case where its plan says (`build_cluster`), else
     what the topology's own network says, a NIC's link to its switch, the switch, and the link down to another
     node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's."""
-    stated = topo.attrs.get("cluster", {}).get("latency_s")
+    stated = topo.cluster.latency_s if topo.cluster is not None else None
     if stated:
         return float(stated)
     for path in nics:

@@ -9,12 +9,13 @@ from typing import TYPE_CHECKING
 
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, links_gbps,
-                                             network_latency_s, network_paths, node_of, node_view, path_shape,
+                                             network_latency_s, network_paths, node_of, node_view,
                                              port_gbps)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
+from meshscale.topology.queries import path_class
 
 if TYPE_CHECKING:
     from meshscale.simulate.nccl.tuning import TuningTable
@@ -118,7 +119,7 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
     if r.fabric != "pcie":
         return None
     path = r.paths[0]
-    path_type = path_shape(topo, path.nodes)
+    path_type = path_class(topo, path.nodes, nccl=True)
     cpus = [n for n in path.nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
     intel = bool(cpus) and all(cpu_class(topo.nodes[x].attrs.get("model", "")) in ("bdw", "skl", "srp", "erp")
                                for x in cpus)
