@@ -28,27 +28,35 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start = restore(ctx, t)
     log = open_log(ctx, cfg, start)
     window = Window(t.clock, first_timed_step(t, start))
-    tracer = StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t)
-    max_param_diff = 0.0
-
-    def step_fn(step: int):
-        nonlocal max_param_diff
-        with tracer.step(step):
-            row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
-        if cfg.debug.verify_sync:
-            max_param_diff = max(max_param_diff, difference_to_rank0(t))
-        # a graph's loss is overwritten by the next replay: copy it
-        return row, loss.clone() if t.graphed is not None else loss.detach()
+    steps = TrainSteps(t, StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t))
     try:
-        run_steps(ctx, cfg, start, log, window, step_fn, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
+        run_steps(ctx, cfg, start, log, window, steps, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
     finally:
-        tracer.close()
-    out = {"summary": summarize(ctx, t, start, len(log.rows), window, max_param_diff),
+        steps.tracer.close()
+    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps.max_param_diff),
            "rows": log.rows if ctx.rank == 0 else []}
     if cfg.debug.return_params and ctx.rank == 0:
         out["params"] = flat_params(t.model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
     del t  # free the DDP reducer before the group goes (teardown deadlock)
     return out
+
+
+class TrainSteps:
+    """The data-parallel step as `run_steps` calls it (``steps(step) -> (row, loss)``): traced when asked, checked
+    against rank 0 when asked. benchmarks/resnet_host_profile.py runs this same object."""
+
+    def __init__(self, t: Trainer, tracer: StepTracer):
+        self.t, self.tracer = t, tracer
+        self.max_param_diff = 0.0
+
+    def __call__(self, step: int) -> tuple[dict[str, Any], Any]:
+        t = self.t
+        with self.tracer.step(step):
+            row, loss = run_step(t, step, learning_rate(t.cfg, t.spec, step))
+        if t.cfg.debug.verify_sync:
+            self.max_param_diff = max(self.max_param_diff, difference_to_rank0(t))
+        # a graph's loss is overwritten by the next replay: copy it
+        return row, loss.clone() if t.graphed is not None else loss.detach()
 
 
 def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, window: Window,
