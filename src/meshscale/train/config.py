@@ -171,6 +171,9 @@ class TrainConfig:
     steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
     timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
                                check=_STEPS_OR_ZERO)
+    comm_breakdown_steps: int = option(2, "--comm-breakdown-steps", help="transformers: warm-up steps run under "
+                                       "torch.profiler for each dimension's communication time, its exposed part "
+                                       "and the pipeline bubble (0: none; needs --timing)", check=_STEPS_OR_ZERO)
     timing: bool = option(True, "--timing/--no-timing", help="per-step device sync and compute / comm / data "
                           "split (--no-timing: fastest)")
     seed: int = option(0, "--seed", help="initial weights and data order", check=Range(0, 2**63 - 1, integer=True))
