@@ -76,16 +76,16 @@ def length(spans: Iterable[Span]) -> float:
 
 def minus(spans: Iterable[Span], cover: Iterable[Span]) -> list[Span]:
     """The parts of ``spans`` outside ``cover``."""
-    out, cover = [], union(cover)
-    for start, end in union(spans):
-        for c0, c1 in cover:
-            if c1 <= start or c0 >= end:
-                continue
-            if c0 > start:
-                out.append((start, c0))
-            start = max(start, c1)
-            if start >= end:
-                break
+    out, cover, i = [], union(cover), 0
+    for start, end in union(spans):  # both sorted: one pass over the cover
+        while i < len(cover) and cover[i][1] <= start:
+            i += 1
+        j = i
+        while j < len(cover) and cover[j][0] < end and start < end:
+            if cover[j][0] > start:
+                out.append((start, cover[j][0]))
+            start = max(start, cover[j][1])
+            j += 1
         if start < end:
             out.append((start, end))
     return out
