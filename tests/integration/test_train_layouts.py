@@ -139,7 +139,7 @@ def test_sharded_resume_continues_bit_equal(tmp_path):
 
 def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
     out = cli("scale", "--model", "llama-tiny", "--layouts", "fsdp2,pp2", "--micro-batches", "2", "--batch", "2",
-              "--steps", "3", "--timing-warmup", "1", "--json", tmp_path / "s.json")
+              "--steps", "4", "--timing-warmup", "3", "--json", tmp_path / "s.json")
     assert out.exit_code == 0, out.output
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert [(r["layout"], r["world_size"]) for r in rows] == [("fsdp2", 2), ("pp2 (1f1b, 2 micro-batches)", 2)]
@@ -147,3 +147,6 @@ def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
     assert [r["global_batch"] for r in rows] == [4, 2]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["fsdp_comm_bytes"] > 0 and "pp_comm_bytes" not in rows[0]
+    # warm-up steps 1 and 2 profiled: each row's exposed communication, and the pipeline's bubble
+    assert rows[0]["fsdp_comm_exposed_s"] > 0 and rows[0]["bubble_s"] is None
+    assert rows[1]["pp_comm_exposed_s"] >= rows[1]["bubble_s"] > 0
