@@ -15,7 +15,7 @@ from meshscale.train.parallel.plan import check_fits, memory_needed, parse_layou
     (["--cpus", "3", "--tp", "3"], "must divide the model's 4 attention heads"),
     (["--cpus", "4", "--tp", "4"], "key/value heads"),
     (["--cpus", "4", "--pp", "4", "--micro-batches", "4"], "each stage needs at least one layer"),
-    (["--cpus", "2", "--pp", "2"], "needs at least 2 micro-batches"),
+    (["--cpus", "2", "--pp", "2", "--micro-batches", "1"], "needs at least 2 micro-batches"),
     (["--seq-len", "128"], "longer than the model's 64 positions"),
     (["--cpus", "2", "--cp", "2", "--seq-len", "30"], "use a multiple of 4"),
     (["--activation-checkpointing", "some"], "--activation-checkpointing some"),

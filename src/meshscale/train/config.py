@@ -100,8 +100,9 @@ class LayoutOptions:
     pp: int = option(1, "--pp", help="transformers: pipeline stages", check=_DEGREE)
     cp: int = option(1, "--cp", help="transformers: context-parallel degree (the sequence split)", check=_DEGREE)
     pp_schedule: str = option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b")
-    micro_batches: int = option(1, "--micro-batches", help="pipeline micro-batches per step (>= --pp)",
-                                check=_DEGREE)
+    micro_batches: Optional[int] = option(None, "--micro-batches", help="pipeline micro-batches per step (>= --pp; "
+                                          "default: the pipeline's stages)",
+                                          check=Range(1, 1 << 16, integer=True, optional=True))
     checkpointing: str = option("none", "--activation-checkpointing", help="none, selective (keep matmul and "
                                 "attention outputs, recompute the rest) or full (recompute each layer)")
     seq_len: Optional[int] = option(None, "--seq-len", help="transformers: tokens per sequence (default: the "
@@ -112,7 +113,7 @@ class LayoutOptions:
     def parallel_layout(self) -> "ParallelLayout":
         from meshscale.models.layout import ParallelLayout
         return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp,
-                              pp_schedule=self.pp_schedule, micro_batches=self.micro_batches,
+                              pp_schedule=self.pp_schedule, micro_batches=self.micro_batches or self.pp,
                               stages_per_rank=self.stages_per_rank)
 
     @property
