@@ -92,3 +92,10 @@ def test_ranks_are_averaged_per_dimension():
     assert m["step_time_s"] == 2.0 and m["bubble_s"] is None
     assert m["dimensions"]["tp"] == pytest.approx({"busy_s": 0.3, "exposed_s": 0.1})
     assert mean_breakdown([None]) is None
+
+
+def test_a_batch_of_sends_and_receives_on_nccl_is_the_pipelines_and_its_bubble():
+    kernels = [_op("ampere_bf16_gemm", 0, 4, 7, "kernel"), _op("ncclDevKernel_SendRecv", 3, 8, 9, "kernel")]
+    b = breakdown(kernels, [_entry("mesh_pp", 2.5, "nccl:coalesced")], ParallelLayout(pp=2, micro_batches=2),
+                  (0.0, 0.010), steps=1)
+    assert (b.dimensions["pp"].busy_s, b.bubble_s) == pytest.approx((0.005, 0.004))

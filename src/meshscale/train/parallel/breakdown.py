@@ -142,7 +142,13 @@ def trace_events(prof: Any) -> list[dict[str, Any]]:
 def _kind(name: str) -> str:
     flat = name.lower().replace("_", "")
     kind = next((k for k in _KINDS if k in flat), flat)
-    return "p2p" if kind in ("send", "recv") else kind
+    # a batch of sends and receives (the pipeline's batch_isend_irecv) is recorded as one coalesced operation
+    return "p2p" if kind in ("send", "recv") or kind.endswith("coalesced") else kind
+
+
+def _receives(name: str) -> bool:
+    """Whether an operation waits for a peer's data: a receive, or a batch of point-to-point operations."""
+    return "recv" in name or _kind(name) == "p2p" and "coalesced" in name.lower()
 
 
 def _span(e: dict[str, Any]) -> Span:
@@ -191,11 +197,11 @@ def breakdown(events: list[dict[str, Any]], entries: list[dict[str, Any]], layou
         dim = entry_dimension(entry, layout)
         if dim is not None:
             spans.setdefault(dim, []).append(_span(e))
-            if "recv" in entry.get("profiling_name", ""):
+            if _receives(entry.get("profiling_name", "")):
                 receives.append(_span(e))
     if p2p_events and layout.pp > 1:
         spans.setdefault("pp", []).extend(_span(e) for e in p2p_events)
-        receives += [_span(e) for e in p2p_events if "recv" in e["name"]]
+        receives += [_span(e) for e in p2p_events if _receives(e["name"])]
     hidden = compute + data
     dims = {dim: DimensionTime(length(s) / steps, length(minus(s, hidden)) / steps) for dim, s in spans.items()}
     step_s = (window[1] - window[0]) / steps
