@@ -10,6 +10,7 @@ Three sides, all in this process on one device, each with its own model:
   store, the throughput window, the step log with its progress bar, the tracer's hook, the checkpoint check).
 - view: "loop" with --bucket-view (DDP's gradient_as_bucket_view: gradients live in DDP's buckets, no copy of
   each gradient into its bucket and back, about 320 device copies a step fewer for ResNet-50).
+- timed: "loop" with timing on (train's default: each step's marks, read once the next step is queued).
 "step" against "plain" isolates the step; "loop" against "step" the loop around it.
 
     python benchmarks/resnet_host_profile.py                       # one GPU: resnet50, bf16, batch 128
@@ -20,7 +21,8 @@ Prints: one line per round and side (images/s), the median ratio of each side to
 (per thread, top 25) and the main thread's time outside any operator, (b) the GPU's idle gaps per step (the
 window from the first kernel to the last, less the union of kernels, copies and sets), (c) kernels and CUDA
 runtime calls per step (cudaLaunchKernel, cudaStreamSynchronize, cudaMemcpy*, cudaEventRecord, cudaEventQuery
-...), (d) the top GPU kernels by time per step. With --cli, also the real command's figure (a fresh process).
+...), (d) the top GPU kernels by time per step. With --cli (default), also the real command's figures,
+untimed and timed (fresh processes).
 """
 from __future__ import annotations
 
@@ -45,7 +47,7 @@ import torch  # noqa: E402
 
 from train_vs_plain import init_one_rank, plain_resnet, sync  # noqa: E402
 
-SIDES = ("plain", "step", "loop", "view")
+SIDES = ("plain", "step", "loop", "view", "timed")
 RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "cuLaunchKernelEx",
                  "cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaMemcpyAsync", "cudaMemcpy",
                  "cudaEventRecord", "cudaEventQuery", "cudaEventSynchronize", "cudaStreamWaitEvent",
@@ -53,10 +55,10 @@ RUNTIME_CALLS = ("cudaLaunchKernel", "cudaLaunchKernelExC", "cuLaunchKernel", "c
 
 
 # ---- the three sides, each a function run(n): n steps -----------------------------------------------------------
-def train_config(args, device: torch.device, bucket_view: bool = False):
+def train_config(args, device: torch.device, bucket_view: bool = False, timing: bool = False):
     from meshscale.train.config import DdpOptions, LogOptions, SpeedOptions, TrainConfig
     # as the CLI builds it for `train --gpus 1 --precision bf16 --channels-last --batch 128 --no-timing`
-    return TrainConfig(model=args.model, batch_per_rank=args.batch, timing=False, device=device.type, world=1,
+    return TrainConfig(model=args.model, batch_per_rank=args.batch, timing=timing, device=device.type, world=1,
                        image_size=args.image_size, logging=LogOptions(progress=True),
                        ddp=DdpOptions(bucket_view=bucket_view),
                        speed=SpeedOptions(precision=args.precision, channels_last=True))
@@ -77,14 +79,14 @@ def meshscale_step_side(args, device: torch.device):
     return run
 
 
-def meshscale_loop_side(args, device: torch.device, store, bucket_view: bool = False):
+def meshscale_loop_side(args, device: torch.device, store, bucket_view: bool = False, timing: bool = False):
     """train_worker's loop: run_steps over TrainSteps, a fresh step log and window each call (as a run has)."""
     from meshscale.execute import RankContext
     from meshscale.train.build import build
     from meshscale.train.loop import TrainSteps, open_log, run_steps
     from meshscale.train.timing import Window
     from meshscale.train.trace import StepTracer
-    cfg = train_config(args, device, bucket_view)
+    cfg = train_config(args, device, bucket_view, timing)
     ctx = RankContext(0, 1, 0, "nccl" if device.type == "cuda" else "gloo", device, store)
     t = build(cfg, device, 0, 1)
     steps = TrainSteps(t, StepTracer(None, 0, 0, 1 << 40, t))
@@ -228,25 +230,25 @@ def report(profiles: dict[str, dict], limit: int) -> None:
 
 
 def run_cli(args, device: torch.device) -> None:
-    """The real command in a fresh process, for its own figure beside the in-process sides."""
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "train.json"
-        where = ["--gpus", "1"] if device.type == "cuda" else ["--cpus", "1"]
-        cmd = [sys.executable, "-m", "meshscale", "train", "--model", args.model, *where, "--precision",
-               args.precision, "--channels-last", "--batch", str(args.batch), "--no-timing",
-               "--steps", str(args.cli_steps), "--json", str(out)]
-        if args.image_size:
-            cmd += ["--image-size", str(args.image_size)]
-        import meshscale  # the child imports the same package as this process, wherever it lies
-        src = str(Path(meshscale.__file__).resolve().parents[1])
-        env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))}
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-        if done.returncode != 0:
-            print(f"cli: exit {done.returncode}: {done.stderr.strip()[-500:]}")
-            return
-        summary = json.loads(out.read_text())["meta"]["summary"]
-        print(f"cli: {' '.join(cmd[3:])}: {summary['samples_per_s']:,.1f} images/s (fresh process, "
-              f"{summary['timed_steps']} timed steps)")
+    """The real command in a fresh process, untimed and timed (train's default), beside the in-process sides."""
+    import meshscale  # the child imports the same package as this process, wherever it lies
+    src = str(Path(meshscale.__file__).resolve().parents[1])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (src, os.environ.get("PYTHONPATH"))))}
+    where = ["--gpus", "1"] if device.type == "cuda" else ["--cpus", "1"]
+    for timing in ("--no-timing", "--timing"):
+        with tempfile.TemporaryDirectory() as d:
+            out = Path(d) / "train.json"
+            cmd = [sys.executable, "-m", "meshscale", "train", "--model", args.model, *where, "--precision",
+                   args.precision, "--channels-last", "--batch", str(args.batch), timing,
+                   "--steps", str(args.cli_steps)] + (["--image-size", str(args.image_size)] if args.image_size else [])
+            cmd += ["--json", str(out)]
+            done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+            if done.returncode != 0:
+                print(f"cli: exit {done.returncode}: {done.stderr.strip()[-500:]}")
+                continue
+            summary = json.loads(out.read_text())["meta"]["summary"]
+            print(f"cli: {' '.join(cmd[3:-2])}: {summary['samples_per_s']:,.1f} images/s (fresh process, "
+                  f"{summary['timed_steps']} timed steps)", flush=True)
 
 
 def main() -> None:
@@ -282,7 +284,8 @@ def main() -> None:
     try:
         runs = {"plain": plain_side(args, device), "step": meshscale_step_side(args, device),
                 "loop": meshscale_loop_side(args, device, store),
-                "view": meshscale_loop_side(args, device, store, bucket_view=True)}
+                "view": meshscale_loop_side(args, device, store, bucket_view=True),
+                "timed": meshscale_loop_side(args, device, store, timing=True)}
         for s in SIDES:
             runs[s](args.warmup)
         per_step: dict[str, list[float]] = {s: [] for s in SIDES}

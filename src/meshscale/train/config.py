@@ -175,8 +175,8 @@ class TrainConfig:
     comm_breakdown_steps: int = option(2, "--comm-breakdown-steps", help="transformers: warm-up steps run under "
                                        "torch.profiler for each dimension's communication time, its exposed part "
                                        "and the pipeline bubble (0: none; needs --timing)", check=_STEPS_OR_ZERO)
-    timing: bool = option(True, "--timing/--no-timing", help="per-step device sync and compute / comm / data "
-                          "split (--no-timing: fastest)")
+    timing: bool = option(True, "--timing/--no-timing", help="per-step times and the compute / comm / data split, "
+                          "from clock marks read once the next step is queued (--no-timing: no marks)")
     seed: int = option(0, "--seed", help="initial weights and data order", check=Range(0, 2**63 - 1, integer=True))
     deterministic: bool = option(False, "--deterministic", help="deterministic kernels (exact resume on GPUs)")
     timeout_s: float = option(300.0, "--timeout-s", help="seconds any collective may take before the run stops",

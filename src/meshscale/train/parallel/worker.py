@@ -31,7 +31,7 @@ from meshscale.train.parallel.breakdown import DATA_LABEL, StepProfile
 from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
-from meshscale.train.timing import Clock, Window
+from meshscale.train.timing import Clock, TimedStep, Window
 from meshscale.train.transformer import Transformer
 
 
@@ -130,12 +130,11 @@ def global_loss(t: LayoutTrainer, loss: torch.Tensor) -> torch.Tensor:
     return loss / (t.layout.world_size // t.layout.pp)
 
 
-def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor]:
-    """One step: its row (loss and time split when timing) and its global loss tensor."""
+def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor, TimedStep | None]:
+    """One step: its row, its global loss tensor and, when timing, its marks (read once the next step is queued)."""
     set_lr(t.optimizer, lr)
     timing = t.cfg.timing
-    wall0 = time.perf_counter()
-    t0 = t.clock.mark() if timing else None   # untimed: no marks, no sync (the host does what a plain loop does)
+    t0 = t.clock.mark() if timing else None   # untimed: no marks (the host does what a plain loop does)
     with record_function(DATA_LABEL):
         x, y = t.batches.get(step)
         if t.positions is not None:
@@ -144,17 +143,9 @@ def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any],
     t.optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(t, x, y)
     t.optimizer.step()
-    t_end = t.clock.mark() if timing else None
-    loss = global_loss(t, loss)
-    row: dict[str, Any] = {"step": step, "lr": lr}
-    if timing:
-        t.clock.sync()
-        step_s = time.perf_counter() - wall0
-        tokens = t.cfg.global_batch * t.spec.input_shape[0]
-        row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=t.cfg.global_batch / step_s,
-                   tokens_per_s=tokens / step_s, data_s=t.clock.seconds(t0, t_data),
-                   compute_s=t.clock.seconds(t_data, t_end), comm_s=None)
-    return row, loss
+    timed = TimedStep(t.clock, t0, t_data, t.clock.mark(), per_step={
+        "samples": t.cfg.global_batch, "tokens": t.cfg.global_batch * t.spec.input_shape[0]}) if timing else None
+    return {"step": step, "lr": lr}, global_loss(t, loss), timed
 
 
 # ---- checkpoints: torch.distributed.checkpoint, each rank writing its shards -----------------------------------
