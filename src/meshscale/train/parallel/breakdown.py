@@ -19,7 +19,7 @@ import contextlib
 import json
 import tempfile
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
@@ -217,7 +217,7 @@ def mean_breakdown(parts: list[dict[str, Any]]) -> dict[str, Any] | None:
     if not parts:
         return None
     out: dict[str, Any] = {}
-    for key in ("steps", "step_time_s", "data_s", "compute_s", "exposed_comm_s", "idle_s", "bubble_s"):
+    for key in (f.name for f in fields(StepBreakdown) if f.name != "dimensions"):
         values = [p[key] for p in parts if p.get(key) is not None]
         out[key] = sum(values) / len(values) if values else None
     dims: dict[str, list[dict[str, float]]] = {}
