@@ -31,13 +31,14 @@ import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 
-def init_one_rank(device: torch.device) -> None:
-    """A process group of one rank (FSDP2 and DDP want one), on a store made here: no port is guessed."""
+def init_one_rank(device: torch.device) -> dist.TCPStore:
+    """A process group of one rank (FSDP2 and DDP want one), on a store made here (returned): no port is guessed."""
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
     store = dist.TCPStore("127.0.0.1", 0, 1, is_master=True, timeout=timedelta(seconds=120))
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend, store=store, rank=0, world_size=1, timeout=timedelta(seconds=120),
                             **({"device_id": device} if device.type == "cuda" else {}))
+    return store
 
 
 def sync(device: torch.device) -> None:

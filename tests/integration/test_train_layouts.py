@@ -24,8 +24,9 @@ FAST = OptimizerOptions(base_lr=0.1)
 
 
 def _cfg(model="llama-tiny", world=1, batch=GLOBAL_BATCH, steps=STEPS, **layout):
-    return TrainConfig(model=model, world=world, batch_per_rank=batch, steps=steps, timing_warmup=1, timeout_s=60,
-                       optimizer=FAST, layout=LayoutOptions(**layout))
+    # warm-up steps 1 and 2 (not the first) run under the profiler for the time split: at most 2 warm-up steps
+    return TrainConfig(model=model, world=world, batch_per_rank=batch, steps=steps, timing_warmup=min(3, steps - 1),
+                       timeout_s=60, optimizer=FAST, layout=LayoutOptions(**layout))
 
 
 _CACHE = {}
@@ -97,6 +98,33 @@ def test_summary_reports_tokens_memory_and_layout():
     assert set(comm) == {"tp", "fsdp"} and all(c["operations"] > 0 and c["bytes"] > 0 for c in comm.values())
 
 
+@pytest.mark.parametrize("layout", [dict(fsdp=2, tp=2), dict(pp=2, fsdp=2, micro_batches=2), dict(cp=2, fsdp=2)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items() if k != "micro_batches"))
+def test_each_dimension_reports_its_busy_and_exposed_time(layout):
+    data_parallel = layout.get("fsdp", 1)
+    s = summarize(*_run(world=4, batch=GLOBAL_BATCH // data_parallel, **layout))
+    b = s["breakdown"]
+    assert b["steps"] == 2
+    comm = s["comm_by_dimension"]
+    assert set(comm) == {dim for dim, n in layout.items() if dim != "micro_batches" and n > 1}
+    for dim, c in comm.items():
+        # every dimension moved data, so it took time; what it exposed is part of it, and of the step
+        assert 0 < c["exposed_seconds"] <= c["seconds"] <= b["step_time_s"], (dim, c, b)
+    # the split's parts are disjoint pieces of the step
+    assert b["data_s"] + b["compute_s"] + b["exposed_comm_s"] <= b["step_time_s"] * (1 + 1e-9)
+    assert b["exposed_comm_s"] <= sum(c["exposed_seconds"] for c in comm.values()) * (1 + 1e-9)
+    assert s["comm_s"] == b["exposed_comm_s"]
+    if "pp" in layout:  # the stages wait for each other: the bubble is part of the pipeline's exposed time
+        assert 0 < s["bubble_s"] <= comm["pp"]["exposed_seconds"] * (1 + 1e-9)
+    else:
+        assert s["bubble_s"] is None
+
+
+def test_one_rank_has_no_communication_time():
+    s = summarize(*_run())
+    assert s["comm_by_dimension"] == {} and s["comm_s"] == 0 and s["breakdown"]["compute_s"] > 0
+
+
 def test_sharded_resume_continues_bit_equal(tmp_path):
     def cfg(steps, resume):
         c = _cfg(world=4, batch=4, steps=steps, fsdp=2, tp=2)
@@ -111,7 +139,7 @@ def test_sharded_resume_continues_bit_equal(tmp_path):
 
 def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
     out = cli("scale", "--model", "llama-tiny", "--layouts", "fsdp2,pp2", "--micro-batches", "2", "--batch", "2",
-              "--steps", "3", "--timing-warmup", "1", "--json", tmp_path / "s.json")
+              "--steps", "4", "--timing-warmup", "3", "--json", tmp_path / "s.json")
     assert out.exit_code == 0, out.output
     rows = json.loads((tmp_path / "s.json").read_text())["rows"]
     assert [(r["layout"], r["world_size"]) for r in rows] == [("fsdp2", 2), ("pp2 (1f1b, 2 micro-batches)", 2)]
@@ -119,3 +147,6 @@ def test_scale_layouts_gives_one_row_per_layout(cli, tmp_path):
     assert [r["global_batch"] for r in rows] == [4, 2]
     assert all(r["tokens_per_s"] > 0 for r in rows)
     assert rows[0]["fsdp_comm_bytes"] > 0 and "pp_comm_bytes" not in rows[0]
+    # warm-up steps 1 and 2 profiled: each row's exposed communication, and the pipeline's bubble
+    assert rows[0]["fsdp_comm_exposed_s"] > 0 and rows[0]["bubble_s"] is None
+    assert rows[1]["pp_comm_exposed_s"] >= rows[1]["bubble_s"] > 0

@@ -177,3 +177,17 @@ def test_train_place_and_a_foreign_sim_each_have_their_place():
     assert "predicted my_sim" in own and "link bound (dgx1-v100)" in own
     measured_chart = page[page.index('id="plot-busbw-all-reduce"'):page.index('id="plot-busbw-dgx1-v100-all-reduce"')]
     assert "predicted my_sim" not in measured_chart
+
+
+def test_a_layout_run_shows_each_dimension_busy_and_exposed():
+    from meshscale.report.figures import Source
+    from meshscale.results import Result
+    comm = {"fsdp": {"operations": 9.0, "bytes": 5e5, "seconds": 0.058, "exposed_seconds": 0.031},
+            "pp": {"operations": None, "bytes": None, "seconds": 0.041, "exposed_seconds": 0.036}}
+    train = Result("train", [{"step": 0, "loss": 5.5}], meta={"summary": {
+        "world_size": 4, "samples_per_s": 96.0, "layout": "fsdp2 pp2", "comm_s": 0.044, "bubble_s": 0.031,
+        "comm_by_dimension": comm}})
+    page = render([Source("run", train)])
+    assert any(t.startswith("Training: communication per parallel dimension") for t in headings(page))
+    assert "<td>fsdp</td><td>9</td>" in page and "<td>58.00 ms</td><td>31.00 ms</td>" in page
+    assert "<td>36.00 ms</td>" in page and "<td>31.00 ms</td>" in page  # pp's exposed time, and the bubble

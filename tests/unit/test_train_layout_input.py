@@ -15,7 +15,7 @@ from meshscale.train.parallel.plan import check_fits, memory_needed, parse_layou
     (["--cpus", "3", "--tp", "3"], "must divide the model's 4 attention heads"),
     (["--cpus", "4", "--tp", "4"], "key/value heads"),
     (["--cpus", "4", "--pp", "4", "--micro-batches", "4"], "each stage needs at least one layer"),
-    (["--cpus", "2", "--pp", "2"], "needs at least 2 micro-batches"),
+    (["--cpus", "2", "--pp", "2", "--micro-batches", "1"], "needs at least 2 micro-batches"),
     (["--seq-len", "128"], "longer than the model's 64 positions"),
     (["--cpus", "2", "--cp", "2", "--seq-len", "30"], "use a multiple of 4"),
     (["--activation-checkpointing", "some"], "--activation-checkpointing some"),
@@ -91,12 +91,13 @@ def test_comm_by_dimension_counts_each_mesh_group_per_step():
         e = {"process_group": ["1", group], "time_created_ns": t_ns, "input_sizes": [[numel]],
              "input_dtypes": ["BFloat16"]}
         return {**e, "duration_ms": ms} if ms is not None else e
-    entries = [entry("mesh_tp", 5, 100, 1.0),                 # before the window: left out
-               entry("mesh_tp", 10, 100, 2.0), entry("mesh_tp", 11, 100, 4.0),
+    entries = [entry("mesh_cp", 5, 100, 1.0),                 # before the window: left out
+               entry("mesh_cp", 10, 100, 2.0), entry("mesh_cp", 11, 100, 4.0),
                entry("mesh_fsdp_cp", 12, 50),                 # cp folded into FSDP2's shard group
                entry("meshscale_loss", 13, 1),                # the loss's average: not a dimension's
+               entry("mesh_tp", 13, 100, 1.0),                # tp of one rank: its group moves nothing
                entry("default_pg", 14, 10)]                   # fsdp 2 x cp 2 span the world: FSDP2's group
     comm = comm_by_dimension(entries, since_ns=10, steps=2, layout=ParallelLayout(tp=1, fsdp=2, cp=2))
-    assert comm["tp"] == {"operations": 1.0, "bytes": 200.0, "seconds": 0.003}
+    assert comm["cp"] == {"operations": 1.0, "bytes": 200.0, "seconds": 0.003}
     assert comm["fsdp"] == {"operations": 1.0, "bytes": 60.0, "seconds": None}
-    assert set(comm) == {"tp", "fsdp"}
+    assert set(comm) == {"cp", "fsdp"}

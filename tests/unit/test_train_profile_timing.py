@@ -34,10 +34,11 @@ def test_profile_runs_without_per_step_timing(monkeypatch):
     assert result.meta["profile"] is True and result.rows[0]["compute_s"] is None
 
 
-@pytest.mark.parametrize("timing, syncs", [(False, 2), (True, None)])
-def test_the_timed_window_syncs_only_at_its_ends(monkeypatch, timing, syncs):
-    calls = []
-    monkeypatch.setattr(Clock, "sync", lambda self: calls.append(1))
+@pytest.mark.parametrize("timing", [False, True])
+def test_the_timed_window_syncs_only_at_its_ends(monkeypatch, timing):
+    syncs, waits = [], []
+    monkeypatch.setattr(Clock, "sync", lambda self: syncs.append(1))
+    monkeypatch.setattr(Clock, "wait", lambda self, mark: waits.append(mark))
     store = dist.HashStore()
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
@@ -46,7 +47,61 @@ def test_the_timed_window_syncs_only_at_its_ends(monkeypatch, timing, syncs):
     finally:
         dist.destroy_process_group()
     assert out["summary"]["samples_per_s"] > 0
-    if syncs is None:  # with per-step timing every step syncs: the contrast that makes the check mean something
-        assert len(calls) >= cfg.steps
-    else:
-        assert len(calls) == syncs
+    assert len(syncs) == 2  # the window's ends: no step stops the device
+    # per-step timing reads each step's marks once the device has passed them: one wait a step, never a sync
+    assert len(waits) == (cfg.steps if timing else 0)
+    if timing:
+        rows = out["rows"]
+        assert all(r["step_time_s"] > 0 and r["samples_per_s"] > 0 and "loss" in r for r in rows)
+
+
+class _DeviceClock(Clock):
+    """A device clock whose marks are numbers, and which records what the host waited for."""
+
+    def __init__(self):
+        self.cuda, self.now, self.waited = True, 0.0, []
+
+    def mark(self):
+        self.now += 1.0
+        return self.now
+
+    def seconds(self, a, b):
+        return b - a
+
+    def sync(self):
+        pass
+
+    def wait(self, mark):
+        self.waited.append(mark)
+
+
+def test_a_timed_step_on_a_device_is_read_once_the_next_is_queued(tmp_path):
+    from meshscale.train.loop import run_steps
+    from meshscale.train.step_log import StepLog
+    from meshscale.train.timing import TimedStep, Window
+    clock, events = _DeviceClock(), []
+    cfg = TrainConfig(steps=4, timing=True)
+
+    def step_fn(step):
+        events.append(("run", step))
+        start = clock.mark()
+        clock.now += step  # step k takes k more units on the device
+        return {"step": step}, torch.tensor(float(step)), TimedStep(clock, start, start, clock.mark(),
+                                                                    per_step={"samples": 8})
+
+    class Log(StepLog):
+        def add(self, row, loss=None):
+            events.append(("write", row["step"]))
+            super().add(row, loss)
+    log = Log(None, None, False, cfg.steps, 0, "")
+    ctx = RankContext(0, 1, 0, "gloo", torch.device("cpu"), dist.HashStore())
+    run_steps(ctx, cfg, 0, log, Window(clock, 0), step_fn, lambda done: None, "test")
+    # no row is read before the next step is queued; the last one at the end
+    assert events == [("run", 0), ("run", 1), ("write", 0), ("run", 2), ("write", 1), ("run", 3), ("write", 2),
+                      ("write", 3)]
+    starts, ends = [1, 3, 6, 10], [2, 5, 9, 14]  # marks: start, k units of work, end
+    # a step's time runs to the next step's start; the last one's to its own end
+    assert [r["step_time_s"] for r in log.rows] == [3 - 1, 6 - 3, 10 - 6, 14 - 10]
+    assert clock.waited == starts[1:] + ends[-1:]
+    assert [r["samples_per_s"] for r in log.rows] == pytest.approx([8 / r["step_time_s"] for r in log.rows])
+    assert [r["loss"] for r in log.rows] == [0.0, 1.0, 2.0, 3.0]

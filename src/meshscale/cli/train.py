@@ -101,13 +101,12 @@ def train(
         table.add_column("metric")
         table.add_column("value", justify="right")
         for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
-                  "compute_s", "comm_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes", "peak_rss_bytes",
+                  "compute_s", "comm_s", "bubble_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes", "peak_rss_bytes",
                   "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
         for dim, c in (s.get("comm_by_dimension") or {}).items():
-            busy = f", {c['seconds'] * 1e3:.2f} ms" if c["seconds"] is not None else ""
-            table.add_row(f"{dim} communication / step", f"{c['operations']:.0f} ops, {c['bytes'] / 1e6:.2f} MB{busy}")
+            table.add_row(f"{dim} communication / step", _dimension_cell(c))
         print_tables(table)
     if cfg.logging.trace and Path(cfg.logging.trace).exists():
         typer.echo(f"wrote {cfg.logging.trace} (rank 0's steps: open it in https://ui.perfetto.dev or chrome://tracing)")
@@ -218,11 +217,21 @@ def _scale_layouts(options: dict, text: str, gpus: Optional[str], cpus: Optional
 
 _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error", "world_size": "N", "batch_per_rank": "batch/N", "global_batch": "global", "throughput_samples_per_s": "samples/s",
            "samples_per_s": "samples/s", "efficiency": "eff", "step_time_s": "step ms", "compute_s": "compute ms",
-           "comm_s": "comm ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy",
+           "comm_s": "comm ms", "bubble_s": "bubble ms", "data_s": "data ms", "comm_share": "comm", "eval_accuracy": "test accuracy",
            "tokens_per_s": "tokens/s", "tokens_per_s_per_rank": "tokens/s per rank", "mfu": "MFU",
            "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
            "peak_rss_bytes": "peak RSS GiB (a CPU worker)",
            "memory_needed_bytes": "needed GiB (model arithmetic)"}
+
+
+def _dimension_cell(c: dict) -> str:
+    """A dimension's operations and bytes, and (measured) its busy and exposed time, per step."""
+    parts = [] if c.get("operations") is None else [f"{c['operations']:.0f} ops, {c['bytes'] / 1e6:.2f} MB"]
+    if c.get("seconds") is not None:
+        parts.append(f"{c['seconds'] * 1e3:.2f} ms")
+    if c.get("exposed_seconds") is not None:
+        parts[-1] += f" ({c['exposed_seconds'] * 1e3:.2f} exposed)"
+    return ", ".join(parts)
 
 
 def _check_extras(cfg) -> None:
@@ -249,7 +258,7 @@ def _fmt(key: str, v) -> str:
     """Times in ms, shares in %, the rest short."""
     if v is None:
         return ""
-    if key in ("step_time_s", "compute_s", "comm_s", "data_s"):
+    if key in ("step_time_s", "compute_s", "comm_s", "bubble_s", "data_s"):
         return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
     if key.endswith("_bytes"):
         return f"{v / (1 << 30):.2f}"

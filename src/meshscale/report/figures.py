@@ -348,7 +348,7 @@ def train_runs_as_scale(sources: list[Source]) -> Source | None:
 
 
 TRAIN_SUMMARY = (("samples_per_s", "samples/s"), ("step_time_s", "step"), ("compute_s", "compute"), ("comm_s", "communication"),
-                 ("data_s", "data loading"), ("comm_share", "communication share"), ("eval_accuracy", "test accuracy"),
+                 ("bubble_s", "pipeline bubble"), ("data_s", "data loading"), ("comm_share", "communication share"), ("eval_accuracy", "test accuracy"),
                  ("eval_loss", "test loss"))
 
 
@@ -373,6 +373,20 @@ def train_section(sources: list[Source]) -> Section:
                                                    else f"{value:.3f}" if key == "eval_loss" else _cell(key, value))
         section.table.append(row)
     return section
+
+
+def dimension_section(sources: list[Source]) -> Section:
+    """Layout runs: each parallel dimension's communication per step, its busy and exposed time (measured)."""
+    table = []
+    for s in sources:
+        summary = s.result.meta.get("summary") or {}
+        for dim, c in (summary.get("comm_by_dimension") or {}).items():
+            table.append({"run": s.label, "layout": summary.get("layout", "-"), "dimension": dim,
+                          "operations": "-" if c.get("operations") is None else f"{c['operations']:.0f}",
+                          "bytes": _cell("bytes", c.get("bytes")), "busy": _cell("busy_s", c.get("seconds")),
+                          "exposed": _cell("exposed_s", c.get("exposed_seconds"))})
+    return Section("Training: communication per parallel dimension and step (busy: running; exposed: not hidden "
+                   "behind compute)", table=table)
 
 
 def place_section(source: Source) -> Section:
@@ -526,6 +540,8 @@ def sections(sources: list[Source]) -> list[Section]:
     runs_trained = [s for s in by_kind["train"] if not s.result.meta.get("profile")]
     if runs_trained:
         out.append(train_section(runs_trained))
+        if any((s.result.meta.get("summary") or {}).get("comm_by_dimension") for s in runs_trained):
+            out.append(dimension_section(runs_trained))
     runs = train_runs_as_scale(by_kind["train"])
     if by_kind["scale"] or by_kind["predict"] or runs:
         out.append(scaling_section(by_kind["scale"] + by_kind["predict"] + ([runs] if runs else [])))

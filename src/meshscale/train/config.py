@@ -100,8 +100,9 @@ class LayoutOptions:
     pp: int = option(1, "--pp", help="transformers: pipeline stages", check=_DEGREE)
     cp: int = option(1, "--cp", help="transformers: context-parallel degree (the sequence split)", check=_DEGREE)
     pp_schedule: str = option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b")
-    micro_batches: int = option(1, "--micro-batches", help="pipeline micro-batches per step (>= --pp)",
-                                check=_DEGREE)
+    micro_batches: Optional[int] = option(None, "--micro-batches", help="pipeline micro-batches per step (>= --pp; "
+                                          "default: the pipeline's stages)",
+                                          check=Range(1, 1 << 16, integer=True, optional=True))
     checkpointing: str = option("none", "--activation-checkpointing", help="none, selective (keep matmul and "
                                 "attention outputs, recompute the rest) or full (recompute each layer)")
     seq_len: Optional[int] = option(None, "--seq-len", help="transformers: tokens per sequence (default: the "
@@ -112,7 +113,7 @@ class LayoutOptions:
     def parallel_layout(self) -> "ParallelLayout":
         from meshscale.models.layout import ParallelLayout
         return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp,
-                              pp_schedule=self.pp_schedule, micro_batches=self.micro_batches,
+                              pp_schedule=self.pp_schedule, micro_batches=self.micro_batches or self.pp,
                               stages_per_rank=self.stages_per_rank)
 
     @property
@@ -171,8 +172,11 @@ class TrainConfig:
     steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
     timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
                                check=_STEPS_OR_ZERO)
-    timing: bool = option(True, "--timing/--no-timing", help="per-step device sync and compute / comm / data "
-                          "split (--no-timing: fastest)")
+    comm_breakdown_steps: int = option(2, "--comm-breakdown-steps", help="transformers: warm-up steps run under "
+                                       "torch.profiler for each dimension's communication time, its exposed part "
+                                       "and the pipeline bubble (0: none; needs --timing)", check=_STEPS_OR_ZERO)
+    timing: bool = option(True, "--timing/--no-timing", help="per-step times and the compute / comm / data split, "
+                          "from clock marks read once the next step is queued (--no-timing: no marks)")
     seed: int = option(0, "--seed", help="initial weights and data order", check=Range(0, 2**63 - 1, integer=True))
     deterministic: bool = option(False, "--deterministic", help="deterministic kernels (exact resume on GPUs)")
     timeout_s: float = option(300.0, "--timeout-s", help="seconds any collective may take before the run stops",

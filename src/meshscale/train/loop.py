@@ -3,7 +3,7 @@ checkpointed as asked), then summarize what was measured."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import torch.distributed as dist
 
@@ -17,7 +17,7 @@ from meshscale.train.exchange import flat_params
 from meshscale.train.graphed import EAGER_STEPS
 from meshscale.train.step import evaluate, run_step
 from meshscale.train.step_log import StepLog
-from meshscale.train.timing import Window
+from meshscale.train.timing import TimedStep, Window
 from meshscale.train.trace import StepTracer
 
 
@@ -28,22 +28,12 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     start = restore(ctx, t)
     log = open_log(ctx, cfg, start)
     window = Window(t.clock, first_timed_step(t, start))
-    tracer = StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t)
-    max_param_diff = 0.0
-
-    def step_fn(step: int):
-        nonlocal max_param_diff
-        with tracer.step(step):
-            row, loss = run_step(t, step, learning_rate(cfg, t.spec, step))
-        if cfg.debug.verify_sync:
-            max_param_diff = max(max_param_diff, difference_to_rank0(t))
-        # a graph's loss is overwritten by the next replay: copy it
-        return row, loss.clone() if t.graphed is not None else loss.detach()
+    steps = TrainSteps(t, StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t))
     try:
-        run_steps(ctx, cfg, start, log, window, step_fn, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
+        run_steps(ctx, cfg, start, log, window, steps, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
     finally:
-        tracer.close()
-    out = {"summary": summarize(ctx, t, start, len(log.rows), window, max_param_diff),
+        steps.tracer.close()
+    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps.max_param_diff),
            "rows": log.rows if ctx.rank == 0 else []}
     if cfg.debug.return_params and ctx.rank == 0:
         out["params"] = flat_params(t.model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
@@ -51,24 +41,63 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     return out
 
 
+class TrainSteps:
+    """The data-parallel step as `run_steps` calls it (``steps(step) -> (row, loss)``): traced when asked, checked
+    against rank 0 when asked. benchmarks/resnet_host_profile.py runs this same object."""
+
+    def __init__(self, t: Trainer, tracer: StepTracer):
+        self.t, self.tracer = t, tracer
+        self.max_param_diff = 0.0
+
+    def __call__(self, step: int) -> StepOutput:
+        t = self.t
+        with self.tracer.step(step):
+            row, loss, timed = run_step(t, step, learning_rate(t.cfg, t.spec, step))
+        if t.cfg.debug.verify_sync:
+            self.max_param_diff = max(self.max_param_diff, difference_to_rank0(t))
+        # a graph's loss is overwritten by the next replay: copy it
+        return row, loss.clone() if t.graphed is not None else loss.detach(), timed
+
+
+# a step's row, its loss tensor and, when timed, its marks
+StepOutput = tuple[dict[str, Any], Any, Optional[TimedStep]]
+
+
 def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, window: Window,
-              step_fn: Callable[[int], tuple[dict[str, Any], Any]], save: Callable[[int], None], label: str) -> None:
+              step_fn: Callable[[int], StepOutput], save: Callable[[int], None], label: str) -> None:
     """Steps ``start`` .. ``cfg.steps - 1``: each recorded as this rank's phase, timed by ``window``, run by
-    ``step_fn(step) -> (row, loss)``, logged, and checkpointed by ``save(steps done)`` when due."""
+    ``step_fn(step) -> (row, loss, timed)``, logged, and checkpointed by ``save(steps done)`` when due. On a GPU a
+    timed step's row is completed and written once the next step is queued (`TimedStep`)."""
+    pending: StepOutput | None = None
+
+    def complete(next_start: Any = None) -> None:
+        nonlocal pending
+        if pending is not None:
+            row, loss, timed = pending
+            row.update(timed.times(next_start), loss=loss.item())
+            log.add(row)
+            pending = None
     try:
         for step in range(start, cfg.steps):
             ctx.phase(f"training step {step} ({label})")
             if cfg.debug.fault_step == step and ctx.rank == ctx.world_size - 1:
                 os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
             window.at_step(step)
-            row, loss = step_fn(step)
-            # untimed: the loss stays on the device until the log flushes
-            log.add(row, None if cfg.timing else loss)
+            row, loss, timed = out = step_fn(step)
+            if timed is None:  # untimed: the loss stays on the device until the log flushes
+                log.add(row, loss)
+            else:
+                complete(timed.start)
+                pending = out
+                if not timed.clock.cuda:  # the host clock's marks are passed when taken: the row is complete now
+                    complete()
             if checkpoint_due(cfg, step + 1):
                 ctx.phase(f"saving the checkpoint of step {step + 1}")
+                complete()
                 log.flush()
                 save(step + 1)
         window.stop()
+        complete()
         log.flush()
     finally:
         log.close()

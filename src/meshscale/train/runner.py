@@ -16,6 +16,7 @@ from meshscale.train.data import open_data
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
+from meshscale.train.parallel.breakdown import mean_breakdown
 from meshscale.train.parallel.comm import FLIGHT_RECORDER_ENV
 from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layout_summary, with_default_layout
 from meshscale.train.parallel.worker import layout_worker
@@ -118,7 +119,25 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
             values = [o["summary"][key] for o in outputs if o["summary"].get(key) is not None]
             s[key] = max(values) if values else None
         s.update(layout_summary(cfg, s, cfg.layout.parallel_layout(), _gpu_name(cfg)))
+        s.update(breakdown_summary(s.get("comm_by_dimension") or {}, [o["summary"].get("breakdown") for o in outputs]))
     return s
+
+
+def breakdown_summary(comm: dict[str, dict[str, Any]], parts: list[dict[str, Any] | None]) -> dict[str, Any]:
+    """The profiled steps' split (averaged over the ranks) as the summary's data / compute / comm / bubble, and each
+    dimension's busy and exposed seconds beside its operations and bytes. Nothing when no step was profiled."""
+    b = mean_breakdown([p for p in parts if p])
+    if b is None:
+        return {}
+    comm = {dim: dict(c) for dim, c in comm.items()}
+    for dim, t in b["dimensions"].items():
+        comm.setdefault(dim, {"operations": None, "bytes": None, "seconds": None})
+        comm[dim].update(seconds=t["busy_s"], exposed_seconds=t["exposed_s"])
+    for c in comm.values():
+        c.setdefault("exposed_seconds", None)
+    return {"breakdown": b, "comm_by_dimension": comm, "data_s": b["data_s"], "compute_s": b["compute_s"],
+            "comm_s": b["exposed_comm_s"], "bubble_s": b["bubble_s"],
+            "comm_share": b["exposed_comm_s"] / b["step_time_s"] if b["step_time_s"] else None}
 
 
 def _gpu_name(cfg: TrainConfig) -> str | None:

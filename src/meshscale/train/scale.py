@@ -181,7 +181,7 @@ def _store_barrier(store: Any, world_size: int, timeout_s: float, training_ranks
 
 
 LAYOUT_ROW_KEYS = ("world_size", "layout", "batch_per_rank", "global_batch", "step_time_s", "data_s", "compute_s",
-                   "tokens_per_s", "tokens_per_s_per_rank", "mfu", "memory_needed_bytes", "peak_allocated_bytes",
+                   "comm_s", "bubble_s", "tokens_per_s", "tokens_per_s_per_rank", "mfu", "memory_needed_bytes", "peak_allocated_bytes",
                    "peak_reserved_bytes")
 
 
@@ -205,6 +205,7 @@ def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCa
         row = {k: summary.get(k) for k in LAYOUT_ROW_KEYS}
         for dim, comm in (summary.get("comm_by_dimension") or {}).items():  # flat, for the CSV
             row[f"{dim}_comm_bytes"], row[f"{dim}_comm_s"] = comm["bytes"], comm["seconds"]
+            row[f"{dim}_comm_exposed_s"] = comm.get("exposed_seconds")
         rows.append(row)
         if on_row:
             on_row(row)

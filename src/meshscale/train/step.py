@@ -2,7 +2,6 @@
 (parameter server) — and around it, the learning rate, the batch and the step's timing."""
 from __future__ import annotations
 
-import time
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -11,7 +10,7 @@ import torch.nn.functional as F
 
 from meshscale.train.data import Dataset
 from meshscale.train.graphed import set_lr
-from meshscale.train.timing import Clock, step_split
+from meshscale.train.timing import Clock, TimedStep
 
 if TYPE_CHECKING:
     from meshscale.train.build import Trainer
@@ -54,28 +53,22 @@ def _mark(clock: Clock, marks: list | None) -> None:
         marks.append(clock.mark())
 
 
-def run_step(t: Trainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor]:
-    """Step ``step`` at learning rate ``lr``: its row (with the loss and the time split when timing is on) and
-    its loss tensor (a CUDA graph's is overwritten by the next replay)."""
+def run_step(t: Trainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor, TimedStep | None]:
+    """Step ``step`` at learning rate ``lr``: its row, its loss tensor (a CUDA graph's is overwritten by the next
+    replay) and, when timing is on, its marks (read once the device has passed the next step's start)."""
     set_lr(t.exchange.optimizer, lr)
-    timing = t.cfg.timing
-    if not timing:  # nothing on the host beyond what a plain loop does: no clock marks, no sync
+    if not t.cfg.timing:  # nothing on the host beyond what a plain loop does: no clock marks
         x, y = t.batches.get(step)
         loss = t.graphed(x, y) if t.graphed is not None else train_step(t, x, y)
-        return {"step": step, "lr": lr}, loss
-    wall0 = time.perf_counter()
+        return {"step": step, "lr": lr}, loss, None
     t0 = t.clock.mark()
     x, y = t.batches.get(step)   # images come in the model's memory format (Batches)
     t_data = t.clock.mark()
     marks: list | None = [] if t.graphed is None else None
     loss = t.graphed(x, y) if t.graphed is not None else train_step(t, x, y, marks)
-    t_end = t.clock.mark()
-    t.clock.sync()
-    step_s = time.perf_counter() - wall0
-    row: dict[str, Any] = {"step": step, "lr": lr, "loss": loss.item(), "step_time_s": step_s,
-                           "samples_per_s": t.cfg.global_batch / step_s,
-                           **step_split(t.clock, t0, t_data, t_end, marks, t.exchange.last_ready)}
-    return row, loss
+    timed = TimedStep(t.clock, t0, t_data, t.clock.mark(), marks, t.exchange.last_ready,
+                      {"samples": t.cfg.global_batch})
+    return {"step": step, "lr": lr}, loss, timed
 
 
 def evaluate(model: nn.Module, data: Dataset, kind: str, device: torch.device, batch: int = 256) -> dict[str, float]:

@@ -3,6 +3,7 @@ mark taken after `work.wait()` lands after the communication the stream waited f
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,6 +29,11 @@ class Clock:
         if self.cuda:
             torch.cuda.synchronize()
 
+    def wait(self, mark: Any) -> None:
+        """Until the device has passed ``mark`` (the host clock's marks are passed when taken)."""
+        if self.cuda:
+            mark.synchronize()
+
 
 def step_split(clock: Clock, begin: Any, data_ready: Any, end: Any, marks: list | None, last_ready: Any) -> dict:
     """A step's data / compute / exposed-communication seconds (after ``clock.sync()``). ``marks`` are the eager
@@ -41,6 +47,31 @@ def step_split(clock: Clock, begin: Any, data_ready: Any, end: Any, marks: list 
     ready = last_ready if last_ready is not None else backward
     return {**split, "compute_s": clock.seconds(data_ready, ready) + clock.seconds(exchanged, updated),
             "comm_s": clock.seconds(ready, exchanged) + clock.seconds(updated, pulled)}
+
+
+@dataclass
+class TimedStep:
+    """A timed step's marks, read (`times`) once the device has passed the next step's start: a step is timed
+    without stopping the host from queueing the next one, which a host-bound step (more launch time than kernel
+    time) would pay in full at every step. ``per_step`` counts what the step processes ({"samples": 64}); each
+    becomes a rate."""
+
+    clock: Clock
+    start: Any
+    data_ready: Any
+    end: Any
+    marks: list | None = None        # the eager data-parallel step's marks (`step_split`)
+    last_ready: Any = None
+    per_step: dict[str, float] = field(default_factory=dict)
+
+    def times(self, next_start: Any = None) -> dict[str, Any]:
+        """step_time_s from this step's start to the next's (the step's period on the device), or to its own end
+        for the last step before a checkpoint or the end; the rates; the data / compute / communication split."""
+        until = self.end if next_start is None else next_start
+        self.clock.wait(until)
+        step_s = self.clock.seconds(self.start, until)
+        return {"step_time_s": step_s, **{f"{k}_per_s": n / step_s for k, n in self.per_step.items()},
+                **step_split(self.clock, self.start, self.data_ready, self.end, self.marks, self.last_ready)}
 
 
 class Window:

@@ -65,19 +65,28 @@ def whole_world_dimension(layout: ParallelLayout) -> str | None:
     return "fsdp" if layout.fsdp * layout.cp == layout.world_size else None
 
 
+def entry_dimension(entry: dict[str, Any], layout: ParallelLayout) -> str | None:
+    """The dimension whose group ran a recorder entry; None for groups outside the mesh (the loss's average, on a
+    group of its own) and for a dimension of one rank (its group moves nothing between ranks)."""
+    group = entry.get("process_group") or ["", ""]
+    name = group[1] if len(group) > 1 else ""
+    if name == "default_pg":
+        return whole_world_dimension(layout)
+    dim = _GROUP_DIMENSION.get(name)
+    ranks = layout.fsdp * layout.cp if name == "mesh_fsdp_cp" else layout.degrees().get(dim, 1)
+    return dim if ranks > 1 else None
+
+
 def comm_by_dimension(entries: list[dict[str, Any]], since_ns: int, steps: int,
                       layout: ParallelLayout) -> dict[str, dict[str, Any]]:
-    """Per-step communication of each dimension, over the operations issued from ``since_ns`` (the start of the
-    timed window, time.time_ns()) through ``steps`` steps. Groups outside the mesh (the loss's average, on a group
-    of its own) are left out."""
+    """Per-step communication of each dimension (`entry_dimension`), over the operations issued from ``since_ns``
+    (the start of the timed window, time.time_ns()) through ``steps`` steps."""
     if steps < 1:
         return {}
-    names = {**_GROUP_DIMENSION, "default_pg": whole_world_dimension(layout)}
     out: dict[str, DimensionComm] = {}
     timed = {}
     for e in entries:
-        group = e.get("process_group") or ["", ""]
-        dim = names.get(group[1] if len(group) > 1 else "")
+        dim = entry_dimension(e, layout)
         if dim is None or e.get("time_created_ns", 0) < since_ns:
             continue
         c = out.setdefault(dim, DimensionComm(0.0, 0.0, None))

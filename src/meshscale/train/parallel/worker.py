@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.autograd.profiler import record_function
 
 from meshscale.execute import RankContext
 from meshscale.models.layout import ParallelLayout
@@ -26,10 +27,11 @@ from meshscale.train.data import Batches
 from meshscale.train.graphed import set_lr
 from meshscale.train.loop import open_log, run_steps
 from meshscale.train.models import ModelSpec
+from meshscale.train.parallel.breakdown import DATA_LABEL, StepProfile
 from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
-from meshscale.train.timing import Clock, Window
+from meshscale.train.timing import Clock, TimedStep, Window
 from meshscale.train.transformer import Transformer
 
 
@@ -128,30 +130,22 @@ def global_loss(t: LayoutTrainer, loss: torch.Tensor) -> torch.Tensor:
     return loss / (t.layout.world_size // t.layout.pp)
 
 
-def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor]:
-    """One step: its row (loss and time split when timing) and its global loss tensor."""
+def layout_step(t: LayoutTrainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Tensor, TimedStep | None]:
+    """One step: its row, its global loss tensor and, when timing, its marks (read once the next step is queued)."""
     set_lr(t.optimizer, lr)
     timing = t.cfg.timing
-    wall0 = time.perf_counter()
-    t0 = t.clock.mark() if timing else None   # untimed: no marks, no sync (the host does what a plain loop does)
-    x, y = t.batches.get(step)
-    if t.positions is not None:
-        x, y = x[:, t.positions], y[:, t.positions]
+    t0 = t.clock.mark() if timing else None   # untimed: no marks (the host does what a plain loop does)
+    with record_function(DATA_LABEL):
+        x, y = t.batches.get(step)
+        if t.positions is not None:
+            x, y = x[:, t.positions], y[:, t.positions]
     t_data = t.clock.mark() if timing else None
     t.optimizer.zero_grad(set_to_none=True)
     loss = forward_backward(t, x, y)
     t.optimizer.step()
-    t_end = t.clock.mark() if timing else None
-    loss = global_loss(t, loss)
-    row: dict[str, Any] = {"step": step, "lr": lr}
-    if timing:
-        t.clock.sync()
-        step_s = time.perf_counter() - wall0
-        tokens = t.cfg.global_batch * t.spec.input_shape[0]
-        row.update(loss=loss.item(), step_time_s=step_s, samples_per_s=t.cfg.global_batch / step_s,
-                   tokens_per_s=tokens / step_s, data_s=t.clock.seconds(t0, t_data),
-                   compute_s=t.clock.seconds(t_data, t_end), comm_s=None)
-    return row, loss
+    timed = TimedStep(t.clock, t0, t_data, t.clock.mark(), per_step={
+        "samples": t.cfg.global_batch, "tokens": t.cfg.global_batch * t.spec.input_shape[0]}) if timing else None
+    return {"step": step, "lr": lr}, global_loss(t, loss), timed
 
 
 # ---- checkpoints: torch.distributed.checkpoint, each rank writing its shards -----------------------------------
@@ -198,12 +192,17 @@ def layout_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     # the communication counted over the last timed steps (the flight recorder keeps the latest operations)
     counted_from = max(window.first_step, cfg.steps - COMM_STEPS)
     started_ns: dict[int, int] = {}
+    # the last warm-up steps (never this run's first) under the profiler: the throughput window stays unprofiled
+    profiled = StepProfile(range(max(start + 1, window.first_step - cfg.comm_breakdown_steps), window.first_step)
+                           if cfg.timing else range(0), t.clock, t.layout)
 
     def step_fn(step: int):
         started_ns[step] = time.time_ns()
-        return layout_step(t, step, learning_rate(cfg, t.spec, step))
+        with profiled.step(step):
+            return layout_step(t, step, learning_rate(cfg, t.spec, step))
     run_steps(ctx, cfg, start, log, window, step_fn, lambda done: save_checkpoint(ctx, t, done), t.layout.describe())
     out = {"summary": summarize(ctx, t, start, len(log.rows), window), "rows": log.rows if ctx.rank == 0 else []}
+    out["summary"]["breakdown"] = asdict(profiled.result) if profiled.result else None
     if counted_from in started_ns:
         out["summary"]["comm_by_dimension"] = comm_by_dimension(recorded_entries(), started_ns[counted_from],
                                                                 cfg.steps - counted_from, t.layout)
