@@ -183,9 +183,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         moved += tree_fill_bytes(s, c, proto, nbytes, nc)
     elif nvls_algo and collective == "all_reduce":
         bw = nvls_traffic_gbps(s, c, algo, share) * scale
-    else:  # a ring's LL run moves its lines at their data share, not at the share NCCL's estimate credits
-        ll = c["ll_data_per_line"] if algo == "ring" and proto == "LL" else None
-        bw = bus_bandwidth(s, c, collective, algo, proto, share, ll_factor=ll) * scale
+    else:
+        bw = bus_bandwidth(s, c, collective, algo, proto, share, run=True) * scale
     if algo == "ring" and proto != "Simple" and c["ring_chunk_rounding"]:
         moved = ring_chunked_bytes(s, c, collective, proto, nbytes, nc)
     if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace

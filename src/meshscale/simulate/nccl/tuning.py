@@ -56,10 +56,11 @@ def ring_steps(collective: str, n: int) -> int:
 
 
 def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, share: float = 1.0,
-                  ll_factor: float | None = None) -> float:
+                  run: bool = False) -> float:
     """NCCL's algorithm bandwidth (GB/s) for ``algo``/``proto``: per-channel graph bandwidth x channels with its
     protocol factors and caps, converted from bus to algorithm bandwidth. ``share`` (default 1) evaluates it
-    on that fraction of the channels."""
+    on that fraction of the channels. ``run``: the rate a run moves rather than NCCL's credit, where the two part
+    (a ring's LL: its lines' data share at most llMaxBw, whatever share a version's estimate credits)."""
     g = s.tree if algo == "tree" and s.tree is not None else s.ring  # tuning.cc reads graphs[algo]
     nch = g.channels * share
     n, i2 = s.n_ranks, index2(s)
@@ -84,8 +85,8 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     if c.get("sm80_bus_bw_cap") and s.sm == 80:
         bus = min(bus, c["sm80_bus_bw_cap"])
     if algo == "ring" and proto == "LL":
-        bus *= ring_ll_factor(s, c, collective) if ll_factor is None else ll_factor
-        if c["ring_ll_capped"]:
+        bus *= c["ll_data_per_line"] if run else ring_ll_factor(s, c, collective)
+        if run or c["ring_ll_capped"]:
             row = c["ll_max_bw"][s.arch] if s.n_nodes == 1 else c["ll_max_bw"]["net_amd" if s.cpu == "amd" else "net_intel"]
             bus = min(row[i2], bus)
     if algo == "ring" and proto == "LL128":
