@@ -261,3 +261,24 @@ def test_schedule_algorithms_still_work():
     topo = load_system("dgx1-v100")
     ring = predict_collective(topo, "all_reduce", list(range(8)), 64 << 20, algorithm="ring")
     assert ring.algorithm == "ring" and ring.transfers > 0
+
+
+@pytest.mark.parametrize("system, version", [("dgx-a100", "2.18.5"), ("hgx-h200", "2.28.9")])
+def test_a_smaller_call_never_runs_on_more_channels(system, version):
+    """enqueue.cc sheds a channel while nBytes < nChannels x nThreads x threshold: the channels a call runs on never
+    grow as the size falls, stay between 1 and the communicator's, and are all of them from nChannels x nThreads x
+    threshold up (8 A100: 24 x 512 x 64 B = 768 KiB for Ring/Simple). A lower threshold (a counterfactual) keeps
+    every channel down to a smaller size."""
+    topo = load_system(system)
+    s = nccl.analyse(topo, list(range(8)), version)
+    c = nccl.constants(version)
+    sizes = [1 << k for k in range(10, 31)]
+    for algo, proto in (("ring", "LL"), ("ring", "LL128"), ("ring", "Simple"), ("tree", "Simple")):
+        full = runtime.comm_channels(s, c, algo)
+        used = [runtime.channels_used(s, c, algo, proto, n) for n in sizes]
+        assert all(1 <= a <= b <= full for a, b in zip(used, used[1:]))
+        threshold = c["thread_threshold_bytes"][proto] * (s.n_ranks if (algo, proto) == ("ring", "LL") else 1)
+        assert runtime.channels_used(s, c, algo, proto, full * c["max_threads"][proto] * threshold) == full
+    half = dict(c, thread_threshold_bytes={p: b / 2 for p, b in c["thread_threshold_bytes"].items()})
+    below = 24 * 512 * 64 - 64 * 1024
+    assert runtime.channels_used(s, half, "ring", "Simple", below) > runtime.channels_used(s, c, "ring", "Simple", below)

@@ -3,7 +3,7 @@ run on as many channels as NCCL gives them for their size."""
 import pytest
 
 from meshscale.simulate import nccl
-from meshscale.simulate.nccl import p2p, runtime
+from meshscale.simulate.nccl import p2p, runtime, tuning
 from meshscale.topology import load_system
 
 GIB = 1 << 30
@@ -132,3 +132,50 @@ def test_ring_ll_chunks_round_up_before_2_20():
     assert time_s("2.18.5", int(3.6 * MIB)) == pytest.approx(time_s("2.18.5", 7 * MIB))
     assert time_s("2.18.5", int(7.1 * MIB)) > time_s("2.18.5", 7 * MIB)
     assert time_s("2.28.9", int(3.6 * MIB)) < time_s("2.28.9", 7 * MIB)
+
+
+
+def test_older_nccl_credits_ring_ll_less_and_the_run_keeps_the_lines_rate():
+    """NCCL 2.18 / 2.20 credit a ring's LL with 1/4 of its bandwidth for all-reduce and 1/3 for all-gather (2.21
+    on: 1/2), at most llMaxBw. That is NCCL's choice only: a run moves its 16 B lines at their 8 B of data, so
+    crediting LL less (a counterfactual factor) slows NCCL's estimate and leaves the predicted run as it was."""
+    topo = load_system("dgx-a100")
+    s = nccl.analyse(topo, list(range(8)), "2.18.5")
+    old, new = nccl.constants("2.18.5"), nccl.constants("2.28.9")
+    assert tuning.ring_ll_factor(s, old, "all_reduce") < tuning.ring_ll_factor(s, old, "all_gather") \
+        < tuning.ring_ll_factor(s, new, "all_reduce")
+    ll_cap_gbps = tuning.arch_row(old["ll_max_bw"], s)[0]
+    for collective in ("all_reduce", "all_gather", "broadcast"):
+        bus = tuning.bus_bandwidth(s, old, collective, "ring", "LL") * tuning.ring_steps(collective, 8) / 8
+        assert bus <= ll_cap_gbps + 1e-9
+    stingy = dict(old, ring_ll_factor={"reducing_or_nodes": 0.1, "other": 0.1})
+    for collective in ("all_reduce", "all_gather"):
+        assert tuning.bus_bandwidth(s, stingy, collective, "ring", "LL") < \
+            tuning.bus_bandwidth(s, old, collective, "ring", "LL")
+        assert runtime.predicted_us(s, stingy, collective, "ring", "LL", 64 * MIB, 1.0) == \
+            runtime.predicted_us(s, old, collective, "ring", "LL", 64 * MIB, 1.0)
+
+
+def test_an_ampere_gpu_reads_the_ampere_rows_of_nccls_tables():
+    """NCCL indexes its per-channel ceilings by compute capability: an A100 (sm80) takes the Ampere row. Changing
+    the Hopper row leaves an A100's predictions as they were; lowering the Ampere Simple ceiling below the links'
+    share slows the A100's send and its ring all-reduce."""
+    topo = load_system("dgx-a100")
+    s = nccl.analyse(topo, list(range(8)), "2.18.5")
+    c = nccl.constants("2.18.5")
+    assert s.arch == "ampere"
+
+    def with_row(arch, gbps):
+        rows = {k: list(v) for k, v in c["per_channel_max_tree_bw"].items()}
+        rows[arch] = [gbps] * 3
+        return dict(c, per_channel_max_tree_bw=rows)
+
+    for collective in ("all_reduce", "send_recv"):
+        if collective == "send_recv":
+            def time_us(constants):
+                return p2p.p2p_us(topo, s, constants, collective, list(range(8)), GIB, 0, 1.0)[0]
+        else:
+            def time_us(constants):
+                return runtime.predicted_us(s, constants, collective, "ring", "Simple", GIB, 1.0)[0]
+        assert time_us(with_row("hopper", 1.0)) == time_us(c)
+        assert time_us(with_row("ampere", 4.0)) > 1.5 * time_us(c)

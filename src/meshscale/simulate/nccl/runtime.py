@@ -85,7 +85,7 @@ def chain_gbps(s: System, c: dict, proto: str, share: float = 1.0) -> float:
         nch = (s.tree or s.ring).channels * share
         rate = min(send * c["tree_ll128_factor_one_node"], nch * arch_row(c["per_channel_max_tree_ll128_bw"], s)[0])
     else:
-        rate = min(arch_row(c["ll_max_bw"], s)[0], send * c["ring_ll_factor"])
+        rate = min(arch_row(c["ll_max_bw"], s)[0], send * c["ll_data_per_line"])
     return rate / (1 if s.n_ranks == 2 else 2)
 
 
@@ -184,7 +184,7 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
     elif nvls_algo and collective == "all_reduce":
         bw = nvls_traffic_gbps(s, c, algo, share) * scale
     else:
-        bw = bus_bandwidth(s, c, collective, algo, proto, share) * scale
+        bw = bus_bandwidth(s, c, collective, algo, proto, share, run=True) * scale
     if algo == "ring" and proto != "Simple" and c["ring_chunk_rounding"]:
         moved = ring_chunked_bytes(s, c, collective, proto, nbytes, nc)
     if algo == "ring" and proto != "LL" and s.n_nodes == 1:  # across nodes the network sets the pace

@@ -55,10 +55,12 @@ def ring_steps(collective: str, n: int) -> int:
     return 2 * (n - 1) if collective == "all_reduce" else n - 1 if collective in ("all_gather", "reduce_scatter") else n
 
 
-def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, share: float = 1.0) -> float:
+def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, share: float = 1.0,
+                  run: bool = False) -> float:
     """NCCL's algorithm bandwidth (GB/s) for ``algo``/``proto``: per-channel graph bandwidth x channels with its
     protocol factors and caps, converted from bus to algorithm bandwidth. ``share`` (default 1) evaluates it
-    on that fraction of the channels."""
+    on that fraction of the channels. ``run``: the rate a run moves rather than NCCL's credit, where the two part
+    (a ring's LL: its lines' data share at most llMaxBw, whatever share a version's estimate credits)."""
     g = s.tree if algo == "tree" and s.tree is not None else s.ring  # tuning.cc reads graphs[algo]
     nch = g.channels * share
     n, i2 = s.n_ranks, index2(s)
@@ -83,11 +85,10 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     if c.get("sm80_bus_bw_cap") and s.sm == 80:
         bus = min(bus, c["sm80_bus_bw_cap"])
     if algo == "ring" and proto == "LL":
-        if c.get("ring_ll_factor_v27"):
-            bus *= 0.25 if (s.n_nodes > 1 or collective in ("all_reduce", "reduce")) else 1 / 3
-        else:
+        bus *= c["ll_data_per_line"] if run else ring_ll_factor(s, c, collective)
+        if run or c["ring_ll_capped"]:
             row = c["ll_max_bw"][s.arch] if s.n_nodes == 1 else c["ll_max_bw"]["net_amd" if s.cpu == "amd" else "net_intel"]
-            bus = min(row[i2], bus * c["ring_ll_factor"])
+            bus = min(row[i2], bus)
     if algo == "ring" and proto == "LL128":
         bus = min(bus * c["ring_ll128_factor"], nch * arch_row(c["per_channel_max_ring_ll128_bw"], s)[i2])
     if algo == "tree":
@@ -103,6 +104,15 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     if algo != "ring" and collective in ("all_gather", "reduce_scatter"):
         return bus
     return bus * (n / ring_steps(collective, n) if algo == "ring" else 0.5)
+
+
+def ring_ll_factor(s: System, c: dict, collective: str) -> float:
+    """NCCL's share of a ring's bus bandwidth it credits LL with: one number (2.21 on: .5, the 8 B of data in a
+    16 B line), or, before, 1/4 for all-reduce, reduce and any call across nodes and 1/3 for the others."""
+    f = c["ring_ll_factor"]
+    if isinstance(f, dict):
+        return f["reducing_or_nodes"] if s.n_nodes > 1 or collective in ("all_reduce", "reduce") else f["other"]
+    return float(f)
 
 
 def nvls_channel_gbps(s: System, c: dict, algo: str) -> float:
