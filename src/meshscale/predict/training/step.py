@@ -46,8 +46,9 @@ from meshscale.predict.training.comm import CollectiveCost, Placement, collectiv
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
-                                                 accumulation_kernels, element_bytes, fsdp2_reduce_kernels,
-                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step,
+                                                 accumulation_kernels, ddp_bucket_copies, element_bytes,
+                                                 fsdp2_reduce_kernels,
+                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step, resnet_tensors,
                                                  transformer_ends, transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
@@ -72,7 +73,9 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     if job.model is None:
         k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                         channels_last=job.channels_last, autocast=job.autocast)
-        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(resnet_params(job.resnet_depth), "sgd")))
+        params = resnet_params(job.resnet_depth)
+        k = replace(k, backward=k.backward + (ddp_bucket_copies(params, resnet_tensors(job.resnet_depth)),))
+        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(params, "sgd")))
     model, layout = job.model, job.layout
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp

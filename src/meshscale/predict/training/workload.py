@@ -19,6 +19,7 @@ output (same guide), which is priced as one more read and write of each.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from math import ceil
 
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.kernels import Kernel, gemm, gemm_backward, memory_op
@@ -74,7 +75,7 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
-            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops))
+            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
@@ -258,11 +259,65 @@ def resnet_blocks(depth: int, image: int = 224) -> tuple[list[list[Conv]], int]:
     return blocks, c_in
 
 
+def resnet_tensors(depth: int) -> int:
+    """Parameter tensors: each convolution's weight, each batch norm's weight and bias, the classifier's two."""
+    return 3 * sum(len(block) for block in resnet_blocks(depth)[0]) + 2
+
+
 def resnet_params(depth: int, classes: int = 1000) -> int:
     """Parameters: convolution weights, two per batch-norm channel, the classifier (torchvision's count)."""
     blocks, features = resnet_blocks(depth)
     return (sum(c.c_in * c.c_out * c.kernel ** 2 + 2 * c.c_out for block in blocks for c in block)
             + features * classes + classes)
+
+
+# PyTorch's channels-last batch norm (aten/src/ATen/native/cuda/Normalization.cuh, flexible_launch_configs):
+# blocks of up to 32 channels x up to 16 rows (512 threads), each thread ELEMENTS_PER_THREAD rows deep, at most
+# MAX_H_BLOCK blocks along the rows; a grid of 8 or more blocks along the rows reduces in two stages (partial
+# results staged in global memory, a zeroed semaphore per column of blocks, the last block to finish merges).
+BN_TILE_W, BN_BLOCK_THREADS, BN_ELEMENTS_PER_THREAD, BN_MAX_H_BLOCK, BN_MIN_STAGED = 32, 512, 16, 128, 8
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def bn_grid_rows(rows: int, channels: int) -> int:
+    """Blocks along the rows of the channels-last statistics and backward-reduce kernels (grid.y), as
+    flexible_launch_configs sets them with its cooperative flag: 1 where fewer than 8 would do."""
+    block_x = min(_last_pow2(channels), BN_TILE_W)
+    block_y = min(_last_pow2(ceil(rows / BN_ELEMENTS_PER_THREAD)), BN_BLOCK_THREADS // block_x)
+    grid_y = min(ceil(rows / (block_y * BN_ELEMENTS_PER_THREAD)), BN_MAX_H_BLOCK)
+    return grid_y if grid_y >= BN_MIN_STAGED else 1
+
+
+def batch_norm_kernels(name: str, rows: int, channels: int, e: int, channels_last: bool = True) -> list[Kernel]:
+    """One training-mode BatchNorm2d over ``rows`` (batch x pixels) of ``channels`` in ``e``-byte activations
+    (bf16 under autocast: batch norm is on neither autocast list, so it keeps the convolution's bf16 output and
+    its fp32 weights), the kernels PyTorch launches (batch_norm_cuda, batch_norm_backward_cuda):
+    forward: num_batches_tracked += 1 (nn.BatchNorm2d), the statistics (Welford) over the rows, the running
+    statistics updated and the variance inverted, the input normalized; backward: the reduction of dy and
+    dy x (x - mean) (the weight's and bias's gradients), the input's gradient. A two-stage reduction (the
+    channels-last kernels with grid.y > 1) first zeroes its semaphores (one more launch) and writes and reads its
+    partial results (count, mean, M2 forward; two sums backward) in fp32: the staging pass."""
+    x = float(rows) * channels * e
+    staged = bn_grid_rows(rows, channels) if channels_last else 1
+    staging_f = 2 * 3 * 4 * channels * staged if staged > 1 else 0.0
+    staging_b = 2 * 2 * 4 * channels * staged if staged > 1 else 0.0
+    semaphores = 1 if staged > 1 else 0
+    # aten ops the host issues: the increment, batch norm forward (the next three kernels), its backward (all
+    # three backward kernels)
+    return [memory_op(f"{name} num_batches_tracked", 8.0, 0),
+            memory_op(f"{name} statistics", x + staging_f, 2 * x + staging_b, ops=1, launches=1 + semaphores),
+            memory_op(f"{name} running statistics", 6 * 4.0 * channels, 0, ops=0, launches=1),
+            memory_op(f"{name} normalize", 2 * x, 3 * x, ops=0, launches=1)]
+
+
+def ddp_bucket_copies(params: float, tensors: int) -> Kernel:
+    """DDP without gradient_as_bucket_view (torch/csrc/distributed/c10d/reducer.cpp): each fp32 gradient copied
+    into its bucket as it is ready (mark_variable_ready_dense) and back into .grad after the all-reduce
+    (finalize_bucket_dense, copy_bucket_to_grad): two copies of each tensor, read and write each."""
+    return memory_op("DDP bucket copies", 2 * 8.0 * params, 0, ops=2 * tensors)
 
 
 def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000, precision: str = "bf16",
@@ -284,10 +339,8 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
             in_elements = batch * (c.out_hw * c.stride) ** 2 * c.c_in
             forward.append(replace(conv, bytes=e * (in_elements + conv.k * conv.n + conv.m * conv.n)))
             out_bytes = pixels * c.c_out * e
-            # ops: forward counts num_batches_tracked's increment, the saved-statistics buffer and the norm,
-            # backward one: two each way on average
-            forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes, 5 * out_bytes, ops=2),
-                        memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes)]
+            forward += batch_norm_kernels(f"bn{i}.{j}", pixels, c.c_out, e, channels_last)
+            forward.append(memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes))
             if not channels_last and precision != "fp32":
                 in_bytes = batch * (c.out_hw * c.stride) ** 2 * c.c_in * e
                 forward.append(memory_op(f"nchw transpose{i}.{j}", 2 * (in_bytes + out_bytes)))
@@ -302,11 +355,16 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     forward.append(gemm("fc", batch, classes, features, e))
     forward.append(memory_op("cross-entropy", LOSS_FORWARD_BYTES * batch * classes,
                              LOSS_BACKWARD_BYTES * batch * classes, ops=4))
+    params = resnet_params(depth, classes)
+    convs = sum(len(block) for block in blocks)
     grads = []
     if autocast and precision != "fp32":
-        params = resnet_params(depth, classes)
-        forward.append(memory_op("autocast weight casts", 6.0 * params, 0, ops=len(blocks) * 3))
-        grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * params, ops=len(blocks) * 3)]
+        # autocast casts what enters a convolution or a linear (each conv weight, the classifier's weight and
+        # bias; batch norm is on neither of its lists and takes the bf16 activations with fp32 weights)
+        bn_params = 2 * sum(c.c_out for block in blocks for c in block)
+        cast = GRAD_CAST_BYTES * (params - bn_params)
+        forward.append(memory_op("autocast weight casts", cast, 0, ops=convs + 2))
+        grads.append(memory_op("weight gradients to fp32", cast, ops=convs + 2))
     passes = _passes(forward, [], "none", grads)
     # the images need no gradient: autograd skips the stem convolution's input gradient
     backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
