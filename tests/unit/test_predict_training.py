@@ -423,3 +423,79 @@ def test_categories_add_up_to_the_step_models_own_compute(job):
     assert sum(c.seconds for c in cats) == pytest.approx(predict_step(job, ONE, H100).compute_s, rel=1e-9)
     names = {c.category for c in cats}
     assert ("conv" in names) == (job.model is None) and ("attention" in names) == (job.model is not None)
+
+
+# ---- batch norm, DDP's copies, and the step as train's timed mode measures it ---------------------------------
+def _bn_launches(kernels, layer):
+    from meshscale.predict.training.kernels import launches_of
+    mine = [k for k in kernels if k.name.startswith(f"{layer} ")]
+    return sum(launches_of(k) for k in mine), sum(k.ops for k in mine)
+
+
+@pytest.mark.parametrize("batch,image,staged", [(128, 224, True), (1, 32, False)])
+def test_batch_norm_launches_the_kernels_pytorchs_channels_last_path_launches(batch, image, staged):
+    # Normalization.cu/.cuh, training, channels-last: forward num_batches_tracked += 1, [semaphores zeroed],
+    # Welford statistics, running statistics updated and inverted, input normalized; backward [semaphores
+    # zeroed], reduce, input gradient. The semaphores exist only for a grid of 8 or more blocks along the rows.
+    from meshscale.predict.training.workload import bn_grid_rows
+    k = resnet_step(50, batch, image=image)
+    forward, ops_f = _bn_launches(k.forward, "bn1.0")
+    backward, ops_b = _bn_launches(k.backward, "bn1.0")
+    rows = batch * (image // 4) ** 2                  # the first block's first convolution: 64 channels
+    assert (bn_grid_rows(rows, 64) > 1) == staged
+    assert (forward, backward) == ((5, 3) if staged else (4, 2))
+    # the host issues three aten ops: the increment, batch norm forward, its backward
+    assert ops_f + ops_b == 3
+
+
+def test_batch_norm_bytes_and_time_grow_with_the_batch_and_the_reduction_never_reads_less_than_its_input():
+    from meshscale.predict.training.workload import batch_norm_kernels
+    r = rates(H100, "bf16")
+    previous = 0.0
+    for batch in (1, 8, 64, 256):
+        rows = batch * 56 * 56
+        kernels = batch_norm_kernels("bn", rows, 256, 2)
+        stats = next(k for k in kernels if k.name.endswith("statistics") and "running" not in k.name)
+        assert stats.bytes >= rows * 256 * 2
+        t = sum(kernel_seconds(k, r) for k in kernels)
+        assert t >= previous
+        previous = t
+
+
+def test_ddp_copies_every_gradient_into_its_bucket_and_back_once_per_parameter_tensor():
+    from meshscale.predict.training.step import step_kernels
+    from meshscale.predict.training.workload import resnet_tensors
+    job = TrainingJob(None, ParallelLayout(), 32, resnet_depth=50, autocast=True)
+    copies = [k for k in step_kernels(job).layer.backward if k.name.startswith("DDP")]
+    assert sum(k.ops for k in copies) == 2 * resnet_tensors(50)
+    assert sum(k.bytes for k in copies) == 2 * 2 * 4 * resnet_params(50)     # fp32, read and written, twice
+
+
+@pytest.mark.parametrize("job", [
+    TrainingJob(None, ParallelLayout(), 8, resnet_depth=50, autocast=True),
+    TrainingJob(None, ParallelLayout(), 128, resnet_depth=50, autocast=True),
+    TrainingJob(preset("gpt2-small"), ParallelLayout(), 1, 64, "bf16", autocast=True, sharding="none"),
+    TrainingJob(preset("gpt2-small"), ParallelLayout(), 16, 1024, "bf16", autocast=True, sharding="none"),
+    TrainingJob(preset("llama-tiny"), ParallelLayout(micro_batches=2), 4, 64, "bf16", "full")])
+def test_a_step_synced_every_step_is_never_faster_than_the_steady_one_and_a_graph_pays_nothing(job):
+    from meshscale.predict.training.step import synced_step_seconds
+    steady = predict_step(job, ONE, H100)
+    synced = synced_step_seconds(steady)
+    assert synced >= steady.step_s
+    # the host's lead-in is at least its first op; at most the whole host time of the step
+    from meshscale.predict.training.step import step_kernels
+    kernels = step_kernels(job)
+    all_kernels = list(kernels.layer.forward + kernels.layer.backward + kernels.ends.forward + kernels.ends.backward
+                       + kernels.per_step)
+    assert synced - steady.step_s <= host_seconds(all_kernels) * kernels.stage_layers * kernels.micro_batches + 1e-9
+    graphed = predict_step(replace(job, cuda_graph=True), ONE, H100)
+    assert synced_step_seconds(graphed) == graphed.step_s
+
+
+def test_a_small_host_bound_step_exposes_more_when_synced_than_a_large_gpu_bound_one():
+    from meshscale.predict.training.step import synced_step_seconds
+    shares = []
+    for batch in (4, 256):
+        p = predict_step(TrainingJob(None, ParallelLayout(), batch, resnet_depth=50, autocast=True), ONE, H100)
+        shares.append(synced_step_seconds(p) / p.step_s - 1)
+    assert shares[0] > shares[1] >= 0

@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from meshscale.predict.training.step import TrainingPrediction
+from meshscale.predict.training.step import TrainingPrediction, synced_step_seconds
 from meshscale.results import Result
 
 GIB = float(1 << 30)
 
 
-def prediction_row(p: TrainingPrediction) -> dict:
-    """One prediction as a row of plain values (Result kind predict)."""
+def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
+    """One prediction as a row of plain values (Result kind predict); ``synced``: with the step as a loop that
+    syncs the device every step measures it (`train`'s timed mode)."""
     job, mem = p.job, p.memory
     row = {"model": job.name, "layout": job.layout.describe(), "world_size": p.placement.world_size,
            "nodes": p.placement.nodes, **{k: v for k, v in job.layout.degrees().items()},
@@ -22,6 +23,9 @@ def prediction_row(p: TrainingPrediction) -> dict:
            "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
            "memory_capacity_bytes": p.gpu.memory_bytes}
     row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
+    if synced:
+        row["synced_step_time_s"] = synced_step_seconds(p)
+        row["synced_throughput_samples_per_s"] = job.samples_per_step / row["synced_step_time_s"]
     if mem is not None:
         row["memory_peak_bytes"] = mem.total_bytes
         row.update({f"memory_{k}_bytes": v for k, v in mem.breakdown().items()})
@@ -30,7 +34,8 @@ def prediction_row(p: TrainingPrediction) -> dict:
 
 def training_result(predictions: list[TrainingPrediction], search: bool = False) -> Result:
     first = predictions[0]
-    return Result("predict", [prediction_row(p) for p in predictions], True,
+    # one layout: also the step as `train`'s timed mode measures it (a search ranks steady throughput only)
+    return Result("predict", [prediction_row(p, synced=not search) for p in predictions], True,
                   {"training": True, "search": search, "model": first.job.name, "system": first.placement.system,
                    "placement": first.placement.describe(), "compute_source": first.compute_source,
                    "gpu": first.gpu.model})
