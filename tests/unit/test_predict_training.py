@@ -499,3 +499,34 @@ def test_a_small_host_bound_step_exposes_more_when_synced_than_a_large_gpu_bound
         p = predict_step(TrainingJob(None, ParallelLayout(), batch, resnet_depth=50, autocast=True), ONE, H100)
         shares.append(synced_step_seconds(p) / p.step_s - 1)
     assert shares[0] > shares[1] >= 0
+
+
+def test_the_h100_profiles_shipped_calibrate_an_h200_prediction_kernel_by_kernel():
+    # what the device check runs: predict on hgx-h200 with the H100's own `train --profile-batches` files
+    from pathlib import Path
+
+    from meshscale.predict.training.kernels import bound_of
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+    from meshscale.predict.training.step import step_kernels
+
+    folder = Path(__file__).resolve().parents[2] / "docs/results/h100-predict-kernels-2026-11-25"
+    h200, _ = system_gpu("hgx-h200")
+    req = TrainingRequest(model="gpt-small", system="hgx-h200", gpus=1, batch=16, seq_len=1024,
+                          profile=folder / "profile-gpt-small.json")
+    (p,), _ = predict_training(req)
+    assert p.compute_source.startswith("calibrated on NVIDIA H100 80GB HBM3")
+    # measured = host + factor x roofline on the H100; on the H200 the same host and factor over its own roofline
+    datasheet = predict_step(p.job, ONE, h200)
+    assert p.step_s == pytest.approx(p.host_s + p.rates.factor * datasheet.step_s, rel=1e-6)
+    # each kernel by its own bound: the memory-bound ones by the bandwidths, the compute-bound ones not at all
+    r100, r200 = rates(H100, "bf16"), rates(h200, "bf16")
+    for k in step_kernels(p.job).layer.forward:
+        ratio = kernel_seconds(k, r200) / kernel_seconds(k, r100)
+        if bound_of(k, r100) == bound_of(k, r200) == "memory":
+            assert ratio == pytest.approx(H100.memory_bandwidth_bytes_per_s / h200.memory_bandwidth_bytes_per_s)
+        elif k.kind in ("matmul", "attention") and bound_of(k, r200) == "compute":
+            assert ratio <= 1.0 + 1e-9
+    resnet = TrainingRequest(model="resnet50", system="hgx-h200", gpus=1, batch=128, channels_last=True,
+                             profile=folder / "profile-resnet50.json")
+    (q,), _ = predict_training(resnet)
+    assert "calibrated on NVIDIA H100 80GB HBM3" in q.compute_source and "host-bound" in q.compute_source
