@@ -8,7 +8,8 @@
 # calibrated on that GPU. Prints the errors: steady prediction against --no-timing, synced against timed.
 #
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
-#   PROFILES=docs/results/h100-predict-kernels-2026-11-25 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh $OUT/pvt-h200
+#   PROFILES=docs/results/h100-predict-kernels-2026-11-25 PYTHONPATH=src \
+#     bash benchmarks/predict_vs_train_gpu.sh $OUT/pvt-h200
 #   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call; KERNELS=0: no kernel table
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #

@@ -48,9 +48,9 @@ from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, Kernel, Rat
                                                rates, total_seconds)
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
-                                                 fsdp2_reduce_kernels,
-                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step, resnet_tensors,
-                                                 transformer_ends, transformer_layer)
+                                                 fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
+                                                 resnet_params, resnet_step, resnet_tensors, transformer_ends,
+                                                 transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 SHARDINGS = ("fsdp2", "fsdp1", "none")
