@@ -368,6 +368,17 @@ def test_predict_cuda_graph_removes_the_host_cost_of_a_small_step(cli, tmp_path)
     assert rates[1] > rates[0]
 
 
+def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tmp_path):
+    out = tmp_path / "p.json"
+    r = cli("predict", "--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--batch", "4",
+            "--precision", "bf16", "--channels-last", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert "synced every step" in r.output
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["synced_step_time_s"] >= row["step_time_s"]
+    assert row["synced_throughput_samples_per_s"] == pytest.approx(row["global_batch"] / row["synced_step_time_s"])
+
+
 @pytest.mark.parametrize("args, field", [
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--tp", "3"], "--tp 3"),
     (["--model", "resnet50", "--system", "dgx1-v100", "--gpus", "1", "--precision", "bf16"], "--precision bf16"),
