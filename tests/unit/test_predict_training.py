@@ -541,3 +541,28 @@ def test_the_h100_profiles_shipped_calibrate_an_h200_prediction_kernel_by_kernel
                              profile=folder / "profile-resnet50.json")
     (q,), _ = predict_training(resnet)
     assert "calibrated on NVIDIA H100 80GB HBM3" in q.compute_source and "host-bound" in q.compute_source
+
+
+def test_foreach_ops_launch_as_multi_tensor_apply_packs_tensors_and_chunks():
+    from math import ceil
+
+    from meshscale.predict.training.workload import FOREACH_MAX_TENSORS, foreach_launches
+    assert foreach_launches([1000] * 10, 1) == 1                       # everything in one launch
+    assert foreach_launches([], 2) == 0 and foreach_launches([0, 0], 2) == 0
+    for numels in ([1] * 500, [70_000] * 300, [25_000_000, 3, 9_000_000] * 7):
+        for depth in (1, 2, 3):
+            n = foreach_launches(numels, depth)
+            chunks = sum(ceil(x / 65536) for x in numels)
+            # no launch holds more than 320 chunks, nor more tensors than the argument layout has room for
+            assert n >= ceil(chunks / 320) and n >= ceil(len(numels) / FOREACH_MAX_TENSORS[depth, False])
+            assert n <= chunks
+            assert foreach_launches(numels + numels, depth) >= n       # more tensors never fewer launches
+
+
+def test_tensor_lists_add_up_to_the_parameter_counts():
+    from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels, resnet_tensor_numels
+    for name in ("gpt2-small", "llama3-8b", "llama-1b"):
+        m = preset(name)
+        assert sum(layer_tensor_numels(m)) == m.layer_params()
+        assert sum(end_tensor_numels(m)) == m.params() - m.layers * m.layer_params()
+    assert sum(resnet_tensor_numels(50)) == resnet_params(50)

@@ -49,8 +49,9 @@ from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, Kernel, Rat
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
-                                                 resnet_params, resnet_step, resnet_tensors, transformer_ends,
-                                                 transformer_layer)
+                                                 layer_tensor_numels, end_tensor_numels, resnet_params,
+                                                 resnet_step, resnet_tensor_numels, resnet_tensors,
+                                                 transformer_ends, transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
 SHARDINGS = ("fsdp2", "fsdp1", "none")
@@ -76,7 +77,8 @@ def step_kernels(job: TrainingJob) -> StepKernels:
                         channels_last=job.channels_last, autocast=job.autocast)
         params = resnet_params(job.resnet_depth)
         k = replace(k, backward=k.backward + (ddp_bucket_copies(params, resnet_tensors(job.resnet_depth)),))
-        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(params, "sgd")))
+        optimizer = optimizer_kernels(params, "sgd", resnet_tensor_numels(job.resnet_depth))
+        return StepKernels(k, PassKernels((), ()), tuple(optimizer))
     model, layout = job.model, job.layout
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
@@ -88,7 +90,10 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
     stage_params = (stage_layers * model.layer_params() + ends_params) / layout.tp
-    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw") + \
+    # this rank's share of each tensor (FSDP shards dim 0, tensor parallelism splits the matrices)
+    shards = layout.tp * layout.fsdp
+    numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model) + end_tensor_numels(model)]
+    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw", numels) + \
         (m - 1) * accumulation_kernels(stage_params / layout.fsdp)
     if job.sharding == "fsdp2":
         param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers

@@ -19,6 +19,7 @@ output (same guide), which is priced as one more read and write of each.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from math import ceil
 
 from meshscale.models.transformer import TransformerConfig
@@ -184,14 +185,78 @@ def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, pr
     return PassKernels(passes.forward, passes.backward + (embedding_grad, *head_grad))
 
 
-def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw") -> list[Kernel]:
+# The foreach optimizers' ops on the GPU, by the depth of their tensor lists and whether they take a list of
+# scalars (torch/optim/sgd.py and adam.py, _multi_tensor_*): SGD with momentum and weight decay: the weight decay
+# (out of place: gradients, parameters, result), the buffer's mul_ and add_, the parameters' add_; AdamW: the
+# decay mul_, lerp_ of the first moment, mul_ and addcmul_ of the second, its sqrt (out of place), div_ by the
+# bias corrections (a scalar list) and add_ of eps, the parameters' addcdiv_ (a scalar list)
+FOREACH_OPS = {"sgd": ((3, False), (1, False), (2, False), (2, False)),
+               "adamw": ((1, False), (2, False), (1, False), (3, False), (2, False), (1, True), (1, False),
+                         (3, True))}
+# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): chunks of 65,536 elements, one block
+# each; a launch takes at most 320 blocks and, by the lists' depth, at most 110 / 64 / 48 tensors (96 / 64 / 48
+# with a scalar list): the limits of the 4 KB kernel-argument layout, which foreach SGD and AdamW launch on
+# the H100 traces of benchmarks/predict_kernels_gpu.py (13 and 56 launches per step, the counts these limits
+# give for ResNet-50 and GPT-2 small; the 32 KB layout would give 4 and 8)
+FOREACH_CHUNK, FOREACH_MAX_BLOCKS = 65536, 320
+FOREACH_MAX_TENSORS = {(1, False): 110, (2, False): 64, (3, False): 48, (1, True): 96, (2, True): 64,
+                       (3, True): 48}
+
+
+def foreach_launches(numels: list[int], depth: int, scalar_list: bool = False) -> int:
+    """Kernels one foreach op launches over tensors of ``numels`` elements, packed as multi_tensor_apply packs
+    them: a launch when its tensors or its blocks are full (a tensor cut by full blocks carried into the next)."""
+    max_tensors = FOREACH_MAX_TENSORS[depth, scalar_list]
+    launched = blocks = tensors = 0
+    for numel in numels:
+        if numel <= 0:
+            continue
+        tensors += 1
+        left = ceil(numel / FOREACH_CHUNK)
+        while left:                         # the tensor's chunks, as many at a time as the launch has room for
+            take = min(left, FOREACH_MAX_BLOCKS - blocks)
+            blocks, left = blocks + take, left - take
+            if blocks == FOREACH_MAX_BLOCKS or (not left and tensors == max_tensors):
+                launched, blocks = launched + 1, 0
+                tensors = 1 if left else 0
+    return launched + (1 if blocks else 0)
+
+
+@lru_cache(maxsize=4096)
+def _optimizer_launches(numels: tuple[int, ...], optimizer: str) -> int:
+    # a layout search prices the same stage of the same model under many layouts
+    return sum(foreach_launches(list(numels), d, s) for d, s in FOREACH_OPS[optimizer])
+
+
+def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw",
+                      numels: list[int] | None = None) -> list[Kernel]:
+    """The optimizer step over this rank's parameters; given their tensors' sizes, with the kernels its
+    foreach ops launch."""
+    launches = _optimizer_launches(tuple(numels), optimizer) if numels else 0
     return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer],
-                      ops=OPTIMIZER_OPS[optimizer])]
+                      ops=OPTIMIZER_OPS[optimizer], launches=launches)]
+
+
+def layer_tensor_numels(model: TransformerConfig) -> list[int]:
+    """The sizes of one layer's parameter tensors: llama: two norms' weights and seven projections; GPT-2 (as
+    `train` builds it): the q, k, v and output projections and the two MLP matrices with their biases, two
+    LayerNorms' weights and biases."""
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
+    if model.style == "llama":
+        return [d, d * d, d * kv, d * kv, d * d, d, d * f, d * f, f * d]
+    return [d, d, d * d, d, d * kv, kv, d * kv, kv, d * d, d, d, d, d * f, f, f * d, d]
+
+
+def end_tensor_numels(model: TransformerConfig) -> list[int]:
+    """The embedding (and GPT-2's positions), the final norm, an untied head."""
+    d = model.d_model
+    ends = [model.vocab_size * d] + ([model.max_seq_len * d, d, d] if model.style == "gpt2" else [d])
+    return ends + ([model.head_params()] if model.head_params() else [])
 
 
 def layer_tensors(model: TransformerConfig) -> int:
     """Parameter tensors of one layer: the projections (and their biases), the norms' weights (and biases)."""
-    return 9 if model.style == "llama" else 16
+    return len(layer_tensor_numels(model))
 
 
 def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, param_bytes: int,
@@ -259,9 +324,17 @@ def resnet_blocks(depth: int, image: int = 224) -> tuple[list[list[Conv]], int]:
     return blocks, c_in
 
 
+def resnet_tensor_numels(depth: int, classes: int = 1000) -> list[int]:
+    """The sizes of the parameter tensors in torchvision's order: each convolution's weight, its batch norm's
+    weight and bias, the classifier's weight and bias."""
+    blocks, features = resnet_blocks(depth)
+    numels = [n for block in blocks for c in block for n in (c.c_in * c.c_out * c.kernel ** 2, c.c_out, c.c_out)]
+    return numels + [features * classes, classes]
+
+
 def resnet_tensors(depth: int) -> int:
     """Parameter tensors: each convolution's weight, each batch norm's weight and bias, the classifier's two."""
-    return 3 * sum(len(block) for block in resnet_blocks(depth)[0]) + 2
+    return len(resnet_tensor_numels(depth))
 
 
 def resnet_params(depth: int, classes: int = 1000) -> int:
