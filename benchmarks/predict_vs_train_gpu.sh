@@ -1,23 +1,30 @@
 #!/usr/bin/env bash
 # Compute predicted from the datasheet against what `meshscale train` measures, on this machine's one GPU:
 # ResNet-50 bf16 channels-last at batch 128 and GPT-small bf16 at batch 16 (1024 tokens). For each: `train`
-# (synthetic data), a single-GPU profile (`train --profile-batches`), and `predict` for the same job without a
-# profile (datasheet roofline) and, where PROFILES names a folder of profiles made on another GPU kind (this
-# script's OUTDIR from a run there), calibrated on that GPU. Prints the errors.
+# twice (timed: a device sync and the time split every step; --no-timing: the steady throughput window, what
+# the prediction is held against), a single-GPU profile (`train --profile-batches`, also unsynced), and
+# `predict` for the same job from the datasheet, calibrated on this GPU's own profile, and, where PROFILES names
+# the output of a run on another GPU kind (this script's OUTDIR there, or a folder of profile-<model>.json),
+# calibrated on that GPU. Prints the errors: steady prediction against --no-timing, synced against timed.
 #
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
-#   PROFILES=/path/to/h200-run PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/h100-run
-#   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call
+#   PROFILES=docs/results/h100-predict-kernels-2026-11-25 PYTHONPATH=src \
+#     bash benchmarks/predict_vs_train_gpu.sh $OUT/pvt-h200
+#   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call; KERNELS=0: no kernel table
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #
-# Writes OUTDIR/train-<model>.json, OUTDIR/profile-<model>.json, OUTDIR/predict-<model>[-calibrated].json,
-# OUTDIR/summary.txt (the table of errors), and OUTDIR/kernels.{txt,json} (benchmarks/predict_kernels_gpu.py).
+# Leaves six files in OUTDIR: <model>.json for resnet50 and gpt-small (every train, profile and predict result
+# of that model in one object), summary.txt (the table of errors), log.txt, and kernels.{txt,json}
+# (benchmarks/predict_kernels_gpu.py).
 set -u
 OUTDIR="${1:-${OUT:-predict_vs_train}}"
 PY="${PYTHON:-python}"
 MS="$PY -m meshscale"
 STEPS="${STEPS:-60}"
+HERE="$(cd "$(dirname "$0")" && pwd)"
 mkdir -p "$OUTDIR"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
 export NCCL_NVLS_ENABLE=0
 
 GPU_NAME="$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
@@ -27,37 +34,50 @@ case "$GPU_NAME" in
 esac
 echo "GPU: ${GPU_NAME:-none (dry run)}; predicting on catalog system $SYSTEM" | tee "$OUTDIR/log.txt"
 
+log() { tee -a "$OUTDIR/log.txt"; }
+
 run() {  # name, batch, profile batches, options shared by train and predict, predict-only options
   local name="$1" batch="$2" profile_batches="$3" shared="$4" predict_opts="$5"
   if [ -z "${DRY_RUN:-}" ]; then
-    echo "== train $name" | tee -a "$OUTDIR/log.txt"
-    $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --json "$OUTDIR/train-$name.json" \
-      2>&1 | tail -3 | tee -a "$OUTDIR/log.txt"
-    echo "== profile $name" | tee -a "$OUTDIR/log.txt"
+    echo "== train $name (timed: synced every step)" | log
+    $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --json "$WORK/train-$name.json" \
+      2>&1 | tail -3 | log
+    echo "== train $name --no-timing" | log
+    $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --no-timing \
+      --json "$WORK/untimed-$name.json" 2>&1 | tail -3 | log
+    echo "== profile $name" | log
     $MS train --model "$name" --gpus 1 --profile-batches "$profile_batches" $shared --steps "$STEPS" \
-      --json "$OUTDIR/profile-$name.json" 2>&1 | tail -3 | tee -a "$OUTDIR/log.txt"
+      --json "$WORK/profile-$name.json" 2>&1 | tail -3 | log
   fi
-  echo "== predict $name (datasheet)" | tee -a "$OUTDIR/log.txt"
+  echo "== predict $name (datasheet)" | log
   $MS predict --model "$name" --system "$SYSTEM" --gpus 1 --batch "$batch" $shared $predict_opts \
-    --json "$OUTDIR/predict-$name.json" 2>&1 | tee -a "$OUTDIR/log.txt"
-  if [ -n "${PROFILES:-}" ] && [ -f "$PROFILES/profile-$name.json" ]; then
-    echo "== predict $name (calibrated on the other GPU's profile)" | tee -a "$OUTDIR/log.txt"
-    $MS predict --model "$name" --system "$SYSTEM" --gpus 1 --batch "$batch" $shared $predict_opts \
-      --profile "$PROFILES/profile-$name.json" --json "$OUTDIR/predict-$name-calibrated.json" 2>&1 | tee -a "$OUTDIR/log.txt"
+    --json "$WORK/predict-$name.json" 2>&1 | log
+  local other=""
+  if [ -n "${PROFILES:-}" ]; then
+    other="$WORK/other-profile-$name.json"
+    $PY "$HERE/predict_vs_train.py" --profile-of "$name" "$PROFILES" "$other" || other=""
   fi
-  if [ -z "${DRY_RUN:-}" ] && [ -f "$OUTDIR/profile-$name.json" ]; then
-    echo "== predict $name (calibrated on this GPU's own profile)" | tee -a "$OUTDIR/log.txt"
+  if [ -n "$other" ]; then
+    echo "== predict $name (calibrated on the other GPU's profile)" | log
     $MS predict --model "$name" --system "$SYSTEM" --gpus 1 --batch "$batch" $shared $predict_opts \
-      --profile "$OUTDIR/profile-$name.json" --json "$OUTDIR/predict-$name-self.json" 2>&1 | tee -a "$OUTDIR/log.txt"
+      --profile "$other" --json "$WORK/predict-$name-calibrated.json" 2>&1 | log
   fi
+  if [ -f "$WORK/profile-$name.json" ]; then
+    echo "== predict $name (calibrated on this GPU's own profile)" | log
+    $MS predict --model "$name" --system "$SYSTEM" --gpus 1 --batch "$batch" $shared $predict_opts \
+      --profile "$WORK/profile-$name.json" --json "$WORK/predict-$name-self.json" 2>&1 | log
+  fi
+  $PY "$HERE/predict_vs_train.py" --pack "$name" "$WORK" "$OUTDIR/$name.json"
 }
 
 run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" ""
 run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024"
-$PY benchmarks/predict_vs_train.py "$OUTDIR" | tee "$OUTDIR/summary.txt"
+$PY "$HERE/predict_vs_train.py" "$OUTDIR" | tee "$OUTDIR/summary.txt"
 # the same steps per kernel category against the model (KERNELS=0 skips it)
 if [ "${KERNELS:-1}" != 0 ]; then
-  echo "== kernels per category" | tee -a "$OUTDIR/log.txt"
+  echo "== kernels per category" | log
   if [ -n "${DRY_RUN:-}" ]; then KOPTS="--device cpu --tiny"; else KOPTS=""; fi
-  $PY benchmarks/predict_kernels_gpu.py $KOPTS --out "$OUTDIR/kernels.json" 2>&1 | grep -v USDT | tee "$OUTDIR/kernels.txt"
+  $PY "$HERE/predict_kernels_gpu.py" $KOPTS --out "$OUTDIR/kernels.json" 2>&1 | grep -v USDT > "$OUTDIR/kernels.txt"
+  cat "$OUTDIR/kernels.txt" | log >/dev/null
+  tail -40 "$OUTDIR/kernels.txt"
 fi

@@ -368,6 +368,17 @@ def test_predict_cuda_graph_removes_the_host_cost_of_a_small_step(cli, tmp_path)
     assert rates[1] > rates[0]
 
 
+def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tmp_path):
+    out = tmp_path / "p.json"
+    r = cli("predict", "--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--batch", "4",
+            "--precision", "bf16", "--channels-last", "--json", out)
+    assert r.exit_code == 0, r.output
+    assert "synced every step" in r.output
+    row = json.loads(out.read_text())["rows"][0]
+    assert row["synced_step_time_s"] >= row["step_time_s"]
+    assert row["synced_throughput_samples_per_s"] == pytest.approx(row["global_batch"] / row["synced_step_time_s"])
+
+
 @pytest.mark.parametrize("args, field", [
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--tp", "3"], "--tp 3"),
     (["--model", "resnet50", "--system", "dgx1-v100", "--gpus", "1", "--precision", "bf16"], "--precision bf16"),
@@ -423,3 +434,135 @@ def test_categories_add_up_to_the_step_models_own_compute(job):
     assert sum(c.seconds for c in cats) == pytest.approx(predict_step(job, ONE, H100).compute_s, rel=1e-9)
     names = {c.category for c in cats}
     assert ("conv" in names) == (job.model is None) and ("attention" in names) == (job.model is not None)
+
+
+# ---- batch norm, DDP's copies, and the step as train's timed mode measures it ---------------------------------
+def _bn_launches(kernels, layer):
+    from meshscale.predict.training.kernels import launches_of
+    mine = [k for k in kernels if k.name.startswith(f"{layer} ")]
+    return sum(launches_of(k) for k in mine), sum(k.ops for k in mine)
+
+
+@pytest.mark.parametrize("batch,image,staged", [(128, 224, True), (1, 32, False)])
+def test_batch_norm_launches_the_kernels_pytorchs_channels_last_path_launches(batch, image, staged):
+    # Normalization.cu/.cuh, training, channels-last: forward num_batches_tracked += 1, [semaphores zeroed],
+    # Welford statistics, running statistics updated and inverted, input normalized; backward [semaphores
+    # zeroed], reduce, input gradient. The semaphores exist only for a grid of 8 or more blocks along the rows.
+    from meshscale.predict.training.workload import bn_grid_rows
+    k = resnet_step(50, batch, image=image)
+    forward, ops_f = _bn_launches(k.forward, "bn1.0")
+    backward, ops_b = _bn_launches(k.backward, "bn1.0")
+    rows = batch * (image // 4) ** 2                  # the first block's first convolution: 64 channels
+    assert (bn_grid_rows(rows, 64) > 1) == staged
+    assert (forward, backward) == ((5, 3) if staged else (4, 2))
+    # the host issues three aten ops: the increment, batch norm forward, its backward
+    assert ops_f + ops_b == 3
+
+
+def test_batch_norm_bytes_and_time_grow_with_the_batch_and_the_reduction_never_reads_less_than_its_input():
+    from meshscale.predict.training.workload import batch_norm_kernels
+    r = rates(H100, "bf16")
+    previous = 0.0
+    for batch in (1, 8, 64, 256):
+        rows = batch * 56 * 56
+        kernels = batch_norm_kernels("bn", rows, 256, 2)
+        stats = next(k for k in kernels if k.name.endswith("statistics") and "running" not in k.name)
+        assert stats.bytes >= rows * 256 * 2
+        t = sum(kernel_seconds(k, r) for k in kernels)
+        assert t >= previous
+        previous = t
+
+
+def test_ddp_copies_every_gradient_into_its_bucket_and_back_once_per_parameter_tensor():
+    from meshscale.predict.training.step import step_kernels
+    from meshscale.predict.training.workload import resnet_tensors
+    job = TrainingJob(None, ParallelLayout(), 32, resnet_depth=50, autocast=True)
+    copies = [k for k in step_kernels(job).layer.backward if k.name.startswith("DDP")]
+    assert sum(k.ops for k in copies) == 2 * resnet_tensors(50)
+    assert sum(k.bytes for k in copies) == 2 * 2 * 4 * resnet_params(50)     # fp32, read and written, twice
+
+
+@pytest.mark.parametrize("job", [
+    TrainingJob(None, ParallelLayout(), 8, resnet_depth=50, autocast=True),
+    TrainingJob(None, ParallelLayout(), 128, resnet_depth=50, autocast=True),
+    TrainingJob(preset("gpt2-small"), ParallelLayout(), 1, 64, "bf16", autocast=True, sharding="none"),
+    TrainingJob(preset("gpt2-small"), ParallelLayout(), 16, 1024, "bf16", autocast=True, sharding="none"),
+    TrainingJob(preset("llama-tiny"), ParallelLayout(micro_batches=2), 4, 64, "bf16", "full")])
+def test_a_step_synced_every_step_is_never_faster_than_the_steady_one_and_a_graph_pays_nothing(job):
+    from meshscale.predict.training.step import synced_step_seconds
+    steady = predict_step(job, ONE, H100)
+    synced = synced_step_seconds(steady)
+    assert synced >= steady.step_s
+    # the host's lead-in is at least its first op; at most the whole host time of the step
+    from meshscale.predict.training.step import step_kernels
+    kernels = step_kernels(job)
+    all_kernels = list(kernels.layer.forward + kernels.layer.backward + kernels.ends.forward + kernels.ends.backward
+                       + kernels.per_step)
+    assert synced - steady.step_s <= host_seconds(all_kernels) * kernels.stage_layers * kernels.micro_batches + 1e-9
+    graphed = predict_step(replace(job, cuda_graph=True), ONE, H100)
+    assert synced_step_seconds(graphed) == graphed.step_s
+
+
+def test_a_small_host_bound_step_exposes_more_when_synced_than_a_large_gpu_bound_one():
+    from meshscale.predict.training.step import synced_step_seconds
+    shares = []
+    for batch in (4, 256):
+        p = predict_step(TrainingJob(None, ParallelLayout(), batch, resnet_depth=50, autocast=True), ONE, H100)
+        shares.append(synced_step_seconds(p) / p.step_s - 1)
+    assert shares[0] > shares[1] >= 0
+
+
+def test_the_h100_profiles_shipped_calibrate_an_h200_prediction_kernel_by_kernel():
+    # what the device check runs: predict on hgx-h200 with the H100's own `train --profile-batches` files
+    from pathlib import Path
+
+    from meshscale.predict.training.kernels import bound_of
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+    from meshscale.predict.training.step import step_kernels
+
+    folder = Path(__file__).resolve().parents[2] / "docs/results/h100-predict-kernels-2026-11-25"
+    h200, _ = system_gpu("hgx-h200")
+    req = TrainingRequest(model="gpt-small", system="hgx-h200", gpus=1, batch=16, seq_len=1024,
+                          profile=folder / "profile-gpt-small.json")
+    (p,), _ = predict_training(req)
+    assert p.compute_source.startswith("calibrated on NVIDIA H100 80GB HBM3")
+    # measured = host + factor x roofline on the H100; on the H200 the same host and factor over its own roofline
+    datasheet = predict_step(p.job, ONE, h200)
+    assert p.step_s == pytest.approx(p.host_s + p.rates.factor * datasheet.step_s, rel=1e-6)
+    # each kernel by its own bound: the memory-bound ones by the bandwidths, the compute-bound ones not at all
+    r100, r200 = rates(H100, "bf16"), rates(h200, "bf16")
+    for k in step_kernels(p.job).layer.forward:
+        ratio = kernel_seconds(k, r200) / kernel_seconds(k, r100)
+        if bound_of(k, r100) == bound_of(k, r200) == "memory":
+            assert ratio == pytest.approx(H100.memory_bandwidth_bytes_per_s / h200.memory_bandwidth_bytes_per_s)
+        elif k.kind in ("matmul", "attention") and bound_of(k, r200) == "compute":
+            assert ratio <= 1.0 + 1e-9
+    resnet = TrainingRequest(model="resnet50", system="hgx-h200", gpus=1, batch=128, channels_last=True,
+                             profile=folder / "profile-resnet50.json")
+    (q,), _ = predict_training(resnet)
+    assert "calibrated on NVIDIA H100 80GB HBM3" in q.compute_source and "host-bound" in q.compute_source
+
+
+def test_foreach_ops_launch_as_multi_tensor_apply_packs_tensors_and_chunks():
+    from math import ceil
+
+    from meshscale.predict.training.workload import FOREACH_MAX_TENSORS, foreach_launches
+    assert foreach_launches([1000] * 10, 1) == 1                       # everything in one launch
+    assert foreach_launches([], 2) == 0 and foreach_launches([0, 0], 2) == 0
+    for numels in ([1] * 500, [70_000] * 300, [25_000_000, 3, 9_000_000] * 7):
+        for depth in (1, 2, 3):
+            n = foreach_launches(numels, depth)
+            chunks = sum(ceil(x / 65536) for x in numels)
+            # no launch holds more than 320 chunks, nor more tensors than the argument layout has room for
+            assert n >= ceil(chunks / 320) and n >= ceil(len(numels) / FOREACH_MAX_TENSORS[depth, False])
+            assert n <= chunks
+            assert foreach_launches(numels + numels, depth) >= n       # more tensors never fewer launches
+
+
+def test_tensor_lists_add_up_to_the_parameter_counts():
+    from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels, resnet_tensor_numels
+    for name in ("gpt2-small", "llama3-8b", "llama-1b"):
+        m = preset(name)
+        assert sum(layer_tensor_numels(m)) == m.layer_params()
+        assert sum(end_tensor_numels(m)) == m.params() - m.layers * m.layer_params()
+    assert sum(resnet_tensor_numels(50)) == resnet_params(50)

@@ -129,12 +129,13 @@ def _resnet50(classes: int):
 
 
 def test_resnet50_convolution_flops_bytes_and_ops_match_a_traced_step():
-    from meshscale.predict.training.workload import resnet_params, resnet_step
+    from meshscale.predict.training.workload import resnet_params, resnet_step, resnet_tensors
 
     image, batch, classes = 64, 2, 10
     torch.manual_seed(0)
     model = _resnet50(classes)
     assert sum(p.numel() for p in model.parameters()) == resnet_params(50, classes)
+    assert len(list(model.parameters())) == resnet_tensors(50)      # what DDP copies into its buckets and back
     x, y = torch.randn(batch, 3, image, image), torch.randint(0, classes, (batch,))
     traffic, flops = Traffic(), FlopCounterMode(display=False)
     with traffic, flops:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshscale.predict.training.kernels import Kernel, Rates, kernel_seconds
+from meshscale.predict.training.kernels import Kernel, Rates, kernel_seconds, launches_of
 from meshscale.predict.training.step import TrainingJob, step_kernels
 
 CATEGORIES = ("matmul: attention projections", "matmul: MLP", "matmul: head", "matmul: other", "attention",
@@ -53,7 +53,7 @@ def category_of(kernel: Kernel, transformer: bool) -> str:
         return "optimizer"
     if name.startswith("FSDP"):
         return "FSDP copies"
-    if "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
+    if name.startswith("DDP") or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
         return "copies/casts"
     return "elementwise/activation"
 
@@ -68,10 +68,8 @@ def step_kernel_list(job: TrainingJob) -> list[Kernel]:
 
 
 def launches(kernel: Kernel) -> int:
-    """Kernels the GPU runs for one of the model's kernels (x its count): a memory op one per aten op it
-    issues, a matrix product or attention one."""
-    per = max(1, kernel.ops) if kernel.kind == "memory" else 1
-    return per * kernel.count
+    """Kernels the GPU runs for one of the model's kernels, x its count."""
+    return launches_of(kernel) * kernel.count
 
 
 def predicted_categories(job: TrainingJob, r: Rates) -> list[CategoryTime]:

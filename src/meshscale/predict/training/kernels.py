@@ -108,6 +108,7 @@ class Kernel:
     count: int = 1                  # identical kernels (e.g. per layer)
     ops: int = 1                    # aten ops the host issues for it (views and the kernel itself)
     backward_bytes: float | None = None   # memory ops: their backward's traffic (None: the default multiple; 0: none)
+    launches: int = 0               # kernels the GPU runs for it where they are not one per op (0: as launches_of)
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -126,8 +127,9 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
             replace(wgrad, ops=0) if fwd.kind == "conv" else wgrad]
 
 
-def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1) -> Kernel:
-    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes)
+def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1,
+              launches: int = 0) -> Kernel:
+    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes, launches=launches)
 
 
 def quantization(m: int, n: int, k: int, sm_count: int) -> float:
@@ -204,7 +206,15 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
         compute_s = kernel.flops / rate
     else:
         compute_s = 0.0
-    return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S) * r.factor
+    return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S * launches_of(kernel)) * r.factor
+
+
+def launches_of(kernel: Kernel) -> int:
+    """Kernels the GPU runs for one of the model's kernels (once), each paying the launch floor: as many as it
+    says, else a memory op one per aten op it issues, a matrix product or attention one."""
+    if kernel.launches:
+        return kernel.launches
+    return max(1, kernel.ops) if kernel.kind == "memory" else 1
 
 
 def total_seconds(kernels: list[Kernel], r: Rates) -> float:
@@ -215,7 +225,7 @@ def bound_of(kernel: Kernel, r: Rates) -> str:
     """Which side of the roofline limits a kernel: compute, memory or launch."""
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     t = kernel_seconds(kernel, replace(r, factor=1.0)) / kernel.count
-    if t <= KERNEL_FLOOR_S:
+    if t <= KERNEL_FLOOR_S * launches_of(kernel):
         return "launch"
     return "memory" if memory_s >= t * (1 - 1e-9) else "compute"
 

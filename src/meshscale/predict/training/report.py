@@ -3,14 +3,15 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from meshscale.predict.training.step import TrainingPrediction
+from meshscale.predict.training.step import TrainingPrediction, synced_step_seconds
 from meshscale.results import Result
 
 GIB = float(1 << 30)
 
 
-def prediction_row(p: TrainingPrediction) -> dict:
-    """One prediction as a row of plain values (Result kind predict)."""
+def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
+    """One prediction as a row of plain values (Result kind predict); ``synced``: with the step as a loop that
+    syncs the device every step measures it (`train`'s timed mode)."""
     job, mem = p.job, p.memory
     row = {"model": job.name, "layout": job.layout.describe(), "world_size": p.placement.world_size,
            "nodes": p.placement.nodes, **{k: v for k, v in job.layout.degrees().items()},
@@ -22,6 +23,9 @@ def prediction_row(p: TrainingPrediction) -> dict:
            "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
            "memory_capacity_bytes": p.gpu.memory_bytes}
     row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
+    if synced:
+        row["synced_step_time_s"] = synced_step_seconds(p)
+        row["synced_throughput_samples_per_s"] = job.samples_per_step / row["synced_step_time_s"]
     if mem is not None:
         row["memory_peak_bytes"] = mem.total_bytes
         row.update({f"memory_{k}_bytes": v for k, v in mem.breakdown().items()})
@@ -30,7 +34,8 @@ def prediction_row(p: TrainingPrediction) -> dict:
 
 def training_result(predictions: list[TrainingPrediction], search: bool = False) -> Result:
     first = predictions[0]
-    return Result("predict", [prediction_row(p) for p in predictions], True,
+    # one layout: also the step as `train`'s timed mode measures it (a search ranks steady throughput only)
+    return Result("predict", [prediction_row(p, synced=not search) for p in predictions], True,
                   {"training": True, "search": search, "model": first.job.name, "system": first.placement.system,
                    "placement": first.placement.describe(), "compute_source": first.compute_source,
                    "gpu": first.gpu.model})
@@ -67,7 +72,13 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
             lines.append("no layout fits in memory; the smallest need is listed first")
         if hidden > 0:
             lines.append(f"({hidden} more layouts in the JSON; --top N shows more)")
-    elif not first.fits:
-        lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
-                     f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
+    else:
+        synced = synced_step_seconds(first)
+        rate = f"{first.tokens_per_s_per_gpu * first.step_s / synced:,.0f} tokens/s/GPU" if tokens else \
+            f"{first.samples_per_s * first.step_s / synced:,.1f} samples/s"
+        lines.append(f"synced every step (as `train` times by default; the table is the steady rate of "
+                     f"`train --no-timing`): {rate}, {synced * 1e3:,.1f} ms per step")
+        if not first.fits:
+            lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
+                         f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
     return table, lines

@@ -44,10 +44,13 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import Kernel, Rates, host_seconds, rates, total_seconds
+from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, Kernel, Rates, host_seconds, kernel_seconds,
+                                               rates, total_seconds)
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
-                                                 accumulation_kernels, element_bytes, fsdp2_reduce_kernels,
-                                                 fsdp2_unshard_kernels, optimizer_kernels, resnet_params, resnet_step,
+                                                 accumulation_kernels, ddp_bucket_copies, element_bytes,
+                                                 fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
+                                                 layer_tensor_numels, end_tensor_numels, resnet_params,
+                                                 resnet_step, resnet_tensor_numels, resnet_tensors,
                                                  transformer_ends, transformer_layer)
 
 DDP_BUCKET_BYTES = 25 * (1 << 20)
@@ -72,7 +75,10 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     if job.model is None:
         k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                         channels_last=job.channels_last, autocast=job.autocast)
-        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(resnet_params(job.resnet_depth), "sgd")))
+        params = resnet_params(job.resnet_depth)
+        k = replace(k, backward=k.backward + (ddp_bucket_copies(params, resnet_tensors(job.resnet_depth)),))
+        optimizer = optimizer_kernels(params, "sgd", resnet_tensor_numels(job.resnet_depth))
+        return StepKernels(k, PassKernels((), ()), tuple(optimizer))
     model, layout = job.model, job.layout
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
@@ -84,7 +90,10 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
     stage_params = (stage_layers * model.layer_params() + ends_params) / layout.tp
-    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw") + \
+    # this rank's share of each tensor (FSDP shards dim 0, tensor parallelism splits the matrices)
+    shards = layout.tp * layout.fsdp
+    numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model) + end_tensor_numels(model)]
+    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw", numels) + \
         (m - 1) * accumulation_kernels(stage_params / layout.fsdp)
     if job.sharding == "fsdp2":
         param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers
@@ -200,6 +209,7 @@ class TrainingPrediction:
     launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
+    rates: Rates | None = None  # what the kernels were timed with (for `synced_step_seconds`)
 
     @property
     def samples_per_s(self) -> float:
@@ -269,6 +279,7 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0)
     source = calibration.describe() if calibration else f"datasheet roofline ({gpu.model})"
     found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
+    found.rates = r
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
         found.step_s += calibration.host_s
@@ -284,6 +295,37 @@ def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: Tra
     gpu = total_seconds(list(kernels), r)
     host = 0.0 if job.cuda_graph else host_seconds(list(kernels))
     return max(gpu, host), max(0.0, host - gpu)
+
+
+def _issue_order(kernels: StepKernels) -> list[tuple[tuple[Kernel, ...], int]]:
+    """The step's kernels in the order the host issues them, as (kernels, times in a row): per micro-batch the
+    layers' forwards, the ends forward and backward, the layers' backwards (with what they recompute); then the
+    per-step kernels."""
+    layer, ends = kernels.layer, kernels.ends
+    micro_batch = [(layer.forward, kernels.stage_layers), (ends.forward + ends.backward, 1),
+                   (layer.recompute + layer.backward, kernels.stage_layers)]
+    return micro_batch * kernels.micro_batches + [(kernels.per_step, 1)]
+
+
+def synced_step_seconds(p: TrainingPrediction) -> float:
+    """The step as a loop that synchronizes the device after every step measures it (`train`'s timed mode):
+    the step starts with the GPU idle and nothing queued, so the GPU runs each kernel only once the host has
+    issued it (HOST_SECONDS_PER_OP per op) and the previous kernel is done, and the host's lead-in is exposed.
+    Without the sync (`train --no-timing`, and `step_s`) the host runs ahead across steps and a step costs the
+    longer of its kernels and its ops' host time; the difference between the two, on the same kernels, is
+    added to ``step_s``. A CUDA-graphed step replays from one launch: nothing added."""
+    if p.job.cuda_graph or p.rates is None:
+        return p.step_s
+    host = gpu = gpu_total = host_total = 0.0
+    for kernels, repeat in _issue_order(step_kernels(p.job)):
+        times = [(HOST_SECONDS_PER_OP * k.ops * k.count, kernel_seconds(k, p.rates)) for k in kernels]
+        for _ in range(repeat):
+            for issue_s, run_s in times:
+                host += issue_s
+                gpu = max(gpu, host) + run_s
+        gpu_total += repeat * sum(run_s for _, run_s in times)
+        host_total += repeat * sum(issue_s for issue_s, _ in times)
+    return p.step_s + max(0.0, gpu - max(gpu_total, host_total))
 
 
 def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_count: int) -> float:

@@ -19,6 +19,8 @@ output (same guide), which is priced as one more read and write of each.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
+from math import ceil
 
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.kernels import Kernel, gemm, gemm_backward, memory_op
@@ -74,7 +76,7 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
-            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops))
+            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
@@ -183,14 +185,78 @@ def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, pr
     return PassKernels(passes.forward, passes.backward + (embedding_grad, *head_grad))
 
 
-def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw") -> list[Kernel]:
+# The foreach optimizers' ops on the GPU, by the depth of their tensor lists and whether they take a list of
+# scalars (torch/optim/sgd.py and adam.py, _multi_tensor_*): SGD with momentum and weight decay: the weight decay
+# (out of place: gradients, parameters, result), the buffer's mul_ and add_, the parameters' add_; AdamW: the
+# decay mul_, lerp_ of the first moment, mul_ and addcmul_ of the second, its sqrt (out of place), div_ by the
+# bias corrections (a scalar list) and add_ of eps, the parameters' addcdiv_ (a scalar list)
+FOREACH_OPS = {"sgd": ((3, False), (1, False), (2, False), (2, False)),
+               "adamw": ((1, False), (2, False), (1, False), (3, False), (2, False), (1, True), (1, False),
+                         (3, True))}
+# multi_tensor_apply (aten/src/ATen/native/cuda/MultiTensorApply.cuh): chunks of 65,536 elements, one block
+# each; a launch takes at most 320 blocks and, by the lists' depth, at most 110 / 64 / 48 tensors (96 / 64 / 48
+# with a scalar list): the limits of the 4 KB kernel-argument layout, which foreach SGD and AdamW launch on
+# the H100 traces of benchmarks/predict_kernels_gpu.py (13 and 56 launches per step, the counts these limits
+# give for ResNet-50 and GPT-2 small; the 32 KB layout would give 4 and 8)
+FOREACH_CHUNK, FOREACH_MAX_BLOCKS = 65536, 320
+FOREACH_MAX_TENSORS = {(1, False): 110, (2, False): 64, (3, False): 48, (1, True): 96, (2, True): 64,
+                       (3, True): 48}
+
+
+def foreach_launches(numels: list[int], depth: int, scalar_list: bool = False) -> int:
+    """Kernels one foreach op launches over tensors of ``numels`` elements, packed as multi_tensor_apply packs
+    them: a launch when its tensors or its blocks are full (a tensor cut by full blocks carried into the next)."""
+    max_tensors = FOREACH_MAX_TENSORS[depth, scalar_list]
+    launched = blocks = tensors = 0
+    for numel in numels:
+        if numel <= 0:
+            continue
+        tensors += 1
+        left = ceil(numel / FOREACH_CHUNK)
+        while left:                         # the tensor's chunks, as many at a time as the launch has room for
+            take = min(left, FOREACH_MAX_BLOCKS - blocks)
+            blocks, left = blocks + take, left - take
+            if blocks == FOREACH_MAX_BLOCKS or (not left and tensors == max_tensors):
+                launched, blocks = launched + 1, 0
+                tensors = 1 if left else 0
+    return launched + (1 if blocks else 0)
+
+
+@lru_cache(maxsize=4096)
+def _optimizer_launches(numels: tuple[int, ...], optimizer: str) -> int:
+    # a layout search prices the same stage of the same model under many layouts
+    return sum(foreach_launches(list(numels), d, s) for d, s in FOREACH_OPS[optimizer])
+
+
+def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw",
+                      numels: list[int] | None = None) -> list[Kernel]:
+    """The optimizer step over this rank's parameters; given their tensors' sizes, with the kernels its
+    foreach ops launch."""
+    launches = _optimizer_launches(tuple(numels), optimizer) if numels else 0
     return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer],
-                      ops=OPTIMIZER_OPS[optimizer])]
+                      ops=OPTIMIZER_OPS[optimizer], launches=launches)]
+
+
+def layer_tensor_numels(model: TransformerConfig) -> list[int]:
+    """The sizes of one layer's parameter tensors: llama: two norms' weights and seven projections; GPT-2 (as
+    `train` builds it): the q, k, v and output projections and the two MLP matrices with their biases, two
+    LayerNorms' weights and biases."""
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
+    if model.style == "llama":
+        return [d, d * d, d * kv, d * kv, d * d, d, d * f, d * f, f * d]
+    return [d, d, d * d, d, d * kv, kv, d * kv, kv, d * d, d, d, d, d * f, f, f * d, d]
+
+
+def end_tensor_numels(model: TransformerConfig) -> list[int]:
+    """The embedding (and GPT-2's positions), the final norm, an untied head."""
+    d = model.d_model
+    ends = [model.vocab_size * d] + ([model.max_seq_len * d, d, d] if model.style == "gpt2" else [d])
+    return ends + ([model.head_params()] if model.head_params() else [])
 
 
 def layer_tensors(model: TransformerConfig) -> int:
     """Parameter tensors of one layer: the projections (and their biases), the norms' weights (and biases)."""
-    return 9 if model.style == "llama" else 16
+    return len(layer_tensor_numels(model))
 
 
 def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, param_bytes: int,
@@ -258,11 +324,73 @@ def resnet_blocks(depth: int, image: int = 224) -> tuple[list[list[Conv]], int]:
     return blocks, c_in
 
 
+def resnet_tensor_numels(depth: int, classes: int = 1000) -> list[int]:
+    """The sizes of the parameter tensors in torchvision's order: each convolution's weight, its batch norm's
+    weight and bias, the classifier's weight and bias."""
+    blocks, features = resnet_blocks(depth)
+    numels = [n for block in blocks for c in block for n in (c.c_in * c.c_out * c.kernel ** 2, c.c_out, c.c_out)]
+    return numels + [features * classes, classes]
+
+
+def resnet_tensors(depth: int) -> int:
+    """Parameter tensors: each convolution's weight, each batch norm's weight and bias, the classifier's two."""
+    return len(resnet_tensor_numels(depth))
+
+
 def resnet_params(depth: int, classes: int = 1000) -> int:
     """Parameters: convolution weights, two per batch-norm channel, the classifier (torchvision's count)."""
     blocks, features = resnet_blocks(depth)
     return (sum(c.c_in * c.c_out * c.kernel ** 2 + 2 * c.c_out for block in blocks for c in block)
             + features * classes + classes)
+
+
+# PyTorch's channels-last batch norm (aten/src/ATen/native/cuda/Normalization.cuh, flexible_launch_configs):
+# blocks of up to 32 channels x up to 16 rows (512 threads), each thread ELEMENTS_PER_THREAD rows deep, at most
+# MAX_H_BLOCK blocks along the rows; a grid of 8 or more blocks along the rows reduces in two stages (partial
+# results staged in global memory, a zeroed semaphore per column of blocks, the last block to finish merges).
+BN_TILE_W, BN_BLOCK_THREADS, BN_ELEMENTS_PER_THREAD, BN_MAX_H_BLOCK, BN_MIN_STAGED = 32, 512, 16, 128, 8
+
+
+def _last_pow2(n: int) -> int:
+    return 1 << (max(1, int(n)).bit_length() - 1)
+
+
+def bn_grid_rows(rows: int, channels: int) -> int:
+    """Blocks along the rows of the channels-last statistics and backward-reduce kernels (grid.y), as
+    flexible_launch_configs sets them with its cooperative flag: 1 where fewer than 8 would do."""
+    block_x = min(_last_pow2(channels), BN_TILE_W)
+    block_y = min(_last_pow2(ceil(rows / BN_ELEMENTS_PER_THREAD)), BN_BLOCK_THREADS // block_x)
+    grid_y = min(ceil(rows / (block_y * BN_ELEMENTS_PER_THREAD)), BN_MAX_H_BLOCK)
+    return grid_y if grid_y >= BN_MIN_STAGED else 1
+
+
+def batch_norm_kernels(name: str, rows: int, channels: int, e: int, channels_last: bool = True) -> list[Kernel]:
+    """One training-mode BatchNorm2d over ``rows`` (batch x pixels) of ``channels`` in ``e``-byte activations
+    (bf16 under autocast: batch norm is on neither autocast list, so it keeps the convolution's bf16 output and
+    its fp32 weights), the kernels PyTorch launches (batch_norm_cuda, batch_norm_backward_cuda):
+    forward: num_batches_tracked += 1 (nn.BatchNorm2d), the statistics (Welford) over the rows, the running
+    statistics updated and the variance inverted, the input normalized; backward: the reduction of dy and
+    dy x (x - mean) (the weight's and bias's gradients), the input's gradient. A two-stage reduction (the
+    channels-last kernels with grid.y > 1) first zeroes its semaphores (one more launch) and writes and reads its
+    partial results (count, mean, M2 forward; two sums backward) in fp32: the staging pass."""
+    x = float(rows) * channels * e
+    staged = bn_grid_rows(rows, channels) if channels_last else 1
+    staging_f = 2 * 3 * 4 * channels * staged if staged > 1 else 0.0
+    staging_b = 2 * 2 * 4 * channels * staged if staged > 1 else 0.0
+    semaphores = 1 if staged > 1 else 0
+    # aten ops the host issues: the increment, batch norm forward (the next three kernels), its backward (all
+    # three backward kernels)
+    return [memory_op(f"{name} num_batches_tracked", 8.0, 0),
+            memory_op(f"{name} statistics", x + staging_f, 2 * x + staging_b, ops=1, launches=1 + semaphores),
+            memory_op(f"{name} running statistics", 6 * 4.0 * channels, 0, ops=0, launches=1),
+            memory_op(f"{name} normalize", 2 * x, 3 * x, ops=0, launches=1)]
+
+
+def ddp_bucket_copies(params: float, tensors: int) -> Kernel:
+    """DDP without gradient_as_bucket_view (torch/csrc/distributed/c10d/reducer.cpp): each fp32 gradient copied
+    into its bucket as it is ready (mark_variable_ready_dense) and back into .grad after the all-reduce
+    (finalize_bucket_dense, copy_bucket_to_grad): two copies of each tensor, read and write each."""
+    return memory_op("DDP bucket copies", 2 * 8.0 * params, 0, ops=2 * tensors)
 
 
 def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000, precision: str = "bf16",
@@ -284,10 +412,8 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
             in_elements = batch * (c.out_hw * c.stride) ** 2 * c.c_in
             forward.append(replace(conv, bytes=e * (in_elements + conv.k * conv.n + conv.m * conv.n)))
             out_bytes = pixels * c.c_out * e
-            # ops: forward counts num_batches_tracked's increment, the saved-statistics buffer and the norm,
-            # backward one: two each way on average
-            forward += [memory_op(f"bn{i}.{j}", 3 * out_bytes, 5 * out_bytes, ops=2),
-                        memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes)]
+            forward += batch_norm_kernels(f"bn{i}.{j}", pixels, c.c_out, e, channels_last)
+            forward.append(memory_op(f"relu{i}.{j}", 2 * out_bytes, 3 * out_bytes))
             if not channels_last and precision != "fp32":
                 in_bytes = batch * (c.out_hw * c.stride) ** 2 * c.c_in * e
                 forward.append(memory_op(f"nchw transpose{i}.{j}", 2 * (in_bytes + out_bytes)))
@@ -302,11 +428,16 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     forward.append(gemm("fc", batch, classes, features, e))
     forward.append(memory_op("cross-entropy", LOSS_FORWARD_BYTES * batch * classes,
                              LOSS_BACKWARD_BYTES * batch * classes, ops=4))
+    params = resnet_params(depth, classes)
+    convs = sum(len(block) for block in blocks)
     grads = []
     if autocast and precision != "fp32":
-        params = resnet_params(depth, classes)
-        forward.append(memory_op("autocast weight casts", 6.0 * params, 0, ops=len(blocks) * 3))
-        grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * params, ops=len(blocks) * 3)]
+        # autocast casts what enters a convolution or a linear (each conv weight, the classifier's weight and
+        # bias; batch norm is on neither of its lists and takes the bf16 activations with fp32 weights)
+        bn_params = 2 * sum(c.c_out for block in blocks for c in block)
+        cast = GRAD_CAST_BYTES * (params - bn_params)
+        forward.append(memory_op("autocast weight casts", cast, 0, ops=convs + 2))
+        grads.append(memory_op("weight gradients to fp32", cast, ops=convs + 2))
     passes = _passes(forward, [], "none", grads)
     # the images need no gradient: autograd skips the stem convolution's input gradient
     backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
