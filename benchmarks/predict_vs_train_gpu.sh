@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Compute predicted from the datasheet against what `meshscale train` measures, on this machine's one GPU:
 # ResNet-50 bf16 channels-last at batch 128 and GPT-small bf16 at batch 16 (1024 tokens). For each: `train`
-# twice (timed: a device sync and the time split every step; --no-timing: the steady throughput window, what
+# twice (timed: per-step events and the time split, read once the next step is queued; --no-timing: the steady throughput window, what
 # the prediction is held against), a single-GPU profile (`train --profile-batches`, also unsynced), and
 # `predict` for the same job from the datasheet, calibrated on this GPU's own profile, and, where PROFILES names
 # the output of a run on another GPU kind (this script's OUTDIR there, or a folder of profile-<model>.json),
-# calibrated on that GPU. Prints the errors: steady prediction against --no-timing, synced against timed.
+# calibrated on that GPU. Prints the errors: steady prediction against --no-timing; a loop synced every step beside the timed run.
 #
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
 #   PROFILES=docs/results/h100-predict-kernels-2026-11-25 PYTHONPATH=src \
@@ -39,7 +39,7 @@ log() { tee -a "$OUTDIR/log.txt"; }
 run() {  # name, batch, profile batches, options shared by train and predict, predict-only options
   local name="$1" batch="$2" profile_batches="$3" shared="$4" predict_opts="$5"
   if [ -z "${DRY_RUN:-}" ]; then
-    echo "== train $name (timed: synced every step)" | log
+    echo "== train $name (timed)" | log
     $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --json "$WORK/train-$name.json" \
       2>&1 | tail -3 | log
     echo "== train $name --no-timing" | log
