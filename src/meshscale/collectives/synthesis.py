@@ -295,10 +295,9 @@ def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: 
             graph.add_edge(a, b)
 
     def arborescence(cost) -> dict[int, int]:
-        g = graph.copy()
-        for a, b in g.edges:
-            g[a][b]["w"] = cost(a, b)
-        t = nx.minimum_spanning_arborescence(g, attr="w", preserve_attrs=True)
+        for a, b in graph.edges:  # networkx shifts the weights and back: each call sets them afresh
+            graph[a][b]["w"] = cost(a, b)
+        t = nx.minimum_spanning_arborescence(graph, attr="w")
         return {b: a for a, b in t.edges}
 
     # start from the widest tree: the route bandwidth as weight
