@@ -285,16 +285,24 @@ def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="
              json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
              csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
              training: bool = typer.Option(False, "--training", help="the training corpus: published training runs "
-                                           "predicted by the step model (--corpus: a training YAML)")) -> None:
+                                           "predicted by the step model (--corpus: a training YAML)"),
+             emulated: bool = typer.Option(False, "--emulated", help="the emulated two-node corpus: runs and all_reduce "
+                                           "sweeps of two agents over sockets, each predicted from the sweep and profile "
+                                           "measured beside it (--corpus: its corpus.yaml)"),
+             choices: bool = typer.Option(False, "--choices", help="NCCL's logged choice of algorithm, protocol and "
+                                          "channels per call beside the model's (--corpus: a directory of logs)")) -> None:
     """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
     import math
     import sys
 
-    if training:
-        if system or collective or algo != "nccl":
-            raise MeshscaleError("--training validates the training corpus; --system, --collective and --algo are "
-                                 "for the collectives corpus")
-        _validate_training(corpus, show_all, json_out, csv_path)
+    other = {"--training": (training, _validate_training), "--emulated": (emulated, _validate_emulated),
+             "--choices": (choices, _validate_choices)}
+    given = [flag for flag, (on, _) in other.items() if on]
+    if given:
+        if system or collective or algo != "nccl" or len(given) > 1:
+            raise MeshscaleError(f"{given[0]} validates its own corpus; --system, --collective and --algo are for the "
+                                 f"collectives corpus, and {', '.join(other)} go one at a time")
+        other[given[0]][1](corpus, show_all, json_out, csv_path)
         return
 
     from meshscale.predict.validate import validate_corpus
@@ -372,6 +380,76 @@ def _validate_training(corpus: Optional[Path], show_all: bool, json_out: Optiona
                   f"{summary['geomean_bound']:.0%}); worst run {summary['worst_row']}, {summary['worst_times_off']:.2f}x "
                   f"off (bound {summary['worst_bound']:g}x)")
     console.print(f"({summary['error_definition']})")
+    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
+    write_result_files(result, json_out, csv_path)
+    if not summary["passed"]:
+        sys.exit(1)
+
+
+def _validate_emulated(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
+    import math
+    import sys
+
+    from meshscale.predict.validate_emulated import validate_emulated
+
+    result = validate_emulated(corpus)
+    summary = result.meta["summary"]
+    rows = result.rows if show_all else sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])))[:WORST_ROWS_SHOWN]
+    table = Table(title=f"{'every row' if show_all else f'{len(rows)} worst rows'} of {summary['rows']} "
+                        f"({Path(result.meta['corpus']).parent.name}) - PREDICTED vs measured")
+    for c in ("row", "family", "what", "measured", "predicted", "error", "note"):
+        table.add_column(c, justify="right" if c in ("row", "measured", "predicted", "error") else "left")
+    for r in rows:
+        figure = (lambda v: f"{v * 1e3:,.2f} ms") if r["metric"] == "time s" else (lambda v: f"{v:,.1f}/s")
+        table.add_row(str(r["row"]), r["family"], r["what"], figure(r["measured"]), figure(r["predicted"]),
+                      _percent(r["error"]), r["note"][:60])
+    console = text_console()
+    print_tables(table, console=console)
+    families = Table(title=f"per family (bounds: geomean |error| {summary['geomean_bound']:.0%}, worst "
+                           f"{summary['worst_bound']:g}x)")
+    for c in ("family", "rows", "geomean |error|", "worst (times off)", f"within {summary['target']:.0%}", "bounds"):
+        families.add_column(c, justify="left" if c == "family" else "right")
+    for name, f in summary["families"].items():
+        families.add_row(name, str(f["rows"]), f"{f['geomean_abs_error']:.1%}", f"{f['worst_times_off']:.2f}x (row "
+                         f"{f['worst_row']})", f"{f['within_target']} of {f['rows']}", "ok" if f["passed"] else
+                         "[bold red]OUT[/]")
+    print_tables(families, console=console)
+    console.print(f"({summary['error_definition']})")
+    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
+    write_result_files(result, json_out, csv_path)
+    if not summary["passed"]:
+        sys.exit(1)
+
+
+def _validate_choices(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
+    import sys
+
+    from meshscale.predict.validate_choices import validate_choices
+    from meshscale.units import format_bytes
+
+    result = validate_choices(corpus)
+    summary = result.meta["summary"]
+    console = text_console()
+    rows = result.rows if show_all else [r for r in result.rows if not r["same"]]
+    if rows:
+        table = Table(title=f"{'every call' if show_all else 'calls where the model picks otherwise'} - NCCL's log "
+                            "vs the model")
+        for c in ("collective", "size", "NCCL", "model", "channels (NCCL / model)"):
+            table.add_column(c, justify="right" if c == "size" else "left")
+        for r in rows:
+            table.add_row(r["collective"], format_bytes(r["size_bytes"]), f"{r['logged_algo']}/{r['logged_proto']}",
+                          f"{r['predicted_algo']}/{r['predicted_proto']}",
+                          f"{r['logged_channels']} / {r['predicted_channels']}")
+        print_tables(table, console=console)
+    per = Table(title=f"NCCL {result.meta['nccl_version']}'s choices on 2 GPUs of {result.meta['system']} "
+                      f"({Path(result.meta['corpus']).name})")
+    for c in ("collective", "sizes", "algorithm and protocol as NCCL's", "largest channel gap"):
+        per.add_column(c, justify="left" if c == "collective" else "right")
+    for name, c in summary["by_collective"].items():
+        per.add_row(name, str(c["sizes"]), f"{c['same']} of {c['sizes']}", str(c["max_channel_gap"]))
+    print_tables(per, console=console)
+    console.print(f"{summary['same']} of {summary['rows']} calls: the model picks NCCL's algorithm and protocol "
+                  "(bound: every call; channels are reported, not bounded)")
     console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
     write_result_files(result, json_out, csv_path)
     if not summary["passed"]:
