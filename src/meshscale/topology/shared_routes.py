@@ -7,15 +7,21 @@ topology (the swap is an automorphism), so the route between GPU x of node i and
 between GPU x of node i' and GPU y of node j' with the two nodes' names exchanged, for any i', j' of the same
 kinds. The flow simulator asks for the route of every pair of ranks a schedule uses (all of them for direct,
 one-shot or tree-packed schedules): on 4 nodes of 8 GPUs that is 992 max-flows over the whole cluster graph,
-where 120 serve. A route whose paths cross a third node is not copied (that node would need a swap too): it is
+where 184 serve. A route whose paths cross a third node is not copied (that node would need a swap too): it is
 found by its own max-flow, as are the routes of any topology that is not made of such copies.
+
+A copied route carries the same bandwidth as the pair's own max-flow. Where several flows reach that maximum, the
+max-flow picks one by the order it meets the graph's nodes, so the kind of a pair also says which of its two nodes
+comes first; with that, every route of up to 32 GPUs of the catalog's systems in clusters is the one its own
+max-flow finds (tests/unit/test_shared_routes.py checks some). Beyond (3 DGX-2s: 64 of 2,256 routes) a copy can
+split its paths otherwise than that max-flow would: an equally fast route over other NICs.
 """
 from __future__ import annotations
 
 from collections import defaultdict
 
 from meshscale.topology.model import Topology
-from meshscale.topology.queries import Path, Route, route
+from meshscale.topology.queries import FABRICS, Path, Route, route
 
 _SIGNATURES = "meshscale.topology.shared_routes"
 
@@ -100,21 +106,29 @@ def share_routes(topo: Topology, ranks: list[int]) -> None:
             if a == b or (a, b) in topo.route_cache:
                 continue
             ka, kb = groups[a], groups[b]
-            # a route inside one node over its own NVLink or PCIe sees nothing outside it; any other sees both
-            # nodes whole
-            kind = (_local(a, ka), _local(b, kb), inside[ka], inside[kb], ka == kb, outside[ka], outside[kb])
-            alike = (_local(a, ka), _local(b, kb), inside[ka]) if ka == kb else kind
-            if alike in found and found[alike][2].fabric != "network":
-                kind = alike
+            # a route inside one node over a fabric no link of the node leaves by (its NVLink, its PCIe) sees only
+            # the node's inside; any other route sees both nodes whole
+            inner = (_local(a, ka), _local(b, kb), inside[ka]) if ka == kb else None
+            # (which node comes first: the max-flow meets the graph's nodes in order, and of several equal flows
+            # takes the one that order gives)
+            whole = (_local(a, ka), _local(b, kb), inside[ka], inside[kb], (ka > kb) - (ka < kb), outside[ka],
+                     outside[kb])
+            kind = inner if inner in found and _closed(outside[ka], found[inner][2].fabric) else whole
             if kind not in found:
                 r = route(topo, a, b)
-                found[kind] = (ka, kb, r)
-                if ka == kb and r.fabric != "network":
-                    found[alike] = found[kind]
+                found[whole] = (ka, kb, r)
+                if inner is not None and _closed(outside[ka], r.fabric):
+                    found[inner] = found[whole]
                 continue
             ca, cb, r = found[kind]
             copied = _renamed(topo, r, {ca: ka, cb: kb}, index)
             topo.route_cache[(a, b)] = copied if copied is not None else route(topo, a, b)
+
+
+def _closed(outside: tuple, fabric: str) -> bool:
+    """Whether no link of ``fabric``'s kinds leaves a node of this outside signature (the network fabric leaves)."""
+    kinds = next(k for name, k, _ in FABRICS if name == fabric)
+    return fabric != "network" and all(entry[0] != "unique" and entry[2][0] not in kinds for entry in outside)
 
 
 __all__ = ["share_routes"]
