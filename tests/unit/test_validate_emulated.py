@@ -89,6 +89,8 @@ def test_cli_prints_each_family_saves_json_and_fails_outside_the_bounds(cli, tmp
     ("training:\n  - {model: resnet50, source: x}\n", "training entry 1: missing or malformed field"),
     (f"all_reduce_median:\n  - {{sweeps: {DATA / 'scale-g'}, source: x}}\n", "a median needs two or more"),
     ("all_reduce: []\n", "no points"),
+    (f"training:\n  - {{model: resnet50, batch: 64, profile: {DATA / 'resnet50-profile.json'}, bench: {DATA / 'allreduce.json'}, "
+     f"measured: {DATA / 'allreduce.json'}, source: x}}\n", "a file lacks a field"),  # a sweep is no training run
 ])
 def test_a_bad_corpus_is_one_line(cli, tmp_path, text, message):
     done = cli("validate", "--emulated", "--corpus", _corpus(tmp_path, text))

@@ -48,6 +48,7 @@ class Point:
 
     family: str
     label: str  # the measured file (or the sweeps' directory) as the corpus names it
+    inputs: str  # what it is predicted from, as the corpus names them
     source: str
     note: str
     model: str = ""
@@ -68,7 +69,10 @@ def _file(base: Path, value: object, where: str) -> Path:
 def _point(family: str, raw: dict, base: Path, where: str) -> Point:
     try:
         label = raw.get({"training": "measured", "scale": "run", "all_reduce": "sweep"}.get(family, "sweeps"))
-        common = {"family": family, "label": str(label), "source": str(raw["source"]), "note": str(raw.get("note", ""))}
+        inputs = {"training": f"profile {raw.get('profile')}, sweep {raw.get('bench')}",
+                  "scale": f"its own 1-worker row, sweep {raw.get('bench')}"}.get(family, "the sweep itself")
+        common = {"family": family, "label": str(label), "inputs": inputs, "source": str(raw["source"]),
+                  "note": str(raw.get("note", ""))}
         if family == "training":
             return Point(**common, model=str(raw["model"]), batch=int(raw["batch"]),
                          profile=_file(base, raw["profile"], where), bench=_file(base, raw["bench"], where),
@@ -165,20 +169,19 @@ def _median_sweep(sweeps: tuple[Path, ...]) -> Result:
 
 
 def _rows_of(p: Point, predictor: _Predictor) -> list[dict]:
-    described = {"family": p.family, "source": p.source, "note": p.note}
+    described = {"family": p.family, "inputs": p.inputs, "source": p.source, "note": p.note}
     if p.family in ("training", "scale"):
         predicted, measured = predictor.throughput(p)
         what = f"{p.model} b{p.batch}, {p.label}"
-        return [dict(described, what=what, sweep=str(p.bench.name), metric="samples/s", predicted=predicted,
-                     measured=measured)]
+        return [dict(described, what=what, metric="samples/s", predicted=predicted, measured=measured)]
     if p.family == "all_reduce":
         sweep, key, name = load_result(p.bench), p.bench, p.label
     else:
         sweep, key = _median_sweep(p.sweeps), p.sweeps
         name = f"median of {len(p.sweeps)} in {p.label}"
     from meshscale.units import format_bytes
-    return [dict(described, what=f"all_reduce {format_bytes(size)}, {name}", sweep=name, metric="time s",
-                 predicted=pred, measured=meas) for size, pred, meas in predictor.all_reduce(key, sweep)]
+    return [dict(described, what=f"all_reduce {format_bytes(size)}, {name}", metric="time s", predicted=pred,
+                 measured=meas) for size, pred, meas in predictor.all_reduce(key, sweep)]
 
 
 def _summary(rows: list[dict]) -> dict:
@@ -205,7 +208,14 @@ def validate_emulated(path: str | Path | None = None) -> Result:
     predictor = _Predictor(node)
     rows = []
     for p in points:
-        for r in _rows_of(p, predictor):
+        try:
+            found = _rows_of(p, predictor)
+        except (KeyError, TypeError, ValueError) as e:
+            raise MeshscaleError(f"{path}: {p.family} {p.label}: a file lacks a field or a figure ({e})") from None
+        for r in found:
+            if not (r["predicted"] > 0 and r["measured"] > 0 and math.isfinite(r["predicted"] / r["measured"])):
+                raise MeshscaleError(f"{path}: {r['what']}: measured {r['measured']}, predicted {r['predicted']}; "
+                                     "both must be positive")
             ratio = r["predicted"] / r["measured"]
             rows.append(dict(r, row=len(rows) + 1, ratio=ratio, error=ratio - 1))
     return Result("validate", rows, True, {"corpus": str(path), "emulated": True,
