@@ -88,3 +88,18 @@ def test_bad_ranks_give_one_line_errors():
     bad.ranks = [0, 1, 2, 2]
     with pytest.raises(MeshscaleError, match="repeats"):
         simulate(bad, topo)
+
+
+@pytest.mark.parametrize("algorithm, pieces", [("ring", 4), ("tree_packing", 4), ("hierarchical", 1)])
+def test_a_time_to_beat_changes_no_outcome(algorithm, pieces):
+    """`auto` gives each candidate the best time so far: a run that would end by then ends with its own time, one
+    that would end after it reports an infinite time (however early it stops)."""
+    from meshscale.collectives.algorithms import build
+    from meshscale.simulate.sim import simulate
+    from meshscale.topology.cluster import system_or_cluster
+    topo = system_or_cluster("dgx1-p100", 2)
+    schedule = build(algorithm, "all_reduce", list(range(16)), 64 << 20, topo, pieces=pieces)
+    alone = simulate(schedule, topo).time_s
+    assert simulate(schedule, topo, give_up_s=alone).time_s == alone
+    assert simulate(schedule, topo, give_up_s=alone * 1.5).time_s == alone
+    assert simulate(schedule, topo, give_up_s=alone * 0.999).time_s == float("inf")

@@ -1,5 +1,6 @@
 """`meshscale validate`: the shipped corpus of measurements, its checks, the error summary, the CLI, the script
-that appends nccl-tests output to the corpus, and the acceptance bounds of the collective model."""
+that appends nccl-tests output to the corpus, the acceptance bounds of the collective model,
+and the model's choices against those NCCL logged (`validate --choices`)."""
 import csv
 import importlib.util
 import json
@@ -298,30 +299,25 @@ def test_one_run_against_its_prediction_and_its_report_section():
         validate_run(measured, Result("sim", [], True, {}))
 
 
-CHOICES = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus/nccl-choices-h200x2"
+def test_the_model_picks_nccls_logged_choice_at_every_size():
+    """`validate --choices`' bound over its whole corpus: at every logged size, NCCL's algorithm and protocol."""
+    from meshscale.predict.validate_choices import validate_choices
+    result = validate_choices()
+    summary = result.meta["summary"]
+    assert set(summary["by_collective"]) == {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce"}
+    mismatched = [(r["collective"], r["size_bytes"]) for r in result.rows if not r["same"]]
+    assert not mismatched and summary["passed"]
 
 
-def test_the_models_choice_is_what_nccl_logged_on_2_h200():
-    """NCCL 2.28.9 logged its choice for every call (NCCL_DEBUG_SUBSYS=TUNING, rank 0) of a 1 KiB - 1 GiB sweep of
-    five collectives on 2 H200: the model picks the same algorithm and protocol at every size, on the same
-    channels within two (NCCL splits some sizes over 22 of 24)."""
-    import re
-    from meshscale.simulate import nccl
-    from meshscale.topology import load_system
-    topo = load_system("hgx-h200")
-    names = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": "reduce_scatter",
-             "Broadcast": "broadcast", "Reduce": "reduce"}
-    pattern = re.compile(r"(\w+): (\d+) Bytes -> Algo (\w+) proto (\w+) channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}")
-    checked = 0
-    for collective in names.values():
-        for line in (CHOICES / f"{collective}-choices.txt").read_text().splitlines():
-            func, nbytes, algo, proto, lo, hi = pattern.search(line).groups()
-            # NCCL logs an all-gather's send and a reduce-scatter's receive count; the model takes the whole buffer
-            total = int(nbytes) * (2 if collective in ("all_gather", "reduce_scatter") else 1)
-            if names[func] != collective or total < 1024:
-                continue  # the harness's own small all-reduce and all-gather
-            p = nccl.predict(topo, collective, [0, 1], total, nccl_version="2.28.9")
-            assert (p.algo.upper(), p.proto.upper()) == (algo, proto), (collective, total)
-            assert abs(p.channels - (int(hi) - int(lo) + 1)) <= 2, (collective, total, p.channels, lo, hi)
-            checked += 1
-    assert checked == 21 * 5  # 1 KiB - 1 GiB, factor 2
+def test_choice_logs_are_read_as_nccl_tests_counts_them(tmp_path, cli):
+    from meshscale.predict.validate_choices import validate_choices
+    (tmp_path / "all_gather-choices.txt").write_text(
+        "  3 AllReduce: 4096 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"   # the harness's own check
+        "  9 AllGather: 256 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..0}\n"    # 512 in all: below the sweep
+        " 20 AllGather: 1048576 Bytes -> Algo RING proto SIMPLE channel{Lo..Hi}={2..5}\n")
+    rows = validate_choices(tmp_path).rows
+    assert [(r["collective"], r["size_bytes"], r["logged_proto"], r["logged_channels"]) for r in rows] == [
+        ("all_gather", 2 << 20, "simple", 4)]  # NCCL logs one rank's part of the gathered buffer
+    (tmp_path / "all_gather-choices.txt").write_text("AllGather took a while\n")
+    done = cli("validate", "--choices", "--corpus", tmp_path)
+    assert done.exit_code == 2 and "all_gather-choices.txt, line 1: not an NCCL tuning line" in done.stderr

@@ -26,6 +26,7 @@ from meshscale.collectives.algorithms.ring import ring
 from meshscale.collectives.schedule import Chunk, Schedule, split_bytes
 from meshscale.errors import MeshscaleError, TopologyError
 from meshscale.topology import Topology, route, subset
+from meshscale.topology.shared_routes import share_routes
 
 EXHAUSTIVE_MAX = 9  # ring orders are enumerated up to this many devices, improved locally beyond
 
@@ -229,8 +230,17 @@ def packed_ring(collective: str, ranks: list[int], nbytes: int, topology: Topolo
 
 def tree_fabric(topo: Topology, devices: list[int]) -> Topology:
     """The links trees are packed on (as Blink): only NVLink (direct or through NVSwitches) when it joins all
-    of ``devices``, else every link. Other devices are dropped: they neither send nor relay."""
-    sub = subset(topo, devices)
+    of ``devices``, else every link. Other devices are dropped: they neither send nor relay. Memoized on the
+    topology, so that the routes found on the fabric serve every schedule built on it."""
+    key = ("meshscale.collectives.tree_fabric", tuple(devices))
+    if key not in topo.route_cache:
+        topo.route_cache[key] = _tree_fabric(topo, devices)
+    return topo.route_cache[key]
+
+
+def _tree_fabric(topo: Topology, devices: list[int]) -> Topology:
+    everyone = len(set(devices)) == len(topo.devices())
+    sub = topo if everyone else subset(topo, devices)  # all devices: the topology itself, and its routes
     keep = {n for n, node in sub.nodes.items() if node.kind in ("gpu", "worker", "nvswitch")}
     links = [l for l in sub.links if l.kind == "nvlink" and l.a in keep and l.b in keep]
     g = nx.Graph()
@@ -256,12 +266,21 @@ def pack_trees(topo: Topology, devices: list[int], root: int = 0, both_direction
     """Spanning trees of ``devices`` rooted at rank position ``root`` and their rates, maximizing the total
     rate under every directed link's capacity (a linear program solved by column generation). Any device
     may feed any other over its route; routes that share a link are charged for it. ``both_directions``
-    charges each tree edge both ways (reduce up then broadcast down, for all_reduce)."""
+    charges each tree edge both ways (reduce up then broadcast down, for all_reduce). Memoized on the
+    topology: every pipeline depth and size `auto` tries packs the same trees."""
     devices = check_ranks(devices, topo)
+    key = ("meshscale.collectives.pack_trees", tuple(devices), root, both_directions, max_rounds)
+    if key not in topo.route_cache:
+        topo.route_cache[key] = _pack_trees(topo, devices, root, both_directions, max_rounds)
+    return topo.route_cache[key]
+
+
+def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: bool, max_rounds: int) -> TreePacking:
     root_dev = devices[check_root("broadcast", root, len(devices))]
     if len(devices) == 1:
         return TreePacking(root_dev, [], [], {"rounds": 0})
     topo = tree_fabric(topo, devices)
+    share_routes(topo, devices)
     shares = {}
     for a, b in itertools.permutations(devices, 2):
         try:
@@ -276,10 +295,9 @@ def pack_trees(topo: Topology, devices: list[int], root: int = 0, both_direction
             graph.add_edge(a, b)
 
     def arborescence(cost) -> dict[int, int]:
-        g = graph.copy()
-        for a, b in g.edges:
-            g[a][b]["w"] = cost(a, b)
-        t = nx.minimum_spanning_arborescence(g, attr="w", preserve_attrs=True)
+        for a, b in graph.edges:  # networkx shifts the weights and back: each call sets them afresh
+            graph[a][b]["w"] = cost(a, b)
+        t = nx.minimum_spanning_arborescence(graph, attr="w")
         return {b: a for a, b in t.edges}
 
     # start from the widest tree: the route bandwidth as weight

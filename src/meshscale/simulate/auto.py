@@ -14,6 +14,7 @@ from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
+from meshscale.topology.shared_routes import share_routes
 
 PIECES = (1, 4, 16)  # pipeline depths tried (pieces per block and channel)
 MIN_PIECE_BYTES = 256 << 10  # deeper pipelines only while each piece stays this big: below, latency dominates
@@ -42,6 +43,7 @@ def choose(topology: Topology, collective: str, ranks: list[int], nbytes: int, p
     fastest. ``algorithms`` limits the candidates (default: every registered one that does the collective)."""
     collective = schedulable(collective).name
     params = params or SimParams()
+    share_routes(topology, ranks)  # candidates route every pair of ranks: one max-flow per kind of pair
     names = algorithms or [a for a, algo in ALGORITHMS.items() if collective in algo.collectives]
     skipped: dict[str, str] = {}
     results: list[tuple[SimResult, Schedule]] = []

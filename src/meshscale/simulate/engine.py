@@ -29,6 +29,7 @@ from meshscale.topology import Topology, route
 # that would end a hair apart end together, which saves events and rate computations (error <= 0.5%).
 FINISH_SLACK = 5e-3
 MEMO_LIMIT = 200_000  # rate computations remembered per topology and parameters
+GIVE_UP_MARGIN = 1e-6  # a run stops early only when its lower bound passes the time to beat by more than rounding
 
 
 @dataclass
@@ -183,6 +184,12 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     ready: list[tuple[float, int]] = [(float(latency[i]), i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(ready)
 
+    # work each resource must still do (bytes x its load per byte), less each transfer's finishing slack: no
+    # resource moves more than its capacity, so `now` + the largest (work - done) / capacity is a lower bound of
+    # the end; once it passes ``give_up_s`` the run can only end past it, and stops there
+    capacity = np.where(res.capacity > 0, res.capacity, np.inf)
+    work = np.bincount(key[key >= 0], weights=(1 - FINISH_SLACK) * nbytes[key >= 0], minlength=len(rows)) @ rows \
+        if give_up_s < np.inf and len(rows) else None
     act_ids = np.zeros(0, dtype=np.int64)
     act_left = np.zeros(0)
     act_rate = np.zeros(0)
@@ -201,7 +208,8 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
             act_left -= act_rate * dt
             used_bytes += act_load * dt
         now = t_next
-        if now > give_up_s:
+        if now > give_up_s or (work is not None and now + float(np.max((work - used_bytes) / capacity))
+                               > give_up_s * (1 + GIVE_UP_MARGIN)):
             return FlowRun(start, finish, np.inf, res.names, res.kinds, res.capacity, res.line, used_bytes)
         limit = now + 1e-12 * max(now, 1e-9)
         starting: list[int] = []

@@ -126,11 +126,12 @@ def estimates_s(schedule: Schedule, topo: Topology, params: SimParams | None = N
         step_keys.append(mine)
     if not per_key_bytes:
         return 0.0, 0.0
-    rows = np.array(res.rows)
     used = list(per_key_bytes)
-    load_s = float(np.max((np.array([per_key_bytes[k] for k in used]) @ rows[used]) / res.capacity))
+    rows = np.array([res.rows[k] for k in used])  # only the keys this schedule uses
+    load_s = float(np.max((np.array([per_key_bytes[k] for k in used]) @ rows) / res.capacity))
     with np.errstate(divide="ignore", invalid="ignore"):
-        solo_rate = np.min(np.where(rows > 0, res.capacity / np.where(rows > 0, rows, 1.0), np.inf), axis=1)
+        solo = np.min(np.where(rows > 0, res.capacity / np.where(rows > 0, rows, 1.0), np.inf), axis=1)
+    solo_rate = dict(zip(used, solo))
     latency = res.latency
     estimate_s = sum(max(latency[k] + b / solo_rate[k] for k, b in mine) for mine in step_keys if mine)
     return load_s, float(estimate_s)
