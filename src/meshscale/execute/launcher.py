@@ -418,7 +418,7 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
         ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)
     except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
         raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
-                          f"({_first_line(exc)})") from None
+                          f"({first_line(exc)})") from None
     host = socket.gethostname()
     _store_quietly(lambda: store.set(f"meshscale/host/{env.rank}", host))
     try:
@@ -445,7 +445,7 @@ def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, 
     """One line naming the cause of a failed torchrun rank: the ranks that said nothing (died or stopped) with
     their host and last phase, else this rank's own error. Each failing rank records its error in the store and
     waits a moment for its peers to record theirs."""
-    own = _first_line(exc)
+    own = first_line(exc)
     _store_quietly(lambda: store.set_timeout(timedelta(seconds=2)))
     if _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own) or True) is None:
         return (f"rank {env.rank} on {host} stopped: the rendezvous store at {env.master_addr}:{env.master_port} is "
@@ -482,7 +482,7 @@ def _native_logs_silenced() -> Iterator[None]:
         os.close(null)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
@@ -500,5 +500,5 @@ def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
             return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, ValueError) as exc:
         raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: no rendezvous store answered at "
-                          f"{host}:{port} within {timeout_s:.0f} s ({_first_line(exc)}); start rank 0 or torchrun "
+                          f"{host}:{port} within {timeout_s:.0f} s ({first_line(exc)}); start rank 0 or torchrun "
                           "there first") from None

@@ -1,0 +1,243 @@
+"""`meshscale launch`: torchrun's own elastic agent (rendezvous, restarts, worker monitoring), run in this process,
+so that a failed run ends with one line per failed rank instead of torchrun's `ChildFailedError` block.
+
+torchrun's options are read by torchrun's own parser (`torch.distributed.run.get_args_parser`) and turned into its
+`LaunchConfig` by its own `config_from_args`; the agent is `launch_agent`. Each rank records its one-line error in
+the error file torchrun gives it (TORCHELASTIC_ERROR_FILE, in torch's documented format), and the agent's
+`ChildFailedError` carries that line back here with the rank's exit code or signal.
+
+`--standalone` (and a single node with no endpoint, which torchrun treats alike) rendezvous through a store that
+listens on 127.0.0.1 only: torchrun's c10d stores bind every interface whatever the endpoint says. The store is
+made with `serving_store` and handed to torch's dynamic rendezvous through its documented handler registry.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import tempfile
+import uuid
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from meshscale.errors import Interrupted, MeshscaleError
+from meshscale.execute.launcher import first_line, serving_store
+from meshscale.execute.world import LAUNCHER_REPORTS_ENV
+
+LOOPBACK = "127.0.0.1"
+LOOPBACK_BACKEND = "meshscale-loopback"   # torchrun's c10d rendezvous, its stores on loopback only
+# what the ranks' command needs from us, so torchrun's options that name another program are refused
+_OWN_OPTIONS = {"module": "-m/--module", "no_python": "--no-python", "run_path": "--run-path"}
+# torchrun's log records (a banner about OMP_NUM_THREADS, one line per signal sent, the failure block): the
+# summary replaces them; LOGLEVEL (torchrun's own variable) shows them again
+_TORCH_LOGGERS = ("torch.distributed.run", "torch.distributed.launcher", "torch.distributed.elastic")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """One failed rank as torchrun's agent saw it."""
+
+    rank: int
+    local_rank: int
+    host: str
+    exit_code: int          # negative: ended by that signal
+    message: str            # the rank's own line (its error file), or "" when it left none
+    stopped_by_launcher: bool = False   # a SIGTERM the agent sent once another rank had failed
+
+    def line(self) -> str:
+        where = f"rank {self.rank} (local {self.local_rank}) on {self.host}"
+        if self.exit_code >= 0:
+            return f"{where}: exit code {self.exit_code}: {self.message or 'no message from it'}"
+        name = _signal_name(-self.exit_code)
+        if self.stopped_by_launcher:
+            return f"{where}: ended by {name} (the launcher stops every rank once one fails)"
+        return f"{where}: killed by {name}{f': {self.message}' if self.message else ', no message from it'}"
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """torchrun's config and the ranks' command, from `meshscale launch`'s arguments."""
+
+    config: Any             # torch.distributed.launcher.api.LaunchConfig
+    command: list[str]      # the meshscale subcommand and its arguments
+    entrypoint: str
+    entrypoint_args: list[str]
+    own_log_dir: str | None  # a temporary folder for the ranks' error files, removed at the end
+
+
+def plan_launch(tokens: list[str], command_names: set[str]) -> LaunchPlan:
+    """torchrun's options before ``--`` (or before the first word that is not one of them), the meshscale
+    subcommand after; each refused with one line."""
+    import torch.distributed.run as torchrun
+
+    parser = torchrun.get_args_parser()
+
+    def refuse(message: str) -> None:
+        raise MeshscaleError(f"launch: {message.splitlines()[0] if message else 'bad torchrun options'}; see "
+                             "`torchrun --help` for its options")
+
+    parser.error = refuse  # argparse would print its usage and exit; one line instead
+    if "--" in tokens:
+        cut = tokens.index("--")
+        options, command = tokens[:cut], tokens[cut + 1:]
+        args = parser.parse_args([*options, "meshscale"])
+        if args.training_script_args:  # a word before `--` that no option takes
+            refuse(f"unexpected {args.training_script!r} before `--`")
+    else:
+        if not tokens:
+            refuse("give the meshscale command to run after `--`")
+        args = parser.parse_args(tokens)
+        command = [args.training_script, *args.training_script_args]
+    for dest, flag in _OWN_OPTIONS.items():
+        if getattr(args, dest, False):
+            refuse(f"{flag}: the ranks run `meshscale {' '.join(command[:1]) or '...'}`; give no other program")
+    if not command or command[0] not in command_names - {"launch"}:
+        what = f"{command[0]!r} is not a meshscale command" if command else "no meshscale command given"
+        refuse(f"{what}; e.g. meshscale launch --standalone --nproc-per-node 2 -- train --steps 10")
+    args.module, args.no_python, args.run_path = True, False, False
+    args.training_script, args.training_script_args = "meshscale", command
+    _standalone_on_loopback(args, torchrun)
+    own_log_dir = None
+    if not args.log_dir:
+        own_log_dir = args.log_dir = tempfile.mkdtemp(prefix=f"meshscale-launch-{os.getpid()}-")
+    try:
+        with _torch_logs_quiet():
+            config, entrypoint, entrypoint_args = torchrun.config_from_args(args)
+    except (AssertionError, ValueError, TypeError) as exc:
+        _remove(own_log_dir)
+        refuse(str(exc))
+    return LaunchPlan(config, command, entrypoint, list(entrypoint_args), own_log_dir)
+
+
+def _standalone_on_loopback(args: Any, torchrun: Any) -> None:
+    """What torchrun's `run` does for --standalone (and one node without an endpoint), with the loopback store."""
+    one_node = (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
+                and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if args.standalone or one_node:
+        _register_loopback_backend()
+        args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = LOOPBACK_BACKEND, f"{LOOPBACK}:0", str(uuid.uuid4())
+        args.local_addr = args.local_addr or LOOPBACK  # the address the ranks are given for the agent's store
+    if args.master_port is None:
+        args.master_port = 29500
+
+
+def _register_loopback_backend() -> None:
+    from torch.distributed.elastic.rendezvous import rendezvous_handler_registry
+    rendezvous_handler_registry.register(LOOPBACK_BACKEND, loopback_rendezvous)  # the same function: idempotent
+
+
+def loopback_rendezvous(params: Any) -> Any:
+    """torch's c10d dynamic rendezvous for one machine, both of its stores listening on 127.0.0.1 only: the
+    rendezvous store and the one the agent serves to its ranks (`_create_tcp_store_server`, a method of torch's
+    handler since 2.4, checked here)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+    timeout_s = params.get_as_int("read_timeout", 60)
+    store = serving_store(LOOPBACK, 0, params.max_nodes, timeout_s)
+    class LoopbackBackend(C10dRendezvousBackend):
+        name = LOOPBACK_BACKEND  # the registry checks that the handler's backend is the one asked for
+
+    handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
+    if not callable(getattr(handler, "_create_tcp_store_server", None)):
+        raise MeshscaleError("launch --standalone: this torch's rendezvous has no hook for its ranks' store "
+                             "(DynamicRendezvousHandler._create_tcp_store_server); use torch 2.4 or newer")
+    handler._create_tcp_store_server = lambda addr, port: serving_store(addr, port, params.max_nodes, timeout_s)
+    return handler
+
+
+def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
+    """Run torchrun's agent; [] when every rank finished, else the failed ranks, the first to fail first.
+    A rendezvous that fails or times out, or a signal to this process, is one line (`MeshscaleError`)."""
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.launcher.api import launch_agent
+
+    config = plan.config
+    try:
+        with _torch_logs_quiet(), _env(LAUNCHER_REPORTS_ENV, "1"):
+            launch_agent(config, plan.entrypoint, plan.entrypoint_args)
+        return []
+    except ChildFailedError as exc:
+        return rank_failures(exc, host)
+    except SignalException as exc:
+        if exc.sigval == signal.SIGINT:
+            raise KeyboardInterrupt from None
+        raise Interrupted(f"launch: stopped by {_signal_name(exc.sigval)}; every rank was stopped") from None
+    except RendezvousError as exc:
+        raise MeshscaleError(f"launch: rendezvous {config.rdzv_backend} at {config.rdzv_endpoint or 'this host'} "
+                             f"failed on {host} ({type(exc).__name__}: {first_line(exc)})") from None
+    except MeshscaleError:
+        raise
+    except Exception as exc:  # whatever else torch's agent raises: the environment, said in one line
+        raise MeshscaleError(f"launch: torchrun's agent on {host} failed ({type(exc).__name__}: "
+                             f"{first_line(exc)})") from None
+    finally:
+        _remove(plan.own_log_dir)
+
+
+def rank_failures(exc: Any, host: str) -> list[RankFailure]:
+    """One `RankFailure` per rank in torch's `ChildFailedError`, the first to fail first, then by rank."""
+    first, _ = exc.get_first_failure()
+    failures = []
+    for rank, f in exc.failures.items():
+        message = _error_file_message(f)
+        later = rank != first and f.exitcode == -signal.SIGTERM and not message
+        failures.append(RankFailure(rank, f.local_rank, host, f.exitcode, message, later))
+    return sorted(failures, key=lambda r: (r.rank != first, r.rank))
+
+
+def _error_file_message(failure: Any) -> str:
+    """The rank's own line from its error file: meshscale's (a string) or torch's `@record` (a mapping)."""
+    if not os.path.isfile(str(failure.error_file)):
+        return ""
+    message = failure.message
+    if isinstance(message, dict):
+        message = message.get("message", "")
+    text = str(message).strip()
+    return text.splitlines()[0][:2000] if text else ""
+
+
+@contextmanager
+def _torch_logs_quiet() -> Iterator[None]:
+    """torchrun's log records off within the block (unless LOGLEVEL asks for them)."""
+    if os.environ.get("LOGLEVEL"):
+        yield
+        return
+    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL + 1)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
+@contextmanager
+def _env(name: str, value: str) -> Iterator[None]:
+    """``name=value`` in this process's environment (the agent copies it to the ranks) within the block."""
+    previous = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = previous
+
+
+def _remove(folder: str | None) -> None:
+    if folder:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
