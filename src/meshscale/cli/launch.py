@@ -5,6 +5,8 @@ import sys
 
 import typer
 
+from meshscale.errors import MeshscaleError
+
 EPILOG = ("Exit status: 0 when every rank finished; 2 when a rank failed (one line each, the first to fail first), "
           "the rendezvous failed or timed out, or the launcher was stopped (SIGTERM); 130 on Ctrl-C.")
 
@@ -23,12 +25,24 @@ def launch(ctx: typer.Context) -> None:
     if not ctx.args or ctx.args[0] in ("-h", "--help"):
         typer.echo(ctx.get_help())
         raise typer.Exit()
-    commands = set(ctx.parent.command.list_commands(ctx.parent)) if ctx.parent else set()
-    failures = run_launch(plan_launch(list(ctx.args), commands), hostname())
+    plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command))
+    failures = run_launch(plan, hostname())
     for failure in failures:
         print(f"meshscale: error: {failure.line()}", file=sys.stderr)
     if failures:
         raise typer.Exit(2)
+
+
+def _check_command(ctx: typer.Context, command: list[str]) -> None:
+    """The ranks' command parsed here first, as each rank will parse it: a bad option is one error before any
+    rank starts, not one per rank."""
+    group = ctx.parent.command if ctx.parent else None
+    sub = group.get_command(ctx.parent, command[0]) if group is not None and command[0] != "launch" else None
+    if sub is None:
+        raise MeshscaleError(f"launch: {command[0]!r} is not a meshscale command; e.g. meshscale launch "
+                             "--standalone --nproc-per-node 2 -- train --steps 10")
+    with sub.make_context(command[0], list(command[1:]), parent=ctx.parent):
+        pass
 
 
 def register(app: typer.Typer) -> None:

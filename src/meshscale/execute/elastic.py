@@ -20,7 +20,7 @@ import tempfile
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from meshscale.errors import Interrupted, MeshscaleError
 from meshscale.execute.launcher import first_line, serving_store
@@ -44,15 +44,15 @@ class RankFailure:
     host: str
     exit_code: int          # negative: ended by that signal
     message: str            # the rank's own line (its error file), or "" when it left none
-    stopped_by_launcher: bool = False   # a SIGTERM the agent sent once another rank had failed
+    after_rank: int | None = None   # ended by a signal, without a word, after this rank had failed first
 
     def line(self) -> str:
         where = f"rank {self.rank} (local {self.local_rank}) on {self.host}"
         if self.exit_code >= 0:
             return f"{where}: exit code {self.exit_code}: {self.message or 'no message from it'}"
         name = _signal_name(-self.exit_code)
-        if self.stopped_by_launcher:
-            return f"{where}: ended by {name} (the launcher stops every rank once one fails)"
+        if self.after_rank is not None:
+            return f"{where}: ended by {name} after rank {self.after_rank} failed (the launcher stops the others)"
         return f"{where}: killed by {name}{f': {self.message}' if self.message else ', no message from it'}"
 
 
@@ -67,16 +67,19 @@ class LaunchPlan:
     own_log_dir: str | None  # a temporary folder for the ranks' error files, removed at the end
 
 
-def plan_launch(tokens: list[str], command_names: set[str]) -> LaunchPlan:
+def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None]) -> LaunchPlan:
     """torchrun's options before ``--`` (or before the first word that is not one of them), the meshscale
-    subcommand after; each refused with one line."""
+    subcommand after (given to ``check_command`` first); each refused with one line, leaving nothing behind."""
     import torch.distributed.run as torchrun
 
     parser = torchrun.get_args_parser()
 
     def refuse(message: str) -> None:
-        raise MeshscaleError(f"launch: {message.splitlines()[0] if message else 'bad torchrun options'}; see "
-                             "`torchrun --help` for its options")
+        if "training_script" in message:  # argparse's name for the command torchrun runs
+            message = ("give the meshscale command to run after `--`, e.g. meshscale launch --standalone "
+                       "--nproc-per-node 2 -- train --steps 10")
+        raise MeshscaleError(f"launch: {message.splitlines()[0] if message.strip() else 'bad torchrun options'}; "
+                             "see `torchrun --help` for its options")
 
     parser.error = refuse  # argparse would print its usage and exit; one line instead
     if "--" in tokens:
@@ -86,28 +89,38 @@ def plan_launch(tokens: list[str], command_names: set[str]) -> LaunchPlan:
         if args.training_script_args:  # a word before `--` that no option takes
             refuse(f"unexpected {args.training_script!r} before `--`")
     else:
-        if not tokens:
-            refuse("give the meshscale command to run after `--`")
         args = parser.parse_args(tokens)
         command = [args.training_script, *args.training_script_args]
     for dest, flag in _OWN_OPTIONS.items():
         if getattr(args, dest, False):
-            refuse(f"{flag}: the ranks run `meshscale {' '.join(command[:1]) or '...'}`; give no other program")
-    if not command or command[0] not in command_names - {"launch"}:
-        what = f"{command[0]!r} is not a meshscale command" if command else "no meshscale command given"
-        refuse(f"{what}; e.g. meshscale launch --standalone --nproc-per-node 2 -- train --steps 10")
+            refuse(f"{flag}: the ranks run the meshscale command after `--`; give no other program")
+    if not command:
+        refuse("training_script")
+    try:
+        torchrun.parse_min_max_nnodes(args.nnodes)
+    except ValueError:
+        refuse(f"--nnodes {args.nnodes!r}: give a number of nodes or MIN:MAX")
+    check_command(command)
     args.module, args.no_python, args.run_path = True, False, False
     args.training_script, args.training_script_args = "meshscale", command
-    _standalone_on_loopback(args, torchrun)
     own_log_dir = None
-    if not args.log_dir:
-        own_log_dir = args.log_dir = tempfile.mkdtemp(prefix=f"meshscale-launch-{os.getpid()}-")
+    if not args.log_dir:  # made by the agent when it starts, removed when it ends
+        own_log_dir = args.log_dir = os.path.join(tempfile.gettempdir(),
+                                                  f"meshscale-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
-        with _torch_logs_quiet():
-            config, entrypoint, entrypoint_args = torchrun.config_from_args(args)
-    except (AssertionError, ValueError, TypeError) as exc:
+        try:
+            _standalone_on_loopback(args, torchrun)
+            with _torch_logs_quiet():
+                config, entrypoint, entrypoint_args = torchrun.config_from_args(args)  # makes the log folder
+        except (AssertionError, ValueError, TypeError) as exc:
+            refuse(str(exc))
+        if config.nproc_per_node < 1:
+            refuse(f"--nproc-per-node {config.nproc_per_node}: need at least 1")
+        if not config.monitor_interval > 0:
+            refuse(f"--monitor-interval {config.monitor_interval}: need a positive number of seconds")
+    except MeshscaleError:
         _remove(own_log_dir)
-        refuse(str(exc))
+        raise
     return LaunchPlan(config, command, entrypoint, list(entrypoint_args), own_log_dir)
 
 
@@ -152,7 +165,7 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
     A rendezvous that fails or times out, or a signal to this process, is one line (`MeshscaleError`)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
     from torch.distributed.launcher.api import launch_agent
 
     config = plan.config
@@ -167,8 +180,14 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
             raise KeyboardInterrupt from None
         raise Interrupted(f"launch: stopped by {_signal_name(exc.sigval)}; every rank was stopped") from None
     except RendezvousError as exc:
+        if isinstance(exc, RendezvousTimeoutError):
+            join_s = config.rdzv_configs.get("join_timeout", 600)  # torch's default
+            why = (f"timed out: fewer than {config.min_nodes} nodes joined within {join_s} s "
+                   "(--rdzv-conf join_timeout=SECONDS)")
+        else:
+            why = f"failed ({type(exc).__name__}: {first_line(exc)})"
         raise MeshscaleError(f"launch: rendezvous {config.rdzv_backend} at {config.rdzv_endpoint or 'this host'} "
-                             f"failed on {host} ({type(exc).__name__}: {first_line(exc)})") from None
+                             f"(run {config.run_id}) on {host} {why}") from None
     except MeshscaleError:
         raise
     except Exception as exc:  # whatever else torch's agent raises: the environment, said in one line
@@ -184,8 +203,9 @@ def rank_failures(exc: Any, host: str) -> list[RankFailure]:
     failures = []
     for rank, f in exc.failures.items():
         message = _error_file_message(f)
-        later = rank != first and f.exitcode == -signal.SIGTERM and not message
-        failures.append(RankFailure(rank, f.local_rank, host, f.exitcode, message, later))
+        # the agent stops the others with SIGTERM, and SIGKILL where that does not end them (a stopped rank)
+        stopped = rank != first and not message and -f.exitcode in (signal.SIGTERM, signal.SIGKILL)
+        failures.append(RankFailure(rank, f.local_rank, host, f.exitcode, message, first if stopped else None))
     return sorted(failures, key=lambda r: (r.rank != first, r.rank))
 
 

@@ -450,11 +450,12 @@ def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, 
     if _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own) or True) is None:
         return (f"rank {env.rank} on {host} stopped: the rendezvous store at {env.master_addr}:{env.master_port} is "
                 f"gone (the launcher's agent or rank 0 died); seen here as: {own[:160]}")
-    phase = _phase(store, env.rank)
+    where = f"rank {env.rank} on {host} stopped during {_phase(store, env.rank)}"
+    if not _is_consequence(own):  # this rank's own failure, not what it saw of a peer's: it is the cause
+        return f"{where}: {own}"
     time.sleep(min(2.0, timeout_s))  # the peers' errors arrive within their own timeout of the same collective
     silent = [r for r in range(env.world_size)
               if r != env.rank and not _store_quietly(lambda r=r: store.check([f"meshscale/failed/{r}"]))]
-    where = f"rank {env.rank} on {host} stopped during {phase}"
     if not silent:
         return f"{where}: {own}"
     r = silent[0]
