@@ -17,13 +17,15 @@ import os
 import shutil
 import signal
 import tempfile
+import threading
 import uuid
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from meshscale.errors import Interrupted, MeshscaleError
-from meshscale.execute.launcher import first_line, serving_store
+from meshscale.execute.launcher import first_line, proc_state, serving_store
 from meshscale.execute.world import LAUNCHER_REPORTS_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -170,7 +172,7 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
 
     config = plan.config
     try:
-        with _torch_logs_quiet(), _env(LAUNCHER_REPORTS_ENV, "1"):
+        with _torch_logs_quiet(), _env(LAUNCHER_REPORTS_ENV, "1"), _stopped_ranks_continued():
             launch_agent(config, plan.entrypoint, plan.entrypoint_args)
         return []
     except ChildFailedError as exc:
@@ -218,6 +220,53 @@ def _error_file_message(failure: Any) -> str:
         message = message.get("message", "")
     text = str(message).strip()
     return text.splitlines()[0][:2000] if text else ""
+
+
+@contextmanager
+def _stopped_ranks_continued(period_s: float = 0.5) -> Iterator[None]:
+    """While the block runs, a rank stopped (SIGSTOP, SIGTSTP) with a SIGTERM pending is continued so that it
+    takes the SIGTERM: the agent stops the ranks that way once one fails, and would otherwise wait a fixed 30 s
+    before its SIGKILL. A rank stopped while the run goes on is left stopped."""
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(period_s):
+            for pid in _children():
+                if proc_state(pid) == "T" and _sigterm_pending(pid):
+                    try:
+                        os.kill(pid, signal.SIGCONT)
+                    except OSError:
+                        pass
+
+    thread = threading.Thread(target=watch, daemon=True, name="meshscale-continue-stopped")
+    thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        thread.join()
+
+
+def _children() -> list[int]:
+    """The process ids of this process's children (those of every thread), from /proc."""
+    pids: list[int] = []
+    for task in Path("/proc/self/task").glob("*"):
+        try:
+            pids += [int(p) for p in (task / "children").read_text().split()]
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _sigterm_pending(pid: int) -> bool:
+    """True when SIGTERM waits to be delivered to ``pid`` (/proc/PID/status: SigPnd, ShdPnd)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGTERM - 1)
+    return any(line.split(":")[0] in ("SigPnd", "ShdPnd") and int(line.split()[1], 16) & bit
+               for line in text.splitlines())
 
 
 @contextmanager

@@ -115,7 +115,7 @@ def _die_with(owner_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="meshscale-watchdog").start()
 
 
-def _proc_state(pid: int) -> str | None:
+def proc_state(pid: int) -> str | None:
     """The state letter of a process in /proc (R, S, T, Z...), or None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -126,7 +126,7 @@ def _proc_state(pid: int) -> str | None:
 
 def _exited(pid: int) -> bool:
     """True when the process is gone or a zombie (exited, not yet reaped)."""
-    return not process_alive(pid) or _proc_state(pid) == "Z"
+    return not process_alive(pid) or proc_state(pid) == "Z"
 
 
 def _loopback_interface() -> str:
@@ -337,7 +337,7 @@ def _is_consequence(error: str) -> bool:
 
 def _is_stopped(proc: Any) -> bool:
     """True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: state T or t in /proc."""
-    return proc.pid is not None and _proc_state(proc.pid) in ("T", "t")
+    return proc.pid is not None and proc_state(proc.pid) in ("T", "t")
 
 
 class _Terminated(BaseException):

@@ -1,0 +1,193 @@
+"""`meshscale launch`: torchrun's own agent in meshscale's process. A rank that is killed, stopped or raises ends
+the run with one line per failed rank (rank, host, cause), neither a traceback nor torchrun's error block, exit
+code 2 and no stray file; a normal run exits 0; the stores of --standalone listen on 127.0.0.1 only.
+
+Faults are injected in the ranks by a `sitecustomize` on PYTHONPATH: rank 1's second backward pass raises, or
+sends itself SIGKILL or SIGSTOP."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+SRC = Path(__file__).resolve().parents[2] / "src"
+RUN_TIMEOUT_S = 120
+FAULT_HOOK = '''
+import os, signal
+if os.environ.get("RANK") == "1" and os.environ.get("MESHSCALE_TEST_FAULT"):
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # as meshscale's CLI sets it before importing torch
+    import torch
+    _calls = [0]
+    _backward = torch.Tensor.backward
+
+    def backward(self, *args, **kwargs):
+        _calls[0] += 1
+        if _calls[0] == 2:
+            fault = os.environ["MESHSCALE_TEST_FAULT"]
+            if fault == "raise":
+                raise RuntimeError("injected fault in backward")
+            os.kill(os.getpid(), getattr(signal, fault))
+        return _backward(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward
+'''
+TRAIN = ("train", "--model", "small-cnn", "--steps", "6", "--batch", "4", "--timing-warmup", "1", "--timeout-s", "3")
+
+
+def _listening(pid: int | str = "self") -> set[tuple[str, int]]:
+    """(address, port) of every TCP socket process ``pid`` listens on, from /proc (IPv4 and IPv6)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    found = set()
+    for table, family in (("tcp", socket.AF_INET), ("tcp6", socket.AF_INET6)):
+        for line in Path(f"/proc/net/{table}").read_text().splitlines()[1:]:
+            cells = line.split()
+            if cells[3] == "0A" and cells[9] in inodes:  # 0A: LISTEN
+                address, port = cells[1].split(":")
+                raw = bytes.fromhex(address)
+                # /proc prints each 32-bit word in host (little-endian) order
+                packed = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                found.add((socket.inet_ntop(family, packed), int(port, 16)))
+    return found
+
+
+def _loopback_only(sockets: set[tuple[str, int]]) -> bool:
+    return all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for address, _ in sockets)
+
+
+def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False):
+    """`meshscale launch --standalone --nproc-per-node 2 -- train ...` in its own session (killed on
+    timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on)."""
+    work, tmp, hooks = (tmp_path / name for name in ("work", "tmp", "hooks"))
+    for folder in (work, tmp, hooks):
+        folder.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAULT_HOOK)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(SRC), os.environ.get("PYTHONPATH", "")]),
+               TMPDIR=str(tmp), OMP_NUM_THREADS="1")
+    env.pop("LOGLEVEL", None)
+    if fault:
+        env["MESHSCALE_TEST_FAULT"] = fault
+    cmd = [sys.executable, "-m", "meshscale", "launch", "--standalone", "--nproc-per-node", "2", "--", *TRAIN]
+    proc = subprocess.Popen(cmd, cwd=work, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    seen: set[tuple[str, int]] = set()
+    try:
+        deadline = time.monotonic() + RUN_TIMEOUT_S
+        while watch_sockets and proc.poll() is None and time.monotonic() < deadline:
+            try:
+                seen |= _listening(proc.pid)
+            except OSError:  # the process ended between the two reads
+                pass
+            time.sleep(0.2)
+        out, err = proc.communicate(timeout=max(1.0, deadline - time.monotonic()))
+    finally:
+        if proc.poll() is None:  # no orphans: the agent and its ranks share the session
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    # torch's compile cache (torchinductor_USER) is kept across runs by design; anything else is a stray file
+    left = [p for p in [*work.iterdir(), *tmp.iterdir()] if not p.name.startswith("torchinductor_")]
+    assert not left, left
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err), seen
+
+
+def _failure_lines(result) -> list[str]:
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert all(line.startswith("meshscale: error: rank ") for line in lines), lines
+    assert len(lines) == 2, lines  # one per failed rank of this node, nothing else
+    host = os.uname().nodename
+    assert all(f" on {host}: " in line for line in lines), lines
+    return lines
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_normal_run_exits_0_and_its_stores_listen_on_loopback_only(tmp_path):
+    result, listening = _launch(tmp_path, watch_sockets=True)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "samples/s" in result.stdout or "throughput" in result.stdout.lower(), result.stdout[-2000:]
+    assert result.stderr.strip() == "", result.stderr[-3000:]
+    assert listening and _loopback_only(listening), listening
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_killed_rank_is_named_with_its_signal(tmp_path):
+    first, second = _failure_lines(_launch(tmp_path, fault="SIGKILL")[0])
+    assert first.startswith("meshscale: error: rank 1 (local 1) on ") and "killed by SIGKILL" in first, first
+    assert second.startswith("meshscale: error: rank 0 (local 0) on "), second
+    # the agent stops the survivor, or the survivor saw its peer go first and said so
+    assert "after rank 1 failed" in second or "rank 1 on" in second, second
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_rank_that_raises_is_named_with_its_own_error(tmp_path):
+    first, second = _failure_lines(_launch(tmp_path, fault="raise")[0])
+    assert first.startswith("meshscale: error: rank 1 (local 1) on ") and "exit code 2" in first, first
+    assert "injected fault in backward" in first, first
+    assert "rank 0 (local 0)" in second, second
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_stopped_rank_is_named_by_the_peer_that_timed_out(tmp_path):
+    start = time.monotonic()
+    first, second = _failure_lines(_launch(tmp_path, fault="SIGSTOP")[0])
+    assert first.startswith("meshscale: error: rank 0 (local 0) on ") and "exit code 2" in first, first
+    assert "rank 1 on" in first and "died, stopped or hung" in first, first  # the peer names the silent rank
+    # the launcher continues the stopped rank so that it takes the agent's SIGTERM (torch alone waits 30 s)
+    assert "rank 1 (local 1)" in second and "ended by SIGTERM after rank 0 failed" in second, second
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(60)
+def test_a_rendezvous_that_times_out_is_one_line(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+               TMPDIR=str(tmp_path))
+    result = subprocess.run([sys.executable, "-m", "meshscale", "launch", "--nnodes", "2", "--rdzv-backend", "c10d",
+                             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lonely", "--rdzv-conf",
+                             "join_timeout=2", "--", *TRAIN], env=env, cwd=tmp_path, text=True, capture_output=True,
+                            timeout=50)
+    assert result.returncode == 2, result.stderr[-2000:]
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "rendezvous" in lines[0] and "fewer than 2 nodes joined within 2 s" in lines[0], lines
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.timeout(60)
+def test_the_loopback_rendezvous_listens_on_loopback_where_torchs_c10d_listens_everywhere():
+    """Both stores of the loopback rendezvous (its own and the one served to the ranks) on 127.0.0.1; torch's
+    c10d store, made from the same parameters, on every interface (so the check can fail)."""
+    from torch.distributed.elastic.rendezvous import RendezvousParameters
+    from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+    from meshscale.execute.elastic import LOOPBACK_BACKEND, _register_loopback_backend
+
+    _register_loopback_backend()
+    before = _listening()
+    ours = get_rendezvous_handler(RendezvousParameters(LOOPBACK_BACKEND, "127.0.0.1:0", "ours", 1, 1,
+                                                       local_addr="127.0.0.1"))
+    try:
+        info = ours.next_rendezvous()
+        assert info.bootstrap_store_info.master_addr == "127.0.0.1"
+        opened = _listening() - before
+        assert len(opened) >= 1 and _loopback_only(opened), opened
+    finally:
+        ours.shutdown()
+    before = _listening()
+    torchs = get_rendezvous_handler(RendezvousParameters("c10d", "127.0.0.1:0", "torchs", 1, 1, is_host=True))
+    try:
+        assert not _loopback_only(_listening() - before)
+    finally:
+        torchs.shutdown()
