@@ -1,0 +1,73 @@
+"""How a failed rank's cause reaches `meshscale launch`: what a rank records, torch's agent reads back (its own
+`ProcessFailure`), and the launcher's lines put the first failure first and name the ranks stopped after it."""
+import json
+import signal
+
+import pytest
+
+from meshscale.execute.world import ERROR_FILE_ENV, LAUNCHER_REPORTS_ENV, tell_launcher
+
+
+def test_what_a_rank_records_torchs_agent_reads_back(tmp_path, monkeypatch):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tmp_path / "error.json"
+    monkeypatch.setenv(ERROR_FILE_ENV, str(path))
+    monkeypatch.delenv(LAUNCHER_REPORTS_ENV, raising=False)
+    line = "rank 1 on node3 stopped during training step 7 (ddp): no space left"
+    assert tell_launcher(line) is False  # plain torchrun: the rank still prints its line
+    assert ProcessFailure(local_rank=1, pid=1, exitcode=2, error_file=str(path)).message == line
+    assert [p.name for p in tmp_path.iterdir()] == ["error.json"]  # written whole, no temporary file left
+    monkeypatch.setenv(LAUNCHER_REPORTS_ENV, "1")
+    assert tell_launcher(line) is True  # under `meshscale launch` the launcher prints it
+
+
+def test_a_rank_without_a_launcher_or_a_writable_error_file_prints_its_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(LAUNCHER_REPORTS_ENV, "1")
+    monkeypatch.delenv(ERROR_FILE_ENV, raising=False)
+    assert tell_launcher("x") is False
+    monkeypatch.setenv(ERROR_FILE_ENV, str(tmp_path / "no" / "such" / "folder" / "error.json"))
+    assert tell_launcher("x") is False
+
+
+def _failure(tmp_path, rank: int, exitcode: int, timestamp: int, message=None):
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure
+
+    path = tmp_path / f"error{rank}.json"
+    if message is not None:
+        path.write_text(json.dumps(message))
+    failure = ProcessFailure(local_rank=rank, pid=100 + rank, exitcode=exitcode, error_file=str(path))
+    failure.timestamp = timestamp
+    return failure
+
+
+def test_the_first_failure_comes_first_and_the_ranks_stopped_after_it_say_so(tmp_path):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from meshscale.execute.elastic import rank_failures
+
+    # torch's own @record format (a mapping) and meshscale's (a string) both give the rank's first line
+    recorded = {"message": {"message": "RuntimeError: CUDA error: out of memory\nmore", "extraInfo": {"timestamp": "5"}}}
+    failures = {0: _failure(tmp_path, 0, -signal.SIGTERM, 9),
+                1: _failure(tmp_path, 1, -signal.SIGKILL, 3),
+                2: _failure(tmp_path, 2, 2, 5, recorded),
+                3: _failure(tmp_path, 3, 2, 6, {"message": "rank 3 on h stopped during step 2: peer gone", "timestamp": 6})}
+    lines = [f.line() for f in rank_failures(ChildFailedError("meshscale", failures), "h")]
+    assert lines == [
+        "rank 1 (local 1) on h: killed by SIGKILL, no message from it",
+        "rank 0 (local 0) on h: ended by SIGTERM after rank 1 failed (the launcher stops the others)",
+        "rank 2 (local 2) on h: exit code 2: RuntimeError: CUDA error: out of memory",
+        "rank 3 (local 3) on h: exit code 2: rank 3 on h stopped during step 2: peer gone",
+    ]
+
+
+@pytest.mark.parametrize("first_exit", [-signal.SIGTERM, -signal.SIGKILL])
+def test_a_rank_that_fails_first_by_a_signal_is_never_said_to_be_stopped_by_the_launcher(tmp_path, first_exit):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from meshscale.execute.elastic import rank_failures
+
+    failures = {0: _failure(tmp_path, 0, first_exit, 1), 1: _failure(tmp_path, 1, -signal.SIGTERM, 2)}
+    first, second = rank_failures(ChildFailedError("meshscale", failures), "h")
+    assert first.rank == 0 and first.after_rank is None and "killed by" in first.line()
+    assert second.after_rank == 0
