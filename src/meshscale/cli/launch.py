@@ -12,13 +12,13 @@ EPILOG = ("Exit status: 0 when every rank finished; 2 when a rank failed (one li
 
 
 def launch(ctx: typer.Context) -> None:
-    """Run a meshscale command on every rank with torchrun's own agent (its options, rendezvous, restarts):
-    `meshscale launch \\[torchrun options] -- COMMAND \\[ARGS]`, e.g. `meshscale launch --standalone
-    --nproc-per-node 2 -- train --steps 10`, or on each of 2 nodes `meshscale launch --nnodes 2 --nproc-per-node 8
-    --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB -- bench collective all_reduce`. A rank that
-    dies, stops or times out ends the run with one line per failed rank of this node (rank, host, exit code or
-    signal, and the rank's own error), instead of torchrun's error block. --standalone's stores listen on
-    127.0.0.1 only. LOGLEVEL=INFO shows torchrun's own log."""
+    """Run a meshscale command on every rank with torchrun's own agent: `meshscale launch TORCHRUN-OPTIONS --
+    COMMAND ARGS`, e.g. `meshscale launch --standalone --nproc-per-node 2 -- train --steps 10`. Options,
+    rendezvous and restarts are torchrun's; a rank that dies, stops or times out ends the run with one line per
+    failed rank of this node (rank, host, exit code or signal, the rank's own error) instead of torchrun's error
+    block; the stores of --standalone listen on 127.0.0.1 only. On each of 2 nodes: `meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint
+    HOST:29500 --rdzv-id JOB -- bench collective all_reduce`. The ranks' command is parsed here first, so a bad
+    option is one error before any rank starts. LOGLEVEL=INFO shows torchrun's own log."""
     from meshscale.execute.elastic import plan_launch, run_launch
     from meshscale.topology.multinode import hostname
 
