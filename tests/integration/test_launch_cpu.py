@@ -65,9 +65,20 @@ def _loopback_only(sockets: set[tuple[str, int]]) -> bool:
     return all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for address, _ in sockets)
 
 
-def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False):
+def _children(pid: int) -> list[int]:
+    found = []
+    for task in Path(f"/proc/{pid}/task").glob("*"):
+        try:
+            found += [int(p) for p in (task / "children").read_text().split()]
+        except OSError:
+            continue
+    return found
+
+
+def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False, terminate: bool = False):
     """`meshscale launch --standalone --nproc-per-node 2 -- train ...` in its own session (killed on
-    timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on)."""
+    timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on).
+    ``terminate``: SIGTERM to the launcher once both ranks run; the ranks must be gone when it has exited."""
     work, tmp, hooks = (tmp_path / name for name in ("work", "tmp", "hooks"))
     for folder in (work, tmp, hooks):
         folder.mkdir()
@@ -81,8 +92,15 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
     proc = subprocess.Popen(cmd, cwd=work, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     seen: set[tuple[str, int]] = set()
+    ranks: list[int] = []
     try:
         deadline = time.monotonic() + RUN_TIMEOUT_S
+        while terminate and len(ranks) < 2 and proc.poll() is None and time.monotonic() < deadline:
+            ranks = _children(proc.pid)
+            time.sleep(0.2)
+        if terminate:
+            time.sleep(2)  # the ranks under way
+            proc.send_signal(signal.SIGTERM)
         while watch_sockets and proc.poll() is None and time.monotonic() < deadline:
             try:
                 seen |= _listening(proc.pid)
@@ -94,6 +112,7 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
         if proc.poll() is None:  # no orphans: the agent and its ranks share the session
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()], "ranks outlived the launcher"
     # torch's compile cache (torchinductor_USER) is kept across runs by design; anything else is a stray file
     left = [p for p in [*work.iterdir(), *tmp.iterdir()] if not p.name.startswith("torchinductor_")]
     assert not left, left
@@ -146,6 +165,14 @@ def test_a_stopped_rank_is_named_by_the_peer_that_timed_out(tmp_path):
     # the launcher continues the stopped rank so that it takes the agent's SIGTERM (torch alone waits 30 s)
     assert "rank 1 (local 1)" in second and "ended by SIGTERM after rank 0 failed" in second, second
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_sigterm_to_the_launcher_stops_every_rank_with_one_line(tmp_path):
+    result, _ = _launch(tmp_path, terminate=True)
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert result.stderr.splitlines() == ["meshscale: error: launch: stopped by SIGTERM; every rank was stopped"], \
+        result.stderr[-3000:]
 
 
 @pytest.mark.timeout(60)

@@ -275,7 +275,9 @@ def _torch_logs_quiet() -> Iterator[None]:
     if os.environ.get("LOGLEVEL"):
         yield
         return
-    loggers = [logging.getLogger(name) for name in _TORCH_LOGGERS]
+    # torch's elastic modules each set their logger's own level (get_logger): every one is turned off
+    names = [n for n in logging.root.manager.loggerDict if n.startswith(_TORCH_LOGGERS)]
+    loggers = [logging.getLogger(name) for name in {*_TORCH_LOGGERS, *names}]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL + 1)
