@@ -175,6 +175,45 @@ def test_sigterm_to_the_launcher_stops_every_rank_with_one_line(tmp_path):
         result.stderr[-3000:]
 
 
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_two_nodes_each_name_their_own_failed_rank_in_one_line(tmp_path):
+    """Two launchers on this machine act as hosts (MESHSCALE_HOSTNAME): rank 1 is killed; its node names it, the
+    other node names its rank 0, which names rank 1 and its host."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    hooks = tmp_path / "hooks"
+    hooks.mkdir()
+    (hooks / "sitecustomize.py").write_text(FAULT_HOOK)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(SRC), os.environ.get("PYTHONPATH", "")]),
+               TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", MESHSCALE_TEST_FAULT="SIGKILL")
+    procs = [subprocess.Popen([sys.executable, "-m", "meshscale", "launch", "--nnodes", "2", "--nproc-per-node", "1",
+                               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two",
+                               "--", *TRAIN], env=dict(env, MESHSCALE_HOSTNAME=f"host{n}"), cwd=tmp_path, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True) for n in (0, 1)]
+    errors = []
+    try:
+        for p in procs:
+            errors.append(p.communicate(timeout=RUN_TIMEOUT_S)[1])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                os.killpg(p.pid, signal.SIGKILL)
+                p.wait()
+    assert [p.returncode for p in procs] == [2, 2], errors
+    lines = [e.strip().splitlines() for e in errors]
+    assert all(len(node) == 1 for node in lines), lines  # one line per node: each node has one failed rank
+    killed = next((node[0] for node in lines if "rank 1 (local 0)" in node[0]), lines)
+    survivor = next(node[0] for node in lines if node[0] != killed)
+    killed_host = killed.split(" on ", 1)[1].split(":")[0]
+    assert "killed by SIGKILL" in killed and killed_host in ("host0", "host1"), killed
+    # the survivor's rank names the killed one, or, when the killed node's launcher served the rendezvous and
+    # ended first, the survivor's launcher says the rendezvous was lost
+    assert (f"rank 0 (local 0) on " in survivor and f"rank 1 on {killed_host} died, stopped or hung" in survivor
+            or "launch: rendezvous c10d" in survivor and ("was lost" in survivor or "was closed" in survivor)), survivor
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == ["hooks"]
+
+
 @pytest.mark.timeout(60)
 def test_a_rendezvous_that_times_out_is_one_line(tmp_path):
     with socket.socket() as s:

@@ -167,7 +167,8 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
     A rendezvous that fails or times out, or a signal to this process, is one line (`MeshscaleError`)."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+    from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                          RendezvousError, RendezvousTimeoutError)
     from torch.distributed.launcher.api import launch_agent
 
     config = plan.config
@@ -182,12 +183,19 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
             raise KeyboardInterrupt from None
         raise Interrupted(f"launch: stopped by {_signal_name(exc.sigval)}; every rank was stopped") from None
     except RendezvousError as exc:
+        cause = exc.__cause__ or exc  # torch's connection error says "see inner exception"
         if isinstance(exc, RendezvousTimeoutError):
             join_s = config.rdzv_configs.get("join_timeout", 600)  # torch's default
             why = (f"timed out: fewer than {config.min_nodes} nodes joined within {join_s} s "
                    "(--rdzv-conf join_timeout=SECONDS)")
+        elif isinstance(exc, RendezvousConnectionError):
+            why = (f"was lost: the launcher serving it ended (its ranks failed: see its node's lines) or cannot be "
+                   f"reached ({type(cause).__name__}: {first_line(cause)}); this node's ranks were stopped")
+        elif isinstance(exc, RendezvousClosedError):
+            why = ("was closed by another node's launcher (its ranks failed: see its node's lines); this node's ranks "
+                   "were stopped")
         else:
-            why = f"failed ({type(exc).__name__}: {first_line(exc)})"
+            why = f"failed ({type(cause).__name__}: {first_line(cause)})"
         raise MeshscaleError(f"launch: rendezvous {config.rdzv_backend} at {config.rdzv_endpoint or 'this host'} "
                              f"(run {config.run_id}) on {host} {why}") from None
     except MeshscaleError:

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
 from meshscale.execute.world import Launcher, in_torchrun, launcher  # noqa: F401 (in_torchrun: imported from here)
 from meshscale.safe_io import process_alive
+from meshscale.topology.multinode import hostname
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -417,9 +418,9 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
     try:
         ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)
     except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
-        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
+        raise WorkerError(f"rank {env.rank} on {hostname()}: joining the process group failed "
                           f"({first_line(exc)})") from None
-    host = socket.gethostname()
+    host = hostname()
     _store_quietly(lambda: store.set(f"meshscale/host/{env.rank}", host))
     try:
         return fn(ctx, *args)
@@ -500,6 +501,6 @@ def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
         with _native_logs_silenced():  # c10d logs every retry; the one line below says it all
             return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
     except (RuntimeError, ValueError) as exc:
-        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: no rendezvous store answered at "
+        raise WorkerError(f"rank {env.rank} on {hostname()}: no rendezvous store answered at "
                           f"{host}:{port} within {timeout_s:.0f} s ({first_line(exc)}); start rank 0 or torchrun "
                           "there first") from None
