@@ -18,7 +18,9 @@ SRC = Path(__file__).resolve().parents[2] / "src"
 RUN_TIMEOUT_S = 120
 FAULT_HOOK = '''
 import os, signal
-if os.environ.get("RANK") == "1" and os.environ.get("MESHSCALE_TEST_FAULT"):
+attempts = os.environ.get("MESHSCALE_TEST_FAULT_ATTEMPTS")  # restarts (TORCHELASTIC_RESTART_COUNT) that fail
+if (os.environ.get("RANK") == "1" and os.environ.get("MESHSCALE_TEST_FAULT")
+        and (attempts is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") in attempts.split(","))):
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # as meshscale's CLI sets it before importing torch
     import torch
     _calls = [0]
@@ -75,7 +77,8 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False, terminate: bool = False):
+def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False, terminate: bool = False,
+            options=(), fault_attempts: str | None = None):
     """`meshscale launch --standalone --nproc-per-node 2 -- train ...` in its own session (killed on
     timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on).
     ``terminate``: SIGTERM to the launcher once both ranks run; the ranks must be gone when it has exited."""
@@ -88,7 +91,9 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
     env.pop("LOGLEVEL", None)
     if fault:
         env["MESHSCALE_TEST_FAULT"] = fault
-    cmd = [sys.executable, "-m", "meshscale", "launch", "--standalone", "--nproc-per-node", "2", "--", *TRAIN]
+    if fault_attempts is not None:
+        env["MESHSCALE_TEST_FAULT_ATTEMPTS"] = fault_attempts
+    cmd = [sys.executable, "-m", "meshscale", "launch", "--standalone", "--nproc-per-node", "2", *options, "--", *TRAIN]
     proc = subprocess.Popen(cmd, cwd=work, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
     seen: set[tuple[str, int]] = set()
@@ -165,6 +170,18 @@ def test_a_stopped_rank_is_named_by_the_peer_that_timed_out(tmp_path):
     # the launcher continues the stopped rank so that it takes the agent's SIGTERM (torch alone waits 30 s)
     assert "rank 1 (local 1)" in second and "ended by SIGTERM after rank 0 failed" in second, second
     assert time.monotonic() - start < 60
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_a_restart_after_a_failure_finishes_the_run_and_the_failure_is_still_told(tmp_path):
+    """torchrun's own restart (--max-restarts): rank 1 fails in the first attempt only; the second finishes. The
+    agent keeps its store across attempts, so the ranks' keys must not leak from one attempt into the next."""
+    result, _ = _launch(tmp_path, fault="raise", fault_attempts="0", options=("--max-restarts", "1"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    # before the last attempt the agent restarts and reports nothing: the rank says it itself
+    assert len(lines) == 1 and lines[0].startswith("meshscale: error: rank 1 on ") and "injected fault" in lines[0], \
+        lines
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

@@ -71,3 +71,14 @@ def test_a_rank_that_fails_first_by_a_signal_is_never_said_to_be_stopped_by_the_
     first, second = rank_failures(ChildFailedError("meshscale", failures), "h")
     assert first.rank == 0 and first.after_rank is None and "killed by" in first.line()
     assert second.after_rank == 0
+
+
+@pytest.mark.parametrize("restart_count, max_restarts, launcher_prints", [("0", "2", False), ("1", "2", False),
+                                                                           ("2", "2", True), ("0", "0", True)])
+def test_the_launcher_prints_a_ranks_line_only_in_the_agents_last_attempt(tmp_path, monkeypatch, restart_count,
+                                                                          max_restarts, launcher_prints):
+    monkeypatch.setenv(ERROR_FILE_ENV, str(tmp_path / "error.json"))
+    monkeypatch.setenv(LAUNCHER_REPORTS_ENV, "1")
+    monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart_count)
+    monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", max_restarts)
+    assert tell_launcher("x") is launcher_prints

@@ -489,17 +489,21 @@ def first_line(exc: BaseException) -> str:
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
-    """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT).
+def _launcher_store(env: Launcher, timeout_s: float) -> Any:
+    """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT), under a prefix per attempt.
 
-    torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. Otherwise rank 0 serves
-    it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
+    torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. The agent keeps serving
+    the same store when it restarts the ranks (--max-restarts), so each attempt (TORCHELASTIC_RESTART_COUNT) has
+    its own keys: the last attempt's Gloo addresses and failure records would mislead the next. Otherwise rank 0
+    serves it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
     host, port = env.master_addr, env.master_port
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return serving_store(host, port, env.world_size, timeout_s)
+        return dist.PrefixStore(f"meshscale/attempt_{attempt}", serving_store(host, port, env.world_size, timeout_s))
     try:
         with _native_logs_silenced():  # c10d logs every retry; the one line below says it all
-            return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+            client = dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        return dist.PrefixStore(f"meshscale/attempt_{attempt}", client)
     except (RuntimeError, ValueError) as exc:
         raise WorkerError(f"rank {env.rank} on {hostname()}: no rendezvous store answered at "
                           f"{host}:{port} within {timeout_s:.0f} s ({first_line(exc)}); start rank 0 or torchrun "

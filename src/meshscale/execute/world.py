@@ -73,7 +73,8 @@ def launcher(environ: Any = None) -> Launcher | None:
 def tell_launcher(line: str) -> bool:
     """Record a failed rank's one-line error where torchrun's agent looks for it (TORCHELASTIC_ERROR_FILE, in
     the format torch's `ProcessFailure` reads: a string message and a timestamp). True when `meshscale launch`
-    will print the line, so that the rank need not."""
+    will print the line, so that the rank need not: in the agent's last attempt. Before it, the agent restarts
+    the ranks (--max-restarts) and reports nothing, so the rank prints its line itself."""
     path = os.environ.get(ERROR_FILE_ENV)
     if not path:
         return False
@@ -85,7 +86,13 @@ def tell_launcher(line: str) -> bool:
         atomic_write(path, json.dumps({"message": line, "timestamp": int(time.time())}))
     except (MeshscaleError, OSError):
         return False
-    return os.environ.get(LAUNCHER_REPORTS_ENV) == "1"
+    restarts_left = _count(os.environ.get("TORCHELASTIC_MAX_RESTARTS")) - _count(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+    return os.environ.get(LAUNCHER_REPORTS_ENV) == "1" and restarts_left <= 0
+
+
+def _count(text: str | None) -> int:
+    return int(text) if text and text.strip().isdigit() else 0
 
 
 def _whole(name: str, text: str, lo: int, hi: int) -> int:
