@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from meshscale.errors import Interrupted, MeshscaleError
-from meshscale.execute.launcher import first_line, proc_state, serving_store
+from meshscale.execute.launcher import first_line, loopback_interface, proc_state, serving_store
 from meshscale.execute.world import LAUNCHER_REPORTS_ENV
 
 LOOPBACK = "127.0.0.1"
@@ -63,9 +63,9 @@ class LaunchPlan:
     """torchrun's config and the ranks' command, from `meshscale launch`'s arguments."""
 
     config: Any             # torch.distributed.launcher.api.LaunchConfig
-    command: list[str]      # the meshscale subcommand and its arguments
     entrypoint: str
     entrypoint_args: list[str]
+    rank_env: dict[str, str]  # variables the ranks get beside the agent's own
     own_log_dir: str | None  # a temporary folder for the ranks' error files, removed at the end
 
 
@@ -109,9 +109,11 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None]) -
     if not args.log_dir:  # made by the agent when it starts, removed when it ends
         own_log_dir = args.log_dir = os.path.join(tempfile.gettempdir(),
                                                   f"meshscale-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+    rank_env = {LAUNCHER_REPORTS_ENV: "1"}
     try:
         try:
-            _standalone_on_loopback(args, torchrun)
+            if _standalone_on_loopback(args, torchrun) and "GLOO_SOCKET_IFNAME" not in os.environ:
+                rank_env["GLOO_SOCKET_IFNAME"] = loopback_interface()  # Gloo's sockets on loopback too
             with _torch_logs_quiet():
                 config, entrypoint, entrypoint_args = torchrun.config_from_args(args)  # makes the log folder
         except (AssertionError, ValueError, TypeError) as exc:
@@ -123,11 +125,12 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None]) -
     except MeshscaleError:
         _remove(own_log_dir)
         raise
-    return LaunchPlan(config, command, entrypoint, list(entrypoint_args), own_log_dir)
+    return LaunchPlan(config, entrypoint, list(entrypoint_args), rank_env, own_log_dir)
 
 
-def _standalone_on_loopback(args: Any, torchrun: Any) -> None:
-    """What torchrun's `run` does for --standalone (and one node without an endpoint), with the loopback store."""
+def _standalone_on_loopback(args: Any, torchrun: Any) -> bool:
+    """What torchrun's `run` does for --standalone (and one node without an endpoint), with the loopback store;
+    True when the run stays on this machine."""
     one_node = (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
                 and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
     if args.standalone or one_node:
@@ -136,6 +139,7 @@ def _standalone_on_loopback(args: Any, torchrun: Any) -> None:
         args.local_addr = args.local_addr or LOOPBACK  # the address the ranks are given for the agent's store
     if args.master_port is None:
         args.master_port = 29500
+    return args.rdzv_backend == LOOPBACK_BACKEND
 
 
 def _register_loopback_backend() -> None:
@@ -173,7 +177,7 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
 
     config = plan.config
     try:
-        with _torch_logs_quiet(), _env(LAUNCHER_REPORTS_ENV, "1"), _stopped_ranks_continued():
+        with _torch_logs_quiet(), _env(plan.rank_env), _stopped_ranks_continued():
             launch_agent(config, plan.entrypoint, plan.entrypoint_args)
         return []
     except ChildFailedError as exc:
@@ -297,17 +301,18 @@ def _torch_logs_quiet() -> Iterator[None]:
 
 
 @contextmanager
-def _env(name: str, value: str) -> Iterator[None]:
-    """``name=value`` in this process's environment (the agent copies it to the ranks) within the block."""
-    previous = os.environ.get(name)
-    os.environ[name] = value
+def _env(variables: dict[str, str]) -> Iterator[None]:
+    """``variables`` in this process's environment (the agent copies it to the ranks) within the block."""
+    previous = {name: os.environ.get(name) for name in variables}
+    os.environ.update(variables)
     try:
         yield
     finally:
-        if previous is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = previous
+        for name, value in previous.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
 
 
 def _remove(folder: str | None) -> None:

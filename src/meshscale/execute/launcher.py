@@ -130,7 +130,7 @@ def _exited(pid: int) -> bool:
     return not process_alive(pid) or proc_state(pid) == "Z"
 
 
-def _loopback_interface() -> str:
+def loopback_interface() -> str:
     """The loopback interface's name ("lo" on Linux, "lo0" on macOS)."""
     try:
         return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
@@ -216,7 +216,7 @@ def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: i
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's stop request ends a rank quietly
     os.environ.update(NCCL_SAFETY_ENV)
     os.environ.update(env or {})
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # every rank is on this machine: Gloo listens on loopback
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()  # every rank is on this machine: Gloo listens on loopback
     code = 0
     try:
         store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
