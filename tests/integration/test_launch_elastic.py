@@ -2,8 +2,8 @@
 the run with one line per failed rank (rank, host, cause), neither a traceback nor torchrun's error block, exit
 code 2 and no stray file; a normal run exits 0; the stores of --standalone listen on 127.0.0.1 only.
 
-Faults are injected in the ranks by a `sitecustomize` on PYTHONPATH: rank 1's second backward pass raises, or
-sends itself SIGKILL or SIGSTOP."""
+Faults are injected in the ranks by tests/fixtures/launch_faults/sitecustomize.py on PYTHONPATH: rank 1's second
+backward pass raises, or sends itself SIGKILL or SIGSTOP."""
 import os
 import signal
 import socket
@@ -16,28 +16,10 @@ import pytest
 
 SRC = Path(__file__).resolve().parents[2] / "src"
 RUN_TIMEOUT_S = 120
-FAULT_HOOK = '''
-import os, signal
-attempts = os.environ.get("MESHSCALE_TEST_FAULT_ATTEMPTS")  # restarts (TORCHELASTIC_RESTART_COUNT) that fail
-if (os.environ.get("RANK") == "1" and os.environ.get("MESHSCALE_TEST_FAULT")
-        and (attempts is None or os.environ.get("TORCHELASTIC_RESTART_COUNT") in attempts.split(","))):
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")  # as meshscale's CLI sets it before importing torch
-    import torch
-    _calls = [0]
-    _backward = torch.Tensor.backward
-
-    def backward(self, *args, **kwargs):
-        _calls[0] += 1
-        if _calls[0] == 2:
-            fault = os.environ["MESHSCALE_TEST_FAULT"]
-            if fault == "raise":
-                raise RuntimeError("injected fault in backward")
-            os.kill(os.getpid(), getattr(signal, fault))
-        return _backward(self, *args, **kwargs)
-
-    torch.Tensor.backward = backward
-'''
-TRAIN = ("train", "--model", "small-cnn", "--steps", "6", "--batch", "4", "--timing-warmup", "1", "--timeout-s", "3")
+HOOKS = Path(__file__).resolve().parents[1] / "fixtures" / "launch_faults"  # sitecustomize.py: the faults
+# --cpus: Gloo ranks on a GPU machine too
+TRAIN = ("train", "--model", "small-cnn", "--steps", "6", "--batch", "4", "--timing-warmup", "1", "--timeout-s", "3",
+         "--cpus", "2")
 
 
 def _listening(pid: int | str = "self") -> set[tuple[str, int]]:
@@ -82,11 +64,10 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
     """`meshscale launch --standalone --nproc-per-node 2 -- train ...` in its own session (killed on
     timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on).
     ``terminate``: SIGTERM to the launcher once both ranks run; the ranks must be gone when it has exited."""
-    work, tmp, hooks = (tmp_path / name for name in ("work", "tmp", "hooks"))
-    for folder in (work, tmp, hooks):
+    work, tmp = tmp_path / "work", tmp_path / "tmp"
+    for folder in (work, tmp):
         folder.mkdir()
-    (hooks / "sitecustomize.py").write_text(FAULT_HOOK)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(SRC), os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HOOKS), str(SRC), os.environ.get("PYTHONPATH", "")]),
                TMPDIR=str(tmp), OMP_NUM_THREADS="1")
     env.pop("LOGLEVEL", None)
     if fault:
@@ -201,10 +182,7 @@ def test_two_nodes_each_name_their_own_failed_rank_in_one_line(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    hooks = tmp_path / "hooks"
-    hooks.mkdir()
-    (hooks / "sitecustomize.py").write_text(FAULT_HOOK)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(hooks), str(SRC), os.environ.get("PYTHONPATH", "")]),
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(HOOKS), str(SRC), os.environ.get("PYTHONPATH", "")]),
                TMPDIR=str(tmp_path), OMP_NUM_THREADS="1", MESHSCALE_TEST_FAULT="SIGKILL")
     procs = [subprocess.Popen([sys.executable, "-m", "meshscale", "launch", "--nnodes", "2", "--nproc-per-node", "1",
                                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "two",
@@ -230,7 +208,7 @@ def test_two_nodes_each_name_their_own_failed_rank_in_one_line(tmp_path):
     # ended first, the survivor's launcher says the rendezvous was lost
     assert (f"rank 0 (local 0) on " in survivor and f"rank 1 on {killed_host} died, stopped or hung" in survivor
             or "launch: rendezvous c10d" in survivor and ("was lost" in survivor or "was closed" in survivor)), survivor
-    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == ["hooks"]
+    assert [p.name for p in tmp_path.iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 @pytest.mark.timeout(60)

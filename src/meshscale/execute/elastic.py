@@ -136,7 +136,7 @@ def _standalone_on_loopback(args: Any, torchrun: Any) -> bool:
     if args.standalone or one_node:
         _register_loopback_backend()
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = LOOPBACK_BACKEND, f"{LOOPBACK}:0", str(uuid.uuid4())
-        args.local_addr = args.local_addr or LOOPBACK  # the address the ranks are given for the agent's store
+        args.local_addr = getattr(args, "local_addr", None) or LOOPBACK  # the ranks' address of the agent's store
     if args.master_port is None:
         args.master_port = 29500
     return args.rdzv_backend == LOOPBACK_BACKEND
