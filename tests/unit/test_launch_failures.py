@@ -1,5 +1,6 @@
 """How a failed rank's cause reaches `meshscale launch`: what a rank records, torch's agent reads back (its own
-`ProcessFailure`), and the launcher's lines put the first failure first and name the ranks stopped after it."""
+`ProcessFailure`), and the launcher's lines put the first failure first, name the ranks stopped after it, and
+give ranks that failed alike one line."""
 import json
 import signal
 
@@ -44,7 +45,7 @@ def _failure(tmp_path, rank: int, exitcode: int, timestamp: int, message=None):
 def test_the_first_failure_comes_first_and_the_ranks_stopped_after_it_say_so(tmp_path):
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
-    from meshscale.execute.elastic import rank_failures
+    from meshscale.execute.elastic import failure_lines, rank_failures
 
     # torch's own @record format (a mapping) and meshscale's (a string) both give the rank's first line
     recorded = {"message": {"message": "RuntimeError: CUDA error: out of memory\nmore", "extraInfo": {"timestamp": "5"}}}
@@ -52,7 +53,7 @@ def test_the_first_failure_comes_first_and_the_ranks_stopped_after_it_say_so(tmp
                 1: _failure(tmp_path, 1, -signal.SIGKILL, 3),
                 2: _failure(tmp_path, 2, 2, 5, recorded),
                 3: _failure(tmp_path, 3, 2, 6, {"message": "rank 3 on h stopped during step 2: peer gone", "timestamp": 6})}
-    lines = [f.line() for f in rank_failures(ChildFailedError("meshscale", failures), "h")]
+    lines = failure_lines(rank_failures(ChildFailedError("meshscale", failures), "h"))
     assert lines == [
         "rank 1 (local 1) on h: killed by SIGKILL, no message from it",
         "rank 0 (local 0) on h: ended by SIGTERM after rank 1 failed (the launcher stops the others)",
@@ -69,7 +70,7 @@ def test_a_rank_that_fails_first_by_a_signal_is_never_said_to_be_stopped_by_the_
 
     failures = {0: _failure(tmp_path, 0, first_exit, 1), 1: _failure(tmp_path, 1, -signal.SIGTERM, 2)}
     first, second = rank_failures(ChildFailedError("meshscale", failures), "h")
-    assert first.rank == 0 and first.after_rank is None and "killed by" in first.line()
+    assert first.rank == 0 and first.after_rank is None and "killed by" in first.cause()
     assert second.after_rank == 0
 
 
@@ -82,3 +83,19 @@ def test_the_launcher_prints_a_ranks_line_only_in_the_agents_last_attempt(tmp_pa
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", restart_count)
     monkeypatch.setenv("TORCHELASTIC_MAX_RESTARTS", max_restarts)
     assert tell_launcher("x") is launcher_prints
+
+
+def test_ranks_that_failed_alike_share_a_line_and_every_rank_is_named_once(tmp_path):
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+
+    from meshscale.execute.elastic import failure_lines, rank_failures
+
+    refused = {"message": "unknown collective 'x'; use one of all_reduce", "timestamp": 1}
+    # 8 ranks: 3 killed first, 0-2 and 4-6 refused the same option, 7 was stopped by the launcher afterwards
+    failures = {r: _failure(tmp_path, r, 2, 2, refused) for r in (0, 1, 2, 4, 5, 6)}
+    failures[3] = _failure(tmp_path, 3, -signal.SIGKILL, 1)
+    failures[7] = _failure(tmp_path, 7, -signal.SIGTERM, 4)
+    lines = failure_lines(rank_failures(ChildFailedError("meshscale", failures), "h"))
+    assert lines == ["rank 3 (local 3) on h: killed by SIGKILL, no message from it",
+                     "ranks 0-2, 4-6 (local 0-2, 4-6) on h: exit code 2: unknown collective 'x'; use one of all_reduce",
+                     "rank 7 (local 7) on h: ended by SIGTERM after rank 3 failed (the launcher stops the others)"]

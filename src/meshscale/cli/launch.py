@@ -19,7 +19,7 @@ def launch(ctx: typer.Context) -> None:
     block; the stores of --standalone listen on 127.0.0.1 only. On each of 2 nodes: `meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint
     HOST:29500 --rdzv-id JOB -- bench collective all_reduce`. The ranks' command is parsed here first, so a bad
     option is one error before any rank starts. LOGLEVEL=INFO shows torchrun's own log."""
-    from meshscale.execute.elastic import plan_launch, run_launch
+    from meshscale.execute.elastic import failure_lines, plan_launch, run_launch
     from meshscale.topology.multinode import hostname
 
     if not ctx.args or ctx.args[0] in ("-h", "--help"):
@@ -27,8 +27,8 @@ def launch(ctx: typer.Context) -> None:
         raise typer.Exit()
     plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command))
     failures = run_launch(plan, hostname())
-    for failure in failures:
-        print(f"meshscale: error: {failure.line()}", file=sys.stderr)
+    for line in failure_lines(failures):
+        print(f"meshscale: error: {line}", file=sys.stderr)
     if failures:
         raise typer.Exit(2)
 

@@ -48,14 +48,37 @@ class RankFailure:
     message: str            # the rank's own line (its error file), or "" when it left none
     after_rank: int | None = None   # ended by a signal, without a word, after this rank had failed first
 
-    def line(self) -> str:
-        where = f"rank {self.rank} (local {self.local_rank}) on {self.host}"
+    def cause(self) -> str:
         if self.exit_code >= 0:
-            return f"{where}: exit code {self.exit_code}: {self.message or 'no message from it'}"
+            return f"exit code {self.exit_code}: {self.message or 'no message from it'}"
         name = _signal_name(-self.exit_code)
         if self.after_rank is not None:
-            return f"{where}: ended by {name} after rank {self.after_rank} failed (the launcher stops the others)"
-        return f"{where}: killed by {name}{f': {self.message}' if self.message else ', no message from it'}"
+            return f"ended by {name} after rank {self.after_rank} failed (the launcher stops the others)"
+        return f"killed by {name}{f': {self.message}' if self.message else ', no message from it'}"
+
+
+def failure_lines(failures: list[RankFailure]) -> list[str]:
+    """One line per failed rank, except that ranks which failed alike (the same host, exit and words: an option
+    every rank refused, the ranks the launcher stopped) share one, in the order of the first of them."""
+    groups: dict[tuple[str, str], list[RankFailure]] = {}
+    for f in failures:
+        groups.setdefault((f.host, f.cause()), []).append(f)
+    lines = []
+    for (host, cause), group in groups.items():
+        ranks, local = _ranks_text([f.rank for f in group]), _ranks_text([f.local_rank for f in group])
+        lines.append(f"rank{'s' if len(group) > 1 else ''} {ranks} (local {local}) on {host}: {cause}")
+    return lines
+
+
+def _ranks_text(ranks: list[int]) -> str:
+    """``[0, 2, 3, 4, 7]`` as ``0, 2-4, 7``."""
+    runs: list[list[int]] = []
+    for r in sorted(ranks):
+        if runs and r == runs[-1][-1] + 1:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return ", ".join(f"{run[0]}-{run[-1]}" if len(run) > 2 else ", ".join(map(str, run)) for run in runs)
 
 
 @dataclass(frozen=True)
