@@ -4,8 +4,8 @@ exit code 2, one line on stderr ('meshscale: error: ...'), no traceback, no file
 Classes: special input paths (pipes, devices, folders, loops, over-long names, odd characters) for every command
 that reads a file; outputs on a full file system (a small tmpfs, where this machine may mount one) and through
 symlinks; launcher variables; `meshscale launch`'s torchrun options and the ranks' command; hostile result files
-of every kind; system and token files; options that contradict each other. Cases run in this process (the `cli` fixture) except where a real process matters
-(stdout on a full device, few file descriptors, signals)."""
+of every kind; system and token files; options that contradict each other. Cases run in this process (the `cli`
+fixture) except where a real process matters (stdout on a full device, few file descriptors, signals)."""
 from __future__ import annotations
 
 import copy

@@ -212,19 +212,23 @@ def test_two_nodes_each_name_their_own_failed_rank_in_one_line(tmp_path):
 
 
 @pytest.mark.timeout(60)
-def test_a_rendezvous_that_times_out_is_one_line(tmp_path):
+@pytest.mark.parametrize("case", ["nobody joins", "no such host"])
+def test_a_rendezvous_that_fails_is_one_line(tmp_path, case):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    endpoint, expected = {"nobody joins": (f"127.0.0.1:{port}", "fewer than 2 nodes joined within 2 s"),
+                          "no such host": ("no.such.host.invalid:29500", "cannot be reached")}[case]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
                TMPDIR=str(tmp_path))
+    env.pop("TORCH_CPP_LOG_LEVEL", None)
     result = subprocess.run([sys.executable, "-m", "meshscale", "launch", "--nnodes", "2", "--rdzv-backend", "c10d",
-                             "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "lonely", "--rdzv-conf",
-                             "join_timeout=2", "--", *TRAIN], env=env, cwd=tmp_path, text=True, capture_output=True,
-                            timeout=50)
+                             "--rdzv-endpoint", endpoint, "--rdzv-id", "lonely", "--rdzv-conf",
+                             "join_timeout=2,read_timeout=2", "--", *TRAIN], env=env, cwd=tmp_path, text=True,
+                            capture_output=True, timeout=50)
     assert result.returncode == 2, result.stderr[-2000:]
     lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and "rendezvous" in lines[0] and "fewer than 2 nodes joined within 2 s" in lines[0], lines
+    assert len(lines) == 1 and "launch: rendezvous c10d" in lines[0] and expected in lines[0], lines
     assert not list(tmp_path.iterdir())
 
 

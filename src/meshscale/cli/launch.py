@@ -1,6 +1,7 @@
 """`meshscale launch`: torchrun, run inside meshscale, so that a failed run ends with one line per failed rank."""
 from __future__ import annotations
 
+import os
 import sys
 
 import typer
@@ -19,13 +20,18 @@ def launch(ctx: typer.Context) -> None:
     block; the stores of --standalone listen on 127.0.0.1 only. On each of 2 nodes: `meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint
     HOST:29500 --rdzv-id JOB -- bench collective all_reduce`. The ranks' command is parsed here first, so a bad
     option is one error before any rank starts. LOGLEVEL=INFO shows torchrun's own log."""
+    # The agent's own C++ errors (a store it cannot reach, each with a C++ stack) would come before its one line:
+    # off in this process, read when torch loads; the ranks keep the level they had.
+    rank_env = {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
+    if "torch" not in sys.modules:
+        os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     from meshscale.execute.elastic import failure_lines, plan_launch, run_launch
     from meshscale.topology.multinode import hostname
 
     if not ctx.args or ctx.args[0] in ("-h", "--help"):
         typer.echo(ctx.get_help())
         raise typer.Exit()
-    plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command))
+    plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command), rank_env)
     failures = run_launch(plan, hostname())
     for line in failure_lines(failures):
         print(f"meshscale: error: {line}", file=sys.stderr)

@@ -92,9 +92,11 @@ class LaunchPlan:
     own_log_dir: str | None  # a temporary folder for the ranks' error files, removed at the end
 
 
-def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None]) -> LaunchPlan:
+def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
+                rank_env: dict[str, str] | None = None) -> LaunchPlan:
     """torchrun's options before ``--`` (or before the first word that is not one of them), the meshscale
-    subcommand after (given to ``check_command`` first); each refused with one line, leaving nothing behind."""
+    subcommand after (given to ``check_command`` first); each refused with one line, leaving nothing behind.
+    ``rank_env``: variables the ranks get beside the agent's environment."""
     import torch.distributed.run as torchrun
 
     parser = torchrun.get_args_parser()
@@ -132,7 +134,7 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None]) -
     if not args.log_dir:  # made by the agent when it starts, removed when it ends
         own_log_dir = args.log_dir = os.path.join(tempfile.gettempdir(),
                                                   f"meshscale-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    rank_env = {LAUNCHER_REPORTS_ENV: "1"}
+    rank_env = {**(rank_env or {}), LAUNCHER_REPORTS_ENV: "1"}
     try:
         try:
             if _standalone_on_loopback(args, torchrun) and "GLOO_SOCKET_IFNAME" not in os.environ:
@@ -175,16 +177,18 @@ def loopback_rendezvous(params: Any) -> Any:
     rendezvous store and the one the agent serves to its ranks (`_create_tcp_store_server`, a method of torch's
     handler since 2.4, checked here)."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
-    timeout_s = params.get_as_int("read_timeout", 60)
-    store = serving_store(LOOPBACK, 0, params.max_nodes, timeout_s)
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler, create_handler
+
+    if not callable(getattr(DynamicRendezvousHandler, "_create_tcp_store_server", None)):
+        raise MeshscaleError("launch --standalone: this torch's rendezvous has no hook for its ranks' store "
+                             "(DynamicRendezvousHandler._create_tcp_store_server); use torch 2.4 or newer")
+
     class LoopbackBackend(C10dRendezvousBackend):
         name = LOOPBACK_BACKEND  # the registry checks that the handler's backend is the one asked for
 
+    timeout_s = params.get_as_int("read_timeout", 60)
+    store = serving_store(LOOPBACK, 0, params.max_nodes, timeout_s)
     handler = create_handler(store, LoopbackBackend(store, params.run_id), params)
-    if not callable(getattr(handler, "_create_tcp_store_server", None)):
-        raise MeshscaleError("launch --standalone: this torch's rendezvous has no hook for its ranks' store "
-                             "(DynamicRendezvousHandler._create_tcp_store_server); use torch 2.4 or newer")
     handler._create_tcp_store_server = lambda addr, port: serving_store(addr, port, params.max_nodes, timeout_s)
     return handler
 
@@ -216,8 +220,9 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
             why = (f"timed out: fewer than {config.min_nodes} nodes joined within {join_s} s "
                    "(--rdzv-conf join_timeout=SECONDS)")
         elif isinstance(exc, RendezvousConnectionError):
-            why = (f"was lost: the launcher serving it ended (its ranks failed: see its node's lines) or cannot be "
-                   f"reached ({type(cause).__name__}: {first_line(cause)}); this node's ranks were stopped")
+            why = (f"was lost or never reached: the launcher serving it ended (its ranks failed: see its node's "
+                   f"lines) or cannot be reached ({type(cause).__name__}: {first_line(cause)}); this node's ranks, "
+                   "if any, were stopped")
         elif isinstance(exc, RendezvousClosedError):
             why = ("was closed by another node's launcher (its ranks failed: see its node's lines); this node's ranks "
                    "were stopped")
