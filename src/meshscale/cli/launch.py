@@ -8,8 +8,9 @@ import typer
 
 from meshscale.errors import MeshscaleError
 
-EPILOG = ("Exit status: 0 when every rank finished; 2 when a rank failed (one line each, the first to fail first), "
-          "the rendezvous failed or timed out, or the launcher was stopped (SIGTERM); 130 on Ctrl-C.")
+EPILOG = ("torchrun's options: `python -m torch.distributed.run --help`. Exit status: 0 when every rank finished; 2 "
+          "when a rank failed (one line each, the first to fail first), the rendezvous failed or timed out, or the "
+          "launcher was stopped (SIGTERM); 130 on Ctrl-C.")
 
 
 def launch(ctx: typer.Context) -> None:
@@ -17,20 +18,21 @@ def launch(ctx: typer.Context) -> None:
     COMMAND ARGS`, e.g. `meshscale launch --standalone --nproc-per-node 2 -- train --steps 10`. Options,
     rendezvous and restarts are torchrun's; a rank that dies, stops or times out ends the run with one line per
     failed rank of this node (rank, host, exit code or signal, the rank's own error) instead of torchrun's error
-    block; the stores of --standalone listen on 127.0.0.1 only. On each of 2 nodes: `meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint
-    HOST:29500 --rdzv-id JOB -- bench collective all_reduce`. The ranks' command is parsed here first, so a bad
-    option is one error before any rank starts. LOGLEVEL=INFO shows torchrun's own log."""
+    block; the stores of --standalone listen on 127.0.0.1 only. On each of 2 nodes: `meshscale launch --nnodes 2
+    --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB -- bench collective
+    all_reduce`. The ranks' command is parsed here first, so a bad option is one error before any rank starts.
+    LOGLEVEL=INFO shows torchrun's own log."""
+    if not ctx.args or ctx.args[0] in ("-h", "--help"):
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
     # The agent's own C++ errors (a store it cannot reach, each with a C++ stack) would come before its one line:
-    # off in this process, read when torch loads; the ranks keep the level they had.
+    # off in this process (read when torch loads); the ranks keep the level they had.
     rank_env = {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
     if "torch" not in sys.modules:
         os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     from meshscale.execute.elastic import failure_lines, plan_launch, run_launch
     from meshscale.topology.multinode import hostname
 
-    if not ctx.args or ctx.args[0] in ("-h", "--help"):
-        typer.echo(ctx.get_help())
-        raise typer.Exit()
     plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command), rank_env)
     failures = run_launch(plan, hostname())
     for line in failure_lines(failures):
