@@ -49,6 +49,13 @@ def _loopback_only(sockets: set[tuple[str, int]]) -> bool:
     return all(address in ("127.0.0.1", "::1", "::ffff:127.0.0.1") for address, _ in sockets)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
 def _children(pid: int) -> list[int]:
     found = []
     for task in Path(f"/proc/{pid}/task").glob("*"):
@@ -59,11 +66,12 @@ def _children(pid: int) -> list[int]:
     return found
 
 
-def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False, terminate: bool = False,
+def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = False, terminate: str | None = None,
             options=(), fault_attempts: str | None = None):
     """`meshscale launch --standalone --nproc-per-node 2 -- train ...` in its own session (killed on
     timeout), from an empty folder and with its own TMPDIR: (process result, the addresses its agent listened on).
-    ``terminate``: SIGTERM to the launcher once both ranks run; the ranks must be gone when it has exited."""
+    ``terminate``: that signal (SIGTERM, SIGKILL) to the launcher once both ranks run; the ranks must be gone
+    within seconds after it."""
     work, tmp = tmp_path / "work", tmp_path / "tmp"
     for folder in (work, tmp):
         folder.mkdir()
@@ -86,7 +94,7 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
             time.sleep(0.2)
         if terminate:
             time.sleep(2)  # the ranks under way
-            proc.send_signal(signal.SIGTERM)
+            proc.send_signal(getattr(signal, terminate))
         while watch_sockets and proc.poll() is None and time.monotonic() < deadline:
             for pid in [proc.pid, *_children(proc.pid)]:  # the agent and its ranks
                 try:
@@ -99,10 +107,15 @@ def _launch(tmp_path: Path, fault: str | None = None, watch_sockets: bool = Fals
         if proc.poll() is None:  # no orphans: the agent and its ranks share the session
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    assert not [pid for pid in ranks if Path(f"/proc/{pid}").exists()], "ranks outlived the launcher"
-    # torch's compile cache (torchinductor_USER) is kept across runs by design; anything else is a stray file
+    end = time.monotonic() + 10
+    while [pid for pid in ranks if _alive(pid)] and time.monotonic() < end:
+        time.sleep(0.2)
+    assert not [pid for pid in ranks if _alive(pid)], "ranks outlived the launcher"
+    # torch's compile cache (torchinductor_USER) is kept across runs by design; anything else is a stray file,
+    # but for the error files' folder of a launcher killed outright, which the next run removes
     left = [p for p in [*work.iterdir(), *tmp.iterdir()] if not p.name.startswith("torchinductor_")]
-    assert not left, left
+    assert not left or terminate == "SIGKILL" and [p.name.split("-")[:3] for p in left] == [
+        ["meshscale", "launch", str(proc.pid)]], left
     return subprocess.CompletedProcess(cmd, proc.returncode, out, err), seen
 
 
@@ -169,10 +182,24 @@ def test_a_restart_after_a_failure_finishes_the_run_and_the_failure_is_still_tol
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)
 def test_sigterm_to_the_launcher_stops_every_rank_with_one_line(tmp_path):
-    result, _ = _launch(tmp_path, terminate=True)
+    result, _ = _launch(tmp_path, terminate="SIGTERM")
     assert result.returncode == 2, result.stderr[-3000:]
     assert result.stderr.splitlines() == ["meshscale: error: launch: stopped by SIGTERM; every rank was stopped"], \
         result.stderr[-3000:]
+
+
+@pytest.mark.timeout(RUN_TIMEOUT_S + 30)
+def test_the_ranks_of_a_killed_launcher_die_with_it(tmp_path):
+    """SIGKILL to the agent: nothing can print, but no rank is left running without it (checked in _launch)."""
+    result, _ = _launch(tmp_path, terminate="SIGKILL")
+    assert result.returncode == -signal.SIGKILL
+    # what the killed launcher left in its TMPDIR, the next launch removes (even one refused at once)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
+               TMPDIR=str(tmp_path / "tmp"))
+    again = subprocess.run([sys.executable, "-m", "meshscale", "launch", "--standalone", "--", "nosuch"], env=env,
+                           capture_output=True, text=True, timeout=60)
+    assert again.returncode == 2 and "not a meshscale command" in again.stderr, again.stderr
+    assert [p.name for p in (tmp_path / "tmp").iterdir() if not p.name.startswith("torchinductor_")] == []
 
 
 @pytest.mark.timeout(RUN_TIMEOUT_S + 30)

@@ -27,6 +27,7 @@ from typing import Any, Callable, Iterator
 from meshscale.errors import Interrupted, MeshscaleError
 from meshscale.execute.launcher import first_line, loopback_interface, proc_state, serving_store
 from meshscale.execute.world import LAUNCHER_REPORTS_ENV
+from meshscale.safe_io import remove_stale_scratch
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_BACKEND = "meshscale-loopback"   # torchrun's c10d rendezvous, its stores on loopback only
@@ -99,6 +100,7 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
     ``rank_env``: variables the ranks get beside the agent's environment."""
     import torch.distributed.run as torchrun
 
+    remove_stale_scratch("launch")  # the error files' folders of launchers killed outright
     parser = torchrun.get_args_parser()
 
     def refuse(message: str) -> None:
@@ -131,7 +133,7 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
     args.module, args.no_python, args.run_path = True, False, False
     args.training_script, args.training_script_args = "meshscale", command
     own_log_dir = None
-    if not args.log_dir:  # made by the agent when it starts, removed when it ends
+    if not args.log_dir:  # made by the agent when it starts, removed when it ends (or by the next run if killed)
         own_log_dir = args.log_dir = os.path.join(tempfile.gettempdir(),
                                                   f"meshscale-launch-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     rank_env = {**(rank_env or {}), LAUNCHER_REPORTS_ENV: "1"}

@@ -413,6 +413,8 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
     os.environ.update(env or {})
     env = launcher()
     assert env is not None  # launch() came here because in_torchrun()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun's agent: a rank it no longer watches is an orphan
+        _die_with(os.getppid())
     _resolve_host(env.master_addr, env.master_port)
     store = _launcher_store(env, timeout_s)
     try:
