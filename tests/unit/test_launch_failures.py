@@ -1,7 +1,8 @@
 """How a failed rank's cause reaches `meshscale launch`: what a rank records, torch's agent reads back (its own
 `ProcessFailure`), and the launcher's lines put the first failure first, name the ranks stopped after it, and
-give ranks that failed alike one line."""
+give ranks that failed alike one line; the folders of launchers killed outright are removed by the next."""
 import json
+import os
 import signal
 
 import pytest
@@ -99,3 +100,24 @@ def test_ranks_that_failed_alike_share_a_line_and_every_rank_is_named_once(tmp_p
     assert lines == ["rank 3 (local 3) on h: killed by SIGKILL, no message from it",
                      "ranks 0-2, 4-6 (local 0-2, 4-6) on h: exit code 2: unknown collective 'x'; use one of all_reduce",
                      "rank 7 (local 7) on h: ended by SIGTERM after rank 3 failed (the launcher stops the others)"]
+
+
+def test_the_folders_of_launchers_killed_outright_are_removed_and_live_ones_kept(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    from meshscale.safe_io import remove_stale_scratch
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    pid = gone.stdout.strip()
+    dead, live = tmp_path / f"meshscale-launch-{pid}-ab12", tmp_path / f"meshscale-launch-{os.getpid()}-cd34"
+    for folder in (dead, live):
+        (folder / "run" / "attempt_0" / "0").mkdir(parents=True)
+        (folder / "run" / "attempt_0" / "0" / "error.json").write_text("{}")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / f"meshscale-launch-{pid}-link").symlink_to(tmp_path / "elsewhere")
+    assert remove_stale_scratch("launch") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["elsewhere", live.name, f"meshscale-launch-{pid}-link"])
+    assert (tmp_path / "elsewhere").is_dir()  # a link is never followed
