@@ -49,11 +49,13 @@ def test_the_first_failure_comes_first_and_the_ranks_stopped_after_it_say_so(tmp
     from meshscale.execute.elastic import failure_lines, rank_failures
 
     # torch's own @record format (a mapping) and meshscale's (a string) both give the rank's first line
-    recorded = {"message": {"message": "RuntimeError: CUDA error: out of memory\nmore", "extraInfo": {"timestamp": "5"}}}
+    recorded = {"message": {"message": "RuntimeError: CUDA error: out of memory\nmore",
+                            "extraInfo": {"timestamp": "5"}}}
     failures = {0: _failure(tmp_path, 0, -signal.SIGTERM, 9),
                 1: _failure(tmp_path, 1, -signal.SIGKILL, 3),
                 2: _failure(tmp_path, 2, 2, 5, recorded),
-                3: _failure(tmp_path, 3, 2, 6, {"message": "rank 3 on h stopped during step 2: peer gone", "timestamp": 6})}
+                3: _failure(tmp_path, 3, 2, 6, {"message": "rank 3 on h stopped during step 2: peer gone",
+                                                "timestamp": 6})}
     lines = failure_lines(rank_failures(ChildFailedError("meshscale", failures), "h"))
     assert lines == [
         "rank 1 (local 1) on h: killed by SIGKILL, no message from it",
@@ -119,5 +121,6 @@ def test_the_folders_of_launchers_killed_outright_are_removed_and_live_ones_kept
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / f"meshscale-launch-{pid}-link").symlink_to(tmp_path / "elsewhere")
     assert remove_stale_scratch("launch") == 1
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["elsewhere", live.name, f"meshscale-launch-{pid}-link"])
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert left == sorted(["elsewhere", live.name, f"meshscale-launch-{pid}-link"])
     assert (tmp_path / "elsewhere").is_dir()  # a link is never followed
