@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import stat
 import tempfile
@@ -375,16 +376,22 @@ def release_scratch(path: Path) -> None:
 
 
 def remove_stale_scratch(kind: str) -> int:
-    """Remove ``meshscale-<kind>-<pid>-*`` files of processes that no longer run (and the old unnamed
+    """Remove ``meshscale-<kind>-<pid>-*`` files and folders of processes that no longer run (and the old unnamed
     ``meshscale-<kind>-*`` ones an hour old); return how many."""
     removed = 0
     for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}{kind}-*"):
         owner = path.name[len(_SCRATCH_PREFIX) + len(kind) + 1:].split("-", 1)[0]
         try:
             stale = (not process_alive(int(owner))) if owner.isdigit() else _age_s(path) > 3600
-            if stale and path.is_file() and path.stat().st_uid == os.getuid():
+            if not stale or path.is_symlink() or path.stat().st_uid != os.getuid():
+                continue
+            if path.is_dir():
+                shutil.rmtree(path)
+            elif path.is_file():
                 path.unlink()
-                removed += 1
+            else:
+                continue
+            removed += 1
         except (OSError, ValueError):
             continue
     return removed

@@ -3,9 +3,9 @@ exit code 2, one line on stderr ('meshscale: error: ...'), no traceback, no file
 
 Classes: special input paths (pipes, devices, folders, loops, over-long names, odd characters) for every command
 that reads a file; outputs on a full file system (a small tmpfs, where this machine may mount one) and through
-symlinks; launcher variables; hostile result files of every kind; system and token files; options that
-contradict each other. Cases run in this process (the `cli` fixture) except where a real process matters
-(stdout on a full device, few file descriptors, signals)."""
+symlinks; launcher variables; `meshscale launch`'s torchrun options and the ranks' command; hostile result files
+of every kind; system and token files; options that contradict each other. Cases run in this process (the `cli`
+fixture) except where a real process matters (stdout on a full device, few file descriptors, signals)."""
 from __future__ import annotations
 
 import copy
@@ -244,6 +244,59 @@ def test_no_peer_at_the_rendezvous_is_one_line_within_the_timeout(cli, sandbox, 
         monkeypatch.setenv(key, good)
     result = refused(cli, sandbox, *LAUNCHED["train"], "--timeout-s", "1")
     assert "rank 1" in result.stderr and str(port) in result.stderr
+
+
+# ---- `meshscale launch`: torchrun's options and the ranks' command ----------------------------------------
+BAD_TORCHRUN = {"--nnodes": ["0", "abc", "3:2", "-1", "1:0", ""], "--nproc-per-node": ["0", "-2", "abc", ""],
+                "--max-restarts": ["-1", "x"], "--monitor-interval": ["-1", "0", "nan", "x"],
+                "--start-method": ["nope"], "--redirects": ["9", "x:1"], "--local-ranks-filter": ["a,b"],
+                "--shutdown-timeout": ["-1", "x"], "--logs-specs": ["nosuch"], "--rdzv-conf": ["=x", "a"]}
+PROGRAM_OPTIONS = ["-m", "--module", "--no-python", "--run-path"]
+BAD_COMMANDS = {"none": [], "unknown": ["nosuch"], "itself": ["launch", "--standalone", "--", "train"],
+                "bad option value": ["train", "--steps", "-3"], "an option": ["--steps"]}
+TRAIN_COMMAND = ["train", "--steps", "2", "--timing-warmup", "1"]
+
+
+def _launch_refused(cli, sandbox, monkeypatch, *args, usage_ok: bool = False):
+    import tempfile
+    tmp = sandbox / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))  # the launcher's log folder would go here
+    before = _listing(sandbox)
+    start = time.monotonic()
+    result = cli("launch", *args)
+    assert_refused(result, before, sandbox, typer_usage_ok=usage_ok)
+    assert time.monotonic() - start < CASE_WALL_S
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("separated", [True, False], ids=["with --", "without --"])
+@pytest.mark.parametrize("option,value", [(o, v) for o, values in BAD_TORCHRUN.items() for v in values])
+def test_bad_torchrun_options_are_one_line(cli, sandbox, monkeypatch, option, value, separated):
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", option, value, *(["--"] if separated else []),
+                    *TRAIN_COMMAND)
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("option", PROGRAM_OPTIONS)
+def test_torchrun_options_that_name_another_program_are_refused(cli, sandbox, monkeypatch, option):
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", option, "--", *TRAIN_COMMAND)
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("case", sorted(BAD_COMMANDS))
+def test_a_bad_command_for_the_ranks_is_refused_before_any_rank_starts(cli, sandbox, monkeypatch, case):
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", "--nproc-per-node", "2", "--", *BAD_COMMANDS[case])
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+def test_a_word_before_the_separator_is_refused(cli, sandbox, monkeypatch):
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", "stray", "--", *TRAIN_COMMAND)
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+def test_an_unknown_option_of_the_ranks_command_is_one_usage_error(cli, sandbox, monkeypatch):
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", "--", "train", "--no-such-option", usage_ok=True)
 
 
 # ---- hostile result files ---------------------------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The Dockerfile and the Slurm script: the image keeps the NGC torch and installs what pyproject lists; the
-batch script composes the right torchrun lines (checked with stand-in srun/torchrun/meshscale commands)."""
+batch script composes the right `meshscale launch` lines (checked with stand-in srun/meshscale commands)."""
 from __future__ import annotations
 
 import os
@@ -38,7 +38,6 @@ def test_sbatch_runs_collectives_on_all_nodes_and_scales_over_node_counts(tmp_pa
     stubs = {
         "scontrol": "printf '%s\\n' " + " ".join(hosts),
         "srun": 'echo "srun $*" >> "$LOG"; while [ "${1#--}" != "$1" ]; do shift; done; "$@"',
-        "torchrun": 'echo "torchrun $*" >> "$LOG"',
         "meshscale": 'echo "meshscale $*" >> "$LOG"',
     }
     for name, body in stubs.items():
@@ -50,13 +49,13 @@ def test_sbatch_runs_collectives_on_all_nodes_and_scales_over_node_counts(tmp_pa
                           text=True, timeout=30)
     assert done.returncode == 0, done.stderr
     calls = log.read_text().splitlines()
-    torchruns = [c for c in calls if c.startswith("torchrun")]
-    assert all("--rdzv-backend=c10d --rdzv-endpoint=node00:29500" in c and "--no-python meshscale" in c for c in torchruns)
-    collective = [c for c in torchruns if " bench collective " in c]
+    launches = [c for c in calls if c.startswith("meshscale launch ")]
+    assert all("--rdzv-backend=c10d --rdzv-endpoint=node00:29500" in c and " -- " in c for c in launches)
+    collective = [c for c in launches if " -- bench collective " in c]
     assert len(collective) == 1 and f"--nnodes={nodes} " in collective[0]
-    trains = [c for c in torchruns if " train " in c]
+    trains = [c for c in launches if " -- train " in c]
     assert [int(re.search(r"--nnodes=(\d+)", c).group(1)) for c in trains] == counts
-    sruns = [c for c in calls if c.startswith("srun") and "torchrun" not in c]
+    sruns = [c for c in calls if c.startswith("srun") and "meshscale launch" not in c]
     node_lists = [re.search(r"--nodelist=(\S+)", c).group(1) for c in calls if c.startswith("srun --nodes") and "--ntasks-per-node" in c]
     assert node_lists[-1] == ",".join(hosts[: counts[-1]])
     assert calls[-1].startswith("meshscale report") and sruns

@@ -193,7 +193,6 @@ def test_an_unknown_model_gets_the_stated_default_and_says_so():
     ("NVIDIA H100 PCIe", "H100 PCIe", 0, 51e12, 2.0e12),
     ("NVIDIA H100 NVL", "H100 NVL", 0, 60e12, 3.9e12),
     ("NVIDIA A100 80GB PCIe", "A100 80GB PCIe", 0, 19.5e12, 1.935e12),
-    ("NVIDIA A100-SXM4-80GB", "A100 80GB SXM", 12, 19.5e12, 2.039e12),
     ("NVIDIA L40S", "L40S", 0, 91.6e12, 864e9),
     ("NVIDIA A10", "A10", 0, 31.2e12, 600e9),
     ("Tesla T4", "T4", 0, 8.1e12, 320e9),

@@ -17,8 +17,9 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import typer  # noqa: E402
 
-from meshscale.cli import bench, collectives, fleet, predict, report, topology, train  # noqa: E402
+from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train  # noqa: E402
 from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -47,7 +48,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
     """Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction."""
 
 
-for module in (topology, bench, collectives, train, predict, report, fleet):
+for module in (topology, bench, collectives, train, predict, report, fleet, launch):
     module.register(app)
 
 # (command words..., spelling) -> the new spelling, or "removed: <reason>". A spelling is an option, optionally
@@ -142,7 +143,9 @@ def main() -> None:
             code = app(standalone_mode=False)
         sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
-        print(f"meshscale: error: {one_line(str(exc))}", file=sys.stderr)
+        line = one_line(str(exc))
+        if not tell_launcher(line):  # under `meshscale launch` the launcher prints it, with the rank's host
+            print(f"meshscale: error: {line}", file=sys.stderr)
         sys.exit(2)
     except KeyboardInterrupt:
         print("meshscale: interrupted", file=sys.stderr)

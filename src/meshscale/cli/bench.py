@@ -1,10 +1,11 @@
 """`meshscale bench collective` and `meshscale bench p2p`: measure the machine like nccl-tests and nvbandwidth.
 
-Multi-node: run the same command under torchrun on every node, e.g.
-  torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
-      $(which meshscale) bench collective all_reduce -b 1M -e 1G
-(Slurm: `srun --nodes 2 --ntasks-per-node 1 torchrun --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
---rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -1):29500 $(which meshscale) bench ...`).
+Multi-node: run the same command under `meshscale launch` (torchrun's agent; a failed rank is one line) or
+torchrun on every node, e.g.
+  meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \\
+      -- bench collective all_reduce -b 1M -e 1G
+(Slurm: `srun --nodes 2 --ntasks-per-node 1 meshscale launch --nnodes 2 --nproc-per-node 8 --rdzv-backend c10d
+--rdzv-endpoint $(scontrol show hostnames $SLURM_NODELIST | head -1):29500 -- bench ...`; scripts/slurm/).
 Only rank 0 prints and writes files.
 """
 from __future__ import annotations

@@ -1,8 +1,9 @@
 """`meshscale train` and `meshscale scale`: data-parallel training and weak/strong scaling sweeps.
 
-Multi-node or elastic: run `meshscale train` under torchrun (it then runs in-process on the env:// group and,
-with --checkpoint-dir, resumes from the last checkpoint when torchrun restarts the workers). Only rank 0
-prints and writes files."""
+Multi-node or elastic: run `meshscale train` under `meshscale launch` (torchrun's agent, e.g. `meshscale launch
+--nnodes 2 --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --max-restarts 3 -- train ...`; a
+failed rank is one line) or torchrun. It then runs in-process on the env:// group and, with --checkpoint-dir,
+resumes from the last checkpoint when the agent restarts the workers. Only rank 0 prints and writes files."""
 from __future__ import annotations
 
 import inspect

@@ -32,6 +32,7 @@ import torch.distributed as dist
 from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
 from meshscale.execute.world import Launcher, in_torchrun, launcher  # noqa: F401 (in_torchrun: imported from here)
 from meshscale.safe_io import process_alive
+from meshscale.topology.multinode import hostname
 
 NCCL_SAFETY_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 
@@ -115,7 +116,7 @@ def _die_with(owner_pid: int) -> None:
     threading.Thread(target=watch, daemon=True, name="meshscale-watchdog").start()
 
 
-def _proc_state(pid: int) -> str | None:
+def proc_state(pid: int) -> str | None:
     """The state letter of a process in /proc (R, S, T, Z...), or None where it cannot be read."""
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -126,10 +127,10 @@ def _proc_state(pid: int) -> str | None:
 
 def _exited(pid: int) -> bool:
     """True when the process is gone or a zombie (exited, not yet reaped)."""
-    return not process_alive(pid) or _proc_state(pid) == "Z"
+    return not process_alive(pid) or proc_state(pid) == "Z"
 
 
-def _loopback_interface() -> str:
+def loopback_interface() -> str:
     """The loopback interface's name ("lo" on Linux, "lo0" on macOS)."""
     try:
         return next((name for _, name in socket.if_nameindex() if name.startswith("lo")), "lo")
@@ -215,7 +216,7 @@ def _child(fn: Callable, rank: int, world: int, backend: str, host: str, port: i
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the parent's stop request ends a rank quietly
     os.environ.update(NCCL_SAFETY_ENV)
     os.environ.update(env or {})
-    os.environ["GLOO_SOCKET_IFNAME"] = _loopback_interface()  # every rank is on this machine: Gloo listens on loopback
+    os.environ["GLOO_SOCKET_IFNAME"] = loopback_interface()  # every rank is on this machine: Gloo listens on loopback
     code = 0
     try:
         store = dist.TCPStore(host, port, world, is_master=False, timeout=timedelta(seconds=timeout_s))
@@ -337,7 +338,7 @@ def _is_consequence(error: str) -> bool:
 
 def _is_stopped(proc: Any) -> bool:
     """True when the process is stopped by a signal (SIGSTOP, SIGTSTP) or a tracer: state T or t in /proc."""
-    return proc.pid is not None and _proc_state(proc.pid) in ("T", "t")
+    return proc.pid is not None and proc_state(proc.pid) in ("T", "t")
 
 
 class _Terminated(BaseException):
@@ -412,14 +413,16 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
     os.environ.update(env or {})
     env = launcher()
     assert env is not None  # launch() came here because in_torchrun()
+    if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun's agent: a rank it no longer watches is an orphan
+        _die_with(os.getppid())
     _resolve_host(env.master_addr, env.master_port)
     store = _launcher_store(env, timeout_s)
     try:
         ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)
     except (RuntimeError, ValueError) as exc:  # torch's Dist*Error are RuntimeErrors
-        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: joining the process group failed "
-                          f"({_first_line(exc)})") from None
-    host = socket.gethostname()
+        raise WorkerError(f"rank {env.rank} on {hostname()}: joining the process group failed "
+                          f"({first_line(exc)})") from None
+    host = hostname()
     _store_quietly(lambda: store.set(f"meshscale/host/{env.rank}", host))
     try:
         return fn(ctx, *args)
@@ -445,16 +448,17 @@ def _torchrun_failure(store: Any, env: Launcher, host: str, exc: BaseException, 
     """One line naming the cause of a failed torchrun rank: the ranks that said nothing (died or stopped) with
     their host and last phase, else this rank's own error. Each failing rank records its error in the store and
     waits a moment for its peers to record theirs."""
-    own = _first_line(exc)
+    own = first_line(exc)
     _store_quietly(lambda: store.set_timeout(timedelta(seconds=2)))
     if _store_quietly(lambda: store.set(f"meshscale/failed/{env.rank}", own) or True) is None:
         return (f"rank {env.rank} on {host} stopped: the rendezvous store at {env.master_addr}:{env.master_port} is "
                 f"gone (the launcher's agent or rank 0 died); seen here as: {own[:160]}")
-    phase = _phase(store, env.rank)
+    where = f"rank {env.rank} on {host} stopped during {_phase(store, env.rank)}"
+    if not _is_consequence(own):  # this rank's own failure, not what it saw of a peer's: it is the cause
+        return f"{where}: {own}"
     time.sleep(min(2.0, timeout_s))  # the peers' errors arrive within their own timeout of the same collective
     silent = [r for r in range(env.world_size)
               if r != env.rank and not _store_quietly(lambda r=r: store.check([f"meshscale/failed/{r}"]))]
-    where = f"rank {env.rank} on {host} stopped during {phase}"
     if not silent:
         return f"{where}: {own}"
     r = silent[0]
@@ -482,23 +486,27 @@ def _native_logs_silenced() -> Iterator[None]:
         os.close(null)
 
 
-def _first_line(exc: BaseException) -> str:
+def first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     return (text.splitlines()[0] if text else type(exc).__name__)[:300]
 
 
-def _launcher_store(env: Launcher, timeout_s: float) -> dist.TCPStore:
-    """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT).
+def _launcher_store(env: Launcher, timeout_s: float) -> Any:
+    """The store at the launcher's rendezvous endpoint (MASTER_ADDR:MASTER_PORT), under a prefix per attempt.
 
-    torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. Otherwise rank 0 serves
-    it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
+    torchrun's agent serves it (TORCHELASTIC_USE_AGENT_STORE): every rank is a client. The agent keeps serving
+    the same store when it restarts the ranks (--max-restarts), so each attempt (TORCHELASTIC_RESTART_COUNT) has
+    its own keys: the last attempt's Gloo addresses and failure records would mislead the next. Otherwise rank 0
+    serves it, listening on MASTER_ADDR only, as the endpoint says. No answer within ``timeout_s`` is one line."""
     host, port = env.master_addr, env.master_port
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
     if env.rank == 0 and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
-        return serving_store(host, port, env.world_size, timeout_s)
+        return dist.PrefixStore(f"meshscale/attempt_{attempt}", serving_store(host, port, env.world_size, timeout_s))
     try:
         with _native_logs_silenced():  # c10d logs every retry; the one line below says it all
-            return dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+            client = dist.TCPStore(host, port, env.world_size, is_master=False, timeout=timedelta(seconds=timeout_s))
+        return dist.PrefixStore(f"meshscale/attempt_{attempt}", client)
     except (RuntimeError, ValueError) as exc:
-        raise WorkerError(f"rank {env.rank} on {socket.gethostname()}: no rendezvous store answered at "
-                          f"{host}:{port} within {timeout_s:.0f} s ({_first_line(exc)}); start rank 0 or torchrun "
+        raise WorkerError(f"rank {env.rank} on {hostname()}: no rendezvous store answered at "
+                          f"{host}:{port} within {timeout_s:.0f} s ({first_line(exc)}); start rank 0 or torchrun "
                           "there first") from None

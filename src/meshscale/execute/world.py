@@ -33,6 +33,8 @@ def in_torchrun() -> bool:
 
 LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 MAX_WORLD = 1 << 16
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"   # where torchrun's agent reads a failed rank's cause
+LAUNCHER_REPORTS_ENV = "MESHSCALE_LAUNCHER_REPORTS"  # set by `meshscale launch`: it prints the ranks' errors
 
 
 @dataclass(frozen=True)
@@ -66,6 +68,31 @@ def launcher(environ: Any = None) -> Launcher | None:
     if len(host) > 253 or any(c.isspace() or c in "\x00/" for c in host):
         raise MeshscaleError(f"MASTER_ADDR={host[:60]!r} is not a host name or address")
     return Launcher(rank, world, local_rank, host, port)
+
+
+def tell_launcher(line: str) -> bool:
+    """Record a failed rank's one-line error where torchrun's agent looks for it (TORCHELASTIC_ERROR_FILE, in
+    the format torch's `ProcessFailure` reads: a string message and a timestamp). True when `meshscale launch`
+    will print the line, so that the rank need not: in the agent's last attempt. Before it, the agent restarts
+    the ranks (--max-restarts) and reports nothing, so the rank prints its line itself."""
+    path = os.environ.get(ERROR_FILE_ENV)
+    if not path:
+        return False
+    import json
+    import time
+
+    from meshscale.safe_io import atomic_write
+    try:
+        atomic_write(path, json.dumps({"message": line, "timestamp": int(time.time())}))
+    except (MeshscaleError, OSError):
+        return False
+    restarts_left = _count(os.environ.get("TORCHELASTIC_MAX_RESTARTS")) - _count(
+        os.environ.get("TORCHELASTIC_RESTART_COUNT"))
+    return os.environ.get(LAUNCHER_REPORTS_ENV) == "1" and restarts_left <= 0
+
+
+def _count(text: str | None) -> int:
+    return int(text) if text and text.strip().isdigit() else 0
 
 
 def _whole(name: str, text: str, lo: int, hi: int) -> int:
