@@ -54,6 +54,25 @@ def test_under_torchrun_the_launcher_decides(monkeypatch):
     assert world.size == 16 and world.backend == "gloo"
 
 
+@pytest.mark.parametrize("local_ranks, gpus, cpus, outcome", [
+    (2, 1, None, "error"),   # more ranks on this node than GPUs: refused before any rank touches a device
+    (2, 1, 2, "gloo"),       # --cpus: CPU workers whatever the GPUs
+    (2, 2, None, "nccl"),
+    (2, 0, None, "gloo"),    # no GPU: CPU workers
+])
+def test_under_torchrun_ranks_per_node_must_fit_the_gpus(monkeypatch, local_ranks, gpus, cpus, outcome):
+    import meshscale.execute.world as world_module
+    for key, value in (("RANK", "1"), ("WORLD_SIZE", "4"), ("LOCAL_RANK", "1"), ("LOCAL_WORLD_SIZE", str(local_ranks)),
+                       ("MASTER_ADDR", "node0"), ("MASTER_PORT", "29500")):
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr(world_module, "gpu_count", lambda: gpus)
+    if outcome == "error":
+        with pytest.raises(MeshscaleError, match=f"started {local_ranks} ranks on this node, which has {gpus} GPU"):
+            resolve_world(None, cpus)
+    else:
+        assert resolve_world(None, cpus).backend == outcome
+
+
 def test_cpu_world_topology_has_one_worker_per_rank(monkeypatch):
     _no_torchrun(monkeypatch)
     topo = world_topology(resolve_world(None, 3))

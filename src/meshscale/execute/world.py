@@ -46,6 +46,7 @@ class Launcher:
     local_rank: int
     master_addr: str
     master_port: int
+    local_world_size: int = 1
 
 
 def launcher(environ: Any = None) -> Launcher | None:
@@ -67,7 +68,7 @@ def launcher(environ: Any = None) -> Launcher | None:
     host = env["MASTER_ADDR"].strip()
     if len(host) > 253 or any(c.isspace() or c in "\x00/" for c in host):
         raise MeshscaleError(f"MASTER_ADDR={host[:60]!r} is not a host name or address")
-    return Launcher(rank, world, local_rank, host, port)
+    return Launcher(rank, world, local_rank, host, port, local_world)
 
 
 def tell_launcher(line: str) -> bool:
@@ -123,7 +124,12 @@ def resolve_world(gpus: int | None, cpus: int | None, default: World | None = No
     _not_both(gpus, cpus)
     env = launcher()
     if env is not None:
-        return World(env.world_size, "nccl" if gpu_count() and cpus is None else "gloo")
+        have = gpu_count()
+        if have and cpus is None and env.local_world_size > have:
+            raise MeshscaleError(f"the launcher started {env.local_world_size} ranks on this node, which has {have} "
+                                 f"GPU{'s' if have > 1 else ''}: start at most {have} per node (--nproc-per-node), "
+                                 "or give --cpus for CPU workers over Gloo")
+        return World(env.world_size, "nccl" if have and cpus is None else "gloo")
     if gpus is not None:
         _check_counts("--gpus", [gpus])
         return World(gpus, "nccl")

@@ -84,7 +84,8 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
     """Train on ``cfg.world`` ranks; the per-rank outputs (rank 0's has the per-step rows). Under torchrun
     this process is one rank and the world is torchrun's."""
     if in_torchrun():
-        world = resolve_world(None, None)  # torchrun's world, on GPUs where there are any
+        # torchrun's world: on GPUs where there are any, unless the configuration asks for CPU workers (--cpus)
+        world = resolve_world(None, 1 if cfg.device == "cpu" else None)
         cfg.world, cfg.device = world.size, world.device
     if cfg.is_transformer:
         cfg.layout = with_default_layout(cfg).layout
