@@ -44,15 +44,15 @@ def _entry_bytes(entry: dict[str, Any]) -> float:
 
 
 def recorded_entries() -> list[dict[str, Any]]:
-    """This process's flight-recorder entries (empty when the recorder is off)."""
-    try:
-        from torch._C._distributed_c10d import _dump_fr_trace_json
-    except ImportError:  # older torch: only the NCCL recorder
-        try:
-            from torch._C._distributed_c10d import _dump_nccl_trace_json as _dump_fr_trace_json
-        except ImportError:
-            return []
-    return json.loads(_dump_fr_trace_json()).get("entries", [])
+    """This process's flight-recorder entries (empty when the recorder is off). NCCL's groups record into the
+    CUDA recorder (`_dump_nccl_trace_json`), Gloo's into the generic one (`_dump_fr_trace_json`): both are read."""
+    import torch._C._distributed_c10d as c10d
+    entries: list[dict[str, Any]] = []
+    for name in ("_dump_nccl_trace_json", "_dump_fr_trace_json"):
+        dump = getattr(c10d, name, None)
+        if dump is not None:
+            entries += json.loads(dump()).get("entries", [])
+    return entries
 
 
 def whole_world_dimension(layout: ParallelLayout) -> str | None:
