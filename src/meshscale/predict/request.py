@@ -13,7 +13,6 @@ from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
 from meshscale.simulate.nccl_env import NcclEnv
-from meshscale.simulate.scenario import resolve_fabric
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import default_nics
@@ -74,6 +73,8 @@ def _exchange_of(variant: str, kind: str, req: PredictRequest) -> tuple[str | No
 def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error),
     the job of the last variant, and the measured result if any."""
+    from meshscale.simulate.scenario import resolve_fabric  # looked up when called, as cli/collectives does
+
     measured = load_result(req.measured) if req.measured else None
     model = req.model or (measured.meta.get("model") if measured else None)
     if not model:
