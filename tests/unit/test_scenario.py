@@ -3,8 +3,8 @@ once, and the same options resolve to the same cluster, calibration and NCCL set
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.simulate import scenario
-from meshscale.simulate.scenario import nccl_settings, resolve_fabric
+from meshscale import scenario
+from meshscale.scenario import nccl_settings, resolve_fabric
 
 CLUSTER_FILE = "cluster:\n  node: dgx1-v100\n  nodes: 2\n  link: {link}\n  nics: 4\n"
 

@@ -18,7 +18,7 @@ from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTIO
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.scenario import FabricScenario, nccl_settings, resolve_fabric  # noqa: F401 (re-exported)
+from meshscale.scenario import nccl_settings
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
@@ -41,7 +41,7 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     (``--devices``, or the first ``--gpus`` N, or all)."""
     from meshscale.collectives.algorithms.base import check_ranks
     from meshscale.simulate.params import SimParams
-    from meshscale.simulate.scenario import resolve_fabric
+    from meshscale.scenario import resolve_fabric  # looked up when called: tests watch the one resolution
 
     fabric = resolve_fabric(system, cluster, p2p, bench, nccl)
     topology = fabric.topology

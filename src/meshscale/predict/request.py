@@ -73,7 +73,7 @@ def _exchange_of(variant: str, kind: str, req: PredictRequest) -> tuple[str | No
 def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error),
     the job of the last variant, and the measured result if any."""
-    from meshscale.simulate.scenario import resolve_fabric  # looked up when called, as cli/collectives does
+    from meshscale.scenario import resolve_fabric  # looked up when called, as cli/collectives does
 
     measured = load_result(req.measured) if req.measured else None
     model = req.model or (measured.meta.get("model") if measured else None)

@@ -2,7 +2,9 @@
 cluster (``--system``, a cluster file, ``--nodes``/``--link``/...), the calibration (``--p2p``, ``--bench``) and
 NCCL's settings (``--nccl-algo``, ``--proto``, ``--nccl-version``, ``--nvls``, ``--nccl-env``). sim, plan and place
 (cli/collectives), predict (predict/request) and the tour's predictions (through predict) all call
-`resolve_fabric`; it lives here, below the predict and app layers, so that each can import it."""
+`resolve_fabric`. It sits at the simulate layer (it calls topology and simulate, nothing above), so that cli/,
+predict/ and app/ can all import it; what it resolves with is imported when it resolves, so that importing it
+costs a command nothing."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -11,7 +13,7 @@ from typing import TYPE_CHECKING, Optional
 
 from meshscale.errors import MeshscaleError
 
-if TYPE_CHECKING:  # the CLI imports this module at start: what it resolves with is imported when it resolves
+if TYPE_CHECKING:
     from meshscale.results import Result
     from meshscale.simulate.link_fit import NetworkFit
     from meshscale.simulate.params import SimParams
