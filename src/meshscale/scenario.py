@@ -66,21 +66,28 @@ def _result(given: Result | Path | None) -> Result | None:
     return load_result(given) if isinstance(given, (str, Path)) else given
 
 
-def resolve_fabric(system: Optional[str], cluster: Optional[dict] = None, p2p: Result | Path | None = None,
+def resolve_fabric(system: str | Topology | None, cluster: Optional[dict] = None, p2p: Result | Path | None = None,
                    bench: Result | Path | None = None, nccl: Optional[dict] = None,
                    workers: Optional[int] = None) -> FabricScenario:
     """The `FabricScenario` of the common options, one resolution for every predicting command: the topology
-    (``cluster``: the cluster options by `cluster_spec`'s names, None where not given), the calibration (``p2p``,
-    ``bench``: results or their files; on a cluster ``bench``, a measured multi-node all_reduce, fits the network
-    instead of the links) and NCCL's settings (``nccl``: `nccl_settings`)."""
+    (``system``: a name or file, this machine where None, or a `Topology` in hand such as the tour's discovered
+    one; ``cluster``: the cluster options by `cluster_spec`'s names, None where not given), the calibration
+    (``p2p``, ``bench``: results or their files; on a cluster ``bench``, a measured multi-node all_reduce, fits
+    the network instead of the links) and NCCL's settings (``nccl``: `nccl_settings`)."""
     from meshscale.simulate.link_fit import calibrated
+    from meshscale.topology import Topology
     from meshscale.topology.cluster import cluster_spec
     from meshscale.topology.schema import require_devices
 
     options = cluster or {}
-    topology, notice = resolve_topology(system, workers, **options)
+    if isinstance(system, Topology):
+        if any(v is not None for v in options.values()):
+            raise MeshscaleError("cluster options describe a cluster of a named system, not of a topology in hand")
+        topology, notice, spec = system, "", None
+    else:
+        topology, notice = resolve_topology(system, workers, **options)
+        spec = cluster_spec(system, **options) if system else None
     require_devices(topology)
-    spec = cluster_spec(system, **options) if system else None
     p2p, bench = _result(p2p), _result(bench)
     measured = calibrated(topology, p2p, bench) if p2p is not None or bench is not None else None
     fit = measured.network_fit if measured else None

@@ -67,3 +67,17 @@ def test_resolution_without_a_system_or_with_bad_settings_is_one_error():
     with pytest.raises(MeshscaleError, match="NCCL_MAX_NCHANNELS"):
         nccl_settings(nccl_env=["NCCL_NOT_A_KEY=1"])
     assert nccl_settings() == {}  # nothing given: the model's defaults, nothing forced
+
+
+def test_a_topology_in_hand_resolves_as_its_name_does():
+    """The tour hands over the machine it discovered; calibrated from the same bench p2p, it is priced alike."""
+    from pathlib import Path
+
+    from meshscale.topology import load_system
+    p2p = Path(__file__).resolve().parents[1] / "fixtures" / "p2p_h200x2.json"
+    named = resolve_fabric("hgx-h200", p2p=p2p)
+    in_hand = resolve_fabric(load_system("hgx-h200"), p2p=p2p, nccl={"nvls": False})
+    assert named.params is not None and in_hand.params == named.params
+    assert in_hand.cluster is None and in_hand.nccl == {"nvls": False}
+    with pytest.raises(MeshscaleError, match="cluster"):
+        resolve_fabric(load_system("hgx-h200"), {"nodes": 2})
