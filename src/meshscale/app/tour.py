@@ -37,8 +37,8 @@ from meshscale.app.doctor import run_doctor
 from meshscale.report.figures import Source
 from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured
+from meshscale.scenario import resolve_fabric
 from meshscale.simulate import predict_collective
-from meshscale.simulate.link_fit import calibrate
 from meshscale.topology import subset, to_dict
 from meshscale.topology.catalog import load_catalog
 from meshscale.topology.discover import discover
@@ -232,22 +232,23 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     ranks = [state.topology.nodes[d].index for d in state.topology.devices()]
     if len(ranks) < 2:
         raise Skipped("one GPU, no collective to predict" if state.gpu else "needs two ranks")
-    params = None
-    if "p2p" in state.results:
-        try:
-            params = calibrate(state.topology, state.results["p2p"])
-        except MeshscaleError as exc:
-            state.notes.append(f"simulator calibration from bench p2p failed ({exc}); default link efficiencies used")
-    else:
-        state.notes.append("simulator predictions use default link efficiencies (no bench p2p to calibrate from)")
-    measured_rows = state.results["collective"].rows if "collective" in state.results else []
-    sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
     # meshscale starts NCCL with NVLink SHARP off (NCCL_SAFETY_ENV): predict what was measured
     nccl = {"nvls": NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0"} if state.topology.device_kind == "gpu" else {}
+    p2p = state.results.get("p2p")
+    try:  # the machine as discovered, calibrated as sim takes --p2p
+        fabric = resolve_fabric(state.topology, p2p=p2p, nccl=nccl)
+    except MeshscaleError as exc:
+        state.notes.append(f"simulator calibration from bench p2p failed ({exc}); default link efficiencies used")
+        fabric = resolve_fabric(state.topology, nccl=nccl)
+    if p2p is None:
+        state.notes.append("simulator predictions use default link efficiencies (no bench p2p to calibrate from)")
+    params = fabric.params
+    measured_rows = state.results["collective"].rows if "collective" in state.results else []
+    sizes = sorted({r["size_bytes"] for r in measured_rows}) or [1 << k for k in range(12, 23, 2)]
     rows = []
     for collective in sorted({r["collective"] for r in measured_rows}) or COLLECTIVES:
         for size in sizes:
-            r = predict_collective(state.topology, collective, ranks, size, params=params, **nccl)
+            r = predict_collective(fabric.topology, collective, ranks, size, params=params, **fabric.nccl)
             rows.append({"collective": collective, "size_bytes": size, "time_s": r.time_s,
                          "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
                          "algorithm": r.algorithm})

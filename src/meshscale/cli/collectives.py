@@ -18,6 +18,7 @@ from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTIO
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
+from meshscale.scenario import nccl_settings
 from meshscale.units import gbps, parse_bytes, parse_ints
 
 
@@ -35,23 +36,16 @@ class Scenario:
 def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus: Optional[int] = None,
                      p2p: Optional[Path] = None, bench: Optional[Path] = None, cluster: Optional[dict] = None,
                      nccl: Optional[dict] = None) -> Scenario:
-    """The `Scenario` of the common options, one resolution for sim, plan and place: the topology (``cluster``:
-    the `cluster_options`, --nodes, --link, ...), the ranks (``--devices``, or the first ``--gpus`` N, or all),
-    the calibration (``p2p``, ``bench``; on a cluster ``bench``, a measured multi-node all_reduce, fits the
-    network instead of the links) and NCCL's description (``nccl``: `_nccl_options`)."""
+    """The `Scenario` of sim, plan and place: the fabric of the common options (`resolve_fabric`: the system or
+    cluster, ``p2p`` and ``bench``'s calibration, NCCL's settings), its notices printed, then the ranks
+    (``--devices``, or the first ``--gpus`` N, or all)."""
     from meshscale.collectives.algorithms.base import check_ranks
-    from meshscale.cli.topology import resolve_system
-    from meshscale.topology.schema import require_devices
-    from meshscale.results import load_result
-    from meshscale.simulate.link_fit import calibrated
+    from meshscale.simulate.params import SimParams
+    from meshscale.scenario import resolve_fabric  # looked up when called: tests watch the one resolution
 
-    topology, notice = resolve_system(system, None, **(cluster or {}))
-    require_devices(topology)
-    measured = calibrated(topology, load_result(p2p) if p2p else None, load_result(bench) if bench else None)
-    topology = measured.topology
-    if measured.network_fit:
-        typer.echo(measured.network_fit.source, err=True)
-    if notice:
+    fabric = resolve_fabric(system, cluster, p2p, bench, nccl)
+    topology = fabric.topology
+    for notice in fabric.notices:
         typer.echo(notice, err=True)
     if devices and gpus is not None:
         raise MeshscaleError("give --devices (which devices) or --gpus (how many), not both")
@@ -68,23 +62,13 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     ranks = check_ranks(ranks, topology)
     if len(ranks) < 2:
         raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --devices")
-    return Scenario(topology, ranks, measured.params, dict(nccl or {}))
+    return Scenario(topology, ranks, fabric.params or SimParams(), fabric.nccl)
 
 
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
 NCCL_PROTO_HELP = "force NCCL's protocol as NCCL_PROTO does: LL, LL128, Simple"
 NCCL_VERSION_HELP = "NCCL version whose cost model to use (default 2.28; 2.20, 2.18, 2.7, 1.6 families)"
 NVLS_HELP = "NVLink SHARP on or off (NCCL_NVLS_ENABLE); default: on where the NVSwitches multicast"
-
-
-def _nccl_options(nccl_algo: Optional[str], proto: Optional[str], nccl_version: Optional[str], nvls: Optional[bool],
-                  nccl_env: Optional[List[str]] = None) -> dict:
-    """The NCCL description given on the command line (only what was given: the model's defaults stand for the rest)."""
-    from meshscale.simulate.nccl_env import parse_nccl_env
-
-    given = {"nccl_algo": nccl_algo, "proto": proto, "nccl_version": nccl_version, "nvls": nvls,
-             "nccl_env": parse_nccl_env(nccl_env) if nccl_env else None}
-    return {k: v for k, v in given.items() if v is not None}
 
 
 def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
@@ -116,7 +100,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
 
     collective = schedulable(collective).name
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env))
     p = make_plan(s.topology, collective, s.ranks, parse_bytes(nbytes), algo, root, s.params, **s.nccl)
     print_text(format_plan(p))
     if schedule_json:
@@ -162,7 +146,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
 
     collective = schedulable(collective).name
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), _nccl_options(nccl_algo, proto, nccl_version, nvls, nccl_env))
+                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env))
     topology, ranks, params, nccl = s.topology, s.ranks, s.params, s.nccl
     result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
                        algo, root, params, **nccl)
@@ -196,7 +180,7 @@ def place(gpus: int = typer.Option(..., "--gpus", help="how many GPUs the job ne
     model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
     from meshscale.simulate.placement import placement_result, rank_placements, why
 
-    s = resolve_scenario(system, nccl=_nccl_options(None, None, None, None, nccl_env))
+    s = resolve_scenario(system, nccl=nccl_settings(None, None, None, None, nccl_env))
     topology, env = s.topology, s.nccl.get("nccl_env")
     if partition:
         from meshscale.topology.partitions import split_system

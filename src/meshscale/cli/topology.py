@@ -44,19 +44,10 @@ def cluster_options(nodes: Optional[int] = None, link: Optional[str] = None, nic
 
 
 def resolve_system(system: Optional[str], workers: Optional[int] = None, **cluster):
-    """The topology a command works on: ``--system NAME|FILE`` (a cluster file, or a cluster of it with the
-    `cluster_options`: ``--nodes``, ``--link``, ``--nics``, ``--gpudirect``, ``--network``, ``--oversubscription``),
-    or this machine (with a notice if no GPU)."""
-    from meshscale.topology.cluster import system_or_cluster
-    from meshscale.topology.discover import discover
-    if system:  # a file in another tool's format says what it had to assume (the GPU model, link speeds)
-        topology = system_or_cluster(system, **cluster)
-        return topology, "; ".join(topology.attrs.get("assumed", []))
-    given = [f"--{k}" for k, v in cluster.items() if v is not None]
-    if given:
-        raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
-    found = discover(workers)
-    return found.topology, found.notice
+    """The topology a command works on and its notice: `resolve_topology` (``--system NAME|FILE`` with the
+    `cluster_options`, or this machine)."""
+    from meshscale.scenario import resolve_topology
+    return resolve_topology(system, workers, **cluster)
 
 
 def topo(system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),

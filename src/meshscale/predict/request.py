@@ -3,7 +3,7 @@
 or predictions beside a measured `scale` run."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
@@ -12,11 +12,10 @@ from meshscale.predict.frameworks import FRAMEWORKS, MODES, resolve_framework
 from meshscale.predict.profile import profile_from_result
 from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
 from meshscale.results import Result, load_result
-from meshscale.simulate.link_fit import calibrated
 from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
-from meshscale.topology.cluster import ClusterSpec, default_nics, system_or_cluster
+from meshscale.topology.cluster import default_nics
 from meshscale.train.models import get_model
 
 COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
@@ -74,6 +73,8 @@ def _exchange_of(variant: str, kind: str, req: PredictRequest) -> tuple[str | No
 def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error),
     the job of the last variant, and the measured result if any."""
+    from meshscale.scenario import resolve_fabric  # looked up when called, as cli/collectives does
+
     measured = load_result(req.measured) if req.measured else None
     model = req.model or (measured.meta.get("model") if measured else None)
     if not model:
@@ -90,20 +91,19 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
     job = None
     for variant in variants:
         system = variant if kind == "system" else req.system
-        topo = require_devices(load_system(system))
+        net = variant if kind == "link" else req.link
+        nics = req.nics or default_nics(net)
+        # the fabric as sim and plan resolve it (`resolve_fabric`); with nodes, the cluster of two of them: a
+        # measured all_reduce is a multi-node one, fitted there it gives the network every node count is built with
+        fabric = resolve_fabric(system, {"nodes": 2, "link": net, "nics": nics, "gpudirect": req.gpudirect,
+                                         **req.cluster_shape} if req.nodes else None, p2p, bench,
+                                {"nccl_env": req.nccl_env} if req.nccl_env else None)
+        params, fit = fabric.params, fabric.network_fit
+        topo = fabric.topology if fabric.cluster is None else require_devices(load_system(system))
         partition = None
         if req.partition:
             from meshscale.topology.partitions import split_system
             topo, partition = split_system(topo, req.partition)
-        net = variant if kind == "link" else req.link
-        nics = req.nics or default_nics(net)
-        shape = {k: v for k, v in req.cluster_shape.items() if v is not None}
-        # the calibration as sim and plan take it (`calibrated`); a measured all_reduce with nodes is a multi-node
-        # one: fitted on two of them, it gives the network every node count is then built with
-        fabric = system_or_cluster(system, 2, net, nics, req.gpudirect, **shape) if req.nodes and bench else topo
-        measured_fabric = calibrated(fabric, p2p, bench) if p2p or bench else None
-        params = measured_fabric.params if measured_fabric else None
-        fit = measured_fabric.network_fit if measured_fabric else None
         asked_mode, asked_framework, algorithm = _exchange_of(variant, kind, req)
         mode, framework = resolve_framework(asked_mode, asked_framework)
         job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
@@ -113,10 +113,8 @@ def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
             job.profile = job.profile.scaled(partition.step_time_factor, partition.describe())
         if fit:
             job.network_source = fit.source
-        cluster = None
-        if req.nodes:
-            cluster = ClusterSpec(node=system, nodes=1, nics=nics, link=fit.link if fit else net,
-                                  gpudirect=req.gpudirect, **shape)
+        # the node counts vary from the resolved cluster (its link the fitted one where --bench fitted it)
+        cluster = replace(fabric.cluster, nodes=1, link=fit.link if fit else fabric.cluster.link) if req.nodes else None
         if measured:
             found = compare_scale(measured, job, topo, params, cluster)
         elif cluster:
