@@ -6,7 +6,7 @@
   two channels: DGX-1 P100 -> 2 rings = 4 channels, V100 -> 3 rings over its doubled links. With no such
   cycle (a subset missing NVLinks, switched or PCIe systems), the best contention-aware ring.
 - `pack_trees`: the Blink idea: spanning trees rooted at the root with rates, packed by a linear program
-  (scipy linprog, column generation with minimum-cost arborescences, `arborescence.min_arborescence`) so that every link is used at once.
+  (scipy linprog, column generation with minimum-cost arborescences, `arborescence.spanning_arborescence`) so that every link is used at once.
 - `broadcast_bound`: the min-cut bound of a broadcast, min over receivers of the max-flow from the root
   (networkx), computed independently of the trees.
 """
@@ -22,7 +22,7 @@ from scipy.optimize import linprog
 
 from meshscale.collectives.algorithms.base import Builder, check_ranks, check_root
 from meshscale.collectives.algorithms.dbtree import tree_bcast, tree_reduce
-from meshscale.collectives.arborescence import min_arborescence
+from meshscale.collectives.arborescence import spanning_arborescence
 from meshscale.collectives.algorithms.ring import ring
 from meshscale.collectives.schedule import Chunk, Schedule, split_bytes
 from meshscale.errors import MeshscaleError, TopologyError
@@ -290,26 +290,13 @@ def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: 
             pass  # no route on this fabric (NVLink-only: devices never relay); the pair is no tree edge
     links = {dl: i for i, dl in enumerate(sorted({dl for s in shares.values() for dl in s}))}
     cap = np.array([_capacity(topo, dl) for dl in links]) / 1e9  # GB/s keeps the LP well scaled
-    n, pos = len(devices), {d: i for i, d in enumerate(devices)}
-    # share of every link in each ordered pair's transfer (pairs x links): a round's edge costs are one product
-    pair_shares = np.zeros((n * n, len(links)))
-    for (a, b), s in shares.items():
-        for dl, x in s.items():
-            pair_shares[pos[a] * n + pos[b], links[dl]] = x
-    missing = np.full((n, n), np.inf)
-    for (a, b) in shares:
-        missing[pos[a], pos[b]] = 0.0  # +inf where the pair has no route: no such tree edge
-    root_pos = pos[root_dev]
+    edges = [(a, b) for (a, b) in shares if b != root_dev]
 
-    def arborescence(cost: np.ndarray) -> dict[int, int]:
-        parent = min_arborescence(cost + missing, root_pos)
-        return {devices[c]: devices[p] for c, p in enumerate(parent) if p >= 0}
+    def arborescence(cost) -> dict[int, int]:
+        return spanning_arborescence([(a, b, cost(a, b)) for a, b in edges])
 
     # start from the widest tree: the route bandwidth as weight
-    width = np.zeros((n, n))
-    for (a, b) in shares:
-        width[pos[a], pos[b]] = -route(topo, topo.device(a), topo.device(b)).bandwidth_bytes_per_s
-    trees = [arborescence(width)]
+    trees = [arborescence(lambda a, b: -route(topo, topo.device(a), topo.device(b)).bandwidth_bytes_per_s)]
     cols = [_tree_column(trees[0], shares, links, both_directions)]
     rounds = 0
     for rounds in range(1, max_rounds + 1):
@@ -317,11 +304,14 @@ def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: 
         if res.status != 0:
             raise MeshscaleError(f"tree packing LP failed ({res.message}); report this with the topology")
         duals = -res.ineqlin.marginals  # price of each link's capacity
-        cost = (pair_shares @ duals).reshape(n, n)
-        if both_directions:
-            cost = cost + cost.T
+        price = {dl: duals[i] for dl, i in links.items()}
+
+        def cost(a: int, b: int) -> float:
+            pairs = [(a, b), (b, a)] if both_directions else [(a, b)]
+            return sum(price[dl] * x for p in pairs for dl, x in shares[p].items())
+
         tree = arborescence(cost)
-        if sum(cost[pos[p], pos[c]] for c, p in tree.items()) >= 1 - 1e-7 or tree in trees:
+        if sum(cost(p, c) for c, p in tree.items()) >= 1 - 1e-7 or tree in trees:
             break  # no tree would raise the rate: optimal
         trees.append(tree)
         cols.append(_tree_column(tree, shares, links, both_directions))
