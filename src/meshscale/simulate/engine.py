@@ -181,6 +181,14 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
             successors[d].append(i)
     start = np.full(n, np.nan)
     finish = np.full(n, np.nan)
+    # no transfer goes faster than alone, so the longest chain of dependent ones at that pace is a lower bound of
+    # the end: a run that cannot beat ``give_up_s`` even so is not simulated
+    if give_up_s < np.inf and len(rows):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alone_s = np.where(nbytes > 0, (1 - FINISH_SLACK) * nbytes / solo_rates(rows, res.capacity)[key], 0.0)
+        if critical_path_s(latency + alone_s, deps, successors) > give_up_s * (1 + GIVE_UP_MARGIN):
+            return FlowRun(start, finish, np.inf, res.names, res.kinds, res.capacity, res.line,
+                           np.zeros(len(res.names)))
     ready: list[tuple[float, int]] = [(float(latency[i]), i) for i in range(n) if waiting[i] == 0]
     heapq.heapify(ready)
 
@@ -253,6 +261,30 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
             rate_of_key, act_load = _rates(counts, rows, res.capacity, res.rate_memo)
             act_rate = rate_of_key[key[act_ids]]
     return FlowRun(start, finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
+
+
+def solo_rates(rows: np.ndarray, capacity: np.ndarray) -> np.ndarray:
+    """Rate of one flow of each key (weight row) alone on the resources: its tightest capacity / load."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.min(np.where(rows > 0, capacity / np.where(rows > 0, rows, 1.0), np.inf), axis=1)
+
+
+def critical_path_s(duration_s: np.ndarray, deps: list[list[int]], successors: list[list[int]]) -> float:
+    """The end of the longest chain of dependent transfers, transfer ``i`` taking ``duration_s[i]`` once all of
+    ``deps[i]`` have finished (``successors``: the same edges the other way)."""
+    begin = [0.0] * len(deps)
+    end = duration_s.tolist()
+    waiting = [len(d) for d in deps]
+    todo = [i for i, w in enumerate(waiting) if w == 0]
+    while todo:
+        i = todo.pop()
+        end[i] += begin[i]
+        for s in successors[i]:
+            begin[s] = max(begin[s], end[i])
+            waiting[s] -= 1
+            if waiting[s] == 0:
+                todo.append(s)
+    return max(end, default=0.0)
 
 
 def _rates(counts: np.ndarray, rows: np.ndarray, capacity: np.ndarray, memo: dict) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,7 @@ import numpy as np
 from meshscale.collectives.kinds import kind
 from meshscale.collectives.schedule import Schedule, dependencies
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.engine import FlowRun, resources, run_flows
+from meshscale.simulate.engine import FlowRun, resources, run_flows, solo_rates
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
 
@@ -129,9 +129,7 @@ def estimates_s(schedule: Schedule, topo: Topology, params: SimParams | None = N
     used = list(per_key_bytes)
     rows = np.array([res.rows[k] for k in used])  # only the keys this schedule uses
     load_s = float(np.max((np.array([per_key_bytes[k] for k in used]) @ rows) / res.capacity))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        solo = np.min(np.where(rows > 0, res.capacity / np.where(rows > 0, rows, 1.0), np.inf), axis=1)
-    solo_rate = dict(zip(used, solo))
+    solo_rate = dict(zip(used, solo_rates(rows, res.capacity)))
     latency = res.latency
     estimate_s = sum(max(latency[k] + b / solo_rate[k] for k, b in mine) for mine in step_keys if mine)
     return load_s, float(estimate_s)
