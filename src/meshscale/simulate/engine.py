@@ -121,26 +121,30 @@ def max_min_rates(weights: np.ndarray, counts: np.ndarray, capacity: np.ndarray)
     is ``weights[k]`` (progressive filling: raise all unfrozen rates together until a resource saturates)."""
     cols = np.flatnonzero(weights.any(axis=0))  # only the resources these keys touch
     load = weights[:, cols] * counts[:, None]
-    touches = load > 0
+    touched_by = np.ascontiguousarray((load > 0).T)  # resource -> keys (rows: picking saturated ones is cheap)
     cap = capacity[cols].astype(float)
+    full = 1e-9 * cap
     left = cap.copy()
     rate = np.zeros(len(counts))
-    free = np.ones(len(counts), dtype=bool)
+    free = np.ones(len(counts))  # 1.0 for keys still rising
+    ratio = np.empty(len(cols))
     for _ in range(len(counts) + 1):  # every pass freezes at least one key; a bound, not a hope, for odd input
-        if not free.any():
+        rising = free > 0
+        if not rising.any():
             break
         demand = free @ load
         used = demand > 0
         if not used.any():  # keys that use no resource (cannot happen with real routes): give them infinity
-            rate[free] = np.inf
+            rate[rising] = np.inf
             break
-        step = np.min(left[used] / demand[used])
+        ratio.fill(np.inf)
+        np.divide(left, demand, out=ratio, where=used)
+        step = ratio.min()
         if not np.isfinite(step):
             raise MeshscaleError("simulation: a link capacity is not a finite number; check the system's bandwidths")
-        rate[free] += step
+        rate[rising] += step
         left -= step * demand
-        saturated = used & (left <= 1e-9 * cap)
-        free &= ~touches[:, saturated].any(axis=1)
+        free[touched_by[used & (left <= full)].any(axis=0)] = 0.0
     return rate
 
 
