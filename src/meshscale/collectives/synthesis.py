@@ -291,6 +291,10 @@ def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: 
     links = {dl: i for i, dl in enumerate(sorted({dl for s in shares.values() for dl in s}))}
     cap = np.array([_capacity(topo, dl) for dl in links]) / 1e9  # GB/s keeps the LP well scaled
     edges = [(a, b) for (a, b) in shares if b != root_dev]
+    # each edge's links and their shares, in the order its cost adds them up (a tie between trees is decided
+    # to the last bit)
+    terms = {(a, b): [(links[dl], x) for p in ([(a, b), (b, a)] if both_directions else [(a, b)])
+                      for dl, x in shares[p].items()] for a, b in edges}
 
     def arborescence(cost) -> dict[int, int]:
         return spanning_arborescence([(a, b, cost(a, b)) for a, b in edges])
@@ -303,12 +307,10 @@ def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: 
         res = linprog(-np.ones(len(cols)), A_ub=np.array(cols).T, b_ub=cap, bounds=(0, None), method="highs")
         if res.status != 0:
             raise MeshscaleError(f"tree packing LP failed ({res.message}); report this with the topology")
-        duals = -res.ineqlin.marginals  # price of each link's capacity
-        price = {dl: duals[i] for dl, i in links.items()}
+        price = (-res.ineqlin.marginals).tolist()  # price of each link's capacity (the duals)
 
         def cost(a: int, b: int) -> float:
-            pairs = [(a, b), (b, a)] if both_directions else [(a, b)]
-            return sum(price[dl] * x for p in pairs for dl, x in shares[p].items())
+            return sum(price[i] * x for i, x in terms[(a, b)])
 
         tree = arborescence(cost)
         if sum(cost(p, c) for c, p in tree.items()) >= 1 - 1e-7 or tree in trees:
