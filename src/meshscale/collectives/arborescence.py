@@ -48,8 +48,8 @@ def spanning_arborescence(edges: list[tuple[int, int, float]]) -> dict[int, int]
         weight[key] = top - w
     group: dict = {x: x for x in order}  # union-find: the branching's components
     chosen: dict = {}  # node -> key of its selected incoming edge
-    branching: dict[int, None] = {}  # the selected keys in the order networkx's branching holds them (see below)
-    levels: list[tuple] = []  # per contraction: node, cycle keys, lightest, entering keys, {key: target before}
+    branching: dict[int, None] = {}  # the selected keys, in the order networkx's branching holds them
+    levels: list[tuple] = []  # per contraction: cycle keys, its lightest, entering keys, {key: its target then}
     selected: set = set()
     visit, i = list(order), 0
     while i < len(visit):
