@@ -38,16 +38,23 @@ def resolve_topology(system: Optional[str], workers: Optional[int] = None, **clu
     """The topology a command works on and a notice (empty: none): ``--system NAME|FILE`` (a cluster file, or a
     cluster of it with the cluster options: ``nodes``, ``link``, ``nics``, ``gpudirect``, ``network``,
     ``oversubscription``), or this machine (with a notice if no GPU)."""
-    from meshscale.topology.cluster import system_or_cluster
+    topology, notice, _ = _resolve(system, workers, cluster)
+    return topology, notice
+
+
+def _resolve(system: Optional[str], workers: Optional[int], cluster: dict) -> tuple[Topology, str, ClusterSpec | None]:
+    """`resolve_topology` and the `ClusterSpec` it built the topology from (None for one system or this machine)."""
+    from meshscale.topology.cluster import cluster_spec, spec_topology
     from meshscale.topology.discover import discover
     if system:  # a file in another tool's format says what it had to assume (the GPU model, link speeds)
-        topology = system_or_cluster(system, **cluster)
-        return topology, "; ".join(topology.attrs.get("assumed", []))
+        spec = cluster_spec(system, **cluster)
+        topology = spec_topology(system, spec)
+        return topology, "; ".join(topology.attrs.get("assumed", [])), spec
     given = [f"--{k}" for k, v in cluster.items() if v is not None]
     if given:
         raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
     found = discover(workers)
-    return found.topology, found.notice
+    return found.topology, found.notice, None
 
 
 def nccl_settings(nccl_algo: Optional[str] = None, proto: Optional[str] = None, nccl_version: Optional[str] = None,
@@ -76,7 +83,6 @@ def resolve_fabric(system: str | Topology | None, cluster: Optional[dict] = None
     the network instead of the links) and NCCL's settings (``nccl``: `nccl_settings`)."""
     from meshscale.simulate.link_fit import calibrated
     from meshscale.topology import Topology
-    from meshscale.topology.cluster import cluster_spec
     from meshscale.topology.schema import require_devices
 
     options = cluster or {}
@@ -85,8 +91,7 @@ def resolve_fabric(system: str | Topology | None, cluster: Optional[dict] = None
             raise MeshscaleError("cluster options describe a cluster of a named system, not of a topology in hand")
         topology, notice, spec = system, "", None
     else:
-        topology, notice = resolve_topology(system, workers, **options)
-        spec = cluster_spec(system, **options) if system else None
+        topology, notice, spec = _resolve(system, workers, options)  # a cluster file read once
     require_devices(topology)
     p2p, bench = _result(p2p), _result(bench)
     measured = calibrated(topology, p2p, bench) if p2p is not None or bench is not None else None

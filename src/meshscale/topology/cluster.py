@@ -436,7 +436,11 @@ def system_or_cluster(system: str, nodes: int | None = None, link: str | None = 
                       gpudirect: bool | None = None, **shape) -> Topology:
     """The system, or the cluster of it, that `cluster_spec` finds in these options, as one `Topology`. Every
     command resolves ``--system`` (and the cluster options) through here."""
-    spec = cluster_spec(system, nodes, link, nics, gpudirect, **shape)
+    return spec_topology(system, cluster_spec(system, nodes, link, nics, gpudirect, **shape))
+
+
+def spec_topology(system: str, spec: ClusterSpec | None) -> Topology:
+    """The topology of what `cluster_spec` resolved: the system itself (None) or the cluster ``spec`` describes."""
     return load_system(system) if spec is None else build_cluster(plan_cluster(spec))
 
 
