@@ -160,13 +160,12 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     scaled runs are (``timing`` off): no device sync inside the window, one at each end; the step time is the
     window's mean, so there is no compute / data split (None). meta.gradients: when backward completes each
     gradient (`gradient_readiness`), which the predictor's overlap of the exchange with backward takes."""
-    ones = []
-    for b in sorted(batches):
-        one = replace(cfg, world=1, batch_per_rank=b, timing=False, checkpoint=CheckpointOptions(), logging=LogOptions())
+    ones = [replace(cfg, world=1, batch_per_rank=b, timing=False, checkpoint=CheckpointOptions(), logging=LogOptions())
+            for b in sorted(batches)]
+    for one in ones:
         if one.is_transformer:
             one.layout = with_default_layout(one).layout
-        validate(one)
-        ones.append(one)
+    validate(ones[-1])  # the largest batch: the smaller ones need no more memory and share everything else
     # one process: a fresh one per batch size costs a process start and CUDA's and cuDNN's set-up each time (most
     # of a short profile on a GPU); each run still builds its own model and warms up before its window
     [(outputs, gradients)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
