@@ -1,8 +1,8 @@
 """Measured (`train --json`) against predicted (`predict --json`) samples/s for what
 benchmarks/predict_vs_train_gpu.sh leaves in a folder: the steady prediction against `train --no-timing` (the
-throughput window, no sync inside it: the figure the 20% target is held against) and the prediction of the
-step as a loop synced every step measures it against `train`'s timed run; each with its error and where its
-compute came from.
+throughput window, no sync inside it: the figure the 20% target is held against) and against `train`'s timed
+run (each step's events read once the next step is queued: no sync either), with the step a loop synced every
+step would take beside them; each with its error and where its compute came from.
 
   python benchmarks/predict_vs_train.py OUTDIR                       the table, from OUTDIR/<model>.json
   python benchmarks/predict_vs_train.py --pack MODEL WORKDIR OUT     one model's result files into one JSON
@@ -72,11 +72,11 @@ def table(folder: Path) -> None:
             row = pred["rows"][0]
             steady, synced = row["throughput_samples_per_s"], row.get("synced_throughput_samples_per_s")
             u, ue = _cell(steady, untimed)
-            t, te = _cell(synced, timed)
+            t, te = _cell(steady, timed)
             print(f"{model:<10} {tag:<12} {steady:>9,.1f} {u:>10} {ue:>7}   {synced or 0:>9,.1f} {t:>9} {te:>7}  "
                   f"{row['compute_source']}")
     print("error = predicted / measured - 1. steady: the step with the host running ahead (against `train "
-          "--no-timing`); synced: the step as a loop synced every step measures it (against `train`'s timed run)")
+          "--no-timing` and the timed run); synced: a loop that waits for the device every step (shown, not compared)")
 
 
 def main(argv: list[str]) -> int:
