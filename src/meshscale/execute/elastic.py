@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from meshscale.errors import Interrupted, MeshscaleError
-from meshscale.execute.launcher import first_line, loopback_interface, proc_state, serving_store
+from meshscale.execute.launcher import first_line, loopback_interface, proc_state, serving_store, signal_name
 from meshscale.execute.world import LAUNCHER_REPORTS_ENV
 from meshscale.safe_io import remove_stale_scratch
 
@@ -52,7 +52,7 @@ class RankFailure:
     def cause(self) -> str:
         if self.exit_code >= 0:
             return f"exit code {self.exit_code}: {self.message or 'no message from it'}"
-        name = _signal_name(-self.exit_code)
+        name = signal_name(-self.exit_code)
         if self.after_rank is not None:
             return f"ended by {name} after rank {self.after_rank} failed (the launcher stops the others)"
         return f"killed by {name}{f': {self.message}' if self.message else ', no message from it'}"
@@ -214,7 +214,7 @@ def run_launch(plan: LaunchPlan, host: str) -> list[RankFailure]:
     except SignalException as exc:
         if exc.sigval == signal.SIGINT:
             raise KeyboardInterrupt from None
-        raise Interrupted(f"launch: stopped by {_signal_name(exc.sigval)}; every rank was stopped") from None
+        raise Interrupted(f"launch: stopped by {signal_name(exc.sigval)}; every rank was stopped") from None
     except RendezvousError as exc:
         cause = exc.__cause__ or exc  # torch's connection error says "see inner exception"
         if isinstance(exc, RendezvousTimeoutError):
@@ -348,10 +348,3 @@ def _env(variables: dict[str, str]) -> Iterator[None]:
 def _remove(folder: str | None) -> None:
     if folder:
         shutil.rmtree(folder, ignore_errors=True)
-
-
-def _signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"

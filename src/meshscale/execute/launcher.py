@@ -368,7 +368,7 @@ def _mark_dead(procs: list, outputs: dict, errors: dict) -> None:
     for r, p in enumerate(procs):
         if r not in outputs and r not in errors and p.exitcode is not None:
             code = p.exitcode
-            errors[r] = f"died ({f'signal {-code}' if code < 0 else f'exit code {code}'})"
+            errors[r] = f"died ({signal_name(-code) if code < 0 else f'exit code {code}'})"
 
 
 def _collect(results: Any, outputs: dict, errors: dict, wait_s: float) -> None:
@@ -484,6 +484,14 @@ def _native_logs_silenced() -> Iterator[None]:
         os.dup2(saved, 2)
         os.close(saved)
         os.close(null)
+
+
+def signal_name(number: int) -> str:
+    """SIGKILL for 9; "signal N" for a number the platform does not name."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def first_line(exc: BaseException) -> str:
