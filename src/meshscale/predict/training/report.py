@@ -77,7 +77,7 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
         rate = f"{first.tokens_per_s_per_gpu * first.step_s / synced:,.0f} tokens/s/GPU" if tokens else \
             f"{first.samples_per_s * first.step_s / synced:,.1f} samples/s"
         if synced > first.step_s * 1.01:  # a host-bound step: a loop that waits for the device each step pays more
-            lines.append(f"synced every step: {rate}, {synced * 1e3:,.1f} ms per step (the table: steady state)")
+            lines.append(f"synced every step: {rate}, {synced * 1e3:,.1f} ms/step (table: steady)")
         if not first.fits:
             lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
                          f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
