@@ -124,3 +124,9 @@ def test_the_folders_of_launchers_killed_outright_are_removed_and_live_ones_kept
     left = sorted(p.name for p in tmp_path.iterdir())
     assert left == sorted(["elsewhere", live.name, f"meshscale-launch-{pid}-link"])
     assert (tmp_path / "elsewhere").is_dir()  # a link is never followed
+
+
+def test_launch_without_anything_to_run_is_one_line(cli):
+    result = cli("launch")
+    assert result.exit_code == 2 and "meshscale launch --standalone" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -22,9 +22,12 @@ def launch(ctx: typer.Context) -> None:
     --nproc-per-node 8 --rdzv-backend c10d --rdzv-endpoint HOST:29500 --rdzv-id JOB -- bench collective
     all_reduce`. The ranks' command is parsed here first, so a bad option is one error before any rank starts.
     LOGLEVEL=INFO shows torchrun's own log."""
-    if not ctx.args or ctx.args[0] in ("-h", "--help"):
+    if ctx.args and ctx.args[0] in ("-h", "--help"):
         typer.echo(ctx.get_help())
         raise typer.Exit()
+    if not ctx.args:
+        raise MeshscaleError("launch: give torchrun's options and the command the ranks run, e.g. meshscale launch "
+                             "--standalone --nproc-per-node 2 -- train --steps 10")
     # The agent's own C++ errors (a store it cannot reach, each with a C++ stack) would come before its one line:
     # off in this process (read when torch loads); the ranks keep the level they had.
     rank_env = {"TORCH_CPP_LOG_LEVEL": os.environ.get("TORCH_CPP_LOG_LEVEL", "ERROR")}
