@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing import TimeoutError, get_context
@@ -241,6 +242,9 @@ def _shares(data: DataFiles, readers: int) -> list[list[tuple[str, int, int]]]:
 
 
 def _one_thread() -> None:
+    # the command's SIGTERM clean-up handler is Python: a child stuck in C would never run it, and terminate()
+    # at the deadline could not end it
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         import torch
         torch.set_num_threads(1)
@@ -250,9 +254,12 @@ def _one_thread() -> None:
 
 def _run(work, shares: list[tuple], timeout_s: float, what: str) -> list:
     """``work(*share)`` for every share, one process each, within ``timeout_s`` in all; the processes are killed
-    when it ends, so a stuck read cannot outlive the command. fork: the children start in milliseconds and
-    inherit the imported modules; they run one thread each."""
-    pool = get_context("fork").Pool(len(shares), initializer=_one_thread)
+    when it ends, so a stuck read cannot outlive the command. forkserver: the children are forked from a clean
+    single-threaded server (a plain fork of this threaded process can inherit a lock some thread held and hang);
+    they run one thread each."""
+    context = get_context("forkserver")
+    context.set_forkserver_preload(["torch", __name__])  # the server imports them once, each child has them
+    pool = context.Pool(len(shares), initializer=_one_thread)
     try:
         pending = [pool.apply_async(work, share) for share in shares]
         deadline = time.monotonic() + timeout_s
