@@ -82,12 +82,30 @@ def test_a_timed_step_on_a_device_is_read_once_the_next_is_queued(tmp_path):
     clock, events = _DeviceClock(), []
     cfg = TrainConfig(steps=4, timing=True)
 
+    class DeviceLoss:
+        """A loss on the device: reading it directly would wait for all the work queued after it."""
+        is_cuda = True
+
+        def __init__(self, value):
+            self.value = value
+
+        def detach(self):
+            return self
+
+        def to(self, device, non_blocking=False):
+            assert device == "cpu" and non_blocking
+            events.append(("copy", self.value))
+            return torch.tensor(self.value)
+
+        def item(self):
+            raise AssertionError("a device tensor's item() waits for the next step too")
+
     def step_fn(step):
         events.append(("run", step))
         start = clock.mark()
         clock.now += step  # step k takes k more units on the device
-        return {"step": step}, torch.tensor(float(step)), TimedStep(clock, start, start, clock.mark(),
-                                                                    per_step={"samples": 8})
+        return {"step": step}, DeviceLoss(float(step)), TimedStep(clock, start, start, clock.mark(),
+                                                                  per_step={"samples": 8})
 
     class Log(StepLog):
         def add(self, row, loss=None):
@@ -97,8 +115,9 @@ def test_a_timed_step_on_a_device_is_read_once_the_next_is_queued(tmp_path):
     ctx = RankContext(0, 1, 0, "gloo", torch.device("cpu"), dist.HashStore())
     run_steps(ctx, cfg, 0, log, Window(clock, 0), step_fn, lambda done: None, "test")
     # no row is read before the next step is queued; the last one at the end
-    assert events == [("run", 0), ("run", 1), ("write", 0), ("run", 2), ("write", 1), ("run", 3), ("write", 2),
-                      ("write", 3)]
+    # and its loss comes by a copy queued right behind it, never by reading the device tensor
+    assert events == [("run", 0), ("copy", 0.0), ("run", 1), ("write", 0), ("copy", 1.0), ("run", 2), ("write", 1),
+                      ("copy", 2.0), ("run", 3), ("write", 2), ("copy", 3.0), ("write", 3)]
     starts, ends = [1, 3, 6, 10], [2, 5, 9, 14]  # marks: start, k units of work, end
     # a step's time runs to the next step's start; the last one's to its own end
     assert [r["step_time_s"] for r in log.rows] == [3 - 1, 6 - 3, 10 - 6, 14 - 10]

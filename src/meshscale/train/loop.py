@@ -74,7 +74,9 @@ def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, wind
         nonlocal pending
         if pending is not None:
             row, loss, timed = pending
-            row.update(timed.times(next_start), loss=loss.item())
+            if next_start is None and timed.clock.cuda:  # before a checkpoint and at the end: the loss's copy
+                timed.clock.sync()                        # was queued after the step's marks
+            row.update(timed.times(next_start), loss=loss.item())  # a host copy, landed once the marks passed
             log.add(row)
             pending = None
     try:
@@ -83,12 +85,15 @@ def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, wind
             if cfg.debug.fault_step == step and ctx.rank == ctx.world_size - 1:
                 os._exit(17)  # fault injection for the tests: die without a word, as a killed worker does
             window.at_step(step)
-            row, loss, timed = out = step_fn(step)
+            row, loss, timed = step_fn(step)
             if timed is None:  # untimed: the loss stays on the device until the log flushes
                 log.add(row, loss)
             else:
                 complete(timed.start)
-                pending = out
+                # the loss comes to the host by a copy queued behind the step: `loss.item()` on the device tensor
+                # would wait for everything queued after it too (the next step), which stops a host-bound loop
+                # from running ahead at every step
+                pending = (row, host_copy(loss), timed)
                 if not timed.clock.cuda:  # the host clock's marks are passed when taken: the row is complete now
                     complete()
             if checkpoint_due(cfg, step + 1):
@@ -101,6 +106,12 @@ def run_steps(ctx: RankContext, cfg: TrainConfig, start: int, log: StepLog, wind
         log.flush()
     finally:
         log.close()
+
+
+def host_copy(value: Any) -> Any:
+    """A device tensor copied to (pinned) host memory without waiting: read it once the device has passed the
+    point where the copy was queued."""
+    return value.detach().to("cpu", non_blocking=True) if value.is_cuda else value
 
 
 def restore(ctx: RankContext, t: Trainer) -> int:
