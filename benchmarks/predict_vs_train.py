@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-MODELS = ("resnet50", "gpt-small")
+MODELS = ("resnet50", "gpt-small", "llama-1b")
 # result files of one model in the work folder, by their key in the packed JSON
 PARTS = {"train_timed": "train-{}.json", "train_untimed": "untimed-{}.json", "profile": "profile-{}.json",
          "predict_datasheet": "predict-{}.json", "predict_other_gpu": "predict-{}-calibrated.json",

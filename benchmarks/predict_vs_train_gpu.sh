@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compute predicted from the datasheet against what `meshscale train` measures, on this machine's one GPU:
-# ResNet-50 bf16 channels-last at batch 128 and GPT-small bf16 at batch 16 (1024 tokens). For each: `train`
+# ResNet-50 bf16 channels-last at batch 128, GPT-small bf16 at batch 16 (1024 tokens) and llama-1b (FSDP2 of one
+# rank, full checkpointing, batch 2 x 2048). For each: `train`
 # twice (timed: per-step events and the time split, read once the next step is queued; --no-timing: the steady throughput window, what
 # the prediction is held against), a single-GPU profile (`train --profile-batches`, also unsynced), and
 # `predict` for the same job from the datasheet, calibrated on this GPU's own profile, and, where PROFILES names
@@ -13,7 +14,7 @@
 #   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call; KERNELS=0: no kernel table
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #
-# Leaves six files in OUTDIR: <model>.json for resnet50 and gpt-small (every train, profile and predict result
+# Leaves seven files in OUTDIR: <model>.json for resnet50, gpt-small and llama-1b (every train, profile and predict result
 # of that model in one object), summary.txt (the table of errors), log.txt, and kernels.{txt,json}
 # (benchmarks/predict_kernels_gpu.py).
 set -u
@@ -45,9 +46,11 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
     echo "== train $name --no-timing" | log
     $MS train --model "$name" --gpus 1 --batch "$batch" $shared --steps "$STEPS" --no-timing \
       --json "$WORK/untimed-$name.json" 2>&1 | tail -3 | log
-    echo "== profile $name" | log
-    $MS train --model "$name" --gpus 1 --profile-batches "$profile_batches" $shared --steps "$STEPS" \
-      --json "$WORK/profile-$name.json" 2>&1 | tail -3 | log
+    if [ -n "$profile_batches" ]; then
+      echo "== profile $name" | log
+      $MS train --model "$name" --gpus 1 --profile-batches "$profile_batches" $shared --steps "$STEPS" \
+        --json "$WORK/profile-$name.json" 2>&1 | tail -3 | log
+    fi
   fi
   echo "== predict $name (datasheet)" | log
   $MS predict --model "$name" --system "$SYSTEM" --gpus 1 --batch "$batch" $shared $predict_opts \
@@ -72,6 +75,11 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
 
 run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" ""
 run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024"
+# a layout run (FSDP2 of one rank, full checkpointing): no profile (`--profile-batches` is for the data-parallel
+# models); LLAMA=0 skips it
+if [ "${LLAMA:-1}" != 0 ]; then
+  run llama-1b 2 "" "--precision bf16 --fsdp 1 --activation-checkpointing full --seq-len 2048" ""
+fi
 $PY "$HERE/predict_vs_train.py" "$OUTDIR" | tee "$OUTDIR/summary.txt"
 # the same steps per kernel category against the model (KERNELS=0 skips it)
 if [ "${KERNELS:-1}" != 0 ]; then

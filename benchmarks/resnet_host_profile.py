@@ -22,7 +22,8 @@ Prints: one line per round and side (images/s), the median ratio of each side to
 window from the first kernel to the last, less the union of kernels, copies and sets), (c) kernels and CUDA
 runtime calls per step (cudaLaunchKernel, cudaStreamSynchronize, cudaMemcpy*, cudaEventRecord, cudaEventQuery
 ...), (d) the top GPU kernels by time per step. With --cli (default), also the real command's figures,
-untimed and timed (fresh processes).
+untimed and timed (fresh processes). Last, the loop's own host time per step, untimed and timed, measured around
+a step that launches nothing (what "loop" adds to "step" whatever the host's pace).
 """
 from __future__ import annotations
 
@@ -99,6 +100,29 @@ def meshscale_loop_side(args, device: torch.device, store, bucket_view: bool = F
         run_steps(ctx, part, start, log, Window(t.clock, start), steps, lambda _: None, part.mode)
         done[0] += n
     return run
+
+
+def loop_own_seconds(args, device: torch.device, store, timing: bool, n: int = 2000) -> float:
+    """Host seconds per step that train/loop.py's `run_steps` adds around a step: the phase written to the store,
+    the window, the step log and progress bar, the timed step's marks and reads, around a step that launches
+    nothing. Independent of how fast the host runs the step itself, which moves from round to round on a VM."""
+    from meshscale.execute import RankContext
+    from meshscale.train.loop import open_log, run_steps
+    from meshscale.train.timing import Clock, TimedStep, Window
+    cfg = replace(train_config(args, device, timing=timing), steps=n)
+    ctx = RankContext(0, 1, 0, "nccl" if device.type == "cuda" else "gloo", device, store)
+    clock, zero = Clock(device), torch.zeros((), device=device)
+
+    def nothing(step: int):
+        if not timing:
+            return {"step": step, "lr": 0.0}, zero, None
+        start = clock.mark()
+        return {"step": step, "lr": 0.0}, zero, TimedStep(clock, start, start, clock.mark(), per_step={"samples": 1})
+    log = open_log(ctx, cfg, 0)
+    sync(device)
+    begin = time.perf_counter()
+    run_steps(ctx, cfg, 0, log, Window(clock, 0), nothing, lambda _: None, "nothing")
+    return (time.perf_counter() - begin) / n
 
 
 def plain_side(args, device: torch.device):
@@ -300,6 +324,11 @@ def main() -> None:
             ratios = [p / t for p, t in zip(per_step["plain"], per_step[s])]
             print(f"{s:5s}: {statistics.median(rates):,.1f} images/s (median; {min(rates):,.1f}-{max(rates):,.1f}); "
                   f"/ plain = {statistics.median(ratios):.3f} ({min(ratios):.3f}-{max(ratios):.3f})", flush=True)
+        plain_s = statistics.median(per_step["plain"])
+        for timing in (False, True):
+            own = loop_own_seconds(args, device, store, timing)
+            print(f"the loop's own host time ({'timed' if timing else 'untimed'}): {own * 1e6:,.1f} us per step, "
+                  f"{own / plain_s:.2%} of the plain step (run_steps around a step that launches nothing)", flush=True)
         profiles = {}
         for s in SIDES:
             events, wall = profile_trace(runs[s], args.profile_steps, device)
