@@ -20,7 +20,8 @@ the same way and the ratio measures meshscale's step around them:
 - no loss parallelism (torchtitan's default under tp keeps the logits vocabulary-sharded into the loss): the head
   gathers the whole logits on every tp rank;
 - the selective policy saves every matmul and attention output (torchtitan recomputes every other matmul, and also
-  saves tensor parallelism's reduce-scatter outputs so that its backward does not repeat them);
+  saves tensor parallelism's reduce-scatter outputs so that its backward does not repeat them:
+  `--plain-checkpointing torchtitan` gives the plain side that policy instead);
 - fully_shard wraps the blocks and the root only (torchtitan also wraps the embedding, and the norm with the head,
   apart; llama-1b's head is tied to its embedding, which that split would separate); every block reshards after
   its forward;
@@ -166,7 +167,9 @@ def meshscale_llama(cfg: TrainConfig, device):
 
 
 def plain_tensor_parallel(model, tp_mesh) -> None:
-    """torchtitan's tensor and sequence parallel plan for its Llama (no loss parallelism: see the docstring)."""
+    """torchtitan's tensor and sequence parallel plan for its Llama (no loss parallelism: see the docstring).
+    Written out here rather than taken from train/parallel/apply.py: the plain side is the independent reference,
+    and its losses agreeing with meshscale's is what shows the two plans are the same arithmetic."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
@@ -190,14 +193,42 @@ def plain_tensor_parallel(model, tp_mesh) -> None:
         })
 
 
-def plain_llama(cfg: TrainConfig, model_cfg, device, x: torch.Tensor, y: torch.Tensor) -> Callable[[], torch.Tensor]:
+def selective_policy(kind: str) -> Callable:
+    """The plain side's op-level selective checkpointing (a context_fn): ``meshscale``'s choice, every matmul and
+    attention output kept; or ``torchtitan``'s own save list and rule, which also keeps tensor parallelism's
+    reduce-scatter outputs (its backward does not repeat them) and recomputes every second matmul."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    attention = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+                 aten._scaled_dot_product_cudnn_attention.default,
+                 aten._scaled_dot_product_flash_attention_for_cpu.default}   # the CPU kernel: dry runs
+    if kind == "meshscale":
+        save = {aten.mm.default, aten.addmm.default, aten.bmm.default, *attention}
+    else:
+        save = {aten.mm.default, aten.max.default, aten._scaled_dot_product_attention_math.default,
+                torch.ops._c10d_functional.reduce_scatter_tensor.default, *attention}
+
+    def context():
+        matmuls = {"forward": 0, "recompute": 0}   # counted apart in the forward and in its recomputation
+
+        def policy(ctx, op, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if op == aten.mm.default:
+                matmuls[mode] += 1
+            second = kind == "torchtitan" and op == aten.mm.default and matmuls[mode] % 2 == 0
+            return CheckpointPolicy.MUST_SAVE if op in save and not second else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return context
+
+
+def plain_llama(cfg: TrainConfig, model_cfg, device, x: torch.Tensor, y: torch.Tensor,
+                plain_checkpointing: str = "meshscale") -> Callable[[], torch.Tensor]:
     """torchtitan's way: the mesh, the model from the seed, tensor parallelism, selective op checkpointing per
     block, fully_shard per block then the root with bf16 params / fp32 reduce, AdamW; the loop is zero_grad,
     forward, loss, backward, step. Returns the step (this rank's loss)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
     from meshscale.train.transformer import Transformer
     layout = cfg.layout.parallel_layout()
@@ -207,14 +238,7 @@ def plain_llama(cfg: TrainConfig, model_cfg, device, x: torch.Tensor, y: torch.T
         model = Transformer(model_cfg, x.shape[1])
     if layout.tp > 1:
         plain_tensor_parallel(model, mesh["tp"])
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten.addmm.default, aten.bmm.default, aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default}
-
-    def context():
-        return create_selective_checkpoint_contexts(
-            lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE)
+    context = selective_policy(plain_checkpointing)
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(block, context_fn=context, preserve_rng_state=False)
     bf16 = cfg.speed.precision == "bf16"
@@ -247,8 +271,10 @@ def first_losses(run: Run, label: str, ours, plain) -> None:
 def llama_part(run: Run, cfg: TrainConfig) -> None:
     t, ours = meshscale_llama(cfg, run.device)
     x, y = t.batches.get(0)   # meshscale's synthetic batch of this rank: the plain side trains the same tensors
-    plain = plain_llama(cfg, t.model_cfg, run.device, x, y)
+    plain = plain_llama(cfg, t.model_cfg, run.device, x, y, run.args.plain_checkpointing)
     label = " ".join(f"{d}{getattr(t.layout, d)}" for d in PLAIN_DIMENSIONS if getattr(t.layout, d) > 1) or "fsdp1"
+    if run.args.plain_checkpointing != "meshscale":
+        label += " (plain: torchtitan's checkpointing)"
     first_losses(run, label, ours, plain)
     compare(run, "llama", label, cfg.global_batch * x.shape[1], "tokens", ours, plain)
 
@@ -366,6 +392,8 @@ def parse_args() -> argparse.Namespace:
                    "resnet runs on one rank only)")
     p.add_argument("--layout", default=None, help="llama under torchrun: fsdp=F,tp=T with F x T the world size "
                    "(default: fsdp = the world size)")
+    p.add_argument("--plain-checkpointing", choices=("meshscale", "torchtitan"), default="meshscale",
+                   help="llama: the plain side's selective policy: meshscale's (like for like) or torchtitan's own")
     p.add_argument("--llama", default="llama-1b")
     p.add_argument("--seq-len", type=int, default=2048)
     p.add_argument("--llama-batch", type=int, default=2, help="sequences per data-parallel rank")
