@@ -138,7 +138,10 @@ class Run:
 def parse_layout(text: str) -> dict[str, int]:
     """--layout fsdp=2,tp=2 (or `scale --layouts`' spelling of one layout, fsdp2xtp2): fsdp and tp only."""
     from meshscale.train.parallel.plan import parse_layouts
-    degrees = parse_layouts(text.replace("=", "").replace(",", "x"))[0]
+    try:
+        degrees = parse_layouts(text.replace("=", "").replace(",", "x"))[0]
+    except MeshscaleError:
+        raise MeshscaleError(f"--layout {text}: write the degrees as fsdp=F,tp=T (or fsdpFxtpT)") from None
     other = sorted(set(degrees) - set(PLAIN_DIMENSIONS))
     if other:
         raise MeshscaleError(f"--layout {text}: the plain side is written for {' and '.join(PLAIN_DIMENSIONS)}; "
