@@ -1,18 +1,45 @@
-"""meshscale's training step beside a plain loop, side by side in one process on one device, rounds interleaved
+"""meshscale's training step beside a plain loop, side by side in the same processes, rounds interleaved
 (A B A B ...) so that clocks, temperature and other tenants weigh on both alike.
 
-1. llama: meshscale's layout step (train/parallel: FSDP2 of one rank, bf16 MixedPrecisionPolicy, op-level
-   selective activation checkpointing) for a Llama-style preset, beside a plain loop written the way torchtitan
-   writes it (fully_shard per block and at the root, the same policies, AdamW, forward / loss / backward / step).
-   Both train the same module class (meshscale.train.transformer), so the comparison is of the step around it.
-2. resnet: meshscale's data-parallel step (`train --model resnet50 --precision bf16 --channels-last --batch 128
-   --no-timing`, built by train/build.py, DDP of one rank) beside benchmarks/train_ddp_plain.py's loop.
+1. llama: meshscale's layout step (train/parallel's build_layout and layout_step, built as `meshscale train
+   --model llama-1b --fsdp F --tp T --activation-checkpointing selective --precision bf16` builds them) beside a
+   plain loop written the way torchtitan writes it. On one GPU: FSDP2 of one rank. Under torchrun, any --layout
+   of fsdp and tp whose product is the world size; every rank runs both sides in lock step.
+2. resnet (one rank): meshscale's data-parallel step (`train --model resnet50 --precision bf16 --channels-last
+   --batch 128 --no-timing`, built by train/build.py, DDP of one rank) beside benchmarks/train_ddp_plain.py's loop.
+
+The plain llama side mirrors torchtitan's llama3 parallelize and train step: a DeviceMesh with named dimensions
+("dp_shard", "tp"; tp innermost, consecutive ranks); tensor parallelism by parallelize_module (the embedding
+RowwiseParallel from replicated ids to a sequence shard, the final norm SequenceParallel, the head ColwiseParallel
+from a sequence shard; per block SequenceParallel norms, PrepareModuleInput gathering the sequence before attention
+and the feed-forward, ColwiseParallel wq/wk/wv/w1/w3, RowwiseParallel wo/w2 back to the sequence shard); then
+op-level selective activation checkpointing per block; then fully_shard per block and at the root on the dp_shard
+mesh, bf16 parameters and fp32 gradient reduction; AdamW (betas 0.9, 0.95); zero_grad, forward, loss, backward,
+step. Where meshscale chose otherwise, the plain side does as meshscale does, so that both drive the same engines
+the same way and the ratio measures meshscale's step around them:
+- no loss parallelism (torchtitan's default under tp keeps the logits vocabulary-sharded into the loss): the head
+  gathers the whole logits on every tp rank;
+- the selective policy saves every matmul and attention output (torchtitan recomputes every other matmul, and also
+  saves tensor parallelism's reduce-scatter outputs so that its backward does not repeat them:
+  `--plain-checkpointing torchtitan` gives the plain side that policy instead);
+- fully_shard wraps the blocks and the root only (torchtitan also wraps the embedding, and the norm with the head,
+  apart; llama-1b's head is tied to its embedding, which that split would separate); every block reshards after
+  its forward;
+- with tp alone fully_shard still runs, on a shard mesh of one rank, for bf16 mixed precision (torchtitan applies
+  no FSDP then, and trains a tp-only run in fp32); no gradient clipping (torchtitan clips at norm 1).
+Both sides build the model from the same seed and train the same per-rank batch (meshscale's synthetic batch of
+the rank's data-parallel index): the first steps' losses, printed, agree.
 
     python benchmarks/train_vs_plain.py                  # on one GPU: both parts
     python benchmarks/train_vs_plain.py --dry-run        # on a CPU: llama-tiny and small-cnn, a few steps
+    python -m torch.distributed.run --standalone --nproc-per-node 2 benchmarks/train_vs_plain.py --layout fsdp=2
+    python -m torch.distributed.run --standalone --nproc-per-node 4 benchmarks/train_vs_plain.py --dry-run \\
+        --layout fsdp=2,tp=2                             # on a CPU: 4 Gloo ranks
 
-Prints one JSON line per part and round, then one summary line per part: throughput of each and the ratio
-meshscale / plain (median over rounds)."""
+Rank 0 prints one JSON line per part and round (each side's step time as the slowest rank saw it, tokens/s in all
+and per GPU, the ratio), the first steps' losses of each side, then one summary line per part: the median over
+rounds of each side's throughput and of the ratio meshscale / plain, with its min and max; with
+--one-gpu-tokens-per-s, each side's scaling against that one-GPU figure."""
 from __future__ import annotations
 
 import argparse
@@ -21,14 +48,23 @@ import os
 import statistics
 import sys
 import time
+import warnings
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
+from typing import Callable, Optional, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+
+from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.train.config import TrainConfig  # noqa: E402
+
+FIRST_STEPS = 2      # steps whose losses each side reports before the warm-up (same weights and data: they agree)
+PLAIN_DIMENSIONS = ("fsdp", "tp")   # what the plain side is written for
 
 
 def init_one_rank(device: torch.device) -> dist.TCPStore:
@@ -56,59 +92,194 @@ def timed(step, steps: int, device: torch.device) -> float:
     return (time.perf_counter() - start) / steps
 
 
+@dataclass
+class Run:
+    """This rank's part in the comparison: rank 0 prints and writes the rows."""
+
+    args: argparse.Namespace
+    device: torch.device
+    rank: int
+    world: int
+    out: Optional[TextIO] = None
+
+    def emit(self, row: dict) -> None:
+        if self.rank == 0:
+            print(json.dumps(row), flush=True)
+            if self.out:
+                self.out.write(json.dumps(row) + "\n")
+
+    def say(self, line: str) -> None:
+        if self.rank == 0:
+            print(line, flush=True)
+
+    def line_up(self) -> None:
+        """Every rank has come this far before any starts a clock (a tiny all-reduce, waited for)."""
+        dist.all_reduce(torch.zeros(1, device=self.device))
+        sync(self.device)
+
+    def slowest(self, seconds: float) -> float:
+        """The longest of the ranks' ``seconds``: a lock-step run goes at its slowest rank's pace."""
+        t = torch.tensor([seconds], dtype=torch.float64, device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.item()
+
+    def mean(self, value: torch.Tensor) -> float:
+        """``value`` averaged over the ranks."""
+        total = value.detach().float().reshape(1).clone()
+        dist.all_reduce(total)
+        return total.item() / self.world
+
+    @property
+    def gpus(self) -> str:
+        return f"{self.world} {'GPU' if self.device.type == 'cuda' else 'CPU rank'}{'s' if self.world > 1 else ''}"
+
+
 # ---- part 1: a Llama-style transformer --------------------------------------------------------------------------
-def meshscale_llama(args, device):
-    from meshscale.train.config import LayoutOptions, SpeedOptions, TrainConfig
+def parse_layout(text: str) -> dict[str, int]:
+    """--layout fsdp=2,tp=2 (or `scale --layouts`' spelling of one layout, fsdp2xtp2): fsdp and tp only."""
+    from meshscale.train.parallel.plan import parse_layouts
+    try:
+        degrees = parse_layouts(text.replace("=", "").replace(",", "x"))[0]
+    except MeshscaleError:
+        raise MeshscaleError(f"--layout {text}: write the degrees as fsdp=F,tp=T (or fsdpFxtpT)") from None
+    other = sorted(set(degrees) - set(PLAIN_DIMENSIONS))
+    if other:
+        raise MeshscaleError(f"--layout {text}: the plain side is written for {' and '.join(PLAIN_DIMENSIONS)}; "
+                             f"{', '.join(other)} has no plain counterpart here")
+    return degrees
+
+
+def llama_config(args, world: int, device_type: str) -> TrainConfig:
+    """meshscale's configuration of the run, as `meshscale train` makes it, checked as `train` checks it."""
+    from meshscale.train.config import LayoutOptions, SpeedOptions
+    from meshscale.train.parallel.plan import check_layout_run
+    degrees = parse_layout(args.layout) if args.layout else {"fsdp": world}
+    cfg = TrainConfig(model=args.llama, world=world, batch_per_rank=args.llama_batch, timing=False,
+                      device=device_type, speed=SpeedOptions(precision=args.precision),
+                      layout=LayoutOptions(checkpointing="selective", seq_len=args.seq_len, **degrees))
+    check_layout_run(cfg)
+    return cfg
+
+
+def meshscale_llama(cfg: TrainConfig, device):
+    """meshscale's trainer and its step (the global loss of each step)."""
     from meshscale.train.parallel.worker import build_layout, layout_step
-    cfg = TrainConfig(model=args.llama, batch_per_rank=args.llama_batch, timing=False, device=device.type,
-                      speed=SpeedOptions(precision=args.precision),
-                      layout=LayoutOptions(fsdp=1, checkpointing="selective", seq_len=args.seq_len))
     t = build_layout(cfg, device)
     counter = iter(range(1 << 30))
-    return lambda: layout_step(t, next(counter), 1e-4)
+    return t, lambda: layout_step(t, next(counter), 1e-4)[1]
 
 
-def plain_llama(args, device):
-    """torchtitan's way: model built, selective op checkpointing per block, fully_shard per block then the root
-    with bf16 params / fp32 reduce, AdamW; the loop is zero_grad, forward, loss, backward, step."""
+def plain_tensor_parallel(model, tp_mesh) -> None:
+    """torchtitan's tensor and sequence parallel plan for its Llama (no loss parallelism: see the docstring).
+    Written out here rather than taken from train/parallel/apply.py: the plain side is the independent reference,
+    and its losses agreeing with meshscale's is what shows the two plans are the same arithmetic."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel, parallelize_module)
+    parallelize_module(model, tp_mesh, {
+        "tok_embeddings": RowwiseParallel(input_layouts=Replicate(), output_layouts=Shard(1)),
+        "norm": SequenceParallel(),
+        "output": ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate(), use_local_output=True),
+    })
+    for block in model.layers.values():
+        parallelize_module(block, tp_mesh, {
+            "attention_norm": SequenceParallel(),
+            # the block's other inputs (rotary tables, positions) pass as they are
+            "attention": PrepareModuleInput(input_layouts=(Shard(1), None, None, None),
+                                            desired_input_layouts=(Replicate(), None, None, None)),
+            "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
+            "ffn_norm": SequenceParallel(),
+            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            "feed_forward.w3": ColwiseParallel(),
+        })
+
+
+def selective_policy(kind: str) -> Callable:
+    """The plain side's op-level selective checkpointing (a context_fn): ``meshscale``'s choice, every matmul and
+    attention output kept; or ``torchtitan``'s own save list and rule, which also keeps tensor parallelism's
+    reduce-scatter outputs (its backward does not repeat them) and recomputes every second matmul."""
+    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
+    aten = torch.ops.aten
+    attention = {aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default,
+                 aten._scaled_dot_product_cudnn_attention.default,
+                 aten._scaled_dot_product_flash_attention_for_cpu.default}   # the CPU kernel: dry runs
+    if kind == "meshscale":
+        save = {aten.mm.default, aten.addmm.default, aten.bmm.default, *attention}
+    else:
+        save = {aten.mm.default, aten.max.default, aten._scaled_dot_product_attention_math.default,
+                torch.ops._c10d_functional.reduce_scatter_tensor.default, *attention}
+
+    def context():
+        matmuls = {"forward": 0, "recompute": 0}   # counted apart in the forward and in its recomputation
+
+        def policy(ctx, op, *args, **kwargs):
+            mode = "recompute" if ctx.is_recompute else "forward"
+            if op == aten.mm.default:
+                matmuls[mode] += 1
+            second = kind == "torchtitan" and op == aten.mm.default and matmuls[mode] % 2 == 0
+            return CheckpointPolicy.MUST_SAVE if op in save and not second else CheckpointPolicy.PREFER_RECOMPUTE
+        return create_selective_checkpoint_contexts(policy)
+    return context
+
+
+def plain_llama(cfg: TrainConfig, model_cfg, device, x: torch.Tensor, y: torch.Tensor,
+                plain_checkpointing: str = "meshscale") -> Callable[[], torch.Tensor]:
+    """torchtitan's way: the mesh, the model from the seed, tensor parallelism, selective op checkpointing per
+    block, fully_shard per block then the root with bf16 params / fp32 reduce, AdamW; the loop is zero_grad,
+    forward, loss, backward, step. Returns the step (this rank's loss)."""
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
-    from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts
 
-    from meshscale.models.transformer import load_model_config
     from meshscale.train.transformer import Transformer
-    cfg = load_model_config(args.llama)
-    torch.manual_seed(1)
+    layout = cfg.layout.parallel_layout()
+    mesh = init_device_mesh(device.type, (layout.fsdp, layout.tp), mesh_dim_names=("dp_shard", "tp"))
+    torch.manual_seed(cfg.seed)
     with torch.device(device):
-        model = Transformer(cfg, args.seq_len)
-    aten = torch.ops.aten
-    save = {aten.mm.default, aten.addmm.default, aten._scaled_dot_product_flash_attention.default,
-            aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_cudnn_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default}
-
-    def context():
-        return create_selective_checkpoint_contexts(
-            lambda ctx, op, *a, **k: CheckpointPolicy.MUST_SAVE if op in save else CheckpointPolicy.PREFER_RECOMPUTE)
+        model = Transformer(model_cfg, x.shape[1])
+    if layout.tp > 1:
+        plain_tensor_parallel(model, mesh["tp"])
+    context = selective_policy(plain_checkpointing)
     for name, block in list(model.layers.items()):
         model.layers[name] = checkpoint_wrapper(block, context_fn=context, preserve_rng_state=False)
-    mesh = init_device_mesh(device.type, (1,))
-    bf16 = args.precision == "bf16"
+    bf16 = cfg.speed.precision == "bf16"
     mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
     for block in model.layers.values():
-        fully_shard(block, mesh=mesh, mp_policy=mp)
-    fully_shard(model, mesh=mesh, mp_policy=mp)
+        fully_shard(block, mesh=mesh["dp_shard"], mp_policy=mp)
+    fully_shard(model, mesh=mesh["dp_shard"], mp_policy=mp)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), weight_decay=5e-5)
-    g = torch.Generator(device="cpu").manual_seed(0)
-    x = torch.randint(cfg.vocab_size, (args.llama_batch, args.seq_len), generator=g).to(device)
-    y = torch.randint(cfg.vocab_size, (args.llama_batch, args.seq_len), generator=g).to(device)
 
     def step():
         opt.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x).flatten(0, 1).float(), y.flatten())
         loss.backward()
         opt.step()
+        return loss.detach()
     return step
+
+
+def first_losses(run: Run, label: str, ours, plain) -> None:
+    """Each side's first steps' losses, over the global batch (meshscale's step returns that mean; the plain
+    side's rank losses are averaged here: tp ranks hold the same value, so the mean over all ranks is the mean
+    over the data-parallel ranks)."""
+    losses = {"meshscale": [ours().item() for _ in range(FIRST_STEPS)],
+              "plain": [run.mean(plain()) for _ in range(FIRST_STEPS)]}
+    run.emit({"part": "llama", "layout": label, "ranks": run.world, "first_losses": losses})
+    run.say(f"llama {label}: first {FIRST_STEPS} losses: " +
+            "; ".join(f"{side} {' '.join(f'{v:.6f}' for v in values)}" for side, values in losses.items()))
+
+
+def llama_part(run: Run, cfg: TrainConfig) -> None:
+    t, ours = meshscale_llama(cfg, run.device)
+    x, y = t.batches.get(0)   # meshscale's synthetic batch of this rank: the plain side trains the same tensors
+    plain = plain_llama(cfg, t.model_cfg, run.device, x, y, run.args.plain_checkpointing)
+    label = " ".join(f"{d}{getattr(t.layout, d)}" for d in PLAIN_DIMENSIONS if getattr(t.layout, d) > 1) or "fsdp1"
+    if run.args.plain_checkpointing != "meshscale":
+        label += " (plain: torchtitan's checkpointing)"
+    first_losses(run, label, ours, plain)
+    compare(run, "llama", label, cfg.global_batch * x.shape[1], "tokens", ours, plain)
 
 
 # ---- part 2: ResNet-50, the data-parallel path -------------------------------------------------------------------
@@ -153,35 +324,82 @@ def plain_resnet(args, device):
     return step
 
 
-def compare(part: str, unit_per_step: float, unit: str, ours, plain, args, device, out) -> None:
-    """Warm both, then ``--rounds`` interleaved rounds; one JSON line per round and the median ratio."""
+def compare(run: Run, part: str, label: str, units_per_step: float, unit: str, ours, plain) -> None:
+    """Warm both, then ``--rounds`` interleaved rounds; one JSON line per round, then the medians. Every rank
+    runs both sides in the same order (their collectives pair up); a side's time is its slowest rank's."""
+    args = run.args
     for step in (ours, plain):
         for _ in range(args.warmup):
             step()
-    sync(device)
+    rates: dict[str, list[float]] = {"meshscale": [], "plain": []}
     ratios = []
     for r in range(args.rounds):
-        first, second = (ours, plain) if r % 2 == 0 else (plain, ours)   # alternate who goes first
-        times = {id(first): timed(first, args.steps, device), id(second): timed(second, args.steps, device)}
-        t_ours, t_plain = times[id(ours)], times[id(plain)]
-        ratios.append(t_plain / t_ours)
-        row = {"part": part, "round": r, f"meshscale_{unit}_per_s": unit_per_step / t_ours,
-               f"plain_{unit}_per_s": unit_per_step / t_plain, "meshscale_step_s": t_ours, "plain_step_s": t_plain,
-               "ratio": t_plain / t_ours, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"}
-        print(json.dumps(row), flush=True)
-        if out:
-            out.write(json.dumps(row) + "\n")
-    print(f"{part}: meshscale / plain throughput = {statistics.median(ratios):.3f} (median of {args.rounds} rounds; "
-          f"min {min(ratios):.3f}, max {max(ratios):.3f})", flush=True)
+        order = (("meshscale", ours), ("plain", plain)) if r % 2 == 0 else (("plain", plain), ("meshscale", ours))
+        seconds = {}
+        for side, step in order:   # alternate who goes first
+            run.line_up()
+            seconds[side] = run.slowest(timed(step, args.steps, run.device))
+        row = {"part": part, "layout": label, "ranks": run.world, "round": r}
+        for side in ("meshscale", "plain"):
+            rates[side].append(units_per_step / seconds[side])
+            row[f"{side}_{unit}_per_s"] = rates[side][-1]
+            row[f"{side}_{unit}_per_s_per_rank"] = rates[side][-1] / run.world
+        for side in ("meshscale", "plain"):
+            row[f"{side}_step_s"] = seconds[side]
+        ratios.append(seconds["plain"] / seconds["meshscale"])
+        row["ratio"] = ratios[-1]
+        row["device"] = torch.cuda.get_device_name(run.device) if run.device.type == "cuda" else "cpu"
+        run.emit(row)
+    each = "GPU" if run.device.type == "cuda" else "rank"
+    median = {side: statistics.median(values) for side, values in rates.items()}
+    sides = ", ".join(f"{side} {median[side]:,.0f} {unit}/s ({median[side] / run.world:,.0f} per {each})"
+                      for side in ("meshscale", "plain"))
+    run.say(f"{part} {label} on {run.gpus}: {sides}; meshscale / plain throughput = {statistics.median(ratios):.3f} "
+            f"(median of {args.rounds} rounds; min {min(ratios):.3f}, max {max(ratios):.3f})")
+    one = args.one_gpu_tokens_per_s
+    if part == "llama" and one:
+        scaled = ", ".join(f"{side} {median[side] / one:.2f}x ({median[side] / one / run.world:.2f} per {each})"
+                           for side in ("meshscale", "plain"))
+        run.say(f"{part} {label} on {run.gpus} against one GPU's {one:,.0f} tokens/s: {scaled}")
 
 
-def main() -> None:
+def body(run: Run, parts: list[str], cfg: Optional[TrainConfig]) -> None:
+    """The parts on this rank (every rank runs them all, in step)."""
+    # FSDP2 warns once per rank that the root returns a view (the logits reshaped for the loss): nothing here
+    # changes that view in place
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    args = run.args
+    if run.rank == 0 and args.out:
+        run.out = open(args.out, "a")
+    try:
+        if "llama" in parts:
+            llama_part(run, cfg)
+        if "resnet" in parts:
+            compare(run, "resnet", "ddp1", args.resnet_batch, "images", meshscale_resnet(args, run.device),
+                    plain_resnet(args, run.device))
+    finally:
+        if run.out:
+            run.out.close()
+
+
+def rank_main(ctx, args: argparse.Namespace, parts: list[str], cfg: Optional[TrainConfig]) -> None:
+    """One rank under torchrun (meshscale.execute.launch made its process group, with the timeout)."""
+    body(Run(args, ctx.device, ctx.rank, ctx.world_size), parts, cfg)
+
+
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--dry-run", action="store_true", help="CPU, tiny models, a few steps: checks the script runs")
-    p.add_argument("--parts", default="llama,resnet")
+    p.add_argument("--dry-run", action="store_true", help="CPU (Gloo), tiny models, a few steps: checks the "
+                   "script runs")
+    p.add_argument("--parts", default=None, help="llama,resnet (default: both on one rank, llama under torchrun; "
+                   "resnet runs on one rank only)")
+    p.add_argument("--layout", default=None, help="llama under torchrun: fsdp=F,tp=T with F x T the world size "
+                   "(default: fsdp = the world size)")
+    p.add_argument("--plain-checkpointing", choices=("meshscale", "torchtitan"), default="meshscale",
+                   help="llama: the plain side's selective policy: meshscale's (like for like) or torchtitan's own")
     p.add_argument("--llama", default="llama-1b")
     p.add_argument("--seq-len", type=int, default=2048)
-    p.add_argument("--llama-batch", type=int, default=2)
+    p.add_argument("--llama-batch", type=int, default=2, help="sequences per data-parallel rank")
     p.add_argument("--resnet", default="resnet50")
     p.add_argument("--resnet-batch", type=int, default=128)
     p.add_argument("--image-size", type=int, default=None)
@@ -189,31 +407,48 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--steps", type=int, default=20, help="timed steps per round and side")
     p.add_argument("--rounds", type=int, default=4)
+    p.add_argument("--one-gpu-tokens-per-s", type=float, default=None, help="llama: meshscale's tokens/s on one "
+                   "GPU at the same per-rank batch; rank 0 prints each side's scaling against it")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="seconds any collective may take")
     p.add_argument("--out", default=None, help="append the JSON lines here")
     args = p.parse_args()
     if args.dry_run:
         args.llama, args.seq_len, args.llama_batch = "llama-tiny", 64, 2
         args.resnet, args.resnet_batch, args.image_size = "small-cnn", 8, 32
         args.precision, args.warmup, args.steps, args.rounds = "fp32", 1, 2, 2
-        device = torch.device("cpu")
-    else:
-        device = torch.device("cuda", 0)
-        torch.cuda.set_device(device)
-    init_one_rank(device)
-    out = open(args.out, "a") if args.out else None
+    return args
+
+
+def main() -> None:
+    args = parse_args()
+    from meshscale.execute import in_torchrun, launch
+    from meshscale.execute.world import launcher
+    rank = os.environ.get("RANK", "0")
     try:
-        parts = args.parts.split(",")
-        if "llama" in parts:
-            ours = meshscale_llama(args, device)
-            compare("llama", args.llama_batch * args.seq_len, "tokens", ours, plain_llama(args, device), args, device, out)
-            del ours
-        if "resnet" in parts:
-            compare("resnet", args.resnet_batch, "images", meshscale_resnet(args, device), plain_resnet(args, device),
-                    args, device, out)
-    finally:
-        if out:
-            out.close()
-        dist.destroy_process_group()
+        torchrun = in_torchrun()
+        world = launcher().world_size if torchrun else 1
+        parts = (args.parts or ("llama" if torchrun else "llama,resnet")).split(",")
+        unknown = sorted(set(parts) - {"llama", "resnet"})
+        if unknown or ("resnet" in parts and world > 1):
+            raise MeshscaleError(f"--parts {args.parts}: give llama and/or resnet; resnet runs on one rank only")
+        device_type = "cpu" if args.dry_run else "cuda"
+        cfg = llama_config(args, world, device_type) if "llama" in parts else None
+        if torchrun:
+            launch(rank_main, world, (args, parts, cfg), backend="gloo" if args.dry_run else "nccl",
+                   timeout_s=args.timeout_s)
+            return
+        device = torch.device("cpu") if args.dry_run else torch.device("cuda", 0)
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        init_one_rank(device)
+        try:
+            body(Run(args, device, 0, 1), parts, cfg)
+        finally:
+            dist.destroy_process_group()
+    except MeshscaleError as exc:   # bad input (2), or a rank that failed (1): one line
+        if rank == "0":
+            print(f"train_vs_plain: error: {exc}", file=sys.stderr)
+        sys.exit(1 if isinstance(exc, WorkerError) else 2)
 
 
 if __name__ == "__main__":
