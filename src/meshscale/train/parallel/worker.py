@@ -8,6 +8,7 @@ from __future__ import annotations
 import time
 import warnings
 from dataclasses import asdict, dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -89,7 +90,9 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> LayoutTrainer:
     positions = parts[0].positions if layout.cp > 1 else None
     schedule = _schedule(layout, mesh, parts, device) if layout.pp > 1 else None
     batches = Batches(data, cfg.batch_per_rank, mesh.data_rank, layout.data_parallel, cfg.seed, device)
-    loss_group = dist.new_group(group_desc="meshscale_loss") if layout.world_size > 1 else None
+    # a group of its own takes torch's default timeout, not the run's: give it --timeout-s
+    loss_group = (dist.new_group(timeout=timedelta(seconds=cfg.timeout_s), group_desc="meshscale_loss")
+                  if layout.world_size > 1 else None)
     return LayoutTrainer(cfg, spec, model_cfg, layout, mesh, parts, optimizer, schedule, batches, positions,
                          Clock(device), device, loss_group)
 
