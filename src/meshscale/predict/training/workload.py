@@ -423,6 +423,12 @@ def batch_norm_kernels(name: str, rows: int, channels: int, e: int, channels_las
                       instructions=arithmetic("transform"), backward_instructions=arithmetic("backward_elemt"))]
 
 
+def batch_norm_passes(name: str, rows: int, channels: int, e: int, channels_last: bool = True) -> PassKernels:
+    """One batch norm's kernels forward and backward (what benchmarks/bn_kernels_gpu.py holds against a
+    profile)."""
+    return _passes(batch_norm_kernels(name, rows, channels, e, channels_last), [], "none")
+
+
 def ddp_bucket_copies(params: float, tensors: int) -> Kernel:
     """DDP without gradient_as_bucket_view (torch/csrc/distributed/c10d/reducer.cpp): each fp32 gradient copied
     into its bucket as it is ready (mark_variable_ready_dense) and back into .grad after the all-reduce
