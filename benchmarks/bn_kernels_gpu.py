@@ -22,13 +22,12 @@ import os
 import sys
 import tempfile
 from collections import Counter
-from pathlib import Path
 
 import torch
 
-from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.kernels import KERNEL_FLOOR_S, instruction_seconds, rates
 from meshscale.predict.training.workload import batch_norm_passes, resnet_blocks
+from predict_kernels_gpu import common_arguments, device_and_gpu   # run from the repository root
 
 # the kernels' names as the profiler reports them (Normalization.cuh), and the step model's kernel for each
 KERNELS = (("statistics", "collect_statistics_channels_last", "statistics"),
@@ -91,23 +90,15 @@ def measure(shape: tuple, dtype: torch.dtype, device: torch.device, reps: int) -
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
-    ap.add_argument("--tiny", action="store_true", help="small shapes (the CPU dry run)")
+    ap = common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("--batch", type=int, default=None)
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--fp32", action="store_true", help="also fp32 activations")
-    ap.add_argument("--out", type=Path, default=None, help="write everything as JSON here")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --device cpu --tiny for the dry run", file=sys.stderr)
+    picked = device_and_gpu(args.device)
+    if picked is None:
         return 2
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
-    if device.type == "cuda":
-        gpu = gpu_spec({"model": torch.cuda.get_device_name(device)})
-    else:
-        torch.set_num_threads(1)
-        gpu = system_gpu("hgx-h100")[0]
+    device, gpu = picked
     batch = args.batch or (2 if args.tiny else 128)
     reps = args.reps or (1 if args.tiny else 20)
     image = 64 if args.tiny else 224
