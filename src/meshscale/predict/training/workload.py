@@ -366,18 +366,18 @@ def bn_grid_rows(rows: int, channels: int) -> int:
 
 
 # What the loop body of each channels-last kernel issues per element (Normalization.cuh: one thread per channel
-# and row, a scalar load of each input element, fp32 arithmetic), common to all four: the two bounds checks, the
-# row and address steps (4), and per tensor read or written its address and its load or store (2 each); per
+# and row, a scalar load of each input element, fp32 arithmetic), common to all four: the bounds checks and the
+# row and address steps (2 + 2), and per tensor read or written its address and its load or store (2 each); per
 # kernel its own arithmetic:
 # statistics (Welford): count += 1, the count made a float (a conversion), 1 / count in IEEE fp32 (a reciprocal
 #   and three instructions refining and checking it), is_valid, then delta, mean += delta x 1/count, delta
-#   again, m2 += delta x delta' x is_valid (5): 11, of which 2 on the reciprocal/conversion unit
+#   again, m2 += delta x delta' x is_valid (5): 12, of which 2 on the reciprocal/conversion unit
 # transform_input: w x (x - mean) x invstd + shift (3), the ReLU-fusion select (1)
 # backward_reduce: sum_dy += dy, sum_dy_xmu += dy x (x - mean) (3)
 # backward_elemt: (dy - mean_dy - (x - mean) x factor1) x factor2 (4)
 # Below fp32 each element read is widened (a shift: an issue slot) and each written narrowed (a conversion).
-BN_COMMON_ISSUED, BN_PER_TENSOR_ISSUED = 6, 2
-BN_ARITHMETIC = {"statistics": Instructions(11, 2), "transform": Instructions(4, 0),
+BN_COMMON_ISSUED, BN_PER_TENSOR_ISSUED = 4, 2
+BN_ARITHMETIC = {"statistics": Instructions(12, 2), "transform": Instructions(4, 0),
                  "backward_reduce": Instructions(3, 0), "backward_elemt": Instructions(4, 0)}
 BN_TENSORS = {"statistics": (1, 0), "transform": (1, 1), "backward_reduce": (2, 0), "backward_elemt": (2, 1)}
 
