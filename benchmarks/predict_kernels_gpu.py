@@ -38,7 +38,7 @@ from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import config_from_fields, load_model_config
 from meshscale.predict.training.breakdown import CATEGORIES, predicted_categories
 from meshscale.predict.training.comm import Placement
-from meshscale.predict.training.hardware import gpu_spec, system_gpu
+from meshscale.predict.training.hardware import GpuSpec, gpu_spec, system_gpu
 from meshscale.predict.training.kernels import rates
 from meshscale.predict.training.step import TrainingJob, predict_step
 from meshscale.train.config import LayoutOptions, SpeedOptions, TrainConfig
@@ -340,30 +340,43 @@ def _init_one_rank(device: torch.device, tmp: str) -> None:
                             timeout=timedelta(seconds=300))
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def common_arguments(ap: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """--device, --tiny and --out, as this directory's GPU profiles take them."""
     ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     ap.add_argument("--tiny", action="store_true", help="small shapes and few steps (the CPU dry run)")
+    ap.add_argument("--out", type=Path, default=None, help="write everything as JSON here")
+    return ap
+
+
+def device_and_gpu(name: str) -> tuple[torch.device, GpuSpec] | None:
+    """The device to run on and the GPU to predict for: this machine's first GPU, or on CPU (the dry run, one
+    thread) hgx-h100's; None (said on stderr) where CUDA was asked for and there is none."""
+    if name == "cuda" and not torch.cuda.is_available():
+        print("no CUDA device: use --device cpu --tiny for the dry run", file=sys.stderr)
+        return None
+    if name == "cuda":
+        device = torch.device("cuda", 0)
+        return device, gpu_spec({"model": torch.cuda.get_device_name(device)})
+    torch.set_num_threads(1)
+    return torch.device("cpu"), system_gpu("hgx-h100")[0]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
     ap.add_argument("--cases", default="resnet50,gpt,llama", help="comma list of resnet50, gpt, llama")
     ap.add_argument("--warm", type=int, default=None)
     ap.add_argument("--timed", type=int, default=None)
     ap.add_argument("--profiled", type=int, default=None)
     ap.add_argument("--detailed", type=int, default=None, help="steps profiled with stacks and shapes")
-    ap.add_argument("--out", type=Path, default=None, help="write everything as JSON here")
     args = ap.parse_args(argv)
-    if args.device == "cuda" and not torch.cuda.is_available():
-        print("no CUDA device: use --device cpu --tiny for the dry run", file=sys.stderr)
+    picked = device_and_gpu(args.device)
+    if picked is None:
         return 2
-    device = torch.device("cuda", 0) if args.device == "cuda" else torch.device("cpu")
+    device, gpu = picked
     warm = args.warm if args.warm is not None else (1 if args.tiny else 20)
     timed = args.timed if args.timed is not None else (2 if args.tiny else 20)
     profiled = args.profiled if args.profiled is not None else (1 if args.tiny else 5)
     detailed = args.detailed if args.detailed is not None else (1 if args.tiny else 2)
-    if device.type == "cuda":
-        gpu = gpu_spec({"model": torch.cuda.get_device_name(device)})
-    else:
-        torch.set_num_threads(1)
-        gpu = system_gpu("hgx-h100")[0]
     wanted = set(args.cases.split(","))
     results = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -34,6 +34,21 @@ class GpuSpec:
                 return family
         return "unknown"
 
+    @property
+    def fp32_lanes_per_sm(self) -> int:
+        """FP32 cores per SM (the architecture whitepapers): 64 on GA100 (A100, A800, A30), Volta, Turing and
+        Pascal's GP100; 128 on GA10x (A10, A40), Ada, Hopper and Blackwell."""
+        name = self.model.upper()
+        if self.family in ("volta", "turing", "pascal") or any(k in name for k in ("A100", "A800", "A30")):
+            return 64
+        return 128
+
+    @property
+    def clock_hz(self) -> float:
+        """The boost clock the datasheet's FP32 rate is quoted at: that rate is one fused multiply-add (two FLOPs)
+        per FP32 core per clock (H100 SXM: 67 TFLOP/s over 132 SMs x 128 cores x 2 = 1.98 GHz)."""
+        return self.fp32_flops / (2.0 * self.sm_count * self.fp32_lanes_per_sm)
+
     def matmul_flops(self, precision: str, conv: bool = False) -> float:
         """Dense peak for a matrix multiplication in ``precision``. fp32: PyTorch runs matmuls in true fp32
         (torch.backends.cuda.matmul.allow_tf32 defaults to False) but lets cuDNN use TF32 for convolutions

@@ -19,7 +19,13 @@ achievable fractions GPU libraries document.
   (`attention_fraction`).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
-  datasheet figure; not a figure measured here).
+  datasheet figure; not a figure measured here). A kernel whose per-element arithmetic is known from its source
+  (batch norm's channels-last kernels) also carries its instructions: every one takes an issue slot (four warp
+  schedulers per SM, one warp instruction each per clock: 128 thread-instructions per clock per SM), and the
+  reciprocals and type conversions among them run on the SM's 16-lane unit for those (CUDA C++ Programming
+  Guide, "Arithmetic Instructions": 16 results per clock per SM for 32-bit reciprocal and for type conversions,
+  compute capability 5.x to 9.0), at the clock the datasheet's FP32 rate implies; such a kernel takes the
+  longer of its bytes and its instructions (a streaming loop overlaps the two across its warps).
 - No kernel takes less than KERNEL_FLOOR_S (the GPU's own launch and tail, a few microseconds; "CUDA Graph Best
   Practice for PyTorch", NVIDIA, "CUDA Graph Basics"). The host's cost of issuing each aten op from eager PyTorch
   is priced separately, per pass, in the step model (`HOST_SECONDS_PER_OP`).
@@ -37,6 +43,8 @@ GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
 KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
+ISSUE_LANES_PER_SM = 128   # 4 warp schedulers x 1 warp instruction (32 threads) per clock (the whitepapers' SM)
+XU_LANES_PER_SM = 16       # reciprocal / conversion results per clock per SM (CUDA C++ Programming Guide)
 TILE_K = 64                # the K-block a tile loads per pipeline stage (CUTLASS's 128x128x64 tiles)
 ALIGN_BYTES = 16           # the asynchronous tile copies' alignment (TMA strides, cp.async.cg of 16 bytes)
 # eager PyTorch: host time to issue one aten op through the dispatcher (autograd, autocast, the launch): a stated
@@ -95,6 +103,21 @@ KINDS = ("matmul", "conv", "attention", "memory")
 
 
 @dataclass(frozen=True)
+class Instructions:
+    """Thread-level instructions a kernel issues: all of them (``issued``, each an issue slot), and ``xu`` of them
+    on the reciprocal and conversion unit."""
+
+    issued: float = 0.0
+    xu: float = 0.0
+
+    def times(self, n: float) -> "Instructions":
+        return Instructions(self.issued * n, self.xu * n)
+
+
+NO_INSTRUCTIONS = Instructions()
+
+
+@dataclass(frozen=True)
 class Kernel:
     """One kernel of one pass: its FLOPs, the HBM bytes it must move, and (matrix products) its GEMM shape."""
 
@@ -109,6 +132,8 @@ class Kernel:
     ops: int = 1                    # aten ops the host issues for it (views and the kernel itself)
     backward_bytes: float | None = None   # memory ops: their backward's traffic (None: the default multiple; 0: none)
     launches: int = 0               # kernels the GPU runs for it where they are not one per op (0: as launches_of)
+    instructions: Instructions = NO_INSTRUCTIONS             # memory ops: their arithmetic, where priced
+    backward_instructions: Instructions = NO_INSTRUCTIONS    # ... and their backward's
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -128,8 +153,10 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
 
 
 def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1,
-              launches: int = 0) -> Kernel:
-    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes, launches=launches)
+              launches: int = 0, instructions: Instructions = NO_INSTRUCTIONS,
+              backward_instructions: Instructions = NO_INSTRUCTIONS) -> Kernel:
+    return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes, launches=launches,
+                  instructions=instructions, backward_instructions=backward_instructions)
 
 
 def quantization(m: int, n: int, k: int, sm_count: int) -> float:
@@ -156,14 +183,25 @@ class Rates:
     element_bytes: int = 2          # the GEMMs' operand and output element
     family: str = ""
     dense_flops: float = 0.0
+    issue_per_s: float = 0.0        # thread-instructions the SMs issue per second (0: not priced)
+    xu_per_s: float = 0.0           # reciprocals and conversions per second
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
+    sm_clocks = gpu.sm_count * gpu.clock_hz
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                 gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision))
+                 gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
+                 sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM)
+
+
+def instruction_seconds(instructions: Instructions, r: Rates) -> float:
+    """Time to issue ``instructions``: the busier of the issue slots and the reciprocal/conversion unit."""
+    if not r.issue_per_s:
+        return 0.0
+    return max(instructions.issued / r.issue_per_s, instructions.xu / r.xu_per_s)
 
 
 def aligned(m: int, n: int, k: int, element_bytes: int) -> bool:
@@ -205,7 +243,7 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
             else r.attention_flops
         compute_s = kernel.flops / rate
     else:
-        compute_s = 0.0
+        compute_s = instruction_seconds(kernel.instructions, r)
     return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S * launches_of(kernel)) * r.factor
 
 

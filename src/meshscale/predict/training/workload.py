@@ -23,7 +23,7 @@ from functools import lru_cache
 from math import ceil
 
 from meshscale.models.transformer import TransformerConfig
-from meshscale.predict.training.kernels import Kernel, gemm, gemm_backward, memory_op
+from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
 
 # Optimizer traffic per parameter as PyTorch's default (foreach) implementations run it, one pass per foreach op:
 # AdamW: weight decay (mul_: 8 B), lerp_ of the first moment (12), mul_ and addcmul_ of the second (8 + 12), its
@@ -76,7 +76,8 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
-            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches))
+            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches,
+                                      instructions=k.backward_instructions))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
@@ -364,6 +365,34 @@ def bn_grid_rows(rows: int, channels: int) -> int:
     return grid_y if grid_y >= BN_MIN_STAGED else 1
 
 
+# What the loop body of each channels-last kernel issues per element (Normalization.cuh: one thread per channel
+# and row, a scalar load of each input element, fp32 arithmetic), common to all four: the bounds checks and the
+# row and address steps (2 + 2), and per tensor read or written its address and its load or store (2 each); per
+# kernel its own arithmetic:
+# statistics (Welford): count += 1, the count made a float (a conversion), 1 / count in IEEE fp32 (a reciprocal
+#   and three instructions refining and checking it), is_valid, then delta, mean += delta x 1/count, delta
+#   again, m2 += delta x delta' x is_valid (5): 12, of which 2 on the reciprocal/conversion unit
+# transform_input: w x (x - mean) x invstd + shift (3), the ReLU-fusion select (1)
+# backward_reduce: sum_dy += dy, sum_dy_xmu += dy x (x - mean) (3)
+# backward_elemt: (dy - mean_dy - (x - mean) x factor1) x factor2 (4)
+# Below fp32 each element read is widened (a shift: an issue slot) and each written narrowed (a conversion).
+BN_COMMON_ISSUED, BN_PER_TENSOR_ISSUED = 4, 2
+BN_ARITHMETIC = {"statistics": Instructions(12, 2), "transform": Instructions(4, 0),
+                 "backward_reduce": Instructions(3, 0), "backward_elemt": Instructions(4, 0)}
+BN_TENSORS = {"statistics": (1, 0), "transform": (1, 1), "backward_reduce": (2, 0), "backward_elemt": (2, 1)}
+
+
+def bn_instructions(kernel: str, elements: float, e: int) -> Instructions:
+    """What one channels-last batch-norm kernel (a key of BN_ARITHMETIC) issues over ``elements`` of ``e``
+    bytes."""
+    reads, writes = BN_TENSORS[kernel]
+    own = BN_ARITHMETIC[kernel]
+    narrow = writes if e < 4 else 0
+    issued = BN_COMMON_ISSUED + BN_PER_TENSOR_ISSUED * (reads + writes) + own.issued + \
+        (reads + writes if e < 4 else 0)
+    return Instructions(issued, own.xu + narrow).times(elements)
+
+
 def batch_norm_kernels(name: str, rows: int, channels: int, e: int, channels_last: bool = True) -> list[Kernel]:
     """One training-mode BatchNorm2d over ``rows`` (batch x pixels) of ``channels`` in ``e``-byte activations
     (bf16 under autocast: batch norm is on neither autocast list, so it keeps the convolution's bf16 output and
@@ -372,18 +401,32 @@ def batch_norm_kernels(name: str, rows: int, channels: int, e: int, channels_las
     statistics updated and the variance inverted, the input normalized; backward: the reduction of dy and
     dy x (x - mean) (the weight's and bias's gradients), the input's gradient. A two-stage reduction (the
     channels-last kernels with grid.y > 1) first zeroes its semaphores (one more launch) and writes and reads its
-    partial results (count, mean, M2 forward; two sums backward) in fp32: the staging pass."""
+    partial results (count, mean, M2 forward; two sums backward) in fp32: the staging pass. Channels-last, each
+    of the four kernels over the elements also carries its instructions (`bn_instructions`): it takes the longer
+    of its bytes and its instructions (the statistics kernel's Welford divides once per element)."""
     x = float(rows) * channels * e
     staged = bn_grid_rows(rows, channels) if channels_last else 1
     staging_f = 2 * 3 * 4 * channels * staged if staged > 1 else 0.0
     staging_b = 2 * 2 * 4 * channels * staged if staged > 1 else 0.0
     semaphores = 1 if staged > 1 else 0
+    elements = float(rows) * channels
+
+    def arithmetic(kernel: str) -> Instructions:
+        return bn_instructions(kernel, elements, e) if channels_last else Instructions()
     # aten ops the host issues: the increment, batch norm forward (the next three kernels), its backward (all
     # three backward kernels)
     return [memory_op(f"{name} num_batches_tracked", 8.0, 0),
-            memory_op(f"{name} statistics", x + staging_f, 2 * x + staging_b, ops=1, launches=1 + semaphores),
+            memory_op(f"{name} statistics", x + staging_f, 2 * x + staging_b, ops=1, launches=1 + semaphores,
+                      instructions=arithmetic("statistics"), backward_instructions=arithmetic("backward_reduce")),
             memory_op(f"{name} running statistics", 6 * 4.0 * channels, 0, ops=0, launches=1),
-            memory_op(f"{name} normalize", 2 * x, 3 * x, ops=0, launches=1)]
+            memory_op(f"{name} normalize", 2 * x, 3 * x, ops=0, launches=1,
+                      instructions=arithmetic("transform"), backward_instructions=arithmetic("backward_elemt"))]
+
+
+def batch_norm_passes(name: str, rows: int, channels: int, e: int, channels_last: bool = True) -> PassKernels:
+    """One batch norm's kernels forward and backward (what benchmarks/bn_kernels_gpu.py holds against a
+    profile)."""
+    return _passes(batch_norm_kernels(name, rows, channels, e, channels_last), [], "none")
 
 
 def ddp_bucket_copies(params: float, tensors: int) -> Kernel:
