@@ -376,7 +376,7 @@ def _validate_training(corpus: Optional[Path], show_all: bool, json_out: Optiona
 
     result = validate_training(corpus)
     summary = result.meta["summary"]
-    rows, table = _worst_table(result, show_all, "run", Path(result.meta["corpus"]).name, "published",
+    rows, table = _worst_table(result, show_all, "run", Path(result.meta["corpus"]).name, "measured",
                                ("row", "GPU", "GPUs", "model", "layout", "seq", "ckpt", "measured", "predicted", "error",
                                 "source"), ("GPU", "model", "layout", "ckpt", "source"))
     for r in rows:

@@ -54,11 +54,13 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
                                               f"{where}: shape {name}"), 0
         else:
             model, depth = load_model_config(name), 0
-        counts = {k: int(v) for k, v in (raw.get("layout") or {}).items()}
+        given = dict(raw.get("layout") or {})
+        schedule = str(given.pop("pp_schedule", "1f1b"))
+        counts = {k: int(v) for k, v in given.items()}
         gpus = int(raw["gpus"])
         if not counts:
             counts = {"dp": gpus}
-        layout = ParallelLayout(**counts, micro_batches=int(raw.get("micro_batches", 1)))
+        layout = ParallelLayout(**counts, micro_batches=int(raw.get("micro_batches", 1)), pp_schedule=schedule)
         job = TrainingJob(model, layout, int(raw["batch"]), int(raw.get("seq_len", 0)), raw["precision"],
                           raw.get("checkpointing", "none"), depth, True, bool(raw.get("autocast", False)),
                           selective_policy=str(raw.get("selective_policy", "matmuls")),
