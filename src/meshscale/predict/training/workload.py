@@ -77,8 +77,11 @@ def element_bytes(precision: str) -> int:
 SELECTIVE_POLICIES = ("matmuls", "torchtitan")
 
 
-def on_dtensor(kernel: Kernel) -> Kernel:
-    """``kernel`` dispatched on DTensors: a linear as its decomposition, any other op as itself."""
+def on_dtensor(kernel: Kernel, tp: int) -> Kernel:
+    """``kernel`` dispatched on DTensors where tensor parallelism makes them (tp > 1): a linear as its
+    decomposition, any other op as itself."""
+    if tp == 1:
+        return kernel
     if kernel.kind == "matmul":
         return replace(kernel, ops=TP_LINEAR_DTENSOR_OPS, dtensor_ops=TP_LINEAR_DTENSOR_OPS)
     return replace(kernel, dtensor_ops=kernel.ops)
@@ -162,8 +165,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     # causal attention per sequence: 4 x head_dim x seq (seq + 1) / 2 per head; this rank: its heads, its share
     attention_flops = 4.0 * model.head_dim * (model.heads / tp) * seq_len * (seq_len + 1) / 2 * sequences / cp
     attention_bytes = e * tokens * (2 * d + 2 * kv) / tp   # Q and O, K and V once through HBM
-    dtensor = on_dtensor if tp > 1 else (lambda k: k)     # what tensor parallelism runs on DTensors
-    norm = dtensor(memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x))
+    norm = on_dtensor(memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x), tp)
     # x (fp32) + y (bf16) -> x; backward: the branch's gradient cast to bf16 (autocast) and the two branches'
     # gradients summed where the residual forks
     add = memory_op("residual add", (2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
@@ -195,12 +197,12 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
         if precision != "fp32" else []
     # on DTensors under tensor parallelism: the linears, autocast's casts of their weights and inputs, the norms
-    qkv, mlp, down, casts = [dtensor(k) for k in qkv], [dtensor(k) for k in mlp], dtensor(down), \
-        [dtensor(k) for k in casts]
+    qkv, mlp, casts = ([on_dtensor(k, tp) for k in group] for group in (qkv, mlp, casts))
+    down = on_dtensor(down, tp)
     redistributes = [dtensor_host("DTensor redistributes", TP_LAYER_REDISTRIBUTES)] if tp > 1 else []
     forward = [*casts, norm, *redistributes, *qkv, *rotary,
                Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.head_dim),
-               dtensor(gemm("attention out", tokens, d, d / tp, e)), add, norm, *mlp, *act_ops, down, add]
+               on_dtensor(gemm("attention out", tokens, d, d / tp, e), tp), add, norm, *mlp, *act_ops, down, add]
     return _passes(forward, [norm, *redistributes, *rotary, *act_ops, norm], checkpointing,
                    joined + grads + bias_grads, selective_policy)
 
@@ -213,17 +215,17 @@ def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, pr
     e = element_bytes(precision)
     r = 4 if autocast else e
     d, v = model.d_model, model.vocab_size
-    dtensor = on_dtensor if tp > 1 else (lambda k: k)
-    head = dtensor(gemm("head", tokens, v / tp, d, e))
+    head = on_dtensor(gemm("head", tokens, v / tp, d, e), tp)
     logits = tokens * v / tp
     loss = memory_op("cross-entropy", LOSS_FORWARD_BYTES * logits, LOSS_BACKWARD_BYTES * logits, ops=3)
     lookups = 2 if model.style == "gpt2" else 1
-    embed = dtensor(memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0, ops=2 * lookups - 1))
-    forward = [embed, dtensor(memory_op("final norm", 2 * r * tokens * d / tp,
-                                        LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp)), head, loss]
+    embed = on_dtensor(memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0,
+                                 ops=2 * lookups - 1), tp)
+    final_norm = memory_op("final norm", 2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp)
+    forward = [embed, on_dtensor(final_norm, tp), head, loss]
     if autocast and precision != "fp32":
-        forward.insert(2, dtensor(memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d,
-                                            ops=2)))
+        casts = memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d, ops=2)
+        forward.insert(2, on_dtensor(casts, tp))
     if tp > 1:
         forward.insert(1, dtensor_host("DTensor redistributes", TP_ENDS_REDISTRIBUTES))
     passes = _passes(forward, [], "none")
