@@ -22,9 +22,10 @@ Without a pipeline this happens for every micro-batch (resharded after each forw
 each backward, as FSDP2 and FSDP1 do under gradient accumulation unless told not to); under a pipeline the
 layers stay gathered for the step and their gradients are reduced once.
 
-Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each); the GPU runs ahead only as far as the
-host has issued, so each pass (a layer's forward, its backward, the ends, the optimizer) takes the longer of its
-kernels' time and its ops' host time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
+Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each, DTENSOR_HOST_SECONDS_PER_OP on DTensors:
+tensor parallelism's ops, FSDP2's optimizer); the GPU runs ahead only as far as the host has issued, so each pass
+(a layer's forward, its backward, the ends, the optimizer) takes the longer of its kernels' time and its ops' host
+time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
 
 A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
 backward (only what exceeds backward, and the last bucket, is exposed).
