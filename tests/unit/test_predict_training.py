@@ -214,7 +214,8 @@ def test_the_pipeline_bubble_shrinks_with_more_micro_batches_and_with_interleavi
 def test_tensor_parallel_traffic_is_on_the_critical_path():
     model = preset("llama3-8b")
     p = predict_step(TrainingJob(model, ParallelLayout(tp=8), 1, 4096), NODE, H100)
-    assert p.tp_s > 0 and p.step_s == pytest.approx(p.compute_s + sum(p.exposed().values()), rel=1e-9)
+    # host-bound ops are part of compute_s (exposed() names them, the step counts them once)
+    assert p.tp_s > 0 and p.step_s == pytest.approx(p.compute_s + sum(p.exposed().values()) - p.launch_s, rel=1e-9)
 
 
 def test_a_layout_that_does_not_fit_says_so_with_what_it_needs():

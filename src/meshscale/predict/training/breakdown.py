@@ -62,9 +62,10 @@ def step_kernel_list(job: TrainingJob) -> list[Kernel]:
     """Every kernel one rank runs in one step (counts multiplied out: micro-batches, layers of its stage)."""
     k = step_kernels(job)
     per_layer = k.layer.forward + k.layer.backward + k.layer.recompute
-    return ([replace(x, count=x.count * k.stage_layers * k.micro_batches) for x in per_layer]
-            + [replace(x, count=x.count * k.micro_batches) for x in k.ends.forward + k.ends.backward]
-            + list(k.per_step))
+    every = ([replace(x, count=x.count * k.stage_layers * k.micro_batches) for x in per_layer]
+             + [replace(x, count=x.count * k.micro_batches) for x in k.ends.forward + k.ends.backward]
+             + list(k.per_step))
+    return [x for x in every if x.kind != "host"]     # host work alone runs nothing
 
 
 def launches(kernel: Kernel) -> int:

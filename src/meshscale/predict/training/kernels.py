@@ -28,7 +28,11 @@ achievable fractions GPU libraries document.
   longer of its bytes and its instructions (a streaming loop overlaps the two across its warps).
 - No kernel takes less than KERNEL_FLOOR_S (the GPU's own launch and tail, a few microseconds; "CUDA Graph Best
   Practice for PyTorch", NVIDIA, "CUDA Graph Basics"). The host's cost of issuing each aten op from eager PyTorch
-  is priced separately, per pass, in the step model (`HOST_SECONDS_PER_OP`).
+  is priced separately, per pass, in the step model (`HOST_SECONDS_PER_OP`); an op on DTensors (tensor-parallel
+  layers, FSDP2's parameters in the optimizer) goes through DTensor's dispatch (sharding propagation, a cache hit
+  in a steady step; redistribution; the local op; the result wrapped) and costs DTENSOR_HOST_SECONDS_PER_OP.
+  Kernels of kind "host" are such host work with no kernel of their own (DTensor's redistributions, the views a
+  recompute replays): the GPU spends nothing on them.
 """
 from __future__ import annotations
 
@@ -51,6 +55,11 @@ ALIGN_BYTES = 16           # the asynchronous tile copies' alignment (TMA stride
 # allowance, inside the 5-20 us per op "CUDA Graph Best Practice for PyTorch" (NVIDIA) describes for CPU-bound
 # steps; a CUDA-graphed step replays without it.
 HOST_SECONDS_PER_OP = 10e-6
+# eager PyTorch: host time of one aten op on DTensors with a sharding-propagation cache hit: the 90 us PyTorch's
+# own test sets as its expected dispatch time (test/distributed/tensor/test_dtensor_dispatch_overhead.py,
+# `expected_dispatch_time`: an add of two 512 x 512 CUDA DTensors on 4 ranks); a cache miss (an op's first call
+# on a shape, `expected_propagate_time` 880 us more) happens once, not every step.
+DTENSOR_HOST_SECONDS_PER_OP = 90e-6
 # FlashAttention's measured fraction of the dense peak in training (forward + backward):
 # Ampere: FlashAttention-2 reaches 50-73% on A100 (paper abstract; the low end for forward + backward);
 # Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
@@ -99,7 +108,7 @@ def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool 
     return _at_length(row, seq_len) / HOPPER_DENSE_TFLOPS
 
 
-KINDS = ("matmul", "conv", "attention", "memory")
+KINDS = ("matmul", "conv", "attention", "memory", "host")
 
 
 @dataclass(frozen=True)
@@ -122,7 +131,7 @@ class Kernel:
     """One kernel of one pass: its FLOPs, the HBM bytes it must move, and (matrix products) its GEMM shape."""
 
     name: str
-    kind: str                       # matmul | conv | attention | memory
+    kind: str                       # matmul | conv | attention | memory | host (host work only, no kernel)
     flops: float = 0.0
     bytes: float = 0.0
     m: int = 0
@@ -130,6 +139,7 @@ class Kernel:
     k: int = 0
     count: int = 1                  # identical kernels (e.g. per layer)
     ops: int = 1                    # aten ops the host issues for it (views and the kernel itself)
+    dtensor_ops: int = 0            # ... of which on DTensors (DTENSOR_HOST_SECONDS_PER_OP each)
     backward_bytes: float | None = None   # memory ops: their backward's traffic (None: the default multiple; 0: none)
     launches: int = 0               # kernels the GPU runs for it where they are not one per op (0: as launches_of)
     instructions: Instructions = NO_INSTRUCTIONS             # memory ops: their arithmetic, where priced
@@ -154,9 +164,9 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
 
 def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1,
               launches: int = 0, instructions: Instructions = NO_INSTRUCTIONS,
-              backward_instructions: Instructions = NO_INSTRUCTIONS) -> Kernel:
+              backward_instructions: Instructions = NO_INSTRUCTIONS, dtensor_ops: int = 0) -> Kernel:
     return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes, launches=launches,
-                  instructions=instructions, backward_instructions=backward_instructions)
+                  instructions=instructions, backward_instructions=backward_instructions, dtensor_ops=dtensor_ops)
 
 
 def quantization(m: int, n: int, k: int, sm_count: int) -> float:
@@ -227,7 +237,9 @@ def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged:
 
 def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     """One kernel's time (x its count): the slower of its compute and its memory traffic, never below the
-    launch floor; scaled by the calibration factor."""
+    launch floor; scaled by the calibration factor. Host work runs no kernel."""
+    if kernel.kind == "host":
+        return 0.0
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
@@ -252,6 +264,8 @@ def launches_of(kernel: Kernel) -> int:
     says, else a memory op one per aten op it issues, a matrix product or attention one."""
     if kernel.launches:
         return kernel.launches
+    if kernel.kind == "host":
+        return 0
     return max(1, kernel.ops) if kernel.kind == "memory" else 1
 
 
@@ -268,6 +282,13 @@ def bound_of(kernel: Kernel, r: Rates) -> str:
     return "memory" if memory_s >= t * (1 - 1e-9) else "compute"
 
 
+def issue_seconds(kernel: Kernel) -> float:
+    """What the host spends issuing one kernel's ops from eager PyTorch (x its count): plain ops through the
+    dispatcher, ops on DTensors through DTensor's dispatch as well."""
+    plain = kernel.ops - kernel.dtensor_ops
+    return (HOST_SECONDS_PER_OP * plain + DTENSOR_HOST_SECONDS_PER_OP * kernel.dtensor_ops) * kernel.count
+
+
 def host_seconds(kernels: list[Kernel]) -> float:
     """What the host spends issuing ``kernels`` from eager PyTorch (x their counts)."""
-    return HOST_SECONDS_PER_OP * sum(k.ops * k.count for k in kernels)
+    return sum(issue_seconds(k) for k in kernels)

@@ -22,9 +22,10 @@ Without a pipeline this happens for every micro-batch (resharded after each forw
 each backward, as FSDP2 and FSDP1 do under gradient accumulation unless told not to); under a pipeline the
 layers stay gathered for the step and their gradients are reduced once.
 
-Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each); the GPU runs ahead only as far as the
-host has issued, so each pass (a layer's forward, its backward, the ends, the optimizer) takes the longer of its
-kernels' time and its ops' host time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
+Eager PyTorch issues every op from the host (HOST_SECONDS_PER_OP each, DTENSOR_HOST_SECONDS_PER_OP on DTensors:
+tensor parallelism's ops, FSDP2's optimizer); the GPU runs ahead only as far as the host has issued, so each pass
+(a layer's forward, its backward, the ends, the optimizer) takes the longer of its kernels' time and its ops' host
+time; a CUDA-graphed step (train --cuda-graph) pays only the kernels.
 
 A ResNet trains data parallel only: its gradients (fp32) all-reduced in DDP's 25 MiB buckets, overlapped with
 backward (only what exceeds backward, and the last bucket, is exposed).
@@ -44,8 +45,8 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, Kernel, Rates, host_seconds, kernel_seconds,
-                                               rates, total_seconds)
+from meshscale.predict.training.kernels import (Kernel, Rates, host_seconds, issue_seconds, kernel_seconds, rates,
+                                               total_seconds)
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
@@ -93,7 +94,8 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     # this rank's share of each tensor (FSDP shards dim 0, tensor parallelism splits the matrices)
     shards = layout.tp * layout.fsdp
     numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model) + end_tensor_numels(model)]
-    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw", numels) + \
+    dtensor_params = job.sharding == "fsdp2" or layout.tp > 1
+    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw", numels, dtensor_params) + \
         (m - 1) * accumulation_kernels(stage_params / layout.fsdp)
     if job.sharding == "fsdp2":
         param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers
@@ -310,7 +312,7 @@ def _issue_order(kernels: StepKernels) -> list[tuple[tuple[Kernel, ...], int]]:
 def synced_step_seconds(p: TrainingPrediction) -> float:
     """The step as a loop that synchronizes the device after every step measures it (`train`'s timed mode):
     the step starts with the GPU idle and nothing queued, so the GPU runs each kernel only once the host has
-    issued it (HOST_SECONDS_PER_OP per op) and the previous kernel is done, and the host's lead-in is exposed.
+    issued it (`issue_seconds`) and the previous kernel is done, and the host's lead-in is exposed.
     Without the sync (`train --no-timing`, and `step_s`) the host runs ahead across steps and a step costs the
     longer of its kernels and its ops' host time; the difference between the two, on the same kernels, is
     added to ``step_s``. A CUDA-graphed step replays from one launch: nothing added."""
@@ -318,7 +320,7 @@ def synced_step_seconds(p: TrainingPrediction) -> float:
         return p.step_s
     host = gpu = gpu_total = host_total = 0.0
     for kernels, repeat in _issue_order(step_kernels(p.job)):
-        times = [(HOST_SECONDS_PER_OP * k.ops * k.count, kernel_seconds(k, p.rates)) for k in kernels]
+        times = [(issue_seconds(k), kernel_seconds(k, p.rates)) for k in kernels]
         for _ in range(repeat):
             for issue_s, run_s in times:
                 host += issue_s

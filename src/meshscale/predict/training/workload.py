@@ -37,6 +37,22 @@ BACKWARD_TRAFFIC = 2.0   # an element-wise op's backward reads its input and the
 LOSS_FORWARD_BYTES, LOSS_BACKWARD_BYTES = 14.0, 22.0
 GRAD_CAST_BYTES = 6.0    # a weight's gradient made in bf16 and cast to fp32 for .grad / the reduce-scatter (2 + 4)
 LAYER_NORM_BACKWARD_ACCESSES = 5   # dy, x read for dx and again for the weight's gradient, dx written
+# Tensor parallelism through DTensor, as train/parallel/apply.py and torchtitan plan a Llama block (ColwiseParallel
+# Q, K, V, w1 and w3; RowwiseParallel wo and w2; SequenceParallel norms): the ops the host dispatches on DTensors,
+# as an aten-level trace of that plan shows them (two Gloo ranks; tests/unit/test_predict_dtensor.py). A linear of a
+# 3-D input decomposes before DTensor sees it (F.linear is CompositeImplicitAutograd): t, view, mm, _unsafe_view;
+# its backward: two mm, four t, two view and a detach (input gradient 5, weight gradient 4); recomputed under
+# selective checkpointing, its views replay and its saved mm does not (3). A norm is one op each way on the GPU
+# (_fused_rms_norm and its backward, which DTensor shards). Each redistribution (the all-gather of attention's
+# and the MLP's input, the reduce-scatter of wo's and w2's output) is planned and issued by DTensor: one op each
+# way. Attention's core, rotary, the activations and the residual adds run on the local tensors the linears
+# hand out (use_local_output): plain ops.
+TP_LINEAR_DTENSOR_OPS = 4
+TP_LINEAR_BACKWARD_DTENSOR_OPS = (5, 4)        # the input's gradient, the weight's
+TP_LINEAR_RECOMPUTE_DTENSOR_OPS = 3
+TP_LAYER_REDISTRIBUTES = 4
+TP_ENDS_REDISTRIBUTES = 3   # the embedding's output reduce-scattered along the sequence, the head's input and
+# its logits all-gathered
 
 
 @dataclass(frozen=True)
@@ -61,30 +77,55 @@ def element_bytes(precision: str) -> int:
 SELECTIVE_POLICIES = ("matmuls", "torchtitan")
 
 
+def on_dtensor(kernel: Kernel, tp: int) -> Kernel:
+    """``kernel`` dispatched on DTensors where tensor parallelism makes them (tp > 1): a linear as its
+    decomposition, any other op as itself."""
+    if tp == 1:
+        return kernel
+    if kernel.kind == "matmul":
+        return replace(kernel, ops=TP_LINEAR_DTENSOR_OPS, dtensor_ops=TP_LINEAR_DTENSOR_OPS)
+    return replace(kernel, dtensor_ops=kernel.ops)
+
+
+def dtensor_host(name: str, ops: int) -> Kernel:
+    """Host work on DTensors that runs no kernel of its own (redistributions planned, views replayed)."""
+    return Kernel(name, "host", ops=ops, dtensor_ops=ops)
+
+
 def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str,
             backward_only: list[Kernel] = (), selective_policy: str = "matmuls") -> PassKernels:
     """Backward of ``forward`` (GEMMs and convolutions: two products each; attention: 2.5 x its FLOPs;
-    element-wise: its own backward traffic, else BACKWARD_TRAFFIC x its bytes), ``backward_only`` kernels, and
-    the recomputation ``checkpointing`` asks for (selective: ``elementwise``; under torchtitan's own op-level
-    policy, whose `_custom_policy` saves "all compute ops, except every second mm", also the 2nd, 4th, ...
-    GEMMs of the block)."""
+    element-wise: its own backward traffic, else BACKWARD_TRAFFIC x its bytes; host work: its own again),
+    ``backward_only`` kernels, and the recomputation ``checkpointing`` asks for (selective: ``elementwise``;
+    under torchtitan's own op-level policy, whose `_custom_policy` saves "all compute ops, except every second
+    mm", also the 2nd, 4th, ... GEMMs of the block). A linear on DTensors keeps its backward's products on them
+    and, recomputed selectively with its product saved, replays its views."""
     backward: list[Kernel] = []
     for k in forward:
         if k.kind in ("matmul", "conv"):
-            backward += gemm_backward(k)
+            products = gemm_backward(k)
+            if k.dtensor_ops:
+                products = [replace(g, ops=n, dtensor_ops=n) for g, n in zip(products, TP_LINEAR_BACKWARD_DTENSOR_OPS)]
+            backward += products
+        elif k.kind == "host":
+            backward.append(replace(k, name=k.name + " backward"))
         elif k.kind == "attention":
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
             backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches,
-                                      instructions=k.backward_instructions))
+                                      instructions=k.backward_instructions, dtensor_ops=k.dtensor_ops))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
     elif checkpointing == "selective":
         recompute = list(elementwise)
-        if selective_policy == "torchtitan":
-            recompute += [k for k in forward if k.kind == "matmul"][1::2]
+        linears = [k for k in forward if k.kind == "matmul"]
+        rerun = linears[1::2] if selective_policy == "torchtitan" else []
+        recompute += rerun
+        saved = sum(1 for k in linears if k.dtensor_ops) - sum(1 for k in rerun if k.dtensor_ops)
+        if saved:
+            recompute.append(dtensor_host("DTensor views replayed", TP_LINEAR_RECOMPUTE_DTENSOR_OPS * saved))
     else:
         recompute = []
     return PassKernels(tuple(forward), tuple(backward), tuple(recompute))
@@ -124,7 +165,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     # causal attention per sequence: 4 x head_dim x seq (seq + 1) / 2 per head; this rank: its heads, its share
     attention_flops = 4.0 * model.head_dim * (model.heads / tp) * seq_len * (seq_len + 1) / 2 * sequences / cp
     attention_bytes = e * tokens * (2 * d + 2 * kv) / tp   # Q and O, K and V once through HBM
-    norm = memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x)
+    norm = on_dtensor(memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x), tp)
     # x (fp32) + y (bf16) -> x; backward: the branch's gradient cast to bf16 (autocast) and the two branches'
     # gradients summed where the residual forks
     add = memory_op("residual add", (2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
@@ -155,33 +196,43 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     joined = [memory_op("q, k, v gradients joined", 2 * e * tokens * (d + 2 * kv) / tp)] if model.style == "gpt2" else []
     grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
         if precision != "fp32" else []
-    forward = [*casts, norm, *qkv, *rotary, Kernel("attention", "attention", attention_flops, attention_bytes,
-                                                       m=seq_len, k=model.head_dim),
-               gemm("attention out", tokens, d, d / tp, e), add, norm, *mlp, *act_ops, down, add]
-    return _passes(forward, [norm, *rotary, *act_ops, norm], checkpointing, joined + grads + bias_grads,
-                   selective_policy)
+    # on DTensors under tensor parallelism: the linears, autocast's casts of their weights and inputs, the norms
+    qkv, mlp, casts = ([on_dtensor(k, tp) for k in group] for group in (qkv, mlp, casts))
+    down = on_dtensor(down, tp)
+    redistributes = [dtensor_host("DTensor redistributes", TP_LAYER_REDISTRIBUTES)] if tp > 1 else []
+    forward = [*casts, norm, *redistributes, *qkv, *rotary,
+               Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.head_dim),
+               on_dtensor(gemm("attention out", tokens, d, d / tp, e), tp), add, norm, *mlp, *act_ops, down, add]
+    return _passes(forward, [norm, *redistributes, *rotary, *act_ops, norm], checkpointing,
+                   joined + grads + bias_grads, selective_policy)
 
 
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
                      autocast: bool = False) -> PassKernels:
     """The embedding lookup (and GPT-2's learned positions), the final norm, the head's GEMM over the vocabulary
-    and the loss in fp32, and the embedding's dense gradient."""
+    and the loss in fp32, and the embedding's dense gradient. Under tensor parallelism the embedding, the norm,
+    the head (and autocast's casts for it) run on DTensors; the loss on the head's local logits."""
     e = element_bytes(precision)
     r = 4 if autocast else e
     d, v = model.d_model, model.vocab_size
-    head = gemm("head", tokens, v / tp, d, e)
+    head = on_dtensor(gemm("head", tokens, v / tp, d, e), tp)
     logits = tokens * v / tp
     loss = memory_op("cross-entropy", LOSS_FORWARD_BYTES * logits, LOSS_BACKWARD_BYTES * logits, ops=3)
     lookups = 2 if model.style == "gpt2" else 1
-    embed = memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0, ops=2 * lookups - 1)
-    forward = [embed, memory_op("final norm", 2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp),
-               head, loss]
+    embed = on_dtensor(memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0,
+                                 ops=2 * lookups - 1), tp)
+    final_norm = memory_op("final norm", 2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp)
+    forward = [embed, on_dtensor(final_norm, tp), head, loss]
     if autocast and precision != "fp32":
-        forward.insert(2, memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d, ops=2))
+        casts = memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d, ops=2)
+        forward.insert(2, on_dtensor(casts, tp))
+    if tp > 1:
+        forward.insert(1, dtensor_host("DTensor redistributes", TP_ENDS_REDISTRIBUTES))
     passes = _passes(forward, [], "none")
-    # dense fp32 gradient of the table: zeroed, the tokens' rows added (tied heads: and summed with the head's)
+    # dense fp32 gradient of the table: zeroed, the tokens' rows added (tied heads: and summed with the head's);
+    # on DTensors one op (embedding_dense_backward)
     embedding_grad = memory_op("embedding gradient", (2 + 3 * model.tie_embeddings) * v * d * 4 / tp,
-                               ops=2 * lookups)
+                               ops=2 * lookups, dtensor_ops=1 if tp > 1 else 0)
     head_grad = (memory_op("head weight gradient to fp32", GRAD_CAST_BYTES * v * d / tp),) if precision != "fp32" else ()
     return PassKernels(passes.forward, passes.backward + (embedding_grad, *head_grad))
 
@@ -230,12 +281,16 @@ def _optimizer_launches(numels: tuple[int, ...], optimizer: str) -> int:
 
 
 def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw",
-                      numels: list[int] | None = None) -> list[Kernel]:
+                      numels: list[int] | None = None, dtensor: bool = False) -> list[Kernel]:
     """The optimizer step over this rank's parameters; given their tensors' sizes, with the kernels its
-    foreach ops launch."""
+    foreach ops launch. ``dtensor``: the parameters are DTensors (FSDP2's shards, tensor parallelism's), so each
+    foreach op over them is one dispatch through DTensor for the whole list (DTensor registers itself as a
+    foreach type, torch/distributed/tensor/__init__.py, and shards the _foreach ops as lists); the steps'
+    increments stay plain."""
     launches = _optimizer_launches(tuple(numels), optimizer) if numels else 0
     return [memory_op(f"{optimizer} step", params_on_rank * OPTIMIZER_BYTES_PER_PARAM[optimizer],
-                      ops=OPTIMIZER_OPS[optimizer], launches=launches)]
+                      ops=OPTIMIZER_OPS[optimizer], launches=launches,
+                      dtensor_ops=len(FOREACH_OPS[optimizer]) if dtensor else 0)]
 
 
 def layer_tensor_numels(model: TransformerConfig) -> list[int]:
