@@ -578,3 +578,21 @@ def test_tensor_lists_add_up_to_the_parameter_counts():
         assert sum(layer_tensor_numels(m)) == m.layer_params()
         assert sum(end_tensor_numels(m)) == m.params() - m.layers * m.layer_params()
     assert sum(resnet_tensor_numels(50)) == resnet_params(50)
+
+
+def test_a_profile_of_another_memory_format_precision_or_model_is_refused_and_the_same_job_calibrates():
+    from pathlib import Path
+
+    from meshscale.predict.training.request import TrainingRequest, predict_training
+
+    folder = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus/emulated-two-node"
+    nchw = folder / "resnet50-profile.json"   # bf16, NCHW, measured on an H200
+    base = dict(system="hgx-h100", gpus=1, batch=128, precision="bf16", profile=nchw)
+    with pytest.raises(MeshscaleError, match="NCHW images .* asks --channels-last"):
+        predict_training(TrainingRequest(model="resnet50", channels_last=True, **base))
+    with pytest.raises(MeshscaleError, match="--model resnet50, the prediction asks --model resnet18"):
+        predict_training(TrainingRequest(model="resnet18", **base))
+    with pytest.raises(MeshscaleError, match="--precision bf16, the prediction asks --precision fp32"):
+        predict_training(TrainingRequest(model="resnet50", **{**base, "precision": "fp32"}))
+    (p,), _ = predict_training(TrainingRequest(model="resnet50", **base))
+    assert p.compute_source.startswith("calibrated on NVIDIA H200")

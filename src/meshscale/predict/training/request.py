@@ -97,13 +97,35 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
     from meshscale.predict.profile import profile_from_result
     from meshscale.results import load_result
 
-    profile = profile_from_result(load_result(req.profile))
+    result = load_result(req.profile)
+    same_job(req, result)
+    profile = profile_from_result(result)
     if not profile.gpu_model:
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
     gpu = gpu_spec({"model": profile.gpu_model})
     one = Placement(req.system, 1)
     predicted = [predict_step(replace(job, layout=ParallelLayout(), batch=b), one, gpu).step_s for b in profile.batches]
     return fit_calibration(predicted, profile.step_time_s, gpu.model)
+
+
+def same_job(req: TrainingRequest, result) -> None:
+    """A profile calibrates the kernels it ran: refuse, in one line, one measured on another model, precision or
+    memory format (an NCHW ResNet runs other batch-norm and convolution kernels than a channels-last one)."""
+    meta = result.meta
+    speed = (meta.get("config") or {}).get("speed") or {}
+    asked = {"model": req.model, "precision": req.precision, "channels_last": req.channels_last}
+    measured = {"model": meta.get("model"), "precision": meta.get("precision", speed.get("precision")),
+                "channels_last": speed.get("channels_last")}
+    if _model(req.model)[1] == 0:  # the memory format is the ResNets' (transformers ignore it)
+        asked.pop("channels_last"), measured.pop("channels_last")
+    def said(key: str, value) -> str:
+        if key == "channels_last":
+            return "--channels-last" if value else "NCHW images (no --channels-last)"
+        return f"--{key} {value}"
+    for key, value in measured.items():
+        if value is not None and value != asked[key]:
+            raise MeshscaleError(f"--profile {req.profile}: measured with {said(key, value)}, the prediction asks "
+                                 f"{said(key, asked[key])}; profile the same job (`meshscale train --profile-batches`)")
 
 
 def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], GpuSpec]:
