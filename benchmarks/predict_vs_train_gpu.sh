@@ -11,7 +11,8 @@
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
 #   PROFILES=docs/results/h100-predict-kernels-2026-11-25 PYTHONPATH=src \
 #     bash benchmarks/predict_vs_train_gpu.sh $OUT/pvt-h200
-#   RESNET_PROFILE=128 GPT_PROFILE=16 STEPS=40 ...: one profile batch each, a shorter call; KERNELS=0: no kernel table
+#   RESNET_PROFILE=128 GPT_PROFILE=16 LLAMA_PROFILE=2 STEPS=40 ...: one profile batch each, a shorter call;
+#   MODELS="gpt-small llama-1b": some of the jobs; KERNELS=0: no kernel table
 #   DRY_RUN=1 PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh /tmp/x      (CPU: predictions only)
 #
 # Leaves seven files in OUTDIR: <model>.json for resnet50, gpt-small and llama-1b (every train, profile and predict result
@@ -73,13 +74,16 @@ run() {  # name, batch, profile batches, options shared by train and predict, pr
   $PY "$HERE/predict_vs_train.py" --pack "$name" "$WORK" "$OUTDIR/$name.json"
 }
 
-run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" ""
-run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024"
-# a layout run (FSDP2 of one rank, full checkpointing): no profile (`--profile-batches` is for the data-parallel
-# models); LLAMA=0 skips it
-if [ "${LLAMA:-1}" != 0 ]; then
-  run llama-1b 2 "" "--precision bf16 --fsdp 1 --activation-checkpointing full --seq-len 2048" ""
-fi
+# MODELS: which of the three jobs (default all); llama-1b is a layout run (FSDP2 of one rank, full checkpointing)
+for model in ${MODELS:-resnet50 gpt-small llama-1b}; do
+  case "$model" in
+    resnet50) run resnet50 128 "${RESNET_PROFILE:-64,128}" "--precision bf16 --channels-last" "" ;;
+    gpt-small) run gpt-small 16 "${GPT_PROFILE:-8,16}" "--precision bf16" "--seq-len 1024" ;;
+    llama-1b) run llama-1b 2 "${LLAMA_PROFILE:-1,2}" \
+      "--precision bf16 --fsdp 1 --activation-checkpointing full --seq-len 2048" "" ;;
+    *) echo "MODELS: resnet50, gpt-small or llama-1b, not $model" >&2; exit 2 ;;
+  esac
+done
 $PY "$HERE/predict_vs_train.py" "$OUTDIR" | tee "$OUTDIR/summary.txt"
 # the same steps per kernel category against the model (KERNELS=0 skips it)
 if [ "${KERNELS:-1}" != 0 ]; then

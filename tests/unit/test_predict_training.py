@@ -580,7 +580,8 @@ def test_tensor_lists_add_up_to_the_parameter_counts():
     assert sum(resnet_tensor_numels(50)) == resnet_params(50)
 
 
-def test_a_profile_of_another_memory_format_precision_or_model_is_refused_and_the_same_job_calibrates():
+def test_a_profile_of_another_memory_format_precision_or_model_is_refused_and_the_same_job_calibrates(tmp_path):
+    import json
     from pathlib import Path
 
     from meshscale.predict.training.request import TrainingRequest, predict_training
@@ -595,4 +596,16 @@ def test_a_profile_of_another_memory_format_precision_or_model_is_refused_and_th
     with pytest.raises(MeshscaleError, match="--precision bf16, the prediction asks --precision fp32"):
         predict_training(TrainingRequest(model="resnet50", **{**base, "precision": "fp32"}))
     (p,), _ = predict_training(TrainingRequest(model="resnet50", **base))
+    assert p.compute_source.startswith("calibrated on NVIDIA H200")
+    # a transformer's profile records the layout options it ran (train writes them since layouts exist)
+    profile = json.loads((folder / "gpt-small-profile.json").read_text())
+    profile["meta"]["config"]["layout"] = {"checkpointing": "none", "seq_len": None}
+    (tmp_path / "gpt.json").write_text(json.dumps(profile))
+    gpt = dict(model="gpt-small", system="hgx-h100", gpus=1, batch=16, profile=tmp_path / "gpt.json")
+    with pytest.raises(MeshscaleError, match="--seq-len 1024, the prediction asks --seq-len 512"):
+        predict_training(TrainingRequest(seq_len=512, **gpt))
+    with pytest.raises(MeshscaleError, match="--activation-checkpointing none, the prediction asks "
+                                             "--activation-checkpointing full"):
+        predict_training(TrainingRequest(checkpointing="full", **gpt))
+    (p,), _ = predict_training(TrainingRequest(**gpt))
     assert p.compute_source.startswith("calibrated on NVIDIA H200")

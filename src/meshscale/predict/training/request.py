@@ -98,7 +98,7 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
     from meshscale.results import load_result
 
     result = load_result(req.profile)
-    same_job(req, result)
+    same_job(req, job, result)
     profile = profile_from_result(result)
     if not profile.gpu_model:
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
@@ -108,18 +108,25 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
     return fit_calibration(predicted, profile.step_time_s, gpu.model)
 
 
-def same_job(req: TrainingRequest, result) -> None:
-    """A profile calibrates the kernels it ran: refuse, in one line, one measured on another model, precision or
-    memory format (an NCHW ResNet runs other batch-norm and convolution kernels than a channels-last one)."""
+def same_job(req: TrainingRequest, job: TrainingJob, result) -> None:
+    """A profile calibrates the kernels it ran: refuse, in one line, one measured on another model, precision,
+    memory format (an NCHW ResNet runs other batch-norm and convolution kernels than a channels-last one),
+    activation checkpointing or sequence length."""
     meta = result.meta
-    speed = (meta.get("config") or {}).get("speed") or {}
-    asked = {"model": req.model, "precision": req.precision, "channels_last": req.channels_last}
-    measured = {"model": meta.get("model"), "precision": meta.get("precision", speed.get("precision")),
-                "channels_last": speed.get("channels_last")}
-    if _model(req.model)[1] == 0:  # the memory format is the ResNets' (transformers ignore it)
-        asked.pop("channels_last"), measured.pop("channels_last")
+    config = meta.get("config") or {}
+    speed, layout = config.get("speed") or {}, config.get("layout") or {}
+    asked = {"model": req.model, "precision": req.precision}
+    measured = {"model": meta.get("model"), "precision": meta.get("precision", speed.get("precision"))}
+    if job.model is None:  # the memory format is the ResNets'
+        asked["channels-last"], measured["channels-last"] = req.channels_last, speed.get("channels_last")
+    elif layout:  # a transformer's profile: the checkpointing and the sequence it ran
+        asked["activation-checkpointing"] = job.checkpointing
+        measured["activation-checkpointing"] = layout.get("checkpointing")
+        # train's default sequence is predict's: the model's positions, at most 2,048
+        asked["seq-len"], measured["seq-len"] = job.seq_len, layout.get("seq_len") or min(job.model.max_seq_len, 2048)
+
     def said(key: str, value) -> str:
-        if key == "channels_last":
+        if key == "channels-last":
             return "--channels-last" if value else "NCHW images (no --channels-last)"
         return f"--{key} {value}"
     for key, value in measured.items():
