@@ -532,7 +532,7 @@ def test_the_h100_profiles_shipped_calibrate_an_h200_prediction_kernel_by_kernel
     from meshscale.predict.training.request import TrainingRequest, predict_training
     from meshscale.predict.training.step import step_kernels
 
-    folder = Path(__file__).resolve().parents[2] / "docs/results/h100-predict-kernels-2026-11-25"
+    folder = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus/h100-profiles"
     h200, _ = system_gpu("hgx-h200")
     req = TrainingRequest(model="gpt-small", system="hgx-h200", gpus=1, batch=16, seq_len=1024,
                           profile=folder / "profile-gpt-small.json")
