@@ -7,8 +7,8 @@ import pytest
 from meshscale.topology import (bisection_bandwidth, dumps, from_dict, load_system, pair_bandwidth, relation, route,
                                 shared_links, system_names)
 
-SYSTEMS = ["dgx-a100", "dgx-a100-320gb", "dgx-station", "dgx1-p100", "dgx1-v100", "dgx2", "hgx-h100", "hgx-h200", "pcie-4gpu",
-           "pcie-8gpu-2socket"]
+SYSTEMS = ["dgx-a100", "dgx-a100-320gb", "dgx-station", "dgx1-p100", "dgx1-v100", "dgx2", "hgx-b200", "hgx-h100", "hgx-h200",
+           "pcie-4gpu", "pcie-8gpu-2socket"]
 P100_PAIRS = {tuple(map(int, p.split("-"))) for p in
               "0-1 0-2 0-3 0-4 1-2 1-3 1-5 2-3 2-6 3-7 4-5 4-6 4-7 5-6 5-7 6-7".split()}
 V100_DOUBLED = {tuple(map(int, p.split("-"))) for p in "0-3 0-4 1-2 1-5 2-3 4-7 5-6 6-7".split()}
@@ -79,14 +79,18 @@ def test_dgx2_bisection_is_2_4_tb_per_s_both_ways(catalog):
     assert bisection_bandwidth(catalog["dgx2"], link_kinds={"nvlink"}) == pytest.approx(1.2e12)
 
 
-@pytest.mark.parametrize("name,links,per_link", [("hgx-h100", 18, 25e9), ("hgx-h200", 18, 25e9), ("dgx-a100", 12, 25e9)])
+@pytest.mark.parametrize("name,links,per_link", [("hgx-h100", 18, 25e9), ("hgx-h200", 18, 25e9), ("dgx-a100", 12, 25e9),
+                                                  ("hgx-b200", 18, 50e9)])
 def test_nvswitch_boards_are_uniform(catalog, name, links, per_link):
     topo = catalog[name]
     for a, b in itertools.combinations(range(8), 2):
         assert relation(topo, a, b) == f"NV{links}"
         assert pair_bandwidth(topo, a, b) == pytest.approx(links * per_link)
-    if name.startswith("hgx"):
+    if name in ("hgx-h100", "hgx-h200"):
         assert sorted(l.count for l in topo.links_of("gpu0", "nvlink")) == [4, 4, 5, 5]
+    if name == "hgx-b200":  # two NVLink 5 switches, 9 links to each; their 14.4 TB/s aggregate (both ways)
+        assert sorted(l.count for l in topo.links_of("gpu0", "nvlink")) == [9, 9]
+        assert 2 * 8 * pair_bandwidth(topo, 0, 1) == pytest.approx(14.4e12)
 
 
 def test_h200_differs_from_h100_in_memory_only(catalog):

@@ -172,6 +172,17 @@ def test_a_faster_gpu_is_never_slower_and_h200_gains_only_where_bandwidth_binds(
     assert 1.0 < h200_rate / h100_rate < h200.memory_bandwidth_bytes_per_s / H100.memory_bandwidth_bytes_per_s
 
 
+def test_an_hgx_b200_trains_faster_than_an_hgx_h100_by_no_more_than_its_larger_peak_ratio():
+    b200, per_node = system_gpu("hgx-b200")
+    assert per_node == 8 and b200.family == "blackwell"
+    job = TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=8), 2, 8192, "bf16", "selective")
+    b200_rate = predict_step(job, Placement("hgx-b200", 8), b200).tokens_per_s_per_gpu
+    h100_rate = predict_step(job, NODE, H100).tokens_per_s_per_gpu
+    peaks = max(b200.matmul_flops("bf16") / H100.matmul_flops("bf16"),
+                b200.memory_bandwidth_bytes_per_s / H100.memory_bandwidth_bytes_per_s)
+    assert 1.5 < b200_rate / h100_rate <= peaks
+
+
 # ---- placement and parallel dimensions -----------------------------------------------------------------------
 def test_a_group_spanning_nodes_costs_more_than_one_inside_a_node():
     fabric = Placement("hgx-h100", 8, 2)
