@@ -48,9 +48,14 @@ class Range:
 
     def describe(self) -> str:
         kind = "an integer" if self.integer else "a finite number"
-        low = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {self.lo:g}"
-        high = "" if self.hi is None else f"<= {self.hi:g}"
+        low = "" if self.lo is None else f"{'>' if self.lo_open else '>='} {_bound(self.lo)}"
+        high = "" if self.hi is None else f"<= {_bound(self.hi)}"
         return f"{kind} {' and '.join(x for x in (low, high) if x)}".strip()
+
+
+def _bound(x: float) -> str:
+    """A range's end as a reader types it: whole numbers in full (16777216, not 1.67772e+07)."""
+    return str(int(x)) if float(x).is_integer() and abs(x) < 1e18 else f"{x:g}"
 
 
 def number(value: Any, where: str, lo: float | None = None, hi: float | None = None, *, integer: bool = False,

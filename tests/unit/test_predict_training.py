@@ -411,6 +411,8 @@ def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tm
     (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--seq-len", "128"], "--seq-len"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--global-batch", "64"], "--global-batch"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--search", "--tp", "2"], "--search"),
+    # a range's end in full, as one would type it (not 1.67772e+07)
+    (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--seq-len", "20000000"], "<= 16777216"),
 ])
 def test_bad_training_input_is_one_line_and_exit_2(cli, args, field):
     r = cli("predict", *args)
