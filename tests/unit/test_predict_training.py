@@ -164,6 +164,19 @@ def test_channels_last_is_faster_than_nchw_for_half_precision_resnets():
     assert nchw < nhwc
 
 
+def test_the_triton_attention_kernel_costs_more_the_longer_the_sequence_and_never_more_than_its_backward_ratio():
+    from meshscale.predict.training.kernels import TRITON_ATTENTION_SLOWDOWN
+
+    shape = replace(preset("llama3-8b"), max_seq_len=32768)
+    slowdowns = []
+    for seq in (1024, 8192, 32768):
+        job = TrainingJob(shape, ParallelLayout(fsdp=8), 1, seq, "bf16", "full")
+        flash, triton = (predict_step(replace(job, attention=a), NODE, H100) for a in ("flash", "triton"))
+        slowdowns.append(flash.tokens_per_s_per_gpu / triton.tokens_per_s_per_gpu)
+    # attention's share of the step grows with the sequence; only attention slows, by at most its slower pass
+    assert 1.0 < slowdowns[0] < slowdowns[1] < slowdowns[2] < TRITON_ATTENTION_SLOWDOWN["backward"]
+
+
 def test_a_faster_gpu_is_never_slower_and_h200_gains_only_where_bandwidth_binds():
     h200, _ = system_gpu("hgx-h200")
     job = TrainingJob(None, ParallelLayout(), 128, resnet_depth=50, autocast=True)
@@ -411,6 +424,8 @@ def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tm
     (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--seq-len", "128"], "--seq-len"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--global-batch", "64"], "--global-batch"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--search", "--tp", "2"], "--search"),
+    (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--attention", "xformers"], "--attention xformers"),
+    (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--attention", "triton"], "--attention"),
     # a range's end in full, as one would type it (not 1.67772e+07)
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--seq-len", "20000000"], "<= 16777216"),
 ])

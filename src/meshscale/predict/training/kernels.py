@@ -16,7 +16,8 @@ achievable fractions GPU libraries document.
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
-  (`attention_fraction`).
+  (`attention_fraction`); a job on the older FlashAttention written in Triton runs slower by the ratios the
+  FlashAttention-2 paper measures (`TRITON_ATTENTION_SLOWDOWN`).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
   datasheet figure; not a figure measured here). A kernel whose per-element arithmetic is known from its source
@@ -82,6 +83,14 @@ HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
 # the same share (`attention_fraction(..., backward=True)`).
 HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128 = (309, 350, 362, 368, 370, 370)
 HOPPER_DENSE_TFLOPS = 989.0
+# Which attention kernel the job runs: "flash" (FlashAttention-2, what PyTorch's SDPA runs on these GPUs, and the
+# figures above) or "triton" (the FlashAttention written in Triton in 2022 that MPT's llm-foundry trained with,
+# its benchmark script's default `attn_impl`). FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in
+# Triton in the forward pass and around 2x faster in the backward pass" (FlashAttention-2 paper, section 4.1,
+# A100): the Triton kernel's forward (a recompute's too) runs at the FlashAttention-2 rate / 1.4, the middle of
+# that range, its backward at / 2.
+ATTENTION_KERNELS = ("flash", "triton")
+TRITON_ATTENTION_SLOWDOWN = {"forward": 1.4, "backward": 2.0}
 
 
 def _at_length(row: tuple, seq_len: int) -> float:
@@ -195,16 +204,17 @@ class Rates:
     dense_flops: float = 0.0
     issue_per_s: float = 0.0        # thread-instructions the SMs issue per second (0: not priced)
     xu_per_s: float = 0.0           # reciprocals and conversions per second
+    attention_kernel: str = "flash"  # one of ATTENTION_KERNELS
 
 
-def rates(gpu: GpuSpec, precision: str, factor: float = 1.0) -> Rates:
+def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "flash") -> Rates:
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     sm_clocks = gpu.sm_count * gpu.clock_hz
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
                  gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
-                 sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM)
+                 sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel)
 
 
 def instruction_seconds(instructions: Instructions, r: Rates) -> float:
@@ -251,8 +261,11 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
-        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, kernel.n == 1) if r.dense_flops \
+        backward = kernel.n == 1
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward) if r.dense_flops \
             else r.attention_flops
+        if r.attention_kernel == "triton":
+            rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
         compute_s = kernel.flops / rate
     else:
         compute_s = instruction_seconds(kernel.instructions, r)

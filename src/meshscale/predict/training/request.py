@@ -42,6 +42,7 @@ class TrainingRequest:
     search: bool = False
     profile: Path | None = None
     cuda_graph: bool = False         # the step replayed as one CUDA graph (train --cuda-graph)
+    attention: str = "flash"         # the attention kernel (kernels.ATTENTION_KERNELS)
 
 
 def is_training_model(name: str) -> bool:
@@ -144,13 +145,15 @@ def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], Gp
     transformer, depth, autocast = _model(req.model)
     if transformer is None and req.seq_len:
         raise MeshscaleError(f"--seq-len is for transformers; {req.model} takes images")
+    if transformer is None and req.attention != "flash":
+        raise MeshscaleError(f"--attention is for transformers; {req.model} has no attention")
     if transformer is not None and not req.seq_len:
         seq_len = min(transformer.max_seq_len, 2048)
     else:
         seq_len = req.seq_len or 0
     base = TrainingJob(transformer, ParallelLayout(), req.batch, seq_len, req.precision, req.checkpointing,
                        depth, req.channels_last, autocast, cuda_graph=req.cuda_graph,
-                       sharding="none" if req.model in TRAIN_MODELS else "fsdp2")
+                       sharding="none" if req.model in TRAIN_MODELS else "fsdp2", attention=req.attention)
     calibration = calibration_of(req, base)
     if req.search:
         return search_layouts(base, placement, gpu, req.global_batch or placement.world_size, calibration), gpu

@@ -45,8 +45,8 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import (Kernel, Rates, host_seconds, issue_seconds, kernel_seconds, rates,
-                                               total_seconds)
+from meshscale.predict.training.kernels import (ATTENTION_KERNELS, Kernel, Rates, host_seconds, issue_seconds,
+                                               kernel_seconds, rates, total_seconds)
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
@@ -174,6 +174,7 @@ class TrainingJob:
     rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
+    attention: str = "flash"    # the attention kernel: flash (FlashAttention-2, PyTorch's SDPA) or triton
 
     @property
     def name(self) -> str:
@@ -255,6 +256,8 @@ def check_job(job: TrainingJob, world_size: int) -> None:
         raise MeshscaleError(f"rotary {job.rotary}: use one of {', '.join(ROTARY_STYLES)}")
     if job.sharding not in SHARDINGS:
         raise MeshscaleError(f"sharding {job.sharding}: use one of {', '.join(SHARDINGS)}")
+    if job.attention not in ATTENTION_KERNELS:
+        raise MeshscaleError(f"--attention {job.attention}: use one of {', '.join(ATTENTION_KERNELS)}")
     if job.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
     if job.batch < 1:
@@ -278,7 +281,7 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
                  calibration: Calibration | None = None) -> TrainingPrediction:
     """Predict one step of ``job`` on ``placement``'s GPUs."""
     check_job(job, placement.world_size)
-    r = rates(gpu, job.precision, calibration.factor if calibration else 1.0)
+    r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
     source = calibration.describe() if calibration else f"datasheet roofline ({gpu.model})"
     found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
     found.rates = r
