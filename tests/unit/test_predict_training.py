@@ -127,19 +127,25 @@ def test_a_gemm_whose_rows_are_not_16_byte_aligned_pays_its_loads_and_padding_wi
     assert kernel_seconds(gemm("h", 16384, 50260, 768, 4), fp32) < kernel_seconds(gemm("h", 16384, 50257, 768, 4), fp32)
 
 
-def test_attention_on_hopper_runs_faster_with_longer_sequences_and_stays_below_peak():
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_attention_on_hopper_runs_faster_with_longer_sequences_and_stays_below_peak(kernel):
     for head_dim in (64, 128, 256):
-        fractions = [attention_fraction("hopper", head_dim, s) for s in (256, 512, 1500, 4096, 16384, 65536)]
+        fractions = [attention_fraction("hopper", head_dim, s, kernel=kernel)
+                     for s in (256, 512, 1500, 4096, 16384, 65536)]
         assert fractions == sorted(fractions) and 0 < fractions[0] and fractions[-1] < 1
+        for backward in (False, True):   # cuDNN's kernel is the faster at every length (FlashAttention-3's bars)
+            assert attention_fraction("hopper", head_dim, 2048, backward, "cudnn") > \
+                attention_fraction("hopper", head_dim, 2048, backward, "flash")
 
 
-def test_causal_backward_on_hopper_pays_the_masks_share_most_at_short_sequences():
+@pytest.mark.parametrize("kernel", ["flash", "cudnn"])
+def test_causal_backward_on_hopper_pays_the_masks_share_most_at_short_sequences(kernel):
     # the backward's measured rate is without the mask; the causal loop loses what the forward's loses
     from meshscale.predict.training.kernels import HOPPER_ATTENTION_BACKWARD_TFLOPS, HOPPER_DENSE_TFLOPS, \
         _at_length
     lengths = (512, 1024, 3000, 8192, 16384, 65536)
-    backward = [attention_fraction("hopper", 128, s, backward=True) for s in lengths]
-    unmasked = [_at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS, s) / HOPPER_DENSE_TFLOPS for s in lengths]
+    backward = [attention_fraction("hopper", 128, s, backward=True, kernel=kernel) for s in lengths]
+    unmasked = [_at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS[kernel], s) / HOPPER_DENSE_TFLOPS for s in lengths]
     assert backward == sorted(backward) and all(0 < b < u for b, u in zip(backward, unmasked))
     shares = [b / u for b, u in zip(backward, unmasked)]
     assert shares == sorted(shares) and shares[0] < 0.7 < 0.85 < shares[-1] < 1
@@ -162,6 +168,17 @@ def test_channels_last_is_faster_than_nchw_for_half_precision_resnets():
     nhwc = predict_step(job, ONE, H100).samples_per_s
     nchw = predict_step(replace(job, channels_last=False), ONE, H100).samples_per_s
     assert nchw < nhwc
+
+
+def test_sdpa_runs_cudnns_attention_on_hopper_and_flashattention_2_on_ampere():
+    a100, _ = system_gpu("dgx-a100")
+    job = TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=8), 1, 8192, "bf16", "full")
+    a100_node = Placement("dgx-a100", 8)
+    rate = {(a, gpu.model): predict_step(replace(job, attention=a), NODE if gpu is H100 else a100_node,
+                                         gpu).tokens_per_s_per_gpu
+            for a in ("sdpa", "flash", "cudnn") for gpu in (H100, a100)}
+    assert rate[("sdpa", H100.model)] == rate[("cudnn", H100.model)] > rate[("flash", H100.model)]
+    assert rate[("sdpa", a100.model)] == rate[("flash", a100.model)] == rate[("cudnn", a100.model)]
 
 
 def test_the_triton_attention_kernel_costs_more_the_longer_the_sequence_and_never_more_than_its_backward_ratio():

@@ -135,7 +135,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
             checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", help="none, selective or full"),
             channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images), as train's"),
             cuda_graph: bool = typer.Option(False, "--cuda-graph", help="the step replayed as one CUDA graph, as train's: no host cost per op"),
-            attention: Optional[str] = typer.Option(None, "--attention", help="the attention kernel: flash (FlashAttention-2, PyTorch's SDPA; default) or triton (the 2022 FlashAttention in Triton, as llm-foundry's MPT)"),
+            attention: Optional[str] = typer.Option(None, "--attention", help="the attention kernel: sdpa (default: what PyTorch's SDPA picks, cuDNN's on Hopper and later, else FlashAttention-2), flash, cudnn, or triton (the 2022 FlashAttention in Triton, as llm-foundry's MPT)"),
             dp: Optional[int] = typer.Option(None, "--dp", help="replicated data-parallel degree", callback=checked(DEGREE)),
             fsdp: Optional[int] = typer.Option(None, "--fsdp", help="sharded data-parallel (FSDP2) degree (default: what the others leave)", callback=checked(DEGREE)),
             tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel degree", callback=checked(DEGREE)),
@@ -157,7 +157,7 @@ def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="mod
         _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision or "bf16",
                         checkpointing or "none", channels_last, {"dp": dp, "fsdp": fsdp, "tp": tp, "pp": pp, "cp": cp},
                         pp_schedule, micro_batches, search, top, profile, json_out, csv_path, cuda_graph,
-                        attention or "flash")
+                        attention or "sdpa")
         return
     given = [k for k, v in training.items() if v is not None]
     if given:
@@ -238,7 +238,7 @@ def _in_train_registry(model: str) -> bool:
 
 def _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision, checkpointing,
                     channels_last, degrees, pp_schedule, micro_batches, search, top, profile, json_out, csv_path,
-                    cuda_graph=False, attention="flash") -> None:
+                    cuda_graph=False, attention="sdpa") -> None:
     from meshscale.predict.training.report import layout_table, training_result
     from meshscale.predict.training.request import TrainingRequest, predict_training
     from meshscale.units import parse_ints

@@ -16,8 +16,9 @@ achievable fractions GPU libraries document.
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
-  (`attention_fraction`); a job on the older FlashAttention written in Triton runs slower by the ratios the
-  FlashAttention-2 paper measures (`TRITON_ATTENTION_SLOWDOWN`).
+  (`attention_fraction`), for the kernel PyTorch's SDPA picks there (cuDNN's on Hopper) or the one the job names;
+  the older FlashAttention written in Triton runs slower by the ratios the FlashAttention-2 paper measures
+  (`TRITON_ATTENTION_SLOWDOWN`).
 - Everything else (norms, activations, rotary, residual adds, the loss, the optimizer) is memory-bound: its
   bytes at HBM_FRACTION of the datasheet bandwidth (a stated allowance: streaming kernels do not reach the
   datasheet figure; not a figure measured here). A kernel whose per-element arithmetic is known from its source
@@ -66,31 +67,46 @@ DTENSOR_HOST_SECONDS_PER_OP = 90e-6
 # Blackwell: taken as Hopper's until a published figure for PyTorch's kernel there exists.
 ATTENTION_FRACTION = {"ampere": 0.50, "ada": 0.50, "hopper": 0.35, "blackwell": 0.35}
 ATTENTION_FRACTION_OTHER = 0.30   # memory-efficient attention on older GPUs (no FlashAttention-2 there)
-# Hopper, by head dimension and sequence length: FlashAttention-2 (what PyTorch's SDPA runs) TFLOP/s on an
-# H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens (FlashAttention-3 paper, Shah et al. 2024: figure 5, the
-# FlashAttention-2 bars of the forward pass with the causal mask, head dimensions 64 and 128, and head dimension
-# 256; figure 6, the backward pass at head dimension 128, taken for every head dimension), over the 989 TFLOP/s
-# dense peak; short sequences and small heads fill the SMs less.
+# Hopper, by head dimension and sequence length: TFLOP/s on an H100 SXM5 at 512, 1k, 2k, 4k, 8k, 16k tokens of
+# FlashAttention-2 and of cuDNN's attention (FlashAttention-3 paper, Shah et al. 2024: figure 5, the bars of the
+# forward pass with the causal mask at head dimensions 64, 128 and 256; figure 6, the backward pass at head
+# dimension 128, taken for every head dimension), over the 989 TFLOP/s dense peak; short sequences and small
+# heads fill the SMs less.
 ATTENTION_SEQ_POINTS = (512, 1024, 2048, 4096, 8192, 16384)
-HOPPER_ATTENTION_TFLOPS = {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
-                           256: (208, 251, 278, 293, 297, 298)}
-HOPPER_ATTENTION_BACKWARD_TFLOPS = (214, 260, 291, 310, 318, 322)
+HOPPER_ATTENTION_TFLOPS = {
+    "flash": {64: (180, 229, 262, 284, 295, 299), 128: (191, 260, 298, 319, 333, 335),
+              256: (208, 251, 278, 293, 297, 298)},
+    "cudnn": {64: (225, 288, 334, 363, 379, 388), 128: (315, 410, 484, 518, 529, 539),
+              256: (308, 391, 450, 483, 497, 509)}}
+HOPPER_ATTENTION_BACKWARD_TFLOPS = {"flash": (214, 260, 291, 310, 318, 322), "cudnn": (305, 408, 465, 499, 518, 516)}
 # The backward figure is measured without the causal mask (figure 6 has no causal panels; figure 5 has both).
 # A causal kernel does half the FLOPs in the same grid: the blocks on the diagonal are computed whole and masked,
 # the thread blocks of early queries finish early and leave SMs idle, which the shorter sequences feel most. The
-# forward pass measures that cost at head dimension 128 (figure 5: causal against the same bars without the mask,
-# 309, 350, 362, 368, 370, 370 TFLOP/s); the backward runs the same causal loop over the same blocks, so it pays
-# the same share (`attention_fraction(..., backward=True)`).
-HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128 = (309, 350, 362, 368, 370, 370)
+# forward pass measures that cost at head dimension 128 (figure 5: each kernel's causal bars against its bars
+# without the mask); the backward runs the same causal loop over the same blocks, so it pays the same share
+# (`attention_fraction(..., backward=True)`).
+HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128 = {"flash": (309, 350, 362, 368, 370, 370),
+                                         "cudnn": (497, 574, 617, 609, 600, 595)}
 HOPPER_DENSE_TFLOPS = 989.0
-# Which attention kernel the job runs: "flash" (FlashAttention-2, what PyTorch's SDPA runs on these GPUs, and the
-# figures above) or "triton" (the FlashAttention written in Triton in 2022 that MPT's llm-foundry trained with,
-# its benchmark script's default `attn_impl`). FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in
-# Triton in the forward pass and around 2x faster in the backward pass" (FlashAttention-2 paper, section 4.1,
-# A100): the Triton kernel's forward (a recompute's too) runs at the FlashAttention-2 rate / 1.4, the middle of
-# that range, its backward at / 2.
-ATTENTION_KERNELS = ("flash", "triton")
+# The attention kernel a job runs:
+# - "sdpa" (the default): what PyTorch's scaled_dot_product_attention picks on the GPU. With cuDNN 9 on compute
+#   capability 9.0 and later PyTorch puts cuDNN's attention first (aten/src/ATen/native/transformers/cuda/
+#   sdp_utils.cpp, `check_prefer_cudnn_attention`; torch 2.11 chose it on an H200 for every shape tried), else
+#   FlashAttention-2 first;
+# - "flash": FlashAttention-2; "cudnn": cuDNN's; on GPUs the FlashAttention-3 paper has no bars for, cuDNN's is
+#   priced as FlashAttention-2's (no published figure there);
+# - "triton": the FlashAttention written in Triton in 2022 that MPT's llm-foundry trained with (its benchmark
+#   script's default `attn_impl`). FlashAttention-2 is "around 1.3-1.5x faster than FlashAttention in Triton in
+#   the forward pass and around 2x faster in the backward pass" (FlashAttention-2 paper, section 4.1, A100): the
+#   Triton kernel's forward (a recompute's too) runs at the FlashAttention-2 rate / 1.4, the middle of that
+#   range, its backward at / 2.
+ATTENTION_KERNELS = ("sdpa", "flash", "cudnn", "triton")
 TRITON_ATTENTION_SLOWDOWN = {"forward": 1.4, "backward": 2.0}
+
+
+def sdpa_kernel(family: str) -> str:
+    """The attention kernel PyTorch's SDPA runs on a GPU family (cuDNN's first from compute capability 9.0)."""
+    return "cudnn" if family in ("hopper", "blackwell") else "flash"
 
 
 def _at_length(row: tuple, seq_len: int) -> float:
@@ -104,16 +120,19 @@ def _at_length(row: tuple, seq_len: int) -> float:
     return row[i] + (row[i + 1] - row[i]) * log2(s / points[i])
 
 
-def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False) -> float:
-    """The causal attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``."""
+def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False,
+                       kernel: str = "flash") -> float:
+    """The causal attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``:
+    FlashAttention-2's (``kernel`` "flash", and the Triton kernel's base) or cuDNN's ("cudnn")."""
     if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
         return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
+    bars = "cudnn" if kernel == "cudnn" else "flash"
     if backward:
-        causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[128], seq_len) / \
-            _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128, seq_len)
-        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS, seq_len) * causal_share / HOPPER_DENSE_TFLOPS
-    dims = sorted(HOPPER_ATTENTION_TFLOPS)
-    row = HOPPER_ATTENTION_TFLOPS[next((h for h in dims if head_dim <= h), dims[-1])]
+        causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[bars][128], seq_len) / \
+            _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128[bars], seq_len)
+        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS[bars], seq_len) * causal_share / HOPPER_DENSE_TFLOPS
+    dims = sorted(HOPPER_ATTENTION_TFLOPS[bars])
+    row = HOPPER_ATTENTION_TFLOPS[bars][next((h for h in dims if head_dim <= h), dims[-1])]
     return _at_length(row, seq_len) / HOPPER_DENSE_TFLOPS
 
 
@@ -204,10 +223,14 @@ class Rates:
     dense_flops: float = 0.0
     issue_per_s: float = 0.0        # thread-instructions the SMs issue per second (0: not priced)
     xu_per_s: float = 0.0           # reciprocals and conversions per second
-    attention_kernel: str = "flash"  # one of ATTENTION_KERNELS
+    attention_kernel: str = "flash"  # flash, cudnn or triton (rates() resolves "sdpa")
 
 
-def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "flash") -> Rates:
+def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa") -> Rates:
+    """What each kernel kind reaches on ``gpu`` in ``precision``; ``attention_kernel`` "sdpa" is resolved to the
+    kernel PyTorch's SDPA runs there."""
+    if attention_kernel == "sdpa":
+        attention_kernel = sdpa_kernel(gpu.family)
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     sm_clocks = gpu.sm_count * gpu.clock_hz
@@ -262,8 +285,8 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     elif kernel.kind == "attention":
         # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
         backward = kernel.n == 1
-        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward) if r.dense_flops \
-            else r.attention_flops
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
+            if r.dense_flops else r.attention_flops
         if r.attention_kernel == "triton":
             rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
         compute_s = kernel.flops / rate

@@ -18,7 +18,7 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
            "pp_schedule": job.layout.pp_schedule, "micro_batches": job.layout.micro_batches,
            "batch_per_rank": job.batch, "global_batch": job.samples_per_step, "seq_len": job.seq_len,
            "precision": job.precision, "activation_checkpointing": job.checkpointing,
-           "attention": job.attention if job.model else None,
+           "attention": p.rates.attention_kernel if job.model and p.rates else None,
            "step_time_s": p.step_s, "compute_s": p.compute_s, "throughput_samples_per_s": p.samples_per_s,
            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if job.seq_len else None, "mfu": p.mfu,
            "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
@@ -48,7 +48,7 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
     job = first.job
     tokens = bool(job.seq_len)
     shape = f"seq {job.seq_len}, {job.precision}" if tokens else f"{job.precision}"
-    if tokens and job.attention != "flash":
+    if tokens and job.attention != "sdpa":
         shape += f", {job.attention} attention"
     title = (f"{job.name} on {first.placement.describe()}, {shape}"
              + (", every layout ranked" if search else "") + " - PREDICTED")

@@ -42,7 +42,7 @@ class TrainingRequest:
     search: bool = False
     profile: Path | None = None
     cuda_graph: bool = False         # the step replayed as one CUDA graph (train --cuda-graph)
-    attention: str = "flash"         # the attention kernel (kernels.ATTENTION_KERNELS)
+    attention: str = "sdpa"          # the attention kernel (kernels.ATTENTION_KERNELS)
 
 
 def is_training_model(name: str) -> bool:
@@ -145,7 +145,7 @@ def predict_training(req: TrainingRequest) -> tuple[list[TrainingPrediction], Gp
     transformer, depth, autocast = _model(req.model)
     if transformer is None and req.seq_len:
         raise MeshscaleError(f"--seq-len is for transformers; {req.model} takes images")
-    if transformer is None and req.attention != "flash":
+    if transformer is None and req.attention != "sdpa":
         raise MeshscaleError(f"--attention is for transformers; {req.model} has no attention")
     if transformer is not None and not req.seq_len:
         seq_len = min(transformer.max_seq_len, 2048)

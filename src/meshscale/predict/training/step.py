@@ -174,7 +174,7 @@ class TrainingJob:
     rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
-    attention: str = "flash"    # the attention kernel: flash (FlashAttention-2, PyTorch's SDPA) or triton
+    attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
 
     @property
     def name(self) -> str:

@@ -65,7 +65,7 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
                           raw.get("checkpointing", "none"), depth, True, bool(raw.get("autocast", False)),
                           selective_policy=str(raw.get("selective_policy", "matmuls")),
                           sharding=str(raw.get("sharding", "fsdp2")), rotary=str(raw.get("rotary", "pairs")),
-                          attention=str(raw.get("attention", "flash")))
+                          attention=str(raw.get("attention", "sdpa")))
         _, per_node = system_gpu(raw["system"])
         placement = Placement(raw["system"], min(gpus, per_node), max(1, gpus // per_node), raw.get("link", "ndr"),
                               int(raw.get("nics", per_node)))
