@@ -654,3 +654,14 @@ def test_a_profile_of_another_memory_format_precision_or_model_is_refused_and_th
         predict_training(TrainingRequest(checkpointing="full", **gpt))
     (p,), _ = predict_training(TrainingRequest(**gpt))
     assert p.compute_source.startswith("calibrated on NVIDIA H200")
+
+
+def test_a_corpus_run_the_step_model_refuses_is_named_with_its_file_and_row(cli, tmp_path):
+    corpus = tmp_path / "runs.yaml"
+    corpus.write_text("shapes: {}\nruns:\n"
+                      "  - {source: x, gpu: NVIDIA H100 80GB HBM3, system: hgx-h100, gpus: 8, model: llama3-8b,\n"
+                      "     seq_len: 8192, precision: bf16, layout: {fsdp: 8}, batch: 2, attention: bogus,\n"
+                      "     measured: {tokens_per_s_per_gpu: 5000}}\n")
+    res = cli("validate", "--training", "--corpus", str(corpus))
+    assert res.exit_code == 2 and res.stderr.count("\n") == 1
+    assert res.stderr.startswith(f"meshscale: error: {corpus}: run 1: --attention bogus")

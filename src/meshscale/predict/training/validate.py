@@ -92,9 +92,13 @@ def _geomean_abs_error(logs: list[float]) -> float:
 def validate_training(path: str | Path | None = None) -> Result:
     """Predict every run; rows with measured, predicted and error; meta.summary per GPU family and overall."""
     rows = []
+    where = str(path or corpus_path())
     for run in load_training_corpus(path):
         gpu = gpu_spec({"model": run.gpu_model})
-        p = predict_step(run.job, run.placement, gpu)
+        try:
+            p = predict_step(run.job, run.placement, gpu)
+        except MeshscaleError as e:   # a field the step model refuses: say which run
+            raise MeshscaleError(f"{where}: run {run.row}: {e}") from None
         predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
         rows.append({"row": run.row, "source": run.source, "model": run.job.name, "gpu": gpu.model,
                      "family": gpu.family, "world_size": run.placement.world_size,
