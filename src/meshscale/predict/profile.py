@@ -16,6 +16,16 @@ from meshscale.predict.gradient_tensors import GradientTensor
 from meshscale.results import Result
 
 
+@dataclass(frozen=True)
+class MeasuredCategories:
+    """GPU seconds per step of each kernel category, measured at one batch (`train --profile-batches` on a GPU:
+    its largest batch), and the sum of every kernel's time per step."""
+
+    batch_per_rank: int
+    seconds_per_step: tuple[tuple[str, float], ...]
+    kernel_s_per_step: float
+
+
 @dataclass
 class ComputeProfile:
     """Step time (forward + backward + optimizer) of one GPU per per-GPU batch size."""
@@ -28,6 +38,7 @@ class ComputeProfile:
     notes: list[str] = field(default_factory=list)
     gpu_base_flops: float | None = None  # its FP32 rate at the base clock, where known (`sustained_ratio`)
     gradients: tuple[GradientTensor, ...] | None = None  # when backward completed each gradient, as measured
+    kernel_categories: MeasuredCategories | None = None  # the GPU's kernel time per category, where measured
 
     def __post_init__(self) -> None:
         if not self.batches or len(self.batches) != len(self.step_time_s):
@@ -141,7 +152,28 @@ def profile_from_result(result: Result, gpu_flops: float | None = None) -> Compu
     except (TypeError, ValueError):
         raise MeshscaleError("the profile's meta.gradients is not a list of [elements, ready share] pairs") from None
     return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], model, gpu_flops, gradients=gradients,
-                          source=f"measured profile ({result.meta.get('model', '?')} on {model or 'this machine'})")
+                          source=f"measured profile ({result.meta.get('model', '?')} on {model or 'this machine'})",
+                          kernel_categories=_categories(result.meta.get("kernel_categories")))
+
+
+def _categories(raw) -> MeasuredCategories | None:
+    """A profile's meta.kernel_categories (`train.kernel_categories.kernel_categories`), checked."""
+    if raw is None:
+        return None
+    from meshscale.train.kernel_categories import CATEGORIES
+    try:
+        seconds = {str(c): float(v) for c, v in raw["seconds_per_step"].items()}
+        found = MeasuredCategories(int(raw["batch_per_rank"]), tuple(seconds.items()), float(raw["kernel_s_per_step"]))
+    except (KeyError, TypeError, ValueError, AttributeError):
+        raise MeshscaleError("the profile's meta.kernel_categories wants batch_per_rank, kernel_s_per_step and "
+                             "seconds_per_step {category: seconds}") from None
+    unknown = sorted(set(seconds) - set(CATEGORIES))
+    if unknown:
+        raise MeshscaleError(f"the profile's meta.kernel_categories has an unknown category {unknown[0]!r} "
+                             f"(known: {', '.join(CATEGORIES)})")
+    if found.batch_per_rank < 1 or min(seconds.values(), default=0.0) < 0:
+        raise MeshscaleError("the profile's meta.kernel_categories: batch_per_rank >= 1 and seconds >= 0")
+    return found
 
 
 def _step_time_s(row: dict) -> float | None:

@@ -63,8 +63,8 @@ def _gpt(cfg: GPTConfig) -> nn.Module:
 
 
 def _gpt_spec(name: str, cfg: GPTConfig, text: str) -> ModelSpec:
-    return ModelSpec(name, lambda cfg=cfg: _gpt(cfg), "tokens", (cfg.seq_len,), cfg.vocab_size,
-                     gpt_params(cfg), gpt_flops(cfg), text, optimizer="adamw", base_lr=3e-4)
+    return ModelSpec(name, _gpt, "tokens", (cfg.seq_len,), cfg.vocab_size, gpt_params(cfg), gpt_flops(cfg), text,
+                     build_kwargs={"cfg": cfg}, optimizer="adamw", base_lr=3e-4)
 
 
 MODELS: dict[str, ModelSpec] = {spec.name: spec for spec in [

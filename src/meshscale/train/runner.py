@@ -168,8 +168,8 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     validate(ones[-1])  # the largest batch: the smaller ones need no more memory and share everything else
     # one process: a fresh one per batch size costs a process start and CUDA's and cuDNN's set-up each time (most
     # of a short profile on a GPU); each run still builds its own model and warms up before its window
-    [(outputs, gradients)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
-                                    timeout_s=cfg.timeout_s)
+    [(outputs, gradients, kernels)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
+                                             timeout_s=cfg.timeout_s)
     rows = []
     for one, out in zip(ones, outputs):
         s = summarize(one, [out])
@@ -178,10 +178,21 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
                      "compute_s": s["compute_s"], "data_s": s["data_s"], "samples_per_s": rate})
     return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
                     timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)),
-                    gradients=[[elements, share] for elements, share in gradients], gradients_batch=max(batches))
+                    gradients=[[elements, share] for elements, share in gradients], gradients_batch=max(batches),
+                    **({"kernel_categories": kernels} if kernels else {}))
 
 
-def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple[list[dict[str, Any]], list]:
-    """The profile's one rank: every batch size's run, then when backward completes each gradient."""
+def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple[list[dict[str, Any]], list,
+                                                                                dict | None]:
+    """The profile's one rank: every batch size's run, when backward completes each gradient, and on a GPU the
+    largest batch's kernel time per category (`kernel_categories`: what a prediction for another GPU moves
+    category by category)."""
     outputs = [(layout_worker if one.is_transformer else train_worker)(ctx, one) for one in ones]
-    return outputs, gradient_readiness(ones[0], gradients_batch)
+    kernels = None
+    if ones[-1].device == "cuda":
+        import torch
+
+        from meshscale.train.kernel_categories import kernel_categories
+        torch.cuda.empty_cache()
+        kernels = kernel_categories(ones[-1])
+    return outputs, gradient_readiness(ones[0], gradients_batch), kernels

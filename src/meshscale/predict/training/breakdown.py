@@ -6,15 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshscale.predict.training.kernels import Kernel, Rates, kernel_seconds, launches_of
+from meshscale.predict.training.kernels import (CATEGORIES, Kernel, Rates, category_of, kernel_seconds,  # noqa: F401
+                                                launches_of)
 from meshscale.predict.training.step import TrainingJob, step_kernels
-
-CATEGORIES = ("matmul: attention projections", "matmul: MLP", "matmul: head", "matmul: other", "attention",
-              "conv", "batch norm", "norm", "elementwise/activation", "rotary", "embedding/loss", "optimizer",
-              "copies/casts", "FSDP copies", "communication", "other")
-
-_MLP = ("w1 (gate)", "w3 (up)", "w2 (down)", "fc out", "fc ")
-_PROJECTIONS = ("wq", "wk", "wv", "qkv", "attention out")
 
 
 @dataclass(frozen=True)
@@ -24,38 +18,6 @@ class CategoryTime:
     category: str
     seconds: float
     kernels: int
-
-
-def category_of(kernel: Kernel, transformer: bool) -> str:
-    """The category of one of the step model's kernels, by its kind and name."""
-    name = kernel.name
-    if kernel.kind == "attention":
-        return "attention"
-    if kernel.kind == "conv":
-        return "conv"
-    if kernel.kind == "matmul":
-        if not transformer:
-            return "matmul: other"
-        if name.startswith("head"):
-            return "matmul: head"
-        if name.startswith(_MLP) or name == "fc":
-            return "matmul: MLP"
-        return "matmul: attention projections" if name.startswith(_PROJECTIONS) else "matmul: other"
-    if name.startswith("bn"):
-        return "batch norm"
-    if "norm" in name:
-        return "norm"
-    if name.startswith("rotary"):
-        return "rotary"
-    if name.startswith(("embedding", "cross-entropy")):
-        return "embedding/loss"
-    if " step" in name or name.startswith("gradient accumulation"):
-        return "optimizer"
-    if name.startswith("FSDP"):
-        return "FSDP copies"
-    if name.startswith("DDP") or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
-        return "copies/casts"
-    return "elementwise/activation"
 
 
 def step_kernel_list(job: TrainingJob) -> list[Kernel]:

@@ -42,6 +42,7 @@ from dataclasses import dataclass, replace
 from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
+from meshscale.train.kernel_categories import CATEGORIES  # noqa: F401 (the names category_of gives)
 
 TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper for large problems
 # measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
@@ -224,6 +225,7 @@ class Rates:
     issue_per_s: float = 0.0        # thread-instructions the SMs issue per second (0: not priced)
     xu_per_s: float = 0.0           # reciprocals and conversions per second
     attention_kernel: str = "flash"  # flash, cudnn or triton (rates() resolves "sdpa")
+    calibrated: "CategoryCalibration | None" = None  # a profile's measured categories, moved to this GPU
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa") -> Rates:
@@ -268,11 +270,25 @@ def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged:
     return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
+def attention_rate(kernel: Kernel, r: Rates) -> float:
+    """The FLOP/s an attention kernel reaches: its kernel's documented rate for its head dimension, length and
+    pass (it carries its sequence length as m, its head dimension as k, and n = 1 if backward)."""
+    backward = kernel.n == 1
+    rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
+        if r.dense_flops else r.attention_flops
+    if r.attention_kernel == "triton":
+        rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
+    return rate
+
+
 def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     """One kernel's time (x its count): the slower of its compute and its memory traffic, never below the
-    launch floor; scaled by the calibration factor. Host work runs no kernel."""
+    launch floor; scaled by the calibration factor, or moved from a profile's category (`CategoryCalibration`).
+    Host work runs no kernel."""
     if kernel.kind == "host":
         return 0.0
+    if r.calibrated is not None:
+        return r.calibrated.seconds(kernel, r) * r.factor
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
@@ -283,16 +299,91 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
             tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
-        # an attention kernel carries its sequence length as m, its head dimension as k, and n = 1 if backward
-        backward = kernel.n == 1
-        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
-            if r.dense_flops else r.attention_flops
-        if r.attention_kernel == "triton":
-            rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
-        compute_s = kernel.flops / rate
+        compute_s = kernel.flops / attention_rate(kernel, r)
     else:
         compute_s = instruction_seconds(kernel.instructions, r)
     return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S * launches_of(kernel)) * r.factor
+
+
+def roofline_seconds(kernel: Kernel, r: Rates) -> float:
+    """What the roofline's two resources explain of a kernel (x its count): its FLOPs at the tensor cores'
+    achievable rate over the tiles it fills (matrix products, attention) or its bytes at the HBM's, whichever
+    is longer. The rest of a kernel's time (a tile's loads not overlapped, instruction issue, latency, the
+    launch and tail) is the SMs' own."""
+    if kernel.kind == "host":
+        return 0.0
+    memory_s = kernel.bytes / r.bandwidth_bytes_per_s
+    compute_s = 0.0
+    if kernel.kind in ("matmul", "conv"):
+        peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
+        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count))
+    elif kernel.kind == "attention":
+        compute_s = kernel.flops / attention_rate(kernel, r)
+    return kernel.count * max(compute_s, memory_s)
+
+
+_MLP = ("w1 (gate)", "w3 (up)", "w2 (down)", "fc out", "fc ")
+_PROJECTIONS = ("wq", "wk", "wv", "qkv", "attention out")
+
+
+def category_of(kernel: Kernel, transformer: bool) -> str:
+    """The category of one of the step model's kernels, by its kind and name."""
+    name = kernel.name
+    if kernel.kind == "attention":
+        return "attention"
+    if kernel.kind == "conv":
+        return "conv"
+    if kernel.kind == "matmul":
+        if not transformer:
+            return "matmul: other"
+        if name.startswith("head"):
+            return "matmul: head"
+        if name.startswith(_MLP) or name == "fc":
+            return "matmul: MLP"
+        return "matmul: attention projections" if name.startswith(_PROJECTIONS) else "matmul: other"
+    if name.startswith("bn"):
+        return "batch norm"
+    if "norm" in name:
+        return "norm"
+    if name.startswith("rotary"):
+        return "rotary"
+    if name.startswith(("embedding", "cross-entropy")):
+        return "embedding/loss"
+    if " step" in name or name.startswith("gradient accumulation"):
+        return "optimizer"
+    if name.startswith("FSDP"):
+        return "FSDP copies"
+    if name.startswith("DDP") or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
+        return "copies/casts"
+    return "elementwise/activation"
+
+
+@dataclass(frozen=True)
+class CategoryCalibration:
+    """A profile's measured kernel time per category on the GPU that ran it (``rates``: that GPU's, undisturbed
+    by any calibration), as ``ratios``: measured / roofline time of the category's kernels there. Moving a
+    kernel to the GPU being predicted: its roofline time there plus what the measured GPU spent beyond its
+    roofline, moved by SM count x clock (the SMs' own time: issue, latency, loads a tile does not overlap);
+    a category measured below its roofline (the model counts more traffic than the kernels make) keeps its
+    ratio to the roofline. A category the profile did not measure is priced from the datasheet."""
+
+    rates: Rates
+    ratios: tuple[tuple[str, float], ...]
+    transformer: bool = True
+
+    def ratio(self, category: str) -> float | None:
+        return dict(self.ratios).get(category)
+
+    def seconds(self, kernel: Kernel, r: Rates) -> float:
+        plain = replace(r, calibrated=None, factor=1.0)
+        q = self.ratio(category_of(kernel, self.transformer))
+        if q is None:
+            return kernel_seconds(kernel, plain)
+        roof = roofline_seconds(kernel, plain)
+        if q < 1:
+            return q * roof
+        sm_ratio = self.rates.issue_per_s / r.issue_per_s if r.issue_per_s else 1.0
+        return roof + (q - 1) * roofline_seconds(kernel, self.rates) * sm_ratio
 
 
 def launches_of(kernel: Kernel) -> int:

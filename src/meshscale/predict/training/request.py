@@ -8,8 +8,10 @@ from pathlib import Path
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import TransformerConfig, is_transformer_model, load_model_config
+from meshscale.predict.training.breakdown import step_kernel_list
 from meshscale.predict.training.comm import Placement
 from meshscale.predict.training.hardware import GpuSpec, gpu_spec, system_gpu
+from meshscale.predict.training.kernels import CategoryCalibration, category_of, rates, roofline_seconds
 from meshscale.predict.training.search import search_layouts
 from meshscale.predict.training.step import (Calibration, TrainingJob, TrainingPrediction, fit_calibration,
                                              predict_step)
@@ -92,7 +94,9 @@ def layout_of(req: TrainingRequest, world: int, resnet: bool) -> ParallelLayout:
 
 def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None:
     """A measured single-GPU profile fitted to the datasheet roofline of the GPU it was measured on
-    (`fit_calibration`: a factor on every kernel, and a fixed cost per step when it has two batches or more)."""
+    (`fit_calibration`: a factor on every kernel, and a fixed cost per step when it has two batches or more).
+    A profile with the GPU's kernel time per category (`train --profile-batches` on a GPU) calibrates each
+    category first (`category_calibration`); the fit then finds what the categories leave: the host."""
     if not req.profile:
         return None
     from meshscale.predict.profile import profile_from_result
@@ -105,8 +109,28 @@ def calibration_of(req: TrainingRequest, job: TrainingJob) -> Calibration | None
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
     gpu = gpu_spec({"model": profile.gpu_model})
     one = Placement(req.system, 1)
-    predicted = [predict_step(replace(job, layout=ParallelLayout(), batch=b), one, gpu).step_s for b in profile.batches]
-    return fit_calibration(predicted, profile.step_time_s, gpu.model)
+    single = replace(job, layout=ParallelLayout())
+    categories = None
+    if profile.kernel_categories:
+        categories = category_calibration(replace(single, batch=profile.kernel_categories.batch_per_rank), gpu,
+                                          dict(profile.kernel_categories.seconds_per_step))
+    base = Calibration(1.0, gpu.model, categories=categories) if categories else None
+    predicted = [predict_step(replace(single, batch=b), one, gpu, base).step_s for b in profile.batches]
+    return replace(fit_calibration(predicted, profile.step_time_s, gpu.model), categories=categories)
+
+
+def category_calibration(job: TrainingJob, gpu: GpuSpec, measured_s: dict[str, float]) -> CategoryCalibration:
+    """Each measured category's time over the roofline time of the step model's kernels in it on ``gpu`` (the
+    profile's GPU, at the profile's batch); a category the profile did not measure keeps the datasheet's price,
+    and categories the model has no kernel in are left to the fit."""
+    r = rates(gpu, job.precision, 1.0, job.attention)
+    transformer = job.model is not None
+    roofs: dict[str, float] = {}
+    for k in step_kernel_list(job):
+        c = category_of(k, transformer)
+        roofs[c] = roofs.get(c, 0.0) + roofline_seconds(k, r)
+    ratios = tuple((c, measured_s[c] / roof) for c, roof in roofs.items() if roof > 0 and c in measured_s)
+    return CategoryCalibration(r, ratios, transformer)
 
 
 def same_job(req: TrainingRequest, job: TrainingJob, result) -> None:

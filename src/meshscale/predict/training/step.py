@@ -45,8 +45,8 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
-from meshscale.predict.training.kernels import (ATTENTION_KERNELS, Kernel, Rates, host_seconds, issue_seconds,
-                                               kernel_seconds, rates, total_seconds)
+from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
+                                               issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
@@ -117,18 +117,27 @@ class Calibration:
     """A measured profile's verdict on the datasheet roofline of the GPU that measured it, ``gpu_model``:
     measured step = host_s + factor x predicted kernels, or, for a host-bound profile, the longer of floor_s and
     factor x predicted kernels. ``factor`` scales every kernel (each then keeps its own bound on another GPU);
-    ``host_s`` (a fixed cost per step that does not grow with the batch) and ``floor_s`` (the host's own time per
-    step, which the GPU waits for when its kernels are shorter) are carried over unchanged."""
+    ``categories``, where the profile measured its kernel time per category, moves each category to another GPU
+    by its roofline and the SMs' own time (`CategoryCalibration`; the factor then holds what they leave).
+    ``host_s`` (a fixed cost per step that does not grow with the batch) is carried over unchanged; ``floor_s``
+    (the host's own time per step, which the GPU waits for when its kernels are shorter) is the measuring
+    machine's CPU, so it bounds predictions for the same GPU model only."""
 
     factor: float
     gpu_model: str
     host_s: float = 0.0
     floor_s: float = 0.0
+    categories: CategoryCalibration | None = None   # the profile's kernel time per category, where measured
 
-    def describe(self) -> str:
+    def describe(self, gpu_model: str = "") -> str:
+        """What calibrated a prediction for ``gpu_model`` (the calibrating GPU's own when empty)."""
         host = f" + {self.host_s * 1e3:.1f} ms per step" if self.host_s else ""
-        floor = f", host-bound at {self.floor_s * 1e3:.1f} ms per step" if self.floor_s else ""
-        return f"calibrated on {self.gpu_model} (x{self.factor:.2f}{host}{floor})"
+        floor = ""
+        if self.floor_s:
+            floor = f", host-bound at {self.floor_s * 1e3:.1f} ms per step" if gpu_model in ("", self.gpu_model) \
+                else ", its host's floor not carried"
+        what = "per kernel category " if self.categories else ""
+        return f"calibrated {what}on {self.gpu_model} (x{self.factor:.2f}{host}{floor})"
 
 
 def fit_calibration(predicted_s: list[float], measured_s: list[float], gpu_model: str) -> Calibration:
@@ -282,13 +291,16 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     """Predict one step of ``job`` on ``placement``'s GPUs."""
     check_job(job, placement.world_size)
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
-    source = calibration.describe() if calibration else f"datasheet roofline ({gpu.model})"
+    if calibration and calibration.categories:
+        r = replace(r, calibrated=calibration.categories)
+    source = calibration.describe(gpu.model) if calibration else f"datasheet roofline ({gpu.model})"
     found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
     found.rates = r
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
         found.step_s += calibration.host_s
-    if calibration and calibration.floor_s > found.step_s:
+    # a host-bound profile's floor is its machine's CPU: it holds for that GPU's predictions, not another's
+    if calibration and calibration.floor_s > found.step_s and calibration.gpu_model == gpu.model:
         found.host_s = calibration.floor_s - found.step_s
         found.step_s = calibration.floor_s
     return found
