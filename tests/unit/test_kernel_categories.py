@@ -145,3 +145,32 @@ def test_a_traced_step_puts_each_op_in_the_category_the_step_model_uses():
     found = {c for c, s in measured.seconds.items() if s > 0}
     assert {"matmul: head", "matmul: MLP", "embedding/loss", "optimizer", "norm"} <= found
     assert found <= set(CATEGORIES)
+
+
+def _categories_of(ctx, cfg):
+    import torch
+
+    from meshscale.train.kernel_categories import kernel_categories
+    torch.set_num_threads(1)
+    return kernel_categories(cfg, torch.device("cpu"), warm=1, steps=1)
+
+
+@pytest.mark.parametrize("model", ["gpt-tiny", "llama-tiny"])
+def test_train_s_own_step_is_traced_into_the_categories_on_one_rank(model):
+    # the step `train --profile-batches` traces on a GPU, here on a CPU rank over Gloo
+    from meshscale.execute import launch
+    from meshscale.train.config import LayoutOptions, TrainConfig
+    from meshscale.train.parallel.plan import with_default_layout
+
+    cfg = TrainConfig(model=model, device="cpu", batch_per_rank=2, timing=False)
+    if model == "llama-tiny":
+        cfg = with_default_layout(TrainConfig(model=model, device="cpu", batch_per_rank=2, timing=False,
+                                              layout=LayoutOptions(seq_len=32)))
+    [found] = launch(_categories_of, 1, (cfg,), timeout_s=60, deadline_s=120)
+    seconds = found["seconds_per_step"]
+    assert found["batch_per_rank"] == 2 and set(seconds) <= set(CATEGORIES)
+    found = {c for c, s in seconds.items() if s > 0}
+    assert {"matmul: head", "optimizer", "embedding/loss"} <= found
+    if model == "llama-tiny":   # (gpt-tiny's MLP is as wide as its vocabulary, 256: its matmuls read as the head)
+        assert "matmul: MLP" in found
+        assert seconds.get("rotary", 0) > 0 and seconds.get("FSDP copies", 0) > 0

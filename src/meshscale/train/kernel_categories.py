@@ -245,10 +245,10 @@ def shapes_of(cfg) -> StepShapes:
     return StepShapes(True, spec.num_classes, ffn)
 
 
-def kernel_categories(cfg, warm: int = 3, steps: int = 2) -> dict:
-    """Measured GPU seconds per step of each kernel category of ``cfg``'s step on this rank's GPU (after ``warm``
-    steps, over ``steps`` traced ones), and the sum of every kernel's time per step."""
-    device = torch.device("cuda", 0)
+def kernel_categories(cfg, device: torch.device, warm: int = 3, steps: int = 2) -> dict:
+    """Measured seconds per step of each kernel category of ``cfg``'s step on ``device`` (after ``warm`` steps,
+    over ``steps`` traced ones; a CPU's leaf ops stand for kernels), and the sum of every kernel's time per
+    step (none on a CPU). Runs on a rank of an initialized process group, as `train` does."""
     step = step_function(cfg, device)
     for i in range(warm):
         step(i)

@@ -194,5 +194,5 @@ def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple
 
         from meshscale.train.kernel_categories import kernel_categories
         torch.cuda.empty_cache()
-        kernels = kernel_categories(ones[-1])
+        kernels = kernel_categories(ones[-1], torch.device("cuda", 0))
     return outputs, gradient_readiness(ones[0], gradients_batch), kernels
