@@ -73,7 +73,7 @@ def train(
     options: dict,
     gpus: Optional[int] = typer.Option(None, "--gpus", help="train on this many GPUs (NCCL)", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="train on this many CPU processes (Gloo; default 1)", callback=checked(CPU_COUNT)),
-    profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128)", callback=checked(counts(1, MAX_BATCH))),
+    profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128); on a GPU also each kernel category's time at the largest", callback=checked(counts(1, MAX_BATCH))),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
 ) -> None:
     """Train a model data-parallel, or a transformer under a parallel layout (--fsdp --tp --pp --cp --dp), and
