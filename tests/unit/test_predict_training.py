@@ -668,3 +668,26 @@ def test_a_corpus_run_the_step_model_refuses_is_named_with_its_file_and_row(cli,
     res = cli("validate", "--training", "--corpus", str(corpus))
     assert res.exit_code == 2 and res.stderr.count("\n") == 1
     assert res.stderr.startswith(f"meshscale: error: {corpus}: run 1: --attention bogus")
+
+
+def test_torchtitans_own_selective_policy_keeps_less_and_its_published_oom_is_predicted():
+    # torchtitan docs/performance.md (64 A100 80GB, FSDP): Llama 2 70B ran at local batch 1 with selective op
+    # checkpointing and at batch 2 with full, while "the 70B training with local batch size 2 will cause an OOM
+    # error when selective activation checkpointing is used"
+    from meshscale.models.memory import activation_elements_per_token
+
+    a100 = gpu_spec({"model": "NVIDIA A100-SXM4-80GB"})
+    nodes = Placement("dgx-a100", 8, 8, "hdr", 8)
+    llama = preset("llama2-70b")
+
+    def fits(batch, checkpointing):
+        job = TrainingJob(llama, ParallelLayout(fsdp=64), batch, 4096, "bf16", checkpointing,
+                          selective_policy="torchtitan", rotary="complex")
+        return predict_step(job, nodes, a100).fits
+
+    assert fits(1, "selective") and fits(2, "full") and not fits(2, "selective")
+    # every second mm recomputed: fewer elements kept than the engine's policy, more than full checkpointing
+    for name in ("llama3-8b", "llama2-70b"):
+        model = preset(name)
+        kept = {p: activation_elements_per_token(model, "selective", p) for p in ("matmuls", "torchtitan")}
+        assert activation_elements_per_token(model, "full") < kept["torchtitan"] < kept["matmuls"]

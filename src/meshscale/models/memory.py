@@ -16,8 +16,12 @@ Activations saved for backward, elements per token per layer (bf16: 2 B each), L
              FlashAttention, which keeps no seq x seq matrix).
   selective  5 d + 2 kv + 2 f: outputs of the matrix multiplications and of attention are kept, the element-wise
              ops (norms, rotary, SiLU, products) recomputed: the op-level policy meshscale's engine applies
-             (train/parallel keeps every mm and attention output). torchtitan's own policy also recomputes
-             every second mm and so keeps less; this count is the engine's.
+             (train/parallel keeps every mm and attention output).
+  selective, torchtitan's op-level policy: 4 d + kv + f. Its `_custom_policy` (torchtitan, distributed/
+             activation_checkpoint.py) saves the ops of its save list except every second mm of the block, so
+             of Q, K, V, the output projection, gate, up and down it keeps Q, V, gate and down; with the layer's
+             input and attention's output (torchtitan trains Llama-style blocks; a GPT-2 block keeps the
+             engine's count).
   full       d: each layer's input only; one layer's activations live again while it is recomputed.
 GPT-2 style: none 8 d + 2 f, selective 5 d + 2 f (no separate gate), full d.
 With tensor parallelism (with sequence parallelism, as torchtitan applies it) and context parallelism, each rank holds
@@ -79,13 +83,18 @@ class MemoryEstimate:
                 "logits": self.logits_bytes, "allowance": self.allowance_bytes}
 
 
-def activation_elements_per_token(model: TransformerConfig, checkpointing: str) -> float:
-    """Elements one layer keeps for backward per token (see the module's docstring)."""
+def activation_elements_per_token(model: TransformerConfig, checkpointing: str,
+                                  selective_policy: str = "matmuls") -> float:
+    """Elements one layer keeps for backward per token (see the module's docstring); ``selective_policy``:
+    the engine's (matmuls) or torchtitan's (Llama-style blocks)."""
     d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
     if checkpointing == "full":
         return d
+    torchtitan = checkpointing == "selective" and selective_policy == "torchtitan"
     if model.style == "llama":
-        return 7 * d + 2 * kv + 4 * f if checkpointing == "none" else 5 * d + 2 * kv + 2 * f
+        if checkpointing == "none":
+            return 7 * d + 2 * kv + 4 * f
+        return 4 * d + kv + f if torchtitan else 5 * d + 2 * kv + 2 * f
     return 8 * d + 2 * f if checkpointing == "none" else 5 * d + 2 * f
 
 
@@ -110,12 +119,13 @@ def stage_layers(model: TransformerConfig, layout: ParallelLayout, stage: int) -
 
 def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: int, seq_len: int,
                     precision: str = "bf16", checkpointing: str = "none", loss_parallel: bool = False,
-                    stage: int | None = None) -> MemoryEstimate:
+                    stage: int | None = None, selective_policy: str = "matmuls") -> MemoryEstimate:
     """Peak bytes of one rank. ``batch``: sequences per data-parallel rank per step (split into the layout's
     micro-batches). ``stage``: a pipeline stage, or None for the worst one."""
     if stage is None:
         return max((training_memory(model, layout, batch=batch, seq_len=seq_len, precision=precision,
-                                    checkpointing=checkpointing, loss_parallel=loss_parallel, stage=s)
+                                    checkpointing=checkpointing, loss_parallel=loss_parallel, stage=s,
+                                    selective_policy=selective_policy)
                     for s in range(layout.pp)), key=lambda e: e.total_bytes)
     assert checkpointing in CHECKPOINTING and precision in PRECISIONS
     tp, cp, shards = layout.tp, layout.cp, layout.fsdp
@@ -139,7 +149,7 @@ def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: 
 
     micro = max(1, batch // layout.micro_batches)
     tokens = micro * seq_len / cp
-    per_layer = activation_elements_per_token(model, checkpointing) * compute_bytes * tokens / tp
+    per_layer = activation_elements_per_token(model, checkpointing, selective_policy) * compute_bytes * tokens / tp
     activations = per_layer * layers * in_flight_micro_batches(layout, stage)
     if checkpointing == "full":   # one layer's full set lives again while it is recomputed
         activations += activation_elements_per_token(model, "none") * compute_bytes * tokens / tp

@@ -431,7 +431,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     step = pipeline + sharding + replica + optimizer + contention
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
-                             checkpointing=job.checkpointing)
+                             checkpointing=job.checkpointing, selective_policy=job.selective_policy)
     return TrainingPrediction(job, placement, gpu, source, step, compute,
                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
