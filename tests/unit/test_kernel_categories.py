@@ -12,7 +12,8 @@ from meshscale.models.transformer import preset
 from meshscale.predict.training.breakdown import predicted_categories, step_kernel_list
 from meshscale.predict.training.comm import Placement
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
-from meshscale.predict.training.kernels import CATEGORIES, kernel_seconds, rates, roofline_seconds
+from meshscale.predict.training.kernels import kernel_seconds, rates, roofline_seconds
+from meshscale.train.kernel_categories import CATEGORIES
 from meshscale.predict.training.request import TrainingRequest, predict_training
 from meshscale.predict.training.step import TrainingJob, predict_step
 from meshscale.results import Result

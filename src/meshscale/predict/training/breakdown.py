@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from meshscale.predict.training.kernels import (CATEGORIES, Kernel, Rates, category_of, kernel_seconds,  # noqa: F401
-                                                launches_of)
+from meshscale.predict.training.kernels import Kernel, Rates, category_of, kernel_seconds, launches_of
 from meshscale.predict.training.step import TrainingJob, step_kernels
+from meshscale.train.kernel_categories import CATEGORIES
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,6 @@ from dataclasses import dataclass, replace
 from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
-from meshscale.train.kernel_categories import CATEGORIES  # noqa: F401 (the names category_of gives)
 
 TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper for large problems
 # measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
@@ -371,12 +370,9 @@ class CategoryCalibration:
     ratios: tuple[tuple[str, float], ...]
     transformer: bool = True
 
-    def ratio(self, category: str) -> float | None:
-        return dict(self.ratios).get(category)
-
     def seconds(self, kernel: Kernel, r: Rates) -> float:
         plain = replace(r, calibrated=None, factor=1.0)
-        q = self.ratio(category_of(kernel, self.transformer))
+        q = dict(self.ratios).get(category_of(kernel, self.transformer))
         if q is None:
             return kernel_seconds(kernel, plain)
         roof = roofline_seconds(kernel, plain)
