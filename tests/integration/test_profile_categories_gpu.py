@@ -23,6 +23,6 @@ def test_a_gpu_profile_records_each_kernel_category(model, tmp_path):
     assert found["batch_per_rank"] == 4 and set(seconds) <= set(CATEGORIES)
     assert {"matmul: head", "optimizer", "embedding/loss"} <= set(seconds)
     # every kernel is in one category: the categories add up to the traced kernels' time
-    assert sum(seconds.values()) == pytest.approx(found["kernel_s_per_step"], rel=1e-6)
+    assert sum(seconds.values()) == pytest.approx(found["kernel_s_per_step"], rel=1e-4)  # trace timestamps to 1 ns
     from meshscale.predict.profile import profile_from_result
     assert profile_from_result(result).kernel_categories.batch_per_rank == 4
