@@ -32,6 +32,36 @@ def test_profile_runs_without_per_step_timing(monkeypatch):
     assert [c.timing for c in seen] == [False, False] and [c.batch_per_rank for c in seen] == [8, 32]
     assert [r["step_time_s"] for r in result.rows] == pytest.approx([0.25, 0.25])  # batch / the window's rate
     assert result.meta["profile"] is True and result.rows[0]["compute_s"] is None
+    assert "kernel_categories" not in result.meta   # a CPU's profile has no kernels to categorize
+
+
+@pytest.mark.parametrize("traced", ["ok", "fails"])
+def test_a_gpu_profile_keeps_its_step_times_when_the_category_trace_fails(monkeypatch, traced):
+    import meshscale.train.kernel_categories as categories
+
+    def fake_worker(ctx, cfg):
+        return {"summary": {"rank": 0, "steps": cfg.steps, "first_step": 0, "max_param_diff": 0.0, "timed_steps": 10,
+                            "samples_per_s": 4.0 * cfg.batch_per_rank, "params": 1, "flops_per_sample": 1.0},
+                "rows": []}
+
+    def fake_categories(cfg, device):
+        if traced == "fails":
+            raise RuntimeError("CUPTI unavailable")
+        return {"seconds_per_step": {"optimizer": 0.001}, "kernel_s_per_step": 0.001, "batch_per_rank": 32}
+
+    monkeypatch.setattr(runner, "train_worker", fake_worker)
+    monkeypatch.setattr(runner, "launch", lambda fn, world, args, **kw: [fn(None, *args)])
+    monkeypatch.setattr(runner, "gradient_readiness", lambda cfg, batch: [(10, 1.0)])
+    monkeypatch.setattr(categories, "kernel_categories", fake_categories)
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(runner, "check_gpus", lambda count: None)   # no GPU here: the trace is faked
+    result = runner.profile(TrainConfig(steps=12, device="cuda"), [32, 8])
+    assert [r["step_time_s"] for r in result.rows] == pytest.approx([0.25, 0.25])
+    if traced == "ok":
+        assert result.meta["kernel_categories"]["batch_per_rank"] == 32
+    else:
+        assert "kernel_categories" not in result.meta
+        assert result.meta["kernel_categories_missing"] == "RuntimeError: CUPTI unavailable"
 
 
 @pytest.mark.parametrize("timing", [False, True])

@@ -92,6 +92,9 @@ def train(
     if profile_batches:
         result = profile(cfg, parse_ints(profile_batches, "--profile-batches"))
         _table("profile (one device)", result.rows, ("batch_per_rank", "step_time_s", "compute_s", "samples_per_s"))
+        if "kernel_categories_missing" in result.meta:
+            typer.echo(f"kernel categories not measured ({result.meta['kernel_categories_missing']}): the profile "
+                       "calibrates as one factor", err=True)
     else:
         result = run_train(cfg)
         if int(os.environ.get("RANK", "0")) != 0:
