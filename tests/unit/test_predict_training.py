@@ -414,6 +414,25 @@ def test_predict_a_layout_prints_tokens_per_gpu_mfu_and_memory(cli, tmp_path):
     assert row["fsdp"] == 8 and 0 < row["mfu"] < 1 and row["memory_peak_bytes"] > 0
 
 
+def test_predict_says_how_slow_a_host_would_set_the_pace_of_a_small_eager_step(cli, tmp_path):
+    # the break-even host time per op is the step over the ops each rank issues: said when it is within what
+    # hosts take, gone for a step long enough per op, and for a CUDA graph (no host cost per op)
+    rows = {}
+    for batch, extra in ((64, []), (256, []), (64, ["--cuda-graph"])):
+        out = tmp_path / f"p{batch}{len(extra)}.json"
+        r = cli("predict", "--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--batch", str(batch),
+                "--precision", "bf16", "--channels-last", *extra, "--json", out)
+        assert r.exit_code == 0, r.output
+        rows[batch, bool(extra)] = (json.loads(out.read_text())["rows"][0], r.stdout)
+    small, big, graph = rows[64, False], rows[256, False], rows[64, True]
+    assert small[0]["host_bound_above_s_per_op"] == pytest.approx(small[0]["step_time_s"] / small[0]["host_ops_per_step"])
+    assert small[0]["host_ops_per_step"] == big[0]["host_ops_per_step"] > 100   # the ops do not grow with the batch
+    assert big[0]["host_bound_above_s_per_op"] > 3 * small[0]["host_bound_above_s_per_op"]
+    assert "host: eager PyTorch issues" in small[1].replace("\n", " ") and "host: eager" not in big[1]
+    assert graph[0]["host_ops_per_step"] == 0 and graph[0]["host_bound_above_s_per_op"] is None
+    assert "host: eager" not in graph[1]
+
+
 def test_predict_cuda_graph_removes_the_host_cost_of_a_small_step(cli, tmp_path):
     rates = []
     for extra in ([], ["--cuda-graph"]):

@@ -3,10 +3,23 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from meshscale.predict.training.breakdown import host_ops_per_step
+from meshscale.predict.training.kernels import HOST_SECONDS_PER_OP
 from meshscale.predict.training.step import TrainingPrediction, synced_step_seconds
 from meshscale.results import Result
 
 GIB = float(1 << 30)
+# hosts issue eager ops at 5-20 us each on bare metal (NVIDIA's "CUDA Graph Best Practice for PyTorch") and were
+# measured at 25-80 us on lent VMs (docs/results/validate-training.md): a step whose break-even is below this is
+# said to be at risk of being host-bound
+HOST_RISK_SECONDS_PER_OP = 50e-6
+
+
+def host_bound_above(p: TrainingPrediction) -> tuple[int, float | None]:
+    """The ops one rank issues a step, and the host time per op above which the host, not the GPU, would set
+    the predicted step's pace (None for a CUDA graph)."""
+    ops = host_ops_per_step(p.job)
+    return ops, (p.step_s / ops if ops else None)
 
 
 def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
@@ -24,6 +37,7 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
            "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
            "memory_capacity_bytes": p.gpu.memory_bytes}
     row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
+    row["host_ops_per_step"], row["host_bound_above_s_per_op"] = host_bound_above(p)
     if synced:
         row["synced_step_time_s"] = synced_step_seconds(p)
         row["synced_throughput_samples_per_s"] = job.samples_per_step / row["synced_step_time_s"]
@@ -81,6 +95,12 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
             f"{first.samples_per_s * first.step_s / synced:,.1f} samples/s"
         if synced > first.step_s * 1.01:  # a host-bound step: a loop that waits for the device each step pays more
             lines.append(f"synced every step: {rate}, {synced * 1e3:,.1f} ms/step (table: steady)")
+        ops, above = host_bound_above(first)
+        if above is not None and above < HOST_RISK_SECONDS_PER_OP:
+            lines.append(f"host: eager PyTorch issues {ops:,} ops a step per rank, priced at "
+                         f"{HOST_SECONDS_PER_OP * 1e6:.0f} us each; a host slower than {above * 1e6:.0f} us an op "
+                         "sets the pace instead (measured 25-80 us on VMs); a profile of this job on that machine "
+                         "(--profile) carries its host")
         if not first.fits:
             lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
                          f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
