@@ -170,18 +170,16 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
     validate(ones[-1])  # the largest batch: the smaller ones need no more memory and share everything else
     # one process: a fresh one per batch size costs a process start and CUDA's and cuDNN's set-up each time (most
     # of a short profile on a GPU); each run still builds its own model and warms up before its window
-    [(outputs, gradients, kernels)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
-                                             timeout_s=cfg.timeout_s)
+    [(outputs, gradients, kernels, missing)] = launch(_profile_worker, 1, (ones, max(batches)), backend=_backend(cfg),
+                                                      timeout_s=cfg.timeout_s)
     rows = []
     for one, out in zip(ones, outputs):
         s = summarize(one, [out])
         rate = s["samples_per_s"]
         rows.append({"batch_per_rank": one.batch_per_rank, "step_time_s": one.batch_per_rank / rate if rate else None,
                      "compute_s": s["compute_s"], "data_s": s["data_s"], "samples_per_s": rate})
-    categories = {}
-    if kernels:
-        categories = {"kernel_categories_missing": kernels["missing"]} if "missing" in kernels \
-            else {"kernel_categories": kernels}
+    categories = {"kernel_categories": kernels} if kernels else {"kernel_categories_missing": missing} if missing \
+        else {}
     return measured("train", rows, profile=True, model=cfg.model, device=cfg.device, precision=cfg.speed.precision,
                     timing="window, synced at its ends only", config=asdict(replace(cfg, timing=False)),
                     gradients=[[elements, share] for elements, share in gradients], gradients_batch=max(batches),
@@ -189,12 +187,12 @@ def profile(cfg: TrainConfig, batches: list[int]) -> Result:
 
 
 def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple[list[dict[str, Any]], list,
-                                                                                dict | None]:
+                                                                                dict | None, str | None]:
     """The profile's one rank: every batch size's run, when backward completes each gradient, and on a GPU the
     largest batch's kernel time per category (`kernel_categories`: what a prediction for another GPU moves
     category by category)."""
     outputs = [(layout_worker if one.is_transformer else train_worker)(ctx, one) for one in ones]
-    kernels = None
+    kernels, missing = None, None
     if ones[-1].device == "cuda":
         import torch
 
@@ -203,5 +201,5 @@ def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple
         try:
             kernels = kernel_categories(ones[-1], torch.device("cuda", 0))
         except Exception as e:  # the step times stand without them: the profile says why they are missing
-            kernels = {"missing": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
-    return outputs, gradient_readiness(ones[0], gradients_batch), kernels
+            missing = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+    return outputs, gradient_readiness(ones[0], gradients_batch), kernels, missing

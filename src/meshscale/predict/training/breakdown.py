@@ -4,7 +4,7 @@ time and kernel count: what a profiler's per-category table is held against (ben
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from meshscale.predict.training.kernels import Kernel, Rates, category_of, kernel_seconds, launches_of
 from meshscale.predict.training.step import TrainingJob, step_kernels
@@ -20,20 +20,9 @@ class CategoryTime:
     kernels: int
 
 
-def step_kernel_list(job: TrainingJob, with_host: bool = False) -> list[Kernel]:
-    """Every kernel one rank runs in one step (counts multiplied out: micro-batches, layers of its stage);
-    ``with_host``: also the host work that runs no kernel."""
-    k = step_kernels(job)
-    per_layer = k.layer.forward + k.layer.backward + k.layer.recompute
-    every = ([replace(x, count=x.count * k.stage_layers * k.micro_batches) for x in per_layer]
-             + [replace(x, count=x.count * k.micro_batches) for x in k.ends.forward + k.ends.backward]
-             + list(k.per_step))
-    return every if with_host else [x for x in every if x.kind != "host"]
-
-
-def host_ops_per_step(job: TrainingJob) -> int:
-    """The aten ops eager PyTorch issues from the host on one rank in one step (none for a CUDA graph)."""
-    return 0 if job.cuda_graph else sum(k.ops * k.count for k in step_kernel_list(job, with_host=True))
+def step_kernel_list(job: TrainingJob) -> list[Kernel]:
+    """Every kernel one rank runs in one step (counts multiplied out: micro-batches, layers of its stage)."""
+    return [x for x in step_kernels(job).every() if x.kind != "host"]     # host work alone runs nothing
 
 
 def launches(kernel: Kernel) -> int:

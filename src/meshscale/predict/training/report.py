@@ -3,7 +3,6 @@ from __future__ import annotations
 
 from rich.table import Table
 
-from meshscale.predict.training.breakdown import host_ops_per_step
 from meshscale.predict.training.kernels import HOST_SECONDS_PER_OP
 from meshscale.predict.training.step import TrainingPrediction, synced_step_seconds
 from meshscale.results import Result
@@ -18,8 +17,7 @@ HOST_RISK_SECONDS_PER_OP = 50e-6
 def host_bound_above(p: TrainingPrediction) -> tuple[int, float | None]:
     """The ops one rank issues a step, and the host time per op above which the host, not the GPU, would set
     the predicted step's pace (None for a CUDA graph)."""
-    ops = host_ops_per_step(p.job)
-    return ops, (p.step_s / ops if ops else None)
+    return p.host_ops, (p.step_s / p.host_ops if p.host_ops else None)
 
 
 def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:

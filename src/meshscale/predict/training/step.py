@@ -69,6 +69,17 @@ class StepKernels:
     stage_layers: int = 1
     micro_batches: int = 1
 
+    def every(self) -> list[Kernel]:
+        """Every kernel and host work of the step, counts multiplied out (micro-batches, layers of the stage)."""
+        per_layer = self.layer.forward + self.layer.backward + self.layer.recompute
+        return ([replace(x, count=x.count * self.stage_layers * self.micro_batches) for x in per_layer]
+                + [replace(x, count=x.count * self.micro_batches) for x in self.ends.forward + self.ends.backward]
+                + list(self.per_step))
+
+    def host_ops(self) -> int:
+        """The aten ops eager PyTorch issues from the host for the step."""
+        return sum(k.ops * k.count for k in self.every())
+
 
 def step_kernels(job: TrainingJob) -> StepKernels:
     """The kernels the step model prices for ``job`` (what `_transformer` and `_resnet` time, and what
@@ -219,6 +230,7 @@ class TrainingPrediction:
     host_s: float = 0.0         # a calibration's fixed cost per step
     contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
     launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
+    host_ops: int = 0           # aten ops eager PyTorch issues a step on the rank (0: a CUDA graph)
     memory: MemoryEstimate | None = None
     notes: list[str] = field(default_factory=list)
     rates: Rates | None = None  # what the kernels were timed with (for `synced_step_seconds`)
@@ -369,7 +381,8 @@ def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, sour
     contention = contention_seconds(costs[:-1], backward, gpu.sm_count)
     compute = forward + backward + optimizer
     return TrainingPrediction(job, placement, gpu, source, compute + exposed + contention, compute, replica_s=exposed,
-                              contention_s=contention, launch_s=wait_f + wait_b + wait_o)
+                              contention_s=contention, launch_s=wait_f + wait_b + wait_o,
+                              host_ops=0 if job.cuda_graph else kernels.host_ops())
 
 
 def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
@@ -435,4 +448,5 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     return TrainingPrediction(job, placement, gpu, source, step, compute,
                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                              contention_s=contention, launch_s=launch, memory=memory)
+                              contention_s=contention, launch_s=launch, memory=memory,
+                              host_ops=0 if job.cuda_graph else kernels.host_ops())
