@@ -98,3 +98,25 @@ def gradient_tensors(model: str, params: int) -> list[GradientTensor]:
         return list(traced_gradients(model)) or [GradientTensor(params)]
     except Exception:  # its size is still known
         return [GradientTensor(params)]
+
+
+def transformer_gradients(model) -> list[GradientTensor]:
+    """A transformer's gradient tensors in parameter order (the embedding, the layers, the final norm, an untied
+    head) with their readiness in backward FLOPs, counted by the matrices each pass multiplies by (6N per token;
+    attention's own FLOPs left out): backward runs the head first, then the layers from the last down, the
+    embedding last; a head tied to the embedding is complete with it, at the end."""
+    from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels
+
+    layer = layer_tensor_numels(model)
+    head_flops = model.vocab_size * model.d_model   # computed whether tied or not
+    layer_flops = float(model.layer_params())
+    total = head_flops + model.layers * layer_flops
+    ends = end_tensor_numels(model)
+    embedding, middle = ends[:1 + (model.style == "gpt2")], ends[1 + (model.style == "gpt2"):]
+    head = [middle.pop()] if model.head_params() else []
+    out = [GradientTensor(n, 1.0) for n in embedding]
+    for i in range(model.layers):   # layer i is complete once the layers above it and it are done
+        share = (head_flops + (model.layers - i) * layer_flops) / total
+        out += [GradientTensor(n, share) for n in layer]
+    out += [GradientTensor(n, head_flops / total) for n in middle + head]
+    return out

@@ -1,9 +1,9 @@
-"""The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its time). It asks the one
-cost interface (`meshscale.simulate.cost.collective_time_s`: NCCL's model, NCCL's own choice of algorithm and
-protocol) on the group's placement:
-inside one node, on the node's topology; across nodes, on the cluster topology `predict --nodes` builds
-(`predict.exchange_cost.cluster_topology`). Re-point this function to change how every training collective is
-priced.
+"""The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its
+time), on a `Placement`: where the job's ranks run, the network that joins its nodes, the links' calibration and
+NCCL's settings, as `predict`'s options and a corpus row state them. It asks the one cost interface
+(`meshscale.simulate.cost`: NCCL's model, NCCL's own choice of algorithm and protocol unless one is forced) on the
+group's placement: inside one node, on the node's topology; across nodes, on the cluster topology of that many
+nodes (`cluster_topology`).
 
 A group of a layout is placed by its global ranks: rank r sits on node r // gpus_per_node, local GPU
 r % gpus_per_node (the layout's rank order puts tp innermost, so tp groups fill a node first). A group spanning
@@ -13,24 +13,43 @@ all-reduce), its latency term by one network message per added ring step (Thakur
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import lru_cache
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from meshscale.simulate.cost import Call, NcclCostModel
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
+
+if TYPE_CHECKING:
+    from meshscale.simulate.params import SimParams
+    from meshscale.topology import Topology
 
 MAX_PRICED_NODES = 16
 TRAINING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "send_recv")
 _STEPS_PER_RANK = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "send_recv": 0}
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Placement:
-    """Where a job's ranks run: ``nodes`` copies of catalog system ``system`` (``gpus_per_node`` GPUs each),
-    joined by ``nics`` ports of ``link`` per node (GPUDirect RDMA)."""
+    """Where a job's ranks run: ``nodes`` copies of the system ``system`` (``gpus_per_node`` GPUs each, or the
+    ``node`` topology in hand: a partitioned or discovered one), joined by ``nics`` ports of ``link`` per node on
+    a ``network`` (fat tree or rails) of ``oversubscription``, with or without GPUDirect RDMA; the links as
+    ``params`` calibrate them, NCCL in ``nccl_env`` (its algorithm forced where ``nccl_algo``), of version
+    ``nccl_version``. Every collective of the job is priced here, and cached per placement."""
 
     system: str
     gpus_per_node: int
     nodes: int = 1
     link: str = "ndr"
     nics: int = 8
+    gpudirect: bool = True
+    network: str = "fat-tree"
+    oversubscription: float = 1.0
+    params: SimParams | None = None
+    nccl_env: NcclEnv = DEFAULT_ENV
+    nccl_algo: str | None = None
+    nccl_version: str | None = None
+    node: Topology | None = None
+    _cache: dict = field(default_factory=dict, repr=False)
 
     @property
     def world_size(self) -> int:
@@ -39,6 +58,28 @@ class Placement:
     def describe(self) -> str:
         text = f"{self.world_size} GPUs of {self.system}"
         return text + (f" ({self.nodes} nodes, {self.nics}x {self.link.upper()} per node)" if self.nodes > 1 else "")
+
+    def settings(self) -> tuple:
+        """What the price of a collective depends on besides its shape (the cache's key across placements)."""
+        return (self.system, self.gpus_per_node, self.link, self.nics, self.gpudirect, self.network,
+                self.oversubscription, self.params, self.nccl_env, self.nccl_algo, self.nccl_version, id(self.node))
+
+    def topology(self, nodes: int) -> Topology:
+        """One node's topology, or a cluster of ``nodes`` of them (built once per shape: NCCL's model keeps its
+        ring and tree search on the topology object)."""
+        if nodes == 1:
+            if self.node is not None:
+                return self.node
+            from meshscale.topology import load_system
+            return load_system(self.system)
+        from meshscale.predict.exchange_cost import cluster_topology
+        from meshscale.topology.cluster import ClusterSpec
+        return cluster_topology(ClusterSpec(node=self.system, nodes=1, nics=self.nics, link=self.link,
+                                            gpudirect=self.gpudirect, network=self.network,
+                                            oversubscription=self.oversubscription), nodes)
+
+    def cost_model(self, nccl_version: str | None = None) -> NcclCostModel:
+        return NcclCostModel(self.nccl_env, nccl_version or self.nccl_version, self.params, self.nccl_algo)
 
 
 def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
@@ -51,21 +92,28 @@ def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], 
 
 @dataclass(frozen=True)
 class CollectiveCost:
-    """A collective's time and the channels it runs on (NCCL runs one thread block, on one SM, per channel)."""
+    """A collective's time, the channels it runs on (NCCL runs one thread block, on one SM, per channel) and
+    what NCCL ran (algorithm/protocol; empty where unknown)."""
 
     seconds: float
     channels: int = 0
+    chosen: str = ""
 
 
-def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> CollectiveCost:
+def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Placement,
+                    nccl_version: str | None = None) -> CollectiveCost:
     """Time and channels of ``collective`` of ``nbytes`` (the nccl-tests size: the whole gathered / reduced
-    buffer; the message for send_recv) among global ``ranks`` placed on ``fabric``."""
+    buffer; the message for send_recv) among global ``ranks`` placed on ``fabric`` (by NCCL ``nccl_version``:
+    a framework's own, else the placement's)."""
     if len(ranks) < 2 or nbytes <= 0:
         return CollectiveCost(0.0)
     local, nodes = group_shape(ranks, fabric.gpus_per_node)
     # sizes rounded to 1/64 of a power of two keep the cache small without moving a time by more than 1.6%
-    size = _rounded(nbytes)
-    return _priced(collective, size, local, nodes, fabric.system, fabric.link, fabric.nics, fabric.gpus_per_node)
+    key = (collective, _rounded(nbytes), local, nodes, nccl_version)
+    found = fabric._cache.get(key)
+    if found is None:
+        found = fabric._cache[key] = _priced(*key, fabric)
+    return found
 
 
 def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> float:
@@ -78,47 +126,36 @@ def _rounded(nbytes: float) -> int:
     return max(4, int(round(nbytes / step)) * step)
 
 
-@lru_cache(maxsize=65536)
-def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, system: str, link: str, nics: int,
-            gpus_per_node: int) -> CollectiveCost:
-    from meshscale.simulate.cost import collective_time_s
+def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
+            fabric: Placement) -> CollectiveCost:
+    from meshscale.collectives.kinds import kind
 
     priced_nodes = min(nodes, MAX_PRICED_NODES)
-    topo, devices = _topology(system, priced_nodes, link, nics)
+    topo = fabric.topology(priced_nodes)
+    devices, per_node = topo.devices(), fabric.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
         ranks = [topo.nodes[devices[local[0]]].index,
-                 topo.nodes[devices[(gpus_per_node if nodes > 1 else 0) + local[-1]]].index]
+                 topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
-        ranks = [topo.nodes[devices[n * gpus_per_node + i]].index for n in range(priced_nodes) for i in local]
-    found = collective_time_s(collective, nbytes, ranks, topo)  # the one cost interface (simulate/cost.py)
-    t, channels = found.time_s, found.channels
+        ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(priced_nodes) for i in local]
+    found = fabric.cost_model(nccl_version).predict(Call(kind(collective).name, nbytes, tuple(ranks)), topo)
+    t, channels, chosen = found.time_s, found.channels, found.chosen.split(",")[0]
     if nodes == priced_nodes:
-        return CollectiveCost(t, channels)
+        return CollectiveCost(t, channels, chosen)
     p_priced, p = len(ranks), nodes * len(local)
     factor = ((p - 1) / p) / ((p_priced - 1) / p_priced)
-    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * _network_latency_s(system, link, nics, nodes)
-    return CollectiveCost(t * factor + latency, channels)
+    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * network_latency_s(fabric.topology(priced_nodes),
+                                                                               fabric.params)
+    return CollectiveCost(t * factor + latency, channels, chosen)
 
 
-@lru_cache(maxsize=64)
-def _topology(system: str, nodes: int, link: str, nics: int):
-    """One node's topology, or a cluster of ``nodes`` of them (built once: NCCL's model keeps its ring and
-    tree search on the topology object)."""
-    from meshscale.topology import load_system
+def network_latency_s(topo: Topology, params: SimParams | None = None) -> float:
+    """One message node to node on the cluster ``topo``: its wire and switches, the software's per message, and
+    without GPUDirect RDMA two more crossings of the host's PCIe."""
+    from meshscale.simulate.params import SimParams
 
-    if nodes == 1:
-        topo = load_system(system)
-    else:
-        from meshscale.predict.exchange_cost import cluster_topology
-        from meshscale.topology.cluster import ClusterSpec
-
-        topo = cluster_topology(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes)
-    return topo, topo.devices()
-
-
-@lru_cache(maxsize=256)
-def _network_latency_s(system: str, link: str, nics: int, nodes: int) -> float:
-    from meshscale.predict.exchange_cost import cluster_topology, network_latency_s
-    from meshscale.topology.cluster import ClusterSpec
-
-    return network_latency_s(cluster_topology(ClusterSpec(node=system, nodes=1, nics=nics, link=link, gpudirect=True), nodes))
+    cluster, params = topo.cluster, params or SimParams()
+    latency = cluster.latency_s + params.message_latency_of(cluster.net.kind)
+    if not cluster.gpudirect:
+        latency += 2 * params.message_latency_of("pcie")
+    return latency

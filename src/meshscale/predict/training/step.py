@@ -43,7 +43,10 @@ from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
+from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
+from meshscale.predict.profile import ComputeProfile
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
+from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
@@ -54,7 +57,7 @@ from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, S
                                                  resnet_step, resnet_tensor_numels, resnet_tensors,
                                                  transformer_ends, transformer_layer)
 
-DDP_BUCKET_BYTES = 25 * (1 << 20)
+BACKWARD_SHARE = 2 / 3   # of a measured step without per-layer kernels: backward is about twice forward
 SHARDINGS = ("fsdp2", "fsdp1", "none")
 
 
@@ -195,10 +198,29 @@ class TrainingJob:
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
+    exchange: GradientExchange = GradientExchange()   # replicas' gradient exchange (unsharded data parallelism)
+    measured: ComputeProfile | None = None   # a model without per-layer kernels: its measured step on this GPU
+    measured_name: str = ""                  # ... and its name
+    measured_params: int = 0                 # ... and its parameters
 
     @property
     def name(self) -> str:
+        if self.measured is not None:
+            return self.measured_name
         return self.model.name if self.model else f"resnet{self.resnet_depth}"
+
+    def gradients(self) -> list[GradientTensor]:
+        """The gradient tensors in parameter order, with when backward completes each where known."""
+        if self.measured is not None:
+            found = self.measured.gradients
+            if found and sum(g.elements for g in found) == self.measured_params:
+                return list(found)
+            return [GradientTensor(self.measured_params)]
+        if self.model is None:
+            if self.resnet_depth == 50:
+                return resnet50_gradients()
+            return [GradientTensor(n) for n in resnet_tensor_numels(self.resnet_depth)]
+        return transformer_gradients(self.model)
 
     @property
     def samples_per_step(self) -> int:
@@ -206,6 +228,8 @@ class TrainingJob:
 
     def model_flops_per_sample(self) -> float:
         """Training FLOPs per sample as MFU counts them (transformers: PaLM's 6N + attention per token)."""
+        if self.measured is not None:
+            return 0.0
         if self.model:
             return self.model.training_flops_per_token(self.seq_len) * self.seq_len
         return resnet_step(self.resnet_depth, 1, image=self.image, autocast=False).flops()
@@ -227,6 +251,8 @@ class TrainingPrediction:
     bubble_s: float = 0.0       # pipeline fill and drain
     sharding_s: float = 0.0     # FSDP all-gather / reduce-scatter not hidden by compute
     replica_s: float = 0.0      # data-parallel all-reduce not hidden by backward
+    exchange_s: float = 0.0     # replicas' whole gradient exchange (unsharded data parallelism), hidden or not
+    nccl_algo: str = ""         # what NCCL ran for the largest of those exchanges
     host_s: float = 0.0         # a calibration's fixed cost per step
     contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
     launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
@@ -284,7 +310,7 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     if job.batch < 1:
         raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
     if job.model is None:
-        if job.resnet_depth not in RESNET_BLOCKS:
+        if job.measured is None and job.resnet_depth not in RESNET_BLOCKS:
             raise MeshscaleError(f"resnet{job.resnet_depth}: depths {', '.join(map(str, RESNET_BLOCKS))} are known")
         layout = job.layout
         if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
@@ -306,7 +332,7 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
     source = calibration.describe(gpu.model) if calibration else f"datasheet roofline ({gpu.model})"
-    found = _resnet(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
+    found = _replicated(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
     found.rates = r
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
@@ -343,7 +369,7 @@ def synced_step_seconds(p: TrainingPrediction) -> float:
     Without the sync (`train --no-timing`, and `step_s`) the host runs ahead across steps and a step costs the
     longer of its kernels and its ops' host time; the difference between the two, on the same kernels, is
     added to ``step_s``. A CUDA-graphed step replays from one launch: nothing added."""
-    if p.job.cuda_graph or p.rates is None:
+    if p.job.cuda_graph or p.rates is None or p.job.measured is not None:
         return p.step_s
     host = gpu = gpu_total = host_total = 0.0
     for kernels, repeat in _issue_order(step_kernels(p.job)):
@@ -367,22 +393,41 @@ def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_coun
     return min(busy, overlapped_s) * min(1.0, channels / sm_count)
 
 
-def _resnet(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+def _passes_of(job: TrainingJob, r: Rates) -> tuple[tuple[float, float, float], float]:
+    """(forward, backward, optimizer) seconds of an unsharded replica's step, and how much of it the host's
+    issuing made longer: its kernels, or a model without them, its measured step (backward BACKWARD_SHARE of
+    it, the optimizer inside)."""
+    if job.measured is not None:
+        step = job.measured.step_time(job.batch)
+        return (step * (1 - BACKWARD_SHARE), step * BACKWARD_SHARE, 0.0), 0.0
     kernels = step_kernels(job)
-    params = resnet_params(job.resnet_depth)
     (forward, wait_f), (backward, wait_b) = (_pass_seconds(kernels.layer.forward, r, job),
                                              _pass_seconds(kernels.layer.backward, r, job))
     optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
-    group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
-    buckets = [DDP_BUCKET_BYTES] * int(params * 4 // DDP_BUCKET_BYTES) + [params * 4 % DDP_BUCKET_BYTES]
-    costs = [collective_cost("all_reduce", b, group, placement) for b in buckets if b]
-    times = [c.seconds for c in costs]
-    exposed = max(0.0, sum(times) - backward) + (times[-1] if times else 0.0)
-    contention = contention_seconds(costs[:-1], backward, gpu.sm_count)
+    return (forward, backward, optimizer), wait_f + wait_b + wait_o
+
+
+def _replicated(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+    """A ResNet, or a model timed by its measured step: data parallel only, its replicas exchanging gradients
+    as the framework does (`replicas.replica_exchange`), overlapped with backward where it overlaps."""
+    (forward, backward, optimizer), launch = _passes_of(job, r)
     compute = forward + backward + optimizer
-    return TrainingPrediction(job, placement, gpu, source, compute + exposed + contention, compute, replica_s=exposed,
-                              contention_s=contention, launch_s=wait_f + wait_b + wait_o,
-                              host_ops=0 if job.cuda_graph else kernels.host_ops())
+    group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
+    found = replica_exchange(job.exchange, job.gradients(), group, placement, backward, forward + backward)
+    return _with_replicas(TrainingPrediction(job, placement, gpu, source, compute, compute, launch_s=launch,
+                                             host_ops=0 if job.cuda_graph or job.measured is not None
+                                             else step_kernels(job).host_ops()), found, backward, gpu)
+
+
+def _with_replicas(p: TrainingPrediction, found: ReplicaCost, backward_s: float, gpu: GpuSpec) -> TrainingPrediction:
+    """``p`` with its replicas' exchange: the exposed part added to the step, and the SMs the overlapped
+    all-reduces hold taken from the backward they overlap (all but the last bucket overlap)."""
+    overlapped = list(found.costs[:-1]) if p.job.exchange.spec and p.job.exchange.spec.overlap else []
+    contention = contention_seconds(overlapped, backward_s, gpu.sm_count)
+    p.step_s += found.exposed_s + contention
+    p.replica_s, p.exchange_s, p.nccl_algo = found.exposed_s, found.total_s, found.chosen
+    p.contention_s += contention
+    return p
 
 
 def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
@@ -423,7 +468,8 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
     gather_c = cost("all_gather", layer_params * param_bytes, "fsdp")
     reduce_c = cost("reduce_scatter", layer_params * 4, "fsdp")
-    replicate_c = cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    ddp = job.sharding == "none" and layout.tp == layout.pp == layout.cp == 1   # whole replicas: DDP's buckets
+    replicate_c = CollectiveCost(0.0) if ddp else cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
     gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
     rounds = m if layout.pp == 1 else 1                       # gathers and reductions per layer per step
@@ -445,8 +491,15 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
                              checkpointing=job.checkpointing, selective_policy=job.selective_policy)
-    return TrainingPrediction(job, placement, gpu, source, step, compute,
-                              tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
-                              pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                              contention_s=contention, launch_s=launch, memory=memory,
-                              host_ops=0 if job.cuda_graph else kernels.host_ops())
+    found = TrainingPrediction(job, placement, gpu, source, step, compute,
+                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
+                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
+                               contention_s=contention, launch_s=launch, memory=memory,
+                               host_ops=0 if job.cuda_graph else kernels.host_ops())
+    if not ddp or layout.dp < 2:
+        return found
+    # the last micro-batch's backward exchanges the accumulated gradients; the optimizer waits for it
+    backward = stage_layers * layer_b + ends_b
+    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), placement, backward,
+                                pipeline)
+    return _with_replicas(found, exchange, backward, gpu)
