@@ -6,11 +6,10 @@ failed rank is one line) or torchrun. It then runs in-process on the env:// grou
 resumes from the last checkpoint when the agent restarts the workers. Only rank 0 prints and writes files."""
 from __future__ import annotations
 
-import inspect
 import math
 import os
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Callable, Optional
 
 import typer
 from rich.table import Table
@@ -18,7 +17,8 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
-from meshscale.train.config import OptionField, config_from_options, option_fields
+from meshscale.cli.declared import with_declared
+from meshscale.train.config import config_from_options, option_fields
 from meshscale.units import parse_ints
 
 # old spellings -> new, for the CLI's table of renamed options
@@ -29,27 +29,11 @@ RENAMED_TRAIN = {("train", "--timeout"): "--timeout-s", ("scale", "--timeout"): 
 SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): None}
 
 
-def _typer_parameter(f: OptionField, command: str) -> inspect.Parameter:
-    default = SCALE_DEFAULTS.get(f.path, f.default) if command == "scale" else f.default
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=typer.Option(default, *f.flags, help=f.help,
-                                                                callback=checked(f.check) if f.check else None),
-                             annotation=Optional[f.type] if default is None else f.type)
-
-
 def with_config_options(command: str) -> Callable[[Callable], Callable]:
     """Give ``fn(options, **own)`` every TrainConfig option (declared once, in train/config.py) as a typer option
     beside its own; ``fn`` receives their values as ``options``, keyed by their path in TrainConfig."""
-    def wrap(fn: Callable) -> Callable:
-        fields = [f for f in option_fields() if command == "train" or not f.train_only]
-        own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "options"]
-
-        def run(**values: Any) -> None:
-            fn({f.path: values.pop(f.name) for f in fields}, **values)
-        run.__signature__ = inspect.Signature([_typer_parameter(f, command) for f in fields]
-                                              + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own])
-        run.__name__, run.__doc__ = fn.__name__, fn.__doc__
-        return run
-    return wrap
+    fields = [f for f in option_fields() if command == "train" or not f.train_only]
+    return with_declared(fields, SCALE_DEFAULTS if command == "scale" else None)
 
 
 def _check_resume(options: dict) -> None:

@@ -1,125 +1,374 @@
-"""What `meshscale predict` computes: prediction rows for one system or cluster and its variants
-(NVLink vs PCIe systems, InfiniBand vs Ethernet, ring vs hierarchical vs parameter server, the exchange modes),
-or predictions beside a measured `scale` run."""
+"""What `meshscale predict` asks, declared once (`PredictRequest`), and the one predictor that answers it.
+
+Every question is the step model (`training.step.predict_step`) on a `Placement`: one layout on one GPU count
+(`predict_training`), a scaling sweep over GPU or node counts (`predict_rows`: the same model evaluated per size;
+data parallelism is the layout's dp degree), variants compared (systems, links, exchanges), every layout ranked
+(``search``), or a measured `scale` run beside its prediction. `validate --training` prices each corpus run through
+`predict_training` too, so a run gets one figure whichever way it is asked.
+
+The compute: the per-layer kernels on the GPU's datasheet roofline, calibrated by a measured profile when one is
+given (or documented for the model on that GPU family); a model without per-layer kernels, or devices without a
+datasheet (CPU workers), is timed by its measured profile, which it then needs.
+"""
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.against_measured import compare_scale
-from meshscale.predict.frameworks import FRAMEWORKS, MODES, resolve_framework
-from meshscale.predict.profile import profile_from_result
-from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.results import Result, load_result
+from meshscale.models.layout import ParallelLayout
+from meshscale.models.transformer import TransformerConfig, is_transformer_model, load_model_config
+from meshscale.predict.frameworks import FRAMEWORKS, MODES
+from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
+from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
+from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.hardware import GpuSpec, device_spec
+from meshscale.predict.training.replicas import GradientExchange
+from meshscale.predict.training.search import search_layouts
+from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, predict_step
 from meshscale.simulate.nccl_env import NcclEnv
-from meshscale.topology import load_system
-from meshscale.topology.schema import require_devices
-from meshscale.topology.cluster import default_nics
-from meshscale.train.models import get_model
 
-COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
+
+# `meshscale train`'s models (its registry) as the shapes they are: they train under torch.autocast and DDP
+TRAIN_MODELS = {"gpt-small": "gpt2-small", "gpt-medium": "gpt2-medium"}
+RESNETS = {"resnet18": 18, "resnet34": 34, "resnet50": 50, "resnet101": 101, "resnet152": 152}
+COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
-COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework",
-                 "links": "link"}  # the rest compare systems
+COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework", "links": "link"}
 
 
-@dataclass(kw_only=True)
-class PredictRequest:
-    """A prediction as the command line states it: what runs where, how it scales and exchanges, calibrations."""
+@dataclass(frozen=True)
+class Model:
+    """What trains, resolved: a transformer shape or a ResNet depth (per-layer kernels), or a registry model
+    timed by its measured step."""
 
-    model: str | None = None                 # None: the model of ``measured``
-    system: str = "dgx1-p100"                # one system, or the node of a cluster with ``nodes``
-    gpus: tuple[int, ...] = (1, 2, 4, 8)     # GPU counts on one system
-    nodes: tuple[int, ...] | None = None     # node counts of a cluster (instead of ``gpus``)
-    link: str = "edr"
-    nics: int | None = None                  # None: 4, or 2 for Ethernet
-    gpudirect: bool = True
-    cluster_shape: dict = field(default_factory=dict)  # the cluster's other fields (network, oversubscription, ...)
-    batch_per_gpu: int = 64                  # weak scaling
-    global_batch: int | None = None          # strong scaling when given
-    mode: str | None = None                  # `meshscale train`'s modes (None: the framework's, else ddp)
-    framework: str | None = None             # how gradients are exchanged (None: the mode's)
-    wire: str | None = None                  # what gradients travel as (None: the framework's)
-    algo: str = "nccl"                       # the all-reduce algorithm: NCCL's pick, or ring / hierarchical forced
-    profile: Path | None = None
-    compute_efficiency: float = 0.4
-    p2p: Path | None = None
-    bench: Path | None = None  # a measured all_reduce to fit the link model to (after p2p); with nodes, the network
-    compare: str | None = None
-    measured: Path | None = None
-    partition: str | None = None             # each GPU split into MIG instances ("3g.40gb") or time slices ("1/4")
-    nccl_env: NcclEnv | None = None          # NCCL's environment (--nccl-env)
+    name: str
+    transformer: TransformerConfig | None = None
+    resnet_depth: int = 0
+    autocast: bool = False
+    ddp: bool = False           # train's own models: DDP, not FSDP2
+    params: int = 0             # a measured-only model's parameters
 
     @property
-    def weak(self) -> bool:
-        return self.global_batch is None
+    def has_kernels(self) -> bool:
+        return self.transformer is not None or self.resnet_depth > 0
 
 
-def _exchange_of(variant: str, kind: str, req: PredictRequest) -> tuple[str | None, str | None, str]:
-    """(mode, framework, algorithm) of one variant: a mode, a framework or an all-reduce algorithm compared,
-    the request's own otherwise."""
-    if kind == "framework":
-        return None, variant, req.algo
-    if kind != "exchange":
-        return req.mode, req.framework, req.algo
-    if variant in MODES:
-        return variant, None, req.algo
-    if req.mode == "ps-sync":
-        raise MeshscaleError(f"--compare with algorithm {variant} compares all-reduces; use --mode ddp or allreduce")
-    return req.mode, req.framework, variant
+def resolve_model(req: PredictRequest, name: str) -> Model:
+    """The model a request names, or a one-line error."""
+    if req.shape is not None:
+        return Model(name, req.shape, autocast=bool(req.autocast), ddp=req.sharding == "none")
+    if name in RESNETS:
+        return Model(name, resnet_depth=RESNETS[name], autocast=True, ddp=True)
+    if name in TRAIN_MODELS:
+        return Model(name, load_model_config(TRAIN_MODELS[name]), autocast=True, ddp=True)
+    if is_transformer_model(name):
+        return Model(name, load_model_config(name))
+    from meshscale.train.models import MODELS
+    if name in MODELS:
+        return Model(name, autocast=True, ddp=True, params=MODELS[name].params)
+    raise MeshscaleError(f"unknown model {name!r}: a ResNet ({', '.join(RESNETS)}), a transformer preset or "
+                         f"config.json, or one of train's models ({', '.join(sorted(MODELS))})")
 
 
-def predict_rows(req: PredictRequest) -> tuple[list[dict], Job, Result | None]:
-    """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error),
-    the job of the last variant, and the measured result if any."""
-    from meshscale.scenario import resolve_fabric  # looked up when called, as cli/collectives does
+def default_network(node_system: str) -> tuple[str, int]:
+    """(link, ports) of a node's own InfiniBand NICs in the catalog (hgx-h100: 8x NDR; dgx1-p100: 4x EDR); a
+    node without them: 4x EDR, the DGX-1's."""
+    from meshscale.topology import load_system
 
-    measured = load_result(req.measured) if req.measured else None
-    model = req.model or (measured.meta.get("model") if measured else None)
-    if not model:
+    topo = load_system(node_system)
+    ports = [topo.nodes[n].attrs for n in topo.nodes_of("nic")
+             if topo.nodes[n].attrs.get("port_kind") == "infiniband" and topo.nodes[n].attrs.get("port_rate")]
+    if not ports:
+        return "edr", 4
+    return str(ports[0]["port_rate"]), len(ports)
+
+
+@dataclass(frozen=True)
+class Where:
+    """A request's system resolved once: the node (its topology, possibly partitioned), the GPU, the network
+    options, the calibration of the links and NCCL's settings; `placement` places a size on it."""
+
+    node_system: str
+    node: object                # Topology of one node
+    gpu: GpuSpec
+    link: str
+    nics: int
+    gpudirect: bool
+    network: str
+    oversubscription: float
+    params: object = None       # SimParams, or None
+    max_nodes: int | None = None
+    notices: tuple[str, ...] = ()
+    partition: object = None    # Partition, or None
+
+    @property
+    def gpus_per_node(self) -> int:
+        return len(self.node.devices())
+
+    def placement(self, env: NcclEnv | None, nccl_algo: str | None, gpus: int | None = None,
+                  nodes: int | None = None) -> Placement:
+        """``gpus`` GPUs (more than a node's: whole nodes) or ``nodes`` whole nodes."""
+        per_node = self.gpus_per_node
+        world = gpus if gpus is not None else (nodes or 1) * per_node
+        if world < 1:
+            raise MeshscaleError("the GPU count must be at least 1")
+        if world > per_node and world % per_node:
+            raise MeshscaleError(f"--gpus {world}: more than one node of {self.node_system} ({per_node} GPUs) "
+                                 f"must be whole nodes; use a multiple of {per_node}")
+        count = max(1, world // per_node)
+        return Placement(self.node_system, min(world, per_node), count, self.link, self.nics, self.gpudirect,
+                         self.network, self.oversubscription, self.params, env or NcclEnv(), nccl_algo,
+                         node=self.node)
+
+
+def where_on(topology) -> Where:
+    """A topology in hand (a run's own, as `scale` recorded it) as the one node every size is placed on."""
+    return Where(topology.name, topology, device_spec(topology.nodes[topology.devices()[0]].attrs), "edr", 1, True,
+                 "fat-tree", 1.0)
+
+
+def resolve_where(req: PredictRequest, system: str, link: str | None) -> Where:
+    """The node, network and calibration of ``system`` (a catalog name, a file, or a cluster file whose node,
+    network and size the options given override)."""
+    from meshscale.scenario import resolve_fabric
+    from meshscale.topology.cluster import cluster_file_spec
+
+    node_system, size = system, None
+    shape = {"network": req.network, "oversubscription": req.oversubscription}
+    spec = cluster_file_spec(system)
+    if spec is not None:
+        node_system, size = spec.node, spec.nodes
+        link, nics = link or spec.link, req.nics or spec.nics
+        gpudirect = spec.gpudirect if req.gpudirect is None else req.gpudirect
+        shape = {k: v if v is not None else getattr(spec, k) for k, v in shape.items()}
+    else:
+        own_link, own_nics = default_network(system)
+        link, nics = link or own_link, req.nics or (own_nics if link in (None, own_link) else 4)
+        gpudirect = True if req.gpudirect is None else req.gpudirect
+    network = {"nodes": 2, "link": link, "nics": nics, "gpudirect": gpudirect,
+               **{k: v for k, v in shape.items() if v is not None}}
+    fabric = resolve_fabric(node_system, network if (req.bench and req.nodes) else None, req.p2p, req.bench)
+    fit = fabric.network_fit
+    from meshscale.topology import load_system
+    from meshscale.topology.schema import require_devices
+    node = fabric.topology if fabric.cluster is None else require_devices(load_system(node_system))
+    partition = None
+    if req.partition:
+        from meshscale.topology.partitions import split_system
+        node, partition = split_system(node, req.partition)
+    gpu = device_spec(node.nodes[node.devices()[0]].attrs)
+    return Where(node_system, node, gpu, fit.link if fit else link, nics, gpudirect, shape["network"] or "fat-tree",
+                 shape["oversubscription"] or 1.0, fabric.params, size, tuple(fabric.notices), partition)
+
+
+def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> TrainingJob:
+    """The job of ``model`` at ``batch`` per data-parallel rank, on one GPU (the layout comes per size)."""
+    exchange = GradientExchange.of(req.mode, req.framework, req.wire)
+    transformer = model.transformer
+    if transformer is None and req.seq_len:
+        raise MeshscaleError(f"--seq-len is for transformers; {model.name} takes images")
+    if transformer is None and req.attention != "sdpa":
+        raise MeshscaleError(f"--attention is for transformers; {model.name} has no attention")
+    seq_len = req.seq_len or (min(transformer.max_seq_len, 2048) if transformer is not None else 0)
+    sharding = req.sharding or ("none" if model.ddp else "fsdp2")
+    return TrainingJob(transformer, ParallelLayout(), batch, seq_len, req.precision, req.checkpointing,
+                       model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
+                       cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
+                       sharding=sharding, attention=req.attention, exchange=exchange,
+                       measured_name=model.name if not model.has_kernels else "", measured_params=model.params)
+
+
+def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:
+    """The profile that times or calibrates the job: the one given, else one documented for the model on the
+    GPU's family; on a partition, the slice's share of the whole GPU."""
+    if isinstance(req.profile, ComputeProfile):
+        return req.profile
+    if req.profile is not None:
+        from meshscale.results import load_result
+        return profile_from_result(load_result(req.profile))
+    return documented_profile(model.name, where.gpu.model)
+
+
+def layout_of(req: PredictRequest, world: int, fill: str) -> ParallelLayout:
+    """The layout the options name; the degree not given takes what the others leave (``fill``: dp for
+    replicated models, fsdp for transformers under FSDP2)."""
+    given = dict(req.degrees)
+    if fill not in given:
+        others = 1
+        for v in given.values():
+            others *= v
+        if world % others:
+            raise MeshscaleError(f"{' x '.join(f'--{k} {v}' for k, v in given.items())} = {others} does not divide "
+                                 f"the {world} GPUs")
+        given[fill] = world // others
+    micro = req.micro_batches or (given.get("pp", 1) if given.get("pp", 1) > 1 else 1)
+    return ParallelLayout(**given, pp_schedule=req.pp_schedule, micro_batches=micro,
+                          stages_per_rank=2 if req.pp_schedule == "interleaved-1f1b" else 1)
+
+
+def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfile) -> Calibration:
+    """A measured profile fitted to the datasheet roofline of the GPU it was measured on (`fit_calibration`: a
+    factor on every kernel, and a fixed cost per step when it has two batches or more). A profile with the GPU's
+    kernel time per category (`train --profile-batches` on a GPU) calibrates each category first
+    (`category_calibration`); the fit then finds what the categories leave: the host."""
+    from meshscale.predict.training.hardware import gpu_spec
+    from meshscale.predict.training.step import fit_calibration
+
+    if not profile.gpu_model:
+        raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
+    gpu = gpu_spec({"model": profile.gpu_model})
+    one = Placement(job.name, 1)
+    single = replace(job, layout=ParallelLayout())
+    categories = None
+    if profile.kernel_categories:
+        categories = category_calibration(replace(single, batch=profile.kernel_categories.batch_per_rank), gpu,
+                                          dict(profile.kernel_categories.seconds_per_step))
+    base = Calibration(1.0, gpu.model, categories=categories) if categories else None
+    predicted = [predict_step(replace(single, batch=b), one, gpu, base).step_s for b in profile.batches]
+    return replace(fit_calibration(predicted, profile.step_time_s, gpu.model), categories=categories)
+
+
+def category_calibration(job: TrainingJob, gpu: GpuSpec, measured_s: dict[str, float]):
+    """Each measured category's time over the roofline time of the step model's kernels in it on ``gpu`` (the
+    profile's GPU, at the profile's batch); a category the profile did not measure keeps the datasheet's price,
+    and categories the model has no kernel in are left to the fit."""
+    from meshscale.predict.training.breakdown import step_kernel_list
+    from meshscale.predict.training.kernels import CategoryCalibration, category_of, rates, roofline_seconds
+
+    r = rates(gpu, job.precision, 1.0, job.attention)
+    transformer = job.model is not None
+    roofs: dict[str, float] = {}
+    for k in step_kernel_list(job):
+        c = category_of(k, transformer)
+        roofs[c] = roofs.get(c, 0.0) + roofline_seconds(k, r)
+    ratios = tuple((c, measured_s[c] / roof) for c, roof in roofs.items() if roof > 0 and c in measured_s)
+    return CategoryCalibration(r, ratios, transformer)
+
+
+def same_job(req: PredictRequest, job: TrainingJob, meta: dict) -> None:
+    """A profile calibrates the kernels it ran: refuse, in one line, one measured on another model, precision,
+    memory format (an NCHW ResNet runs other batch-norm and convolution kernels than a channels-last one),
+    activation checkpointing or sequence length."""
+    config = meta.get("config") or {}
+    speed, layout = config.get("speed") or {}, config.get("layout") or {}
+    asked = {"model": req.model, "precision": req.precision}
+    measured = {"model": meta.get("model"), "precision": meta.get("precision", speed.get("precision"))}
+    if job.model is None:  # the memory format is the ResNets'
+        asked["channels-last"], measured["channels-last"] = req.channels_last, speed.get("channels_last")
+    elif layout:  # a transformer's profile: the checkpointing and the sequence it ran
+        asked["activation-checkpointing"] = job.checkpointing
+        measured["activation-checkpointing"] = layout.get("checkpointing")
+        # train's default sequence is predict's: the model's positions, at most 2,048
+        asked["seq-len"], measured["seq-len"] = job.seq_len, layout.get("seq_len") or min(job.model.max_seq_len, 2048)
+
+    def said(key: str, value) -> str:
+        if key == "channels-last":
+            return "--channels-last" if value else "NCHW images (no --channels-last)"
+        return f"--{key} {value}"
+    for key, value in measured.items():
+        if value is not None and value != asked[key]:
+            raise MeshscaleError(f"--profile {req.profile}: measured with {said(key, value)}, the prediction asks "
+                                 f"{said(key, asked[key])}; profile the same job (`meshscale train --profile-batches`)")
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A request resolved for one variant: the job on one GPU, where it runs, and its compute's calibration
+    (kernels) or measured step (a model without them); `at` predicts one size."""
+
+    req: PredictRequest
+    model: Model
+    where: Where
+    job: TrainingJob
+    calibration: Calibration | None
+    nccl_algo: str | None
+    measured: ComputeProfile | None = None   # the measured step on this GPU (step times alone, no categories)
+
+    def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
+        return self.where.placement(self.req.nccl_env, self.nccl_algo, gpus, nodes)
+
+    def at(self, placement: Placement, batch: int, layout: ParallelLayout | None = None) -> TrainingPrediction:
+        """The step of ``batch`` per data-parallel rank on ``placement`` (the request's layout, filled). A
+        measured step of the whole model is the compute of replicas that each run the whole model; a layout that
+        splits it (FSDP shards, tensor, pipeline or context parallelism) takes the kernels, calibrated by it."""
+        fill = "fsdp" if self.job.model is not None and self.job.sharding != "none" else "dp"
+        layout = layout or layout_of(self.req, placement.world_size, fill)
+        job = replace(self.job, layout=layout, batch=batch)
+        whole = layout.fsdp == layout.tp == layout.pp == layout.cp == 1
+        if self.measured is not None and (whole or self.calibration is None):
+            job = replace(job, measured=self.measured)
+        return predict_step(job, placement, self.where.gpu, self.calibration)
+
+
+def prepare(req: PredictRequest, system: str | None = None, link: str | None = None,
+            exchange: tuple[str | None, str | None] | None = None, nccl_algo: str | None = None,
+            where: Where | None = None) -> Prepared:
+    """``req`` resolved on ``system`` (default the request's; or ``where``, resolved already) with ``link`` and
+    the exchange (mode, framework) a compared variant sets."""
+    name = req.model or (req.measured and _measured_model(req.measured))
+    if not name:
         raise MeshscaleError("name a model with --model (e.g. resnet50)")
-    spec = get_model(model)
-    profile = profile_from_result(load_result(req.profile)) if req.profile else None
-    p2p = load_result(req.p2p) if req.p2p else None
-    bench = load_result(req.bench) if req.bench else None
-    variants, kind = [req.system], "system"
-    if req.compare:
-        variants = list(COMPARE_PRESETS.get(req.compare) or req.compare.split(","))
-        kind = COMPARE_KINDS.get(req.compare, "system")
-    rows: list[dict] = []
-    job = None
-    for variant in variants:
-        system = variant if kind == "system" else req.system
-        net = variant if kind == "link" else req.link
-        nics = req.nics or default_nics(net)
-        # the fabric as sim and plan resolve it (`resolve_fabric`); with nodes, the cluster of two of them: a
-        # measured all_reduce is a multi-node one, fitted there it gives the network every node count is built with
-        fabric = resolve_fabric(system, {"nodes": 2, "link": net, "nics": nics, "gpudirect": req.gpudirect,
-                                         **req.cluster_shape} if req.nodes else None, p2p, bench,
-                                {"nccl_env": req.nccl_env} if req.nccl_env else None)
-        params, fit = fabric.params, fabric.network_fit
-        topo = fabric.topology if fabric.cluster is None else require_devices(load_system(system))
-        partition = None
-        if req.partition:
-            from meshscale.topology.partitions import split_system
-            topo, partition = split_system(topo, req.partition)
-        asked_mode, asked_framework, algorithm = _exchange_of(variant, kind, req)
-        mode, framework = resolve_framework(asked_mode, asked_framework)
-        job = Job(model, spec.params, profile_for(topo, profile, spec.flops_per_sample, req.compute_efficiency, model),
-                  req.batch_per_gpu if req.weak else req.global_batch, weak=req.weak, algorithm=algorithm, mode=mode,
-                  framework=framework, wire=req.wire, nccl_env=req.nccl_env)
-        if partition:  # the whole GPU's step on the slice's share of it
-            job.profile = job.profile.scaled(partition.step_time_factor, partition.describe())
-        if fit:
-            job.network_source = fit.source
-        # the node counts vary from the resolved cluster (its link the fitted one where --bench fitted it)
-        cluster = replace(fabric.cluster, nodes=1, link=fit.link if fit else fabric.cluster.link) if req.nodes else None
-        if measured:
-            found = compare_scale(measured, job, topo, params, cluster)
-        elif cluster:
-            found = predict_cluster(job, cluster, list(req.nodes), params)
-        else:
-            found = predict_system(job, topo, list(req.gpus), params)
-        rows += [dict(r, variant=variant) for r in found]
-    return rows, job, measured
+    if exchange is not None:
+        req = replace(req, mode=exchange[0], framework=exchange[1])
+    model = resolve_model(req, name)
+    where = where or resolve_where(req, system or req.system, link or req.link)
+    batch = req.batch or (SEQUENCE_BATCH if model.transformer is not None else IMAGE_BATCH)
+    job = base_job(replace(req, model=name), model, where, batch)
+    profile = measured_profile(req, model, where)
+    calibration, measured = None, None
+    kernels = model.has_kernels and where.gpu.sm_count > 0
+    if kernels and profile is not None:
+        if isinstance(req.profile, Path):
+            from meshscale.results import load_result
+            same_job(replace(req, model=name), job, load_result(req.profile).meta)
+        calibration = calibration_of(req, job, profile)
+    if profile is not None and (not kernels or profile.kernel_categories is None):
+        measured = _on_this_gpu(profile, where)
+    elif not kernels:
+        why = "has no per-layer model" if not model.has_kernels else f"runs on {where.gpu.model}, which has no datasheet"
+        raise MeshscaleError(f"{name} {why}: give its measured step (--profile, from `meshscale train "
+                             "--profile-batches --json`)")
+    if where.partition is not None:
+        factor, what = where.partition.step_time_factor, where.partition.describe()
+        calibration = replace(calibration, factor=calibration.factor * factor) if calibration else \
+            Calibration(factor, where.gpu.model)
+        measured = measured.scaled(factor, what) if measured is not None else None
+    if not kernels:
+        job = replace(job, measured_name=name,
+                      measured_params=model.params or sum(g.elements for g in measured.gradients or ()))
+    return Prepared(req, model, where, job, calibration, nccl_algo if nccl_algo is not None else req.nccl_algo,
+                    measured)
+
+
+def _on_this_gpu(profile: ComputeProfile, where: Where) -> ComputeProfile:
+    """A measured profile on the GPU of ``where``: moved there by the sustained FP32 rates (`sustained_ratio`)
+    when it was measured on another model of GPU."""
+    ratio = sustained_ratio(profile, where.node.nodes[where.node.devices()[0]].attrs)
+    if ratio and abs(ratio[0] - 1) > 1e-3:
+        return profile.scaled(ratio[0], f"compute x {ratio[0]:.3f}: {profile.gpu_model or 'profile GPU'} vs "
+                                        f"{where.gpu.model}, {ratio[1]}")
+    return profile
+
+
+def _measured_model(path: Path) -> str | None:
+    from meshscale.results import load_result
+    return load_result(path).meta.get("model")
+
+
+def predict_training(req: PredictRequest) -> tuple[list[TrainingPrediction], GpuSpec]:
+    """The prediction of the layout asked on one GPU or node count (one row), or with ``search`` every layout
+    ranked."""
+    if req.global_batch is not None and not req.search:
+        raise MeshscaleError("--global-batch is for --search and --strong; a layout takes --batch (per "
+                             "data-parallel rank)")
+    counts = req.gpus or req.nodes or ()
+    if len(counts) > 1:
+        flag = "--gpus" if req.gpus else "--nodes"
+        raise MeshscaleError(f"{flag} {','.join(map(str, counts))}: a layout runs on one count; give one number")
+    prepared = prepare(req)
+    placement = prepared.placement(req.gpus[0] if req.gpus else None, req.nodes[0] if req.nodes else None)
+    if req.search:
+        return search_layouts(prepared.job, placement, prepared.where.gpu,
+                              req.global_batch or placement.world_size, prepared.calibration), prepared.where.gpu
+    return [prepared.at(placement, prepared.job.batch)], prepared.where.gpu

@@ -4,22 +4,18 @@ builds `meshscale train` and `meshscale scale` from these declarations."""
 from __future__ import annotations
 
 import typing
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
+from meshscale.options import OptionField, option
+from meshscale.options import option_fields as _option_fields
 from meshscale.safe_io import check_output_file
-from meshscale.validation import Check, Range
+from meshscale.validation import Range
 
 if TYPE_CHECKING:
     from meshscale.models.layout import ParallelLayout
 
 MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
-
-
-def option(default: Any, *flags: str, help: str = "", train_only: bool = False, check: Check | None = None) -> Any:
-    """A dataclass field that is also the command-line option ``flags`` (``train_only``: not offered by scale;
-    ``check(value, flag)``: the range the CLI enforces before anything starts)."""
-    return field(default=default, metadata={"flags": flags, "help": help, "train_only": train_only, "check": check})
 
 
 # the ranges of the options (a step, a sample, a megabyte: anything but a positive finite amount is a typo)
@@ -209,32 +205,9 @@ class TrainConfig:
         return self.batch_per_rank * self.workers
 
 
-@dataclass(frozen=True)
-class OptionField:
-    """One command-line option of TrainConfig: where its value goes (``path``), its type and declaration."""
-
-    path: tuple[str, ...]            # e.g. ("ddp", "bucket_cap_mb")
-    type: Any
-    default: Any
-    flags: tuple[str, ...]
-    help: str
-    train_only: bool
-    check: Check | None = None
-
-    @property
-    def name(self) -> str:
-        return "_".join(self.path)
-
-
-def option_fields(cls: type = TrainConfig, prefix: tuple[str, ...] = ()) -> Iterator[OptionField]:
-    """Every field declared with `option`, nested groups included, in declaration order."""
-    hints = typing.get_type_hints(cls)
-    for f in fields(cls):
-        if is_dataclass(hints[f.name]):
-            yield from option_fields(hints[f.name], prefix + (f.name,))
-        elif "flags" in f.metadata:
-            yield OptionField(prefix + (f.name,), hints[f.name], f.default, f.metadata["flags"], f.metadata["help"],
-                              f.metadata["train_only"], f.metadata.get("check"))
+def option_fields(cls: type = None, prefix: tuple[str, ...] = ()) -> Iterator[OptionField]:
+    """Every TrainConfig option (`meshscale.options.option_fields`)."""
+    return _option_fields(cls or TrainConfig, prefix)
 
 
 def config_from_options(values: dict[tuple[str, ...], Any], **top: Any) -> TrainConfig:

@@ -78,8 +78,13 @@ class Placement:
                                             gpudirect=self.gpudirect, network=self.network,
                                             oversubscription=self.oversubscription), nodes)
 
-    def cost_model(self, nccl_version: str | None = None) -> NcclCostModel:
-        return NcclCostModel(self.nccl_env, nccl_version or self.nccl_version, self.params, self.nccl_algo)
+    def cost_model(self, topology: Topology, nccl_version: str | None = None):
+        """NCCL's model on GPUs; on CPU workers (no NCCL) meshscale's fastest schedule by flow simulation, Gloo's
+        stand-in."""
+        if topology.device_kind != "gpu":
+            from meshscale.simulate.cost import FlowCostModel
+            return FlowCostModel("auto", self.params)
+        return NcclCostModel(self.nccl_env, nccl_version or self.nccl_version, self.params, self.nccl_algo or None)
 
 
 def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
@@ -138,7 +143,7 @@ def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nc
                  topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
         ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(priced_nodes) for i in local]
-    found = fabric.cost_model(nccl_version).predict(Call(kind(collective).name, nbytes, tuple(ranks)), topo)
+    found = fabric.cost_model(topo, nccl_version).predict(Call(kind(collective).name, nbytes, tuple(ranks)), topo)
     t, channels, chosen = found.time_s, found.channels, found.chosen.split(",")[0]
     if nodes == priced_nodes:
         return CollectiveCost(t, channels, chosen)

@@ -90,3 +90,14 @@ def system_gpu(system: str) -> tuple[GpuSpec, int]:
     topo = require_devices(load_system(system))
     devices = topo.devices()
     return gpu_spec(topo.nodes[devices[0]].attrs), len(devices)
+
+
+def device_spec(attrs: dict) -> GpuSpec:
+    """The `GpuSpec` of a device: a GPU's datasheet (`gpu_spec`), or, for a device without one (a CPU worker, a
+    GPU the catalog lacks figures for), a spec with no rates (``sm_count`` 0): only a measured profile can time
+    a step there."""
+    try:
+        return gpu_spec(attrs)
+    except MeshscaleError:
+        return GpuSpec(str(attrs.get("model") or attrs.get("name") or "device without a datasheet"), 0, 0.0,
+                       float(attrs.get("memory_bytes") or 0.0), 0.0, None, None, None)

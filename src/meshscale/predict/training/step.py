@@ -205,13 +205,13 @@ class TrainingJob:
 
     @property
     def name(self) -> str:
-        if self.measured is not None:
+        if self.measured_name:
             return self.measured_name
         return self.model.name if self.model else f"resnet{self.resnet_depth}"
 
     def gradients(self) -> list[GradientTensor]:
         """The gradient tensors in parameter order, with when backward completes each where known."""
-        if self.measured is not None:
+        if self.measured is not None and self.model is None and not self.resnet_depth:
             found = self.measured.gradients
             if found and sum(g.elements for g in found) == self.measured_params:
                 return list(found)
@@ -271,6 +271,8 @@ class TrainingPrediction:
 
     @property
     def mfu(self) -> float:
+        if self.job.measured is not None or not self.gpu.fp32_flops:
+            return 0.0
         peak = self.gpu.matmul_flops(self.job.precision)
         return self.samples_per_s * self.job.model_flops_per_sample() / self.placement.world_size / peak
 
@@ -328,6 +330,9 @@ def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
                  calibration: Calibration | None = None) -> TrainingPrediction:
     """Predict one step of ``job`` on ``placement``'s GPUs."""
     check_job(job, placement.world_size)
+    if job.measured is not None:   # timed by its measured step: no kernels, no rates
+        found = _replicated(job, placement, gpu, None, f"measured step: {job.measured.source or 'profile'}")
+        return found
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
@@ -387,7 +392,7 @@ def contention_seconds(costs: list[CollectiveCost], overlapped_s: float, sm_coun
     """Compute progress lost while ``costs`` (run one after another) overlap ``overlapped_s`` of compute: for as
     long as both run, the collectives' channels are SMs the compute does not have."""
     busy = sum(c.seconds for c in costs)
-    if busy <= 0:
+    if busy <= 0 or sm_count <= 0:   # no SMs known (a device without a datasheet): nothing to take
         return 0.0
     channels = max(c.channels for c in costs)
     return min(busy, overlapped_s) * min(1.0, channels / sm_count)

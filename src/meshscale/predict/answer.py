@@ -1,0 +1,101 @@
+"""One question, one answer: what `meshscale predict` (and the Python API) returns for a `PredictRequest`, and
+the options that cannot change it refused, each in one line.
+
+The question decides the shape of the answer, never the model: one GPU or node count (or a layout's degrees)
+is one layout's step; a list of counts, a comparison or no count is a scaling sweep; ``search`` ranks every
+layout; ``measured`` lays the prediction beside a `scale` run. All of them are the step model on the same
+placements (`request.Prepared.at`), so a size gets the same figure in each.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from meshscale.errors import MeshscaleError
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.request import Prepared, predict_training, prepare
+from meshscale.predict.sweep import SweepInfo, predict_rows
+from meshscale.predict.training.hardware import GpuSpec
+from meshscale.predict.training.step import TrainingPrediction
+from meshscale.results import Result
+
+CLUSTER_OPTIONS = ("link", "nics", "gpudirect", "network", "oversubscription")
+EXCHANGE_OPTIONS = ("mode", "framework", "wire")
+SWEEP_OPTIONS = ("compare", "measured")
+
+
+@dataclass
+class Answer:
+    """``kind``: layout, search, sweep or beside; the layouts' predictions, or the sweep's rows."""
+
+    kind: str
+    predictions: list[TrainingPrediction] = field(default_factory=list)
+    rows: list[dict] = field(default_factory=list)
+    info: SweepInfo | None = None
+    measured: Result | None = None
+    gpu: GpuSpec | None = None
+
+
+def shape_of(req: PredictRequest) -> str:
+    """What kind of answer ``req`` asks for."""
+    counts = req.gpus or req.nodes or ()
+    if req.search:
+        return "search"
+    if req.measured:
+        return "beside"
+    if req.compare or len(counts) > 1 or (not counts and not req.degrees):
+        return "sweep"
+    return "layout"
+
+
+def _flag(name: str) -> str:
+    return {"measured": "--from", "checkpointing": "--activation-checkpointing"}.get(name, "--" + name.replace("_", "-"))
+
+
+def refuse_what_does_not_apply(req: PredictRequest, kind: str, prepared: Prepared) -> None:
+    """A one-line error naming the first option given that cannot change this answer, and why."""
+    given = lambda names: [n for n in names if getattr(req, n) is not None]  # noqa: E731
+    counts = req.gpus or req.nodes or ()
+    if kind == "search" and (req.degrees or len(counts) > 1 or req.micro_batches):
+        raise MeshscaleError("--search chooses the layout itself on one GPU count: drop --dp/--fsdp/--tp/--pp/--cp, "
+                             "--micro-batches and lists of counts")
+    if kind in ("sweep", "beside") and (req.degrees or req.micro_batches or req.pp_schedule != "1f1b"):
+        raise MeshscaleError("a layout's degrees (--dp/--fsdp/--tp/--pp/--cp, --micro-batches, --pp-schedule) set "
+                             "one layout on one count; give one --gpus or --nodes count, without --compare or --from")
+    if kind in ("layout", "search"):
+        for name in given(SWEEP_OPTIONS):
+            raise MeshscaleError(f"{_flag(name)} is for a sweep (a list of --gpus or --nodes counts)")
+    job = prepared.job
+    replicated = job.model is None or job.sharding == "none"
+    for name in given(EXCHANGE_OPTIONS) if not replicated else ():
+        raise MeshscaleError(f"{_flag(name)} says how whole replicas exchange gradients (ResNets, DDP models); "
+                             f"{job.name} trains under FSDP2, whose collectives are its own")
+    if job.model is not None and req.channels_last:
+        raise MeshscaleError("--channels-last is the memory format of images; transformers take tokens")
+    if prepared.calibration is None and prepared.measured is not None and req.cuda_graph and job.model is None \
+            and not job.resnet_depth:
+        raise MeshscaleError("--cuda-graph changes the host's issuing of per-layer kernels; a model timed by its "
+                             "measured step has none to change")
+    if req.partition and req.nodes:
+        raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
+                             "over the network like whole GPUs)")
+    per_node = prepared.where.gpus_per_node
+    one_node = not req.nodes and not prepared.where.max_nodes and max(counts or (1, 2, 4, 8)) <= per_node
+    for name in given(CLUSTER_OPTIONS) if one_node and not req.bench else ():
+        raise MeshscaleError(f"{_flag(name)} describes the network between nodes, and every size here fits in "
+                             f"one {prepared.where.node_system} ({per_node} GPUs): add --nodes N or more --gpus")
+
+
+def answer(req: PredictRequest) -> Answer:
+    """The answer to ``req``, after refusing what does not apply."""
+    kind = shape_of(req)
+    refuse_what_does_not_apply(req, kind, prepare(req))
+    if kind in ("layout", "search"):
+        if not (req.gpus or req.nodes) and req.degrees:
+            total = 1
+            for _, v in req.degrees:
+                total *= v
+            req = replace(req, gpus=(max(total, prepare(req).where.gpus_per_node),) if total <= 1 else (total,))
+        predictions, gpu = predict_training(req)
+        return Answer(kind, predictions=predictions, gpu=gpu)
+    rows, info, measured = predict_rows(req)
+    return Answer(kind, rows=rows, info=info, measured=measured)

@@ -1,0 +1,198 @@
+"""Scaling as `meshscale predict` and `scale` show it: the one step model (`request.Prepared.at`) evaluated at
+each GPU or node count, for each compared variant, with speedup and efficiency against one GPU; or beside a
+measured `scale` run, point by point, with the error.
+
+Weak scaling keeps the batch per data-parallel rank (``--batch``); strong scaling splits a global batch
+(``--global-batch``) over the ranks. Speedup is against one GPU at the same batch per rank (weak) or the same
+global batch (strong); efficiency = speedup / GPUs.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+from meshscale.errors import MeshscaleError
+from meshscale.predict.frameworks import MODES
+from meshscale.predict.request import COMPARE_KINDS, COMPARE_PRESETS, PredictRequest, Prepared, prepare, where_on
+from meshscale.predict.training.step import TrainingPrediction
+from meshscale.results import Result, load_result
+
+NCCL_ALGOS_COMPARED = {"nccl": None, "ring": "ring", "tree": "tree"}
+
+
+@dataclass
+class SweepInfo:
+    """What a sweep assumed (a Result's meta): the model, the batch, the exchange, where the compute came from."""
+
+    model: str
+    batch: int
+    weak: bool
+    algorithm: str
+    mode: str
+    framework: str
+    framework_source: str
+    compute_source: str
+    network_source: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+def per_rank_batch(world_size: int, batch: int, weak: bool) -> int:
+    """The per-rank batch: ``batch`` itself (weak scaling) or the global ``batch`` split evenly (strong)."""
+    if weak:
+        return batch
+    if batch % world_size:
+        raise MeshscaleError(f"global batch {batch} does not split evenly over {world_size} GPUs; "
+                             "choose a batch divisible by every GPU count, or use --weak")
+    return batch // world_size
+
+
+def sweep_row(p: TrainingPrediction, baseline_samples_per_s: float, weak: bool) -> dict:
+    """One size as `meshscale scale` writes it: throughput, speedup against ``baseline_samples_per_s``,
+    efficiency, and the step's compute and communication (total and exposed)."""
+    exposed = p.tp_s + p.cp_s + p.pp_s + p.sharding_s + p.replica_s
+    speedup = p.samples_per_s / baseline_samples_per_s
+    return {"world_size": p.placement.world_size, "nodes": p.placement.nodes, "mode": "weak" if weak else "strong",
+            "batch_per_rank": p.job.batch, "global_batch": p.job.samples_per_step, "step_time_s": p.step_s,
+            "compute_s": p.compute_s, "comm_s": p.exchange_s or exposed, "comm_exposed_s": exposed,
+            "throughput_samples_per_s": p.samples_per_s, "speedup": speedup, "efficiency": speedup / p.placement.world_size,
+            "comm_share": exposed / p.step_s, "nccl_algo": p.nccl_algo, "layout": p.job.layout.describe()}
+
+
+def sweep(prepared: Prepared, counts: list[int], by_nodes: bool) -> list[dict]:
+    """Rows for each GPU count (or node count) of ``prepared``'s request."""
+    req = prepared.req
+    amount = prepared.job.batch if req.weak else req.global_batch
+    base = prepared.at(prepared.placement(gpus=1), amount)
+    rows = []
+    for n in counts:
+        placement = prepared.placement(nodes=n) if by_nodes else prepared.placement(gpus=n)
+        p = prepared.at(placement, per_rank_batch(placement.world_size, amount, req.weak))
+        rows.append(dict(sweep_row(p, base.samples_per_s, req.weak), system=prepared.where.node_system,
+                         **({"link": prepared.where.link, "nics": prepared.where.nics} if by_nodes else {})))
+    return rows
+
+
+def _variants(req: PredictRequest) -> tuple[list[str], str]:
+    if not req.compare:
+        return [req.system], "system"
+    return list(COMPARE_PRESETS.get(req.compare) or req.compare.split(",")), COMPARE_KINDS.get(req.compare, "system")
+
+
+def _prepared_variant(req: PredictRequest, variant: str, kind: str) -> Prepared:
+    """The request as one compared variant: another system or link, another framework, mode or NCCL
+    algorithm."""
+    if kind == "system":
+        return prepare(req, system=variant)
+    if kind == "link":
+        return prepare(req, link=variant)
+    if kind == "framework":
+        return prepare(req, exchange=(None, variant))
+    if variant in MODES:
+        return prepare(req, exchange=(variant, None))
+    if variant not in NCCL_ALGOS_COMPARED:
+        raise MeshscaleError(f"--compare {variant}: compare modes ({', '.join(MODES)}) or NCCL's algorithms "
+                             f"({', '.join(NCCL_ALGOS_COMPARED)})")
+    if req.mode == "ps-sync":
+        raise MeshscaleError(f"--compare with algorithm {variant} compares all-reduces; use --mode ddp or allreduce")
+    return prepare(req, nccl_algo=NCCL_ALGOS_COMPARED[variant] or "")
+
+
+def predict_rows(req: PredictRequest) -> tuple[list[dict], SweepInfo, Result | None]:
+    """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error), what
+    the last variant assumed, and the measured result if any."""
+    measured = load_result(req.measured) if req.measured else None
+    variants, kind = _variants(req)
+    rows: list[dict] = []
+    prepared = None
+    for variant in variants:
+        prepared = _prepared_variant(req, variant, kind)
+        if measured is not None:
+            found = compare_scale(measured, prepared)
+        elif req.nodes or prepared.where.max_nodes:
+            found = sweep(prepared, list(req.nodes or _powers_to(prepared.where.max_nodes)), True)
+        else:
+            found = sweep(prepared, list(req.gpus or (1, 2, 4, 8)), False)
+        rows += [dict(r, variant=variant) for r in found]
+    return rows, sweep_info(prepared), measured
+
+
+def _powers_to(n: int) -> list[int]:
+    return sorted({*(2 ** k for k in range(n.bit_length())), n})
+
+
+def sweep_info(prepared: Prepared) -> SweepInfo:
+    job, req = prepared.job, prepared.req
+    spec = job.exchange.spec
+    source = f"measured step: {job.measured.source}" if job.measured is not None else (
+        prepared.calibration.describe(prepared.where.gpu.model) if prepared.calibration
+        else f"datasheet roofline ({prepared.where.gpu.model})")
+    notes = list(job.measured.notes) if job.measured is not None else []
+    return SweepInfo(job.name, job.batch if req.weak else req.global_batch, req.weak, prepared.nccl_algo or "nccl",
+                     spec.mode if spec else "ps-sync", job.exchange.name, spec.source if spec else "", source,
+                     "; ".join(prepared.where.notices), notes + list(prepared.where.notices))
+
+
+def compare_scale(measured: Result, prepared: Prepared) -> list[dict]:
+    """For every row of a "scale" result (world_size, batch_per_rank, throughput_samples_per_s), the
+    predicted throughput on that many GPUs (whole nodes beyond one) and the error predicted / measured - 1."""
+    if measured.kind != "scale":
+        raise MeshscaleError(f"--from wants a `meshscale scale` result (kind 'scale'), got kind {measured.kind!r}")
+    rows = []
+    for row in measured.rows:
+        try:
+            world, batch, meas = int(row["world_size"]), int(row["batch_per_rank"]), float(row["throughput_samples_per_s"])
+        except (KeyError, TypeError, ValueError):
+            raise MeshscaleError("a scale row lacks world_size, batch_per_rank or throughput_samples_per_s; "
+                                 "give a file `meshscale scale --json` wrote") from None
+        pred = prepared.at(prepared.placement(gpus=world), batch).samples_per_s
+        rows.append({"world_size": world, "mode": row.get("mode", ""), "batch_per_rank": batch,
+                     "global_batch": world * batch, "measured_samples_per_s": meas,
+                     "predicted_samples_per_s": pred, "error": pred / meas - 1,
+                     "throughput_samples_per_s": pred})  # what a predict row is read by (report, compare)
+    return rows
+
+
+def prediction_result(rows: list[dict], info: SweepInfo, **meta) -> Result:
+    """A Result of kind "predict" (predicted=True) carrying the sweep's assumptions."""
+    return Result("predict", rows, True, {"model": info.model, "batch": info.batch, "weak": info.weak,
+                                          "algorithm": info.algorithm, "exchange_mode": info.mode,
+                                          "framework": info.framework, "framework_source": info.framework_source,
+                                          "profile": info.compute_source, "notes": info.notes, **meta})
+
+
+def predicted_beside(scale: Result) -> tuple[Result, str]:
+    """``scale`` with each row given ``predicted_samples_per_s`` and ``prediction_error`` (predicted / measured
+    - 1) on the topology the run used (``meta.topology``), its compute the run's own smallest world's
+    (`run_profile`), and one line saying what the prediction rests on, or why there is none."""
+    from meshscale.predict.profile import run_profile
+    from meshscale.topology import from_dict
+    from meshscale.topology.multinode import network_assumed
+
+    topo_data = scale.meta.get("topology")
+    if not topo_data:
+        return scale, "no prediction: the topology of the run's devices could not be told"
+    topo = from_dict(topo_data)
+    try:
+        wire = (scale.meta.get("config") or {}).get("allreduce", {}).get("compression")
+        req = PredictRequest(model=scale.meta.get("model") or "small-cnn", system=topo.name,
+                             profile=run_profile(scale), mode=scale.meta.get("mode") or "ddp",
+                             wire=wire if wire in ("bf16", "fp16") else None)
+        prepared = prepare(req, where=where_on(topo))
+        rows = compare_scale(scale, prepared)
+    except MeshscaleError as why:
+        return scale, f"no prediction: {why}"
+    info = sweep_info(prepared)
+    cpu = topo.device_kind != "gpu"
+    note = (f"PREDICTED on {topo.title or topo.name}" + (" (the CPU/Gloo model: link rates assumed, not measured)"
+                                                         if cpu else "")
+            + f"; compute {info.compute_source}, exchange {info.framework} by meshscale's model"
+            + (_ASSUMED_NETWORK if network_assumed(topo.attrs) else ""))
+    out = [dict(r, predicted_samples_per_s=p["predicted_samples_per_s"], prediction_error=p["error"])
+           for r, p in zip(scale.rows, rows)]
+    meta = dict(scale.meta, prediction={"note": note, "profile": info.compute_source, "system": topo.name})
+    return replace(scale, rows=out, meta=meta), note
+
+
+# the command that gives such a run a measured network (the one the emulated two-node check uses)
+_ASSUMED_NETWORK = ("; the network between hosts is a guess: measure it (`bench collective all_reduce -b 1M -e 512M "
+                    "--json ar.json` under the same torchrun) and predict again with `predict --from RUN.json --profile "
+                    "RUN.json -s NODE --nodes 1,HOSTS --nics K --bench ar.json` (NODE: one host's system)")
