@@ -27,19 +27,15 @@ from meshscale.errors import MeshscaleError
 from meshscale.results import Result, load_result
 from meshscale.validation import load_structured
 
-from meshscale.predict.validate import WORST_RATIO, _geomean_abs_error
+from meshscale.predict.corpus_check import CORPORA, error, validation_result
 
-FAMILIES = ("training", "scale", "all_reduce", "all_reduce_median")
-GEOMEAN_BOUND = 0.15
-WORST_BOUND = WORST_RATIO
-WITHIN = 0.15  # the per-point target the README states; counted per family, not enforced
+EMULATED = CORPORA["emulated"]
+FAMILIES = EMULATED.groups
 NICS = 1  # one NIC per node: each agent's socket path
-ERROR_DEFINITION = ("error = predicted / measured - 1 (samples/s for runs, time for all_reduce); geomean |error| "
-                    "= exp(mean |ln(predicted / measured)|) - 1; worst = max(predicted / measured, measured / predicted)")
 
 
 def corpus_path() -> Path:
-    return Path(__file__).resolve().parent / "corpus" / "emulated-two-node" / "corpus.yaml"
+    return EMULATED.path()
 
 
 @dataclass(frozen=True)
@@ -94,7 +90,7 @@ def _point(family: str, raw: dict, base: Path, where: str) -> Point:
 
 def load_emulated_corpus(path: str | Path | None = None) -> tuple[Path, list[Point]]:
     """(the node's system file, every point) of a corpus file; paths in it are relative to it."""
-    path = Path(path) if path else corpus_path()
+    path = EMULATED.path(path)
     data = load_structured(path, "emulated corpus", yaml_ok=True)
     if not isinstance(data, dict) or "node" not in data:
         raise MeshscaleError(f"{path}: expected a mapping with node: and the lists {', '.join(FAMILIES)}")
@@ -184,26 +180,10 @@ def _rows_of(p: Point, predictor: _Predictor) -> list[dict]:
                  measured=meas) for size, pred, meas in predictor.all_reduce(key, sweep)]
 
 
-def _summary(rows: list[dict]) -> dict:
-    families = {}
-    for family in FAMILIES:
-        logs = [math.log(r["ratio"]) for r in rows if r["family"] == family]
-        if not logs:
-            continue
-        worst = max((r for r in rows if r["family"] == family), key=lambda r: abs(math.log(r["ratio"])))
-        geomean, worst_off = _geomean_abs_error(logs), math.exp(max(abs(x) for x in logs))
-        families[family] = {"rows": len(logs), "geomean_abs_error": geomean, "worst_times_off": worst_off,
-                            "worst_row": worst["row"], "within_target": sum(abs(math.expm1(x)) <= WITHIN for x in logs),
-                            "passed": geomean <= GEOMEAN_BOUND and worst_off <= WORST_BOUND}
-    return {"rows": len(rows), "families": families, "geomean_bound": GEOMEAN_BOUND, "worst_bound": WORST_BOUND,
-            "target": WITHIN, "passed": all(f["passed"] for f in families.values()),
-            "error_definition": ERROR_DEFINITION}
-
-
 def validate_emulated(path: str | Path | None = None) -> Result:
     """Predict every point of the corpus; a Result of kind "validate" (meta.emulated), one row per run or size,
     meta.summary per family against the bounds."""
-    path = Path(path) if path else corpus_path()
+    path = EMULATED.path(path)
     node, points = load_emulated_corpus(path)
     predictor = _Predictor(node)
     rows = []
@@ -217,9 +197,8 @@ def validate_emulated(path: str | Path | None = None) -> Result:
                 raise MeshscaleError(f"{path}: {r['what']}: measured {r['measured']}, predicted {r['predicted']}; "
                                      "both must be positive")
             ratio = r["predicted"] / r["measured"]
-            rows.append(dict(r, row=len(rows) + 1, ratio=ratio, error=ratio - 1))
-    return Result("validate", rows, True, {"corpus": str(path), "emulated": True,
-                                           "summary": _summary(rows)})
+            rows.append(dict(r, row=len(rows) + 1, ratio=ratio, error=error(ratio)))
+    return validation_result(EMULATED, rows, path, emulated=True)
 
 
-__all__ = ["GEOMEAN_BOUND", "WORST_BOUND", "load_emulated_corpus", "validate_emulated"]
+__all__ = ["EMULATED", "load_emulated_corpus", "validate_emulated"]
