@@ -137,7 +137,8 @@ def summarize(corpus: Corpus, rows: list[dict[str, Any]]) -> dict[str, Any]:
     bounds = corpus.bounds
     whole = {**_figures(rows), "rows": len(rows)}
     # a group bounded by name is always reported (no rows: nothing to fail); others where they have rows
-    names = [g for g in corpus.groups if dict(bounds.groups).get(g) is not None
+    named = [n for n, _ in bounds.groups if n != "*"]
+    names = [g for g in dict.fromkeys([*corpus.groups, *named]) if g in named
              or any(r[corpus.group_by] == g for r in rows)]
     names += sorted({r[corpus.group_by] for r in rows} - set(names))
     groups = {}
