@@ -602,12 +602,12 @@ def test_the_profiles_shipped_calibrate_each_kind_by_category_and_move_to_the_ot
     from meshscale.predict.training.request import TrainingRequest, predict_training
     from meshscale.results import load_result
 
-    corpus = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus"
+    profiles = Path(__file__).resolve().parents[2] / "tests/fixtures/profiles"
     jobs = {"resnet50": dict(batch=128, channels_last=True), "gpt-small": dict(batch=16, seq_len=1024),
             "llama-1b": dict(batch=2, seq_len=2048, degrees={"fsdp": 1}, checkpointing="full")}
     for kind, own, other in (("h100", "hgx-h100", "hgx-h200"), ("h200", "hgx-h200", "hgx-h100")):
         for model, options in jobs.items():
-            path = corpus / f"{kind}-profiles/profile-{model}.json"
+            path = profiles / kind / f"profile-{model}.json"
             profile = profile_from_result(load_result(path))
             assert profile.kernel_categories and profile.kernel_categories.batch_per_rank == options["batch"]
             found = {}

@@ -19,6 +19,7 @@ from meshscale.topology.catalog import system_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = corpus_path().parent
+MULTINODE = ROOT / "tests" / "fixtures" / "collectives-multinode.csv"  # kept apart: validate checks one node
 
 
 def _script():
@@ -71,7 +72,7 @@ def test_shipped_corpus_loads_and_every_row_is_valid():
 
 def test_every_source_is_listed_in_sources_md_and_repo_paths_exist():
     listed = (CORPUS_DIR / "SOURCES.md").read_text()
-    for path in (corpus_path(), CORPUS_DIR / "collectives-multinode.csv"):
+    for path in (corpus_path(), MULTINODE):
         with path.open() as f:
             sources = {r["source"] for r in csv.DictReader(f)}
         for source in sources:
@@ -81,7 +82,7 @@ def test_every_source_is_listed_in_sources_md_and_repo_paths_exist():
 
 
 def test_multinode_rows_live_apart_and_validate_refuses_them():
-    path = CORPUS_DIR / "collectives-multinode.csv"
+    path = MULTINODE
     rows = load_corpus(path, multi_node=True)
     assert rows and all(m.nodes > 1 for m in rows)
     with pytest.raises(MeshscaleError, match=r"collectives-multinode\.csv, row 1 .*multi-node"):

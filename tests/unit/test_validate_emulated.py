@@ -45,7 +45,7 @@ def test_rows_are_what_the_files_hold(shipped):
     row = shipped.rows[0]
     assert row["measured"] == load_result(first.measured).meta["summary"]["samples_per_s"]
     assert row["error"] == pytest.approx(row["predicted"] / row["measured"] - 1)
-    assert all(r["source"].startswith("README.md") for r in shipped.rows)
+    assert all(r["source"].startswith("docs/results/emulated-two-node.md") for r in shipped.rows)
 
 
 def test_a_scale_runs_own_one_worker_row_is_its_compute():

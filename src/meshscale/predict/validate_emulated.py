@@ -1,6 +1,6 @@
 """`meshscale validate --emulated`: the emulated two-node runs (two torchrun agents on one 2x H200 host, NCCL over
-sockets on loopback; ``corpus/emulated-two-node/``, its README tells each call) predicted as the commands do, with
-the error per row and per family.
+sockets on loopback; ``corpus/emulated-two-node/``, docs/results/emulated-two-node.md tells each call) predicted as
+the commands do, with the error per row and per family; the "emulated" corpus of `corpus_check`.
 
 Each run is predicted from what was measured beside it and nothing of the run itself: the network's rate and
 latency fitted to the all_reduce sweep measured next to it (`simulate.link_fit.fit_network`), the one-GPU profile
@@ -11,11 +11,10 @@ of the same call, DDP's buckets overlapped with backward as their gradients comp
 - ``all_reduce``: `sim all_reduce --nodes 2 --nics 1 --bench SWEEP` against that sweep, at each of its sizes;
 - ``all_reduce_median``: the same against each size's median over a directory's sweeps (`bench collective -N`).
 
-error = predicted / measured - 1 (throughput for runs, time for all_reduce). Bounds: each family's geomean |error|
-(exp(mean |ln(predicted / measured)|) - 1) at most GEOMEAN_BOUND, the 15% the README sets every point of these runs,
-and no row off by more than WORST_BOUND times, the bound `validate` holds the collectives corpus to. A single point
-is not held to 15%: a run that met a slower loopback path than its sweep is a fact of the path, not of the model
-(the README's notes, kept beside each row).
+Bounds (`corpus_check.CORPORA["emulated"]`): each family's geomean |error| at most 15%, the target the runs' notes
+set every point, and no row more than 2x off, as the collectives corpus. A single point is not held to 15%: a run
+that met a slower loopback path than its sweep is a fact of the path, not of the model (the notes, kept beside
+each row).
 """
 from __future__ import annotations
 
