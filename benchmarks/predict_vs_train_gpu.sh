@@ -9,7 +9,7 @@
 # calibrated on that GPU. Prints the errors: steady prediction against --no-timing; a loop synced every step beside the timed run.
 #
 #   PYTHONPATH=src bash benchmarks/predict_vs_train_gpu.sh [OUTDIR]             (default: $OUT, else ./predict_vs_train)
-#   PROFILES=src/meshscale/predict/corpus/h100-profiles PYTHONPATH=src \
+#   PROFILES=tests/fixtures/profiles/h100 PYTHONPATH=src \
 #     bash benchmarks/predict_vs_train_gpu.sh $OUT/pvt-h200
 #   RESNET_PROFILE=128 GPT_PROFILE=16 LLAMA_PROFILE=2 STEPS=40 ...: one profile batch each, a shorter call;
 #   MODELS="gpt-small llama-1b": some of the jobs; KERNELS=0: no kernel table

@@ -349,11 +349,12 @@ def test_the_lent_vm_runs_load_with_their_schedules_and_the_devices_own_pace_is_
 
 
 def test_published_runs_within_the_bounds():
-    from meshscale.predict.training.validate import GEOMEAN_BOUND, WORST_BOUND, validate_training
+    from meshscale.predict.training.validate import TRAINING, validate_training
 
     summary = validate_training().meta["summary"]
-    assert summary["geomean_abs_error"] <= GEOMEAN_BOUND
-    assert summary["worst_times_off"] <= WORST_BOUND
+    assert summary["geomean_abs_error"] <= TRAINING.bounds.geomean_abs_error
+    assert summary["worst_times_off"] <= TRAINING.bounds.worst_times_off
+    assert summary["passed"]
 
 
 def test_fsdp2_copies_cost_the_compute_stream_in_proportion_to_the_parameters_and_flat_parameters_none():
@@ -601,12 +602,12 @@ def test_the_profiles_shipped_calibrate_each_kind_by_category_and_move_to_the_ot
     from meshscale.predict.training.request import TrainingRequest, predict_training
     from meshscale.results import load_result
 
-    corpus = Path(__file__).resolve().parents[2] / "src/meshscale/predict/corpus"
+    profiles = Path(__file__).resolve().parents[2] / "tests/fixtures/profiles"
     jobs = {"resnet50": dict(batch=128, channels_last=True), "gpt-small": dict(batch=16, seq_len=1024),
             "llama-1b": dict(batch=2, seq_len=2048, degrees={"fsdp": 1}, checkpointing="full")}
     for kind, own, other in (("h100", "hgx-h100", "hgx-h200"), ("h200", "hgx-h200", "hgx-h100")):
         for model, options in jobs.items():
-            path = corpus / f"{kind}-profiles/profile-{model}.json"
+            path = profiles / kind / f"profile-{model}.json"
             profile = profile_from_result(load_result(path))
             assert profile.kernel_categories and profile.kernel_categories.batch_per_rank == options["batch"]
             found = {}

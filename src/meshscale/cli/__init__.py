@@ -17,7 +17,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
 import typer  # noqa: E402
 
-from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train  # noqa: E402
+from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train, validate  # noqa: E402
 from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
 from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
@@ -48,7 +48,7 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
     """Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction."""
 
 
-for module in (topology, bench, collectives, train, predict, report, fleet, launch):
+for module in (topology, bench, collectives, train, predict, validate, report, fleet, launch):
     module.register(app)
 
 # (command words..., spelling) -> the new spelling, or "removed: <reason>". A spelling is an option, optionally

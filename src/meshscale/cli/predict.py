@@ -1,5 +1,5 @@
 """`meshscale cluster` (size the network of a cluster of a system: a fat tree or rails) and `meshscale predict`
-(training scaling)."""
+(training scaling). `meshscale validate` is cli/validate.py."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -8,7 +8,7 @@ from typing import List, Optional
 import typer
 from rich.table import Table
 
-from meshscale.cli.output import print_tables, print_text, progress, text_console, write_result_files
+from meshscale.cli.output import print_tables, print_text, progress, write_result_files
 from meshscale.cli.checks import BATCH, GLOBAL_BATCH, NCCL_ENV_OPTION, checked, counts, output_file
 from meshscale.validation import Range as _Range
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
@@ -267,192 +267,7 @@ def _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch,
         write_result_files(training_result(predictions, search=search), json_out, csv_path)
 
 
-WORST_ROWS_SHOWN = 10  # rows `validate` lists without --all
-
-
-def _percent(value: Optional[float]) -> str:
-    return "-" if value is None else f"{value:+.1%}"
-
-
-def _worst_table(result, show_all: bool, noun: str, corpus: str, versus: str, columns: tuple[str, ...],
-                 left: tuple[str, ...]) -> tuple[list[dict], Table]:
-    """Every row of a validation, or the WORST_ROWS_SHOWN farthest from their measurement, and the table to list
-    them in, titled with how many of how many."""
-    import math
-
-    rows = result.rows if show_all else sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])))[:WORST_ROWS_SHOWN]
-    shown = f"every {noun}" if show_all else f"{len(rows)} worst {noun}s"
-    return rows, _table(f"{shown} of {result.meta['summary']['rows']} ({corpus}) - PREDICTED vs {versus}", columns,
-                        left)
-
-
-def _table(title: str, columns: tuple[str, ...], left: tuple[str, ...]) -> Table:
-    table = Table(title=title)
-    for c in columns:
-        table.add_column(c, justify="left" if c in left else "right")
-    return table
-
-
-def _verdict(console, result, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
-    """How the errors are counted, within the bounds or not, the files; exit code 1 outside the bounds."""
-    import sys
-
-    summary = result.meta["summary"]
-    if "error_definition" in summary:
-        console.print(f"({summary['error_definition']})")
-    console.print("within bounds" if summary["passed"] else "[bold red]outside the bounds[/]")
-    write_result_files(result, json_out, csv_path)
-    if not summary["passed"]:
-        sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
-
-
-def validate(system: Optional[str] = typer.Option(None, "--system", "-s", help="only the rows of this system"),
-             collective: Optional[str] = typer.Option(None, "--collective", help="only the rows of this collective"),
-             corpus: Optional[Path] = typer.Option(None, "--corpus", help="a corpus CSV (default: the one meshscale ships)"),
-             algo: str = typer.Option("nccl", "--algo", help="the model: nccl (NCCL's cost model) or a meshscale algorithm / auto"),
-             show_all: bool = typer.Option(False, "--all", help=f"list every row, not only the {WORST_ROWS_SHOWN} worst"),
-             json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind validate)", callback=checked(output_file())),
-             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
-             training: bool = typer.Option(False, "--training", help="the training corpus: published training runs "
-                                           "predicted by the step model (--corpus: a training YAML)"),
-             emulated: bool = typer.Option(False, "--emulated", help="the emulated two-node corpus: runs and all_reduce "
-                                           "sweeps of two agents over sockets, each predicted from the sweep and profile "
-                                           "measured beside it (--corpus: its corpus.yaml)"),
-             choices: bool = typer.Option(False, "--choices", help="NCCL's logged choice of algorithm, protocol and "
-                                          "channels per call beside the model's (--corpus: a directory of logs)")) -> None:
-    """Predict every measurement of the corpus and print the errors; exit code 1 when outside the bounds."""
-    import math
-
-    other = {"--training": (training, _validate_training), "--emulated": (emulated, _validate_emulated),
-             "--choices": (choices, _validate_choices)}
-    given = [flag for flag, (on, _) in other.items() if on]
-    if given:
-        if system or collective or algo != "nccl" or len(given) > 1:
-            raise MeshscaleError(f"{given[0]} validates its own corpus; --system, --collective and --algo are for the "
-                                 f"collectives corpus, and {', '.join(other)} go one at a time")
-        other[given[0]][1](corpus, show_all, json_out, csv_path)
-        return
-
-    from meshscale.predict.validate import validate_corpus
-    from meshscale.units import format_bytes
-
-    result = validate_corpus(corpus, system, collective, algo)
-    summary = result.meta["summary"]
-    rows = sorted(result.rows, key=lambda r: -abs(math.log(r["ratio"])) if r["ratio"] else -math.inf)
-    shown = rows if show_all else rows[:WORST_ROWS_SHOWN]
-    table = _table(f"{'every row' if show_all else f'{len(shown)} worst rows'} of {summary['rows']} "
-                   f"({Path(result.meta['corpus']).name}, model {algo}) - PREDICTED vs measured",
-                   ("row", "system", "GPUs", "collective", "size", "place", "measured", "predicted", "error", "source"),
-                   ("system", "collective", "place", "source"))
-    for r in sorted(shown, key=lambda r: r["row"]) if show_all else shown:
-        measured = f"{r['measured_time_s'] * 1e6:,.1f} us" + (" (busbw)" if r["basis"] == "busbw" else "")
-        predicted = "-" if r["predicted_time_s"] is None else f"{r['predicted_time_s'] * 1e6:,.1f} us"
-        table.add_row(str(r["row"]), r["system"], str(r["gpus"]), r["collective"], format_bytes(r["size_bytes"]),
-                      "in" if r["inplace"] else "out", measured, predicted,
-                      _percent(r["error"]) if r["ratio"] else f"[red]{r['problem'][:60]}[/]", r["source"][-48:])
-    console = text_console()
-    print_tables(table, console=console)
-    per_system = _table("geomean |error| per system and size class",
-                        ("system", "size class", "rows", "geomean |error|", "worst (times off)"), ("system", "size class"))
-    for s in summary["by_system"]:
-        per_system.add_row(s["system"], s["size_class"], str(s["rows"]), f"{s['geomean_abs_error']:.1%}",
-                           f"{s['worst_times_off']:.2f}x")
-    if per_system.row_count:
-        print_tables(per_system, console=console)
-    for name, c in summary["classes"].items():
-        figure = ("no rows predicted" if c["geomean_abs_error"] is None
-                  else f"geomean |error| {c['geomean_abs_error']:.1%} over {c['rows']} rows")
-        console.print(f"{name:>13}: {figure} (bound {c['bound']:.0%}) "
-                      + ("ok" if c["passed"] else "[bold red]OUT OF BOUNDS[/]"))
-    if summary["worst_times_off"] is not None:
-        console.print(f"    worst row: row {summary['worst_row']}, {summary['worst_times_off']:.2f}x off "
-                      f"(bound {summary['worst_bound']:g}x)")
-    if summary["unpredicted"]:
-        first = next(r for r in result.rows if r["ratio"] is None)
-        console.print(f"[bold red]{summary['unpredicted']} row(s) not predicted[/], e.g. row {first['row']}: {first['problem']}")
-    _verdict(console, result, json_out, csv_path)
-
-
-def _validate_training(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
-    from meshscale.predict.training.validate import validate_training
-
-    result = validate_training(corpus)
-    summary = result.meta["summary"]
-    rows, table = _worst_table(result, show_all, "run", Path(result.meta["corpus"]).name, "measured",
-                               ("row", "GPU", "GPUs", "model", "layout", "seq", "ckpt", "measured", "predicted", "error",
-                                "source"), ("GPU", "model", "layout", "ckpt", "source"))
-    for r in rows:
-        unit = "tok/s/GPU" if r["metric"] == "tokens_per_s_per_gpu" else "samples/s"
-        table.add_row(str(r["row"]), r["gpu"], str(r["world_size"]), r["model"], r["layout"], str(r["seq_len"] or "-"),
-                      r["activation_checkpointing"], f"{r['measured']:,.0f} {unit}", f"{r['predicted']:,.0f}",
-                      _percent(r["error"]), r["source"][:60])
-    console = text_console()
-    print_tables(table, console=console)
-    families = _table("per GPU family", ("family", "runs", "geomean |error|", "mean error"), ("family",))
-    for name, f in summary["by_family"].items():
-        families.add_row(name, str(f["rows"]), f"{f['geomean_abs_error']:.1%}", _percent(f["mean_error"]))
-    print_tables(families, console=console)
-    console.print(f"geomean |error| {summary['geomean_abs_error']:.1%} over {summary['rows']} runs (bound "
-                  f"{summary['geomean_bound']:.0%}); worst run {summary['worst_row']}, {summary['worst_times_off']:.2f}x "
-                  f"off (bound {summary['worst_bound']:g}x)")
-    _verdict(console, result, json_out, csv_path)
-
-
-def _validate_emulated(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
-    from meshscale.predict.validate_emulated import validate_emulated
-
-    result = validate_emulated(corpus)
-    summary = result.meta["summary"]
-    rows, table = _worst_table(result, show_all, "row", Path(result.meta["corpus"]).parent.name, "measured",
-                               ("row", "family", "what", "measured", "predicted", "error", "note"),
-                               ("family", "what", "note"))
-    for r in rows:
-        figure = (lambda v: f"{v * 1e3:,.2f} ms") if r["metric"] == "time s" else (lambda v: f"{v:,.1f}/s")
-        table.add_row(str(r["row"]), r["family"], r["what"], figure(r["measured"]), figure(r["predicted"]),
-                      _percent(r["error"]), r["note"][:60])
-    console = text_console()
-    print_tables(table, console=console)
-    families = _table(f"per family (bounds: geomean |error| {summary['geomean_bound']:.0%}, worst "
-                      f"{summary['worst_bound']:g}x)", ("family", "rows", "geomean |error|", "worst (times off)",
-                                                         f"within {summary['target']:.0%}", "bounds"), ("family",))
-    for name, f in summary["families"].items():
-        families.add_row(name, str(f["rows"]), f"{f['geomean_abs_error']:.1%}", f"{f['worst_times_off']:.2f}x (row "
-                         f"{f['worst_row']})", f"{f['within_target']} of {f['rows']}", "ok" if f["passed"] else
-                         "[bold red]OUT[/]")
-    print_tables(families, console=console)
-    _verdict(console, result, json_out, csv_path)
-
-
-def _validate_choices(corpus: Optional[Path], show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
-    from meshscale.predict.validate_choices import validate_choices
-    from meshscale.units import format_bytes
-
-    result = validate_choices(corpus)
-    summary = result.meta["summary"]
-    console = text_console()
-    rows = result.rows if show_all else [r for r in result.rows if not r["same"]]
-    if rows:
-        table = _table(f"{'every call' if show_all else 'calls where the model picks otherwise'} - NCCL's log vs the "
-                       "model", ("collective", "size", "NCCL", "model", "channels (NCCL / model)"),
-                       ("collective", "NCCL", "model", "channels (NCCL / model)"))
-        for r in rows:
-            table.add_row(r["collective"], format_bytes(r["size_bytes"]), f"{r['logged_algo']}/{r['logged_proto']}",
-                          f"{r['predicted_algo']}/{r['predicted_proto']}",
-                          f"{r['logged_channels']} / {r['predicted_channels']}")
-        print_tables(table, console=console)
-    per = _table(f"NCCL {result.meta['nccl_version']}'s choices on 2 GPUs of {result.meta['system']} "
-                 f"({Path(result.meta['corpus']).name})",
-                 ("collective", "sizes", "algorithm and protocol as NCCL's", "largest channel gap"), ("collective",))
-    for name, c in summary["by_collective"].items():
-        per.add_row(name, str(c["sizes"]), f"{c['same']} of {c['sizes']}", str(c["max_channel_gap"]))
-    print_tables(per, console=console)
-    console.print(f"{summary['same']} of {summary['rows']} calls: the model picks NCCL's algorithm and protocol "
-                  "(bound: every call; channels are reported, not bounded)")
-    _verdict(console, result, json_out, csv_path)
-
-
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
     app.command()(cluster)
     app.command()(predict)
-    app.command()(validate)

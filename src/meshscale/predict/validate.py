@@ -1,17 +1,13 @@
-"""`meshscale validate`: the collective cost model against a corpus of measured nccl-tests figures.
+"""`meshscale validate`: the collective cost model against a corpus of measured nccl-tests figures (the
+"collectives" corpus of `corpus_check`, which counts the errors and holds the bounds).
 
 The corpus is a CSV file (``corpus/collectives.csv`` in this package; its sources are listed beside it in
 ``SOURCES.md``), one measurement a row: a system (a catalog name, or a system file relative to the corpus),
 the GPU count (the first ``gpus`` devices), the collective, nccl-tests' size, in-place or not, the time in
 microseconds and/or nccl-tests' busbw in GB/s, and what is known of NCCL (version; an algorithm or protocol
 forced with NCCL_ALGO / NCCL_PROTO; NVLS disabled or not) and how many GPUs one host thread drove (nccl-tests
--g N launches them one after another).
-
-Error of a row: predicted time / measured time - 1 (positive: the model is slower than the measurement). A row
-given as busbw only is turned into a time with nccl-tests' formula (time = size x busbw factor / busbw), so
-that the ratio is the busbw ratio inverted. Per size class the figure is the geometric mean of each row's
-distance from the measurement, exp(mean |ln(predicted / measured)|) - 1: a row 10% fast and a row 10% slow
-count alike, and one outlier cannot hide behind rows of the other sign.
+-g N launches them one after another). A row given as busbw only is turned into a time with nccl-tests' formula
+(time = size x busbw factor / busbw), so that the ratio is the busbw ratio inverted. Figures are per size class.
 """
 from __future__ import annotations
 
@@ -19,12 +15,12 @@ import csv
 import math
 import re
 from dataclasses import asdict, dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
+from meshscale.predict.corpus_check import CORPORA, SIZE_CLASSES, error, validation_result
 from meshscale.results import Result
 from meshscale.simulate import predict_collective
 from meshscale.topology import Topology
@@ -36,16 +32,12 @@ REQUIRED = ("system", "gpus", "nodes", "collective", "size_bytes", "inplace", "s
 NCCL_ALGOS = ("ring", "tree", "nvls", "nvls_tree", "collnet", "collnet_direct", "collnet_chain", "pat")
 NCCL_PROTOS = ("ll", "ll128", "simple")
 SMALL_BYTES = 1 << 20  # the size classes: below 1 MiB (latency-bound), and 1 MiB and up
-SIZE_CLASSES = ("below 1 MiB", "1 MiB and up")
-BOUNDS = {"below 1 MiB": 0.25, "1 MiB and up": 0.08}  # geomean |error| allowed per size class
-WORST_RATIO = 2.0  # no row predicted more than this many times off, either way
-ERROR_DEFINITION = ("error = predicted time / measured time - 1 (busbw-only rows: time from nccl-tests' busbw "
-                    "formula); geomean |error| = exp(mean |ln(predicted / measured)|) - 1")
+COLLECTIVES = CORPORA["collectives"]
 
 
 def corpus_path() -> Path:
     """The corpus shipped with meshscale."""
-    return Path(str(resources.files("meshscale.predict") / "corpus" / "collectives.csv"))
+    return COLLECTIVES.path()
 
 
 @dataclass(frozen=True)
@@ -151,7 +143,7 @@ def _measurement(raw: dict[str, str], row: int, systems: _Systems, multi_node: b
 def load_corpus(path: str | Path | None = None, multi_node: bool = False) -> list[Measurement]:
     """Every row of a corpus file, checked; a bad row is a one-line error naming the file and the row.
     Rows of several nodes are refused unless ``multi_node`` (the model validated here is one node's)."""
-    path = Path(path) if path is not None else corpus_path()
+    path = COLLECTIVES.path(path)
     try:
         text = path.read_text()
     except OSError as exc:
@@ -188,36 +180,6 @@ def _predict_time_s(m: Measurement, topology: Topology, algorithm: str) -> tuple
     return result.time_s, str(getattr(result, "detail", "") or "")
 
 
-def _geomean_abs_error(log_ratios: list[float]) -> float | None:
-    return math.exp(sum(abs(x) for x in log_ratios) / len(log_ratios)) - 1 if log_ratios else None
-
-
-def _summary(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    predicted = [r for r in rows if r["ratio"] is not None]
-    classes = {}
-    for name in SIZE_CLASSES:
-        logs = [math.log(r["ratio"]) for r in predicted if r["size_class"] == name]
-        geomean = _geomean_abs_error(logs)
-        classes[name] = {"rows": len(logs), "geomean_abs_error": geomean, "bound": BOUNDS[name],
-                         "passed": geomean is None or geomean <= BOUNDS[name]}
-    worst = max(predicted, key=lambda r: abs(math.log(r["ratio"])), default=None)
-    worst_off = max(worst["ratio"], 1 / worst["ratio"]) if worst else None
-    by_system = []
-    for system in sorted({r["system"] for r in rows}):
-        for name in SIZE_CLASSES:
-            logs = [math.log(r["ratio"]) for r in predicted if r["system"] == system and r["size_class"] == name]
-            if logs:
-                by_system.append({"system": system, "size_class": name, "rows": len(logs),
-                                  "geomean_abs_error": _geomean_abs_error(logs),
-                                  "worst_times_off": math.exp(max(abs(x) for x in logs))})
-    unpredicted = [r for r in rows if r["ratio"] is None]
-    passed = (all(c["passed"] for c in classes.values()) and not unpredicted
-              and (worst_off is None or worst_off <= WORST_RATIO))
-    return {"rows": len(rows), "classes": classes, "worst_row": worst["row"] if worst else None,
-            "worst_times_off": worst_off, "worst_bound": WORST_RATIO, "unpredicted": len(unpredicted),
-            "by_system": by_system, "passed": passed, "error_definition": ERROR_DEFINITION}
-
-
 def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: str | Path | None = None,
              filters: dict[str, Any] | None = None) -> Result:
     """Predict every measurement (identical predictions once) and compare; a Result of kind "validate" whose
@@ -225,7 +187,7 @@ def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: s
     the model cannot predict (MeshscaleError) carries the reason and fails the whole."""
     if not measurements:
         raise MeshscaleError("no corpus rows to validate (the filters left none)")
-    systems = _Systems(Path(corpus) if corpus else corpus_path())
+    systems = _Systems(COLLECTIVES.path(corpus))
     cache: dict[tuple, tuple[float, str] | str] = {}
     rows = []
     for m in measurements:
@@ -239,7 +201,7 @@ def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: s
         predicted_s, detail = found if isinstance(found, tuple) else (None, "")
         rows.append(_compared({k: v for k, v in asdict(m).items() if k != "time_s"}, m.time_s, predicted_s, detail,
                               found if isinstance(found, str) else f"predicted time {predicted_s}"))
-    return _validation(rows, str(corpus or corpus_path()), algorithm, filters or {})
+    return _validation(rows, str(COLLECTIVES.path(corpus)), algorithm, filters or {})
 
 
 def _compared(described: dict[str, Any], measured_s: float, predicted_s: float | None, model: str,
@@ -248,12 +210,12 @@ def _compared(described: dict[str, Any], measured_s: float, predicted_s: float |
     ratio = predicted_s / measured_s if predicted_s and math.isfinite(predicted_s) else None
     return {**described, "size_class": SIZE_CLASSES[described["size_bytes"] >= SMALL_BYTES],
             "measured_time_s": measured_s, "predicted_time_s": predicted_s, "ratio": ratio,
-            "error": None if ratio is None else ratio - 1, "model": model, "problem": "" if ratio is not None else problem}
+            "error": None if ratio is None else error(ratio), "model": model,
+            "problem": "" if ratio is not None else problem}
 
 
 def _validation(rows: list[dict[str, Any]], corpus: str, algorithm: str, filters: dict[str, Any]) -> Result:
-    return Result("validate", rows, True, {"corpus": corpus, "algorithm": algorithm, "filters": filters,
-                                           "summary": _summary(rows)})
+    return validation_result(COLLECTIVES, rows, corpus, algorithm=algorithm, filters=filters)
 
 
 def validate_run(measured: Result, predicted: Result) -> Result:
@@ -291,5 +253,5 @@ def validate_corpus(corpus: str | Path | None = None, system: str | None = None,
     return validate(chosen, algorithm, corpus, {"system": system, "collective": collective})
 
 
-__all__ = ["BOUNDS", "CORPUS_COLUMNS", "Measurement", "WORST_RATIO", "corpus_path", "load_corpus", "validate",
+__all__ = ["COLLECTIVES", "CORPUS_COLUMNS", "Measurement", "SIZE_CLASSES", "SMALL_BYTES", "corpus_path", "load_corpus", "validate",
            "validate_corpus", "validate_run"]

@@ -1,5 +1,6 @@
 """`meshscale validate --choices`: the algorithm, protocol and channels NCCL logged for each call beside the ones
-NCCL's cost model picks for the same call (``corpus/nccl-choices-h200x2/``, SOURCES.md tells the run).
+NCCL's cost model picks for the same call (``corpus/nccl-choices-h200x2/``, SOURCES.md tells the run); the
+"choices" corpus of `corpus_check`.
 
 Each file is NCCL's own log (NCCL_DEBUG_SUBSYS=TUNING, rank 0) of one collective swept 1 KiB - 1 GiB on 2 H200,
 NCCL 2.28.9: ``AllReduce: 1048576 Bytes -> Algo RING proto LL channel{Lo..Hi}={0..23}``. A choice is right or
@@ -12,6 +13,7 @@ import re
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
+from meshscale.predict.corpus_check import CORPORA, validation_result
 from meshscale.results import Result
 
 SYSTEM, RANKS, NCCL_VERSION = "hgx-h200", [0, 1], "2.28.9"  # the run the logs are of (SOURCES.md)
@@ -19,10 +21,11 @@ NAMES = {"AllReduce": "all_reduce", "AllGather": "all_gather", "ReduceScatter": 
          "Broadcast": "broadcast", "Reduce": "reduce"}
 LINE = re.compile(r"(\w+): (\d+) Bytes -> Algo (\w+) proto (\w+) channel\{Lo\.\.Hi\}=\{(\d+)\.\.(\d+)\}")
 MIN_BYTES = 1024  # the harness's own smaller calls (its checks) are not the sweep's
+CHOICES = CORPORA["choices"]
 
 
 def choices_dir() -> Path:
-    return Path(__file__).resolve().parent / "corpus" / "nccl-choices-h200x2"
+    return CHOICES.path()
 
 
 def _logged(directory: Path) -> list[tuple[str, int, str, str, int]]:
@@ -51,22 +54,15 @@ def validate_choices(directory: str | Path | None = None) -> Result:
     from meshscale.topology import load_system
 
     topo = load_system(SYSTEM)
+    directory = CHOICES.path(directory)
     rows = []
-    for collective, nbytes, algo, proto, channels in _logged(Path(directory) if directory else choices_dir()):
+    for collective, nbytes, algo, proto, channels in _logged(directory):
         p = nccl.predict(topo, collective, RANKS, nbytes, nccl_version=NCCL_VERSION)
-        rows.append({"collective": collective, "size_bytes": nbytes, "logged_algo": algo, "logged_proto": proto,
-                     "logged_channels": channels, "predicted_algo": p.algo.lower(), "predicted_proto": p.proto.lower(),
-                     "predicted_channels": p.channels, "same": (p.algo.lower(), p.proto.lower()) == (algo, proto)})
-    by_collective = {}
-    for collective in dict.fromkeys(r["collective"] for r in rows):
-        mine = [r for r in rows if r["collective"] == collective]
-        by_collective[collective] = {"sizes": len(mine), "same": sum(r["same"] for r in mine),
-                                     "max_channel_gap": max(abs(r["predicted_channels"] - r["logged_channels"])
-                                                            for r in mine)}
-    summary = {"rows": len(rows), "same": sum(r["same"] for r in rows), "by_collective": by_collective,
-               "passed": all(r["same"] for r in rows)}
-    return Result("validate", rows, True, {"corpus": str(directory or choices_dir()), "choices": True,
-                                           "system": SYSTEM, "nccl_version": NCCL_VERSION, "summary": summary})
+        rows.append({"row": len(rows) + 1, "collective": collective, "size_bytes": nbytes, "logged_algo": algo,
+                     "logged_proto": proto, "logged_channels": channels, "predicted_algo": p.algo.lower(),
+                     "predicted_proto": p.proto.lower(), "predicted_channels": p.channels,
+                     "channel_gap": abs(p.channels - channels), "same": (p.algo.lower(), p.proto.lower()) == (algo, proto)})
+    return validation_result(CHOICES, rows, directory, choices=True, system=SYSTEM, nccl_version=NCCL_VERSION)
 
 
 __all__ = ["validate_choices"]

@@ -1,6 +1,6 @@
 """`meshscale validate --emulated`: the emulated two-node runs (two torchrun agents on one 2x H200 host, NCCL over
-sockets on loopback; ``corpus/emulated-two-node/``, its README tells each call) predicted as the commands do, with
-the error per row and per family.
+sockets on loopback; ``corpus/emulated-two-node/``, docs/results/emulated-two-node.md tells each call) predicted as
+the commands do, with the error per row and per family; the "emulated" corpus of `corpus_check`.
 
 Each run is predicted from what was measured beside it and nothing of the run itself: the network's rate and
 latency fitted to the all_reduce sweep measured next to it (`simulate.link_fit.fit_network`), the one-GPU profile
@@ -11,11 +11,10 @@ of the same call, DDP's buckets overlapped with backward as their gradients comp
 - ``all_reduce``: `sim all_reduce --nodes 2 --nics 1 --bench SWEEP` against that sweep, at each of its sizes;
 - ``all_reduce_median``: the same against each size's median over a directory's sweeps (`bench collective -N`).
 
-error = predicted / measured - 1 (throughput for runs, time for all_reduce). Bounds: each family's geomean |error|
-(exp(mean |ln(predicted / measured)|) - 1) at most GEOMEAN_BOUND, the 15% the README sets every point of these runs,
-and no row off by more than WORST_BOUND times, the bound `validate` holds the collectives corpus to. A single point
-is not held to 15%: a run that met a slower loopback path than its sweep is a fact of the path, not of the model
-(the README's notes, kept beside each row).
+Bounds (`corpus_check.CORPORA["emulated"]`): each family's geomean |error| at most 15%, the target the runs' notes
+set every point, and no row more than 2x off, as the collectives corpus. A single point is not held to 15%: a run
+that met a slower loopback path than its sweep is a fact of the path, not of the model (the notes, kept beside
+each row).
 """
 from __future__ import annotations
 
@@ -27,19 +26,15 @@ from meshscale.errors import MeshscaleError
 from meshscale.results import Result, load_result
 from meshscale.validation import load_structured
 
-from meshscale.predict.validate import WORST_RATIO, _geomean_abs_error
+from meshscale.predict.corpus_check import CORPORA, error, validation_result
 
-FAMILIES = ("training", "scale", "all_reduce", "all_reduce_median")
-GEOMEAN_BOUND = 0.15
-WORST_BOUND = WORST_RATIO
-WITHIN = 0.15  # the per-point target the README states; counted per family, not enforced
+EMULATED = CORPORA["emulated"]
+FAMILIES = EMULATED.groups
 NICS = 1  # one NIC per node: each agent's socket path
-ERROR_DEFINITION = ("error = predicted / measured - 1 (samples/s for runs, time for all_reduce); geomean |error| "
-                    "= exp(mean |ln(predicted / measured)|) - 1; worst = max(predicted / measured, measured / predicted)")
 
 
 def corpus_path() -> Path:
-    return Path(__file__).resolve().parent / "corpus" / "emulated-two-node" / "corpus.yaml"
+    return EMULATED.path()
 
 
 @dataclass(frozen=True)
@@ -94,7 +89,7 @@ def _point(family: str, raw: dict, base: Path, where: str) -> Point:
 
 def load_emulated_corpus(path: str | Path | None = None) -> tuple[Path, list[Point]]:
     """(the node's system file, every point) of a corpus file; paths in it are relative to it."""
-    path = Path(path) if path else corpus_path()
+    path = EMULATED.path(path)
     data = load_structured(path, "emulated corpus", yaml_ok=True)
     if not isinstance(data, dict) or "node" not in data:
         raise MeshscaleError(f"{path}: expected a mapping with node: and the lists {', '.join(FAMILIES)}")
@@ -184,26 +179,10 @@ def _rows_of(p: Point, predictor: _Predictor) -> list[dict]:
                  measured=meas) for size, pred, meas in predictor.all_reduce(key, sweep)]
 
 
-def _summary(rows: list[dict]) -> dict:
-    families = {}
-    for family in FAMILIES:
-        logs = [math.log(r["ratio"]) for r in rows if r["family"] == family]
-        if not logs:
-            continue
-        worst = max((r for r in rows if r["family"] == family), key=lambda r: abs(math.log(r["ratio"])))
-        geomean, worst_off = _geomean_abs_error(logs), math.exp(max(abs(x) for x in logs))
-        families[family] = {"rows": len(logs), "geomean_abs_error": geomean, "worst_times_off": worst_off,
-                            "worst_row": worst["row"], "within_target": sum(abs(math.expm1(x)) <= WITHIN for x in logs),
-                            "passed": geomean <= GEOMEAN_BOUND and worst_off <= WORST_BOUND}
-    return {"rows": len(rows), "families": families, "geomean_bound": GEOMEAN_BOUND, "worst_bound": WORST_BOUND,
-            "target": WITHIN, "passed": all(f["passed"] for f in families.values()),
-            "error_definition": ERROR_DEFINITION}
-
-
 def validate_emulated(path: str | Path | None = None) -> Result:
     """Predict every point of the corpus; a Result of kind "validate" (meta.emulated), one row per run or size,
     meta.summary per family against the bounds."""
-    path = Path(path) if path else corpus_path()
+    path = EMULATED.path(path)
     node, points = load_emulated_corpus(path)
     predictor = _Predictor(node)
     rows = []
@@ -217,9 +196,8 @@ def validate_emulated(path: str | Path | None = None) -> Result:
                 raise MeshscaleError(f"{path}: {r['what']}: measured {r['measured']}, predicted {r['predicted']}; "
                                      "both must be positive")
             ratio = r["predicted"] / r["measured"]
-            rows.append(dict(r, row=len(rows) + 1, ratio=ratio, error=ratio - 1))
-    return Result("validate", rows, True, {"corpus": str(path), "emulated": True,
-                                           "summary": _summary(rows)})
+            rows.append(dict(r, row=len(rows) + 1, ratio=ratio, error=error(ratio)))
+    return validation_result(EMULATED, rows, path, emulated=True)
 
 
-__all__ = ["GEOMEAN_BOUND", "WORST_BOUND", "load_emulated_corpus", "validate_emulated"]
+__all__ = ["EMULATED", "load_emulated_corpus", "validate_emulated"]

@@ -63,10 +63,10 @@ def model_error(family: str | None, size_class_name: str) -> tuple[float, str]:
     the corpus has none of it), and what it was measured over."""
     systems = sorted({m.system for m, f in _corpus() if f is not None and f == family})
     summary = validate_corpus().meta["summary"]
-    for entry in summary["by_system"]:
+    for entry in summary["breakdown"]:
         if systems and entry["system"] == systems[0] and entry["size_class"] == size_class_name:
             return entry["geomean_abs_error"], f"{entry['rows']} corpus rows of {systems[0]}"
-    whole = summary["classes"][size_class_name]
+    whole = summary["groups"][size_class_name]
     return whole["geomean_abs_error"], f"{whole['rows']} corpus rows"
 
 

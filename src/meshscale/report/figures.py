@@ -407,14 +407,15 @@ def validate_section(source: Source) -> Section:
     geometric-mean |error| per size class against its bound, and the worst row."""
     summary = source.result.meta.get("summary", {})
     table = [{"size class": name, "rows": c["rows"],
-              "geomean |error|": "-" if c["geomean_abs_error"] is None else f"{100 * c['geomean_abs_error']:.1f}%",
+              "geomean |error|": "-" if c.get("geomean_abs_error") is None else f"{100 * c['geomean_abs_error']:.1f}%",
               "bound": f"{100 * c['bound']:.0f}%", "within": "-" if not c["rows"] else ("yes" if c["passed"] else "no")}
-             for name, c in summary.get("classes", {}).items()]
+             for name, c in summary.get("groups", {}).items()]
     worst = next((r for r in source.result.rows if r.get("row") == summary.get("worst_row")), None)
     if worst:
+        bound = summary["bounds"]["worst_times_off"]
         table.append({"size class": "worst row", "rows": 1,
                       "geomean |error|": f"{worst['collective']} {worst['size_bytes']} B: {100 * worst['error']:+.1f}%",
-                      "bound": f"{summary['worst_bound']:.0f}x", "within": "yes" if summary["worst_times_off"] <= summary["worst_bound"] else "no"})
+                      "bound": f"{bound:.0f}x", "within": "yes" if summary["worst_times_off"] <= bound else "no"})
     where = source.result.meta.get("corpus", "")
     return Section(f"Model against measurement ({'this run' if where == 'this run' else 'the corpus'}): "
                    "geomean |error| per size class", table=table)

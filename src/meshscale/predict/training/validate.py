@@ -1,34 +1,28 @@
 """`meshscale validate --training`: every published run of the shipped corpus (predict/corpus/training.yaml)
-predicted from its configuration alone, with the error per row, per GPU family and the geomean.
-
-error = predicted / measured - 1; geomean |error| = exp(mean |ln(predicted / measured)|) - 1 (as `validate`
-counts it for collectives). Bounds: geomean at most GEOMEAN_BOUND and no row off by more than WORST_BOUND
-times either way.
+predicted from its configuration alone (`price_run`), with the error per row, per GPU family and the geomean;
+the "training" corpus of `corpus_check`, which counts the errors and holds the bounds.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import config_from_fields, load_model_config
+from meshscale.predict.corpus_check import CORPORA, error, validation_result
 from meshscale.predict.training.comm import Placement
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.request import RESNETS
-from meshscale.predict.training.step import TrainingJob, predict_step
+from meshscale.predict.training.step import TrainingJob, TrainingPrediction, predict_step
 from meshscale.results import Result
 from meshscale.validation import load_structured
 
-GEOMEAN_BOUND = 0.15
-WORST_BOUND = 1.5
-ERROR_DEFINITION = ("error = predicted / measured - 1; geomean |error| = exp(mean |ln(predicted / measured)|) - 1; "
-                    "worst = the largest max(predicted / measured, measured / predicted)")
+TRAINING = CORPORA["training"]
 
 
 def corpus_path() -> Path:
-    return Path(__file__).resolve().parent.parent / "corpus" / "training.yaml"
+    return TRAINING.path()
 
 
 @dataclass(frozen=True)
@@ -78,47 +72,34 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
 
 
 def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
-    path = Path(path) if path else corpus_path()
+    path = TRAINING.path(path)
     data = load_structured(path, "training corpus", yaml_ok=True)
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise MeshscaleError(f"{path}: expected a mapping with a list of runs")
     return [_run(raw, i, data.get("shapes") or {}, str(path)) for i, raw in enumerate(data["runs"], 1)]
 
 
-def _geomean_abs_error(logs: list[float]) -> float:
-    return math.exp(sum(abs(x) for x in logs) / len(logs)) - 1
+def price_run(run: PublishedRun) -> TrainingPrediction:
+    """The step model's prediction of one corpus run, from its configuration alone."""
+    return predict_step(run.job, run.placement, gpu_spec({"model": run.gpu_model}))
 
 
 def validate_training(path: str | Path | None = None) -> Result:
     """Predict every run; rows with measured, predicted and error; meta.summary per GPU family and overall."""
+    where = TRAINING.path(path)
     rows = []
-    where = str(path or corpus_path())
-    for run in load_training_corpus(path):
+    for run in load_training_corpus(where):
         gpu = gpu_spec({"model": run.gpu_model})
         try:
-            p = predict_step(run.job, run.placement, gpu)
+            p = price_run(run)
         except MeshscaleError as e:   # a field the step model refuses: say which run
             raise MeshscaleError(f"{where}: run {run.row}: {e}") from None
         predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
+        ratio = predicted / run.measured
         rows.append({"row": run.row, "source": run.source, "model": run.job.name, "gpu": gpu.model,
                      "family": gpu.family, "world_size": run.placement.world_size,
                      "layout": run.job.layout.describe(), "seq_len": run.job.seq_len, "precision": run.job.precision,
                      "activation_checkpointing": run.job.checkpointing, "metric": run.metric,
-                     "measured": run.measured, "predicted": predicted, "error": predicted / run.measured - 1,
-                     "ratio": predicted / run.measured, "mfu_predicted": p.mfu, "fits": p.fits,
-                     "throughput_samples_per_s": p.samples_per_s})
-    logs = [math.log(r["ratio"]) for r in rows]
-    families = {}
-    for fam in sorted({r["family"] for r in rows}):
-        fl = [math.log(r["ratio"]) for r in rows if r["family"] == fam]
-        families[fam] = {"rows": len(fl), "geomean_abs_error": _geomean_abs_error(fl),
-                         "mean_error": math.exp(sum(fl) / len(fl)) - 1}
-    worst = max(rows, key=lambda r: abs(math.log(r["ratio"])))
-    geomean = _geomean_abs_error(logs)
-    worst_off = math.exp(abs(math.log(worst["ratio"])))
-    summary = {"rows": len(rows), "geomean_abs_error": geomean, "geomean_bound": GEOMEAN_BOUND,
-               "worst_row": worst["row"], "worst_times_off": worst_off, "worst_bound": WORST_BOUND,
-               "by_family": families, "passed": geomean <= GEOMEAN_BOUND and worst_off <= WORST_BOUND,
-               "error_definition": ERROR_DEFINITION}
-    return Result("validate", rows, True, {"corpus": str(path or corpus_path()), "training": True,
-                                           "summary": summary})
+                     "measured": run.measured, "predicted": predicted, "error": error(ratio), "ratio": ratio,
+                     "mfu_predicted": p.mfu, "fits": p.fits, "throughput_samples_per_s": p.samples_per_s})
+    return validation_result(TRAINING, rows, where, training=True)
