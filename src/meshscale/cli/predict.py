@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Optional
 
 import typer
 from rich.table import Table
 
+from meshscale.cli.checks import checked, output_file
+from meshscale.cli.declared import with_declared
 from meshscale.cli.output import print_tables, print_text, progress, write_result_files
-from meshscale.cli.checks import BATCH, GLOBAL_BATCH, NCCL_ENV_OPTION, checked, counts, output_file
-from meshscale.validation import Range as _Range
 from meshscale.cli.topology import NETWORK_OPTION, OVERSUBSCRIPTION_OPTION
-from meshscale.validation import Range
 from meshscale.errors import MeshscaleError
+from meshscale.options import option_fields
+from meshscale.predict.question import PredictRequest
 from meshscale.results import Result
 from meshscale.topology.limits import CLUSTER_RANGES
-from meshscale.units import parse_ints
+from meshscale.validation import Range
 
-
-DEGREE = _Range(1, 1 << 20, integer=True)
 CLUSTER_NODES = 124  # the DGX-1 whitepaper's cluster, when neither --nodes nor a cluster file says
 
 
@@ -95,169 +94,81 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
     print_tables(table)
 
 
-def predict(model: Optional[str] = typer.Option(None, "--model", "-m", help="model name (meshscale.train registry)"),
-            system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes)"),
-            gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts on one system (default 1,2,4,8); with a layout, the one GPU count it runs on", callback=checked(counts(1, 1 << 20))),
-            nodes: Optional[str] = typer.Option(None, "--nodes", help="node counts of a cluster (e.g. 1,2,4,...,124)", callback=checked(counts(1, 1_000_000))),
-            link: Optional[str] = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated rate such as 25GB/s,5us (default edr; ndr for training layouts)"),
-            nics: Optional[int] = typer.Option(None, "--nics", help="ports per node (default 4, 2 for Ethernet)", callback=checked(CLUSTER_RANGES["nics"])),
-            gpudirect: bool = typer.Option(True, "--gpudirect/--no-gpudirect"),
-            network: Optional[str] = NETWORK_OPTION,
-            oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
-            weak: bool = typer.Option(True, "--weak/--strong", help="fixed --batch per GPU, or a fixed --global-batch"),
-            batch: Optional[int] = typer.Option(None, "--batch", help="batch per GPU (--weak, default 64); with a layout, per data-parallel rank (default 1)", callback=checked(BATCH)),
-            global_batch: Optional[int] = typer.Option(None, "--global-batch", help="batch over all GPUs (--strong)", callback=checked(GLOBAL_BATCH)),
-            mode: Optional[str] = typer.Option(None, "--mode", help="the train mode predicted: ddp (default), allreduce "
-                                               "(its exchange: --framework horovod), ps-sync (modelled as one parameter "
-                                               "server in host memory, after backward); ps-async is not modelled"),
-            framework: Optional[str] = typer.Option(None, "--framework", help="how gradients are exchanged: ddp (25 MiB "
-                                                    "buckets overlapped with backward), horovod (64 MiB fusion, overlapped), "
-                                                    "cntk-2016 (one all-reduce per gradient after backward, NCCL 1.6); "
-                                                    "default: the --mode's"),
-            wire: Optional[str] = typer.Option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the framework's)"),
-            algo: str = typer.Option("nccl", "--algo", help="all-reduce algorithm: nccl (NCCL's pick per size: "
-                                    "Ring, Tree, NVLS-Tree...), ring (NCCL_ALGO=Ring) or hierarchical (NCCL_ALGO=Tree)"),
-            profile: Optional[Path] = typer.Option(None, "--profile", help="single-GPU profile (meshscale train --profile-batches --json); "
-                                                   "default: a documented one for the model and GPU, else FLOPs"),
-            efficiency: float = typer.Option(0.4, "--compute-efficiency", help="share of peak FLOPs without a profile", callback=checked(Range(0, 1, lo_open=True))),
-            p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate the link model from a `bench p2p --json` result"),
-            bench: Optional[Path] = typer.Option(None, "--bench", help="also fit it to a measured all_reduce (`bench collective --json`)"),
-            nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
-            compare: Optional[str] = typer.Option(None, "--compare", help="algorithms | modes | frameworks | links | nvlink-pcie | SYS1,SYS2,..."),
-            from_result: Optional[Path] = typer.Option(None, "--from", help="a measured `scale` result to predict beside"),
-            partition: Optional[str] = typer.Option(None, "--partition", help="train on slices of the GPUs: a MIG profile "
-                                                    "(3g.40gb) or a time-sliced vGPU share (1/4); --gpus counts slices"),
-            plot: Optional[Path] = typer.Option(None, "--plot", help="write a PNG chart", callback=checked(output_file(plot=True))),
-            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)", callback=checked(output_file())),
-            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
-            precision: Optional[str] = typer.Option(None, "--precision", help="fp32, bf16 or fp16 (as train's): the step model from the datasheet for this precision"),
-            seq_len: Optional[int] = typer.Option(None, "--seq-len", help="tokens per sequence (default: the model's, at most 2048)", callback=checked(Range(1, 1 << 24, integer=True))),
-            checkpointing: Optional[str] = typer.Option(None, "--activation-checkpointing", help="none, selective or full"),
-            channels_last: bool = typer.Option(False, "--channels-last", help="channels-last memory format (images), as train's"),
-            cuda_graph: bool = typer.Option(False, "--cuda-graph", help="the step replayed as one CUDA graph, as train's: no host cost per op"),
-            attention: Optional[str] = typer.Option(None, "--attention", help="the attention kernel: sdpa (default: what PyTorch's SDPA picks, cuDNN's on Hopper and later, else FlashAttention-2), flash, cudnn, or triton (the 2022 FlashAttention in Triton, as llm-foundry's MPT)"),
-            dp: Optional[int] = typer.Option(None, "--dp", help="replicated data-parallel degree", callback=checked(DEGREE)),
-            fsdp: Optional[int] = typer.Option(None, "--fsdp", help="sharded data-parallel (FSDP2) degree (default: what the others leave)", callback=checked(DEGREE)),
-            tp: Optional[int] = typer.Option(None, "--tp", help="tensor-parallel degree", callback=checked(DEGREE)),
-            pp: Optional[int] = typer.Option(None, "--pp", help="pipeline stages", callback=checked(DEGREE)),
-            pp_schedule: str = typer.Option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b"),
-            cp: Optional[int] = typer.Option(None, "--cp", help="context-parallel degree", callback=checked(DEGREE)),
-            micro_batches: Optional[int] = typer.Option(None, "--micro-batches", help="micro-batches per step (default: the pipeline's stages)", callback=checked(DEGREE)),
-            search: bool = typer.Option(False, "--search", help="rank every layout of the model on --gpus at --global-batch"),
-            top: int = typer.Option(15, "--top", help="--search: layouts shown (the JSON has all)", callback=checked(Range(1, 1 << 20, integer=True)))) -> None:
-    """Predict training throughput on a system or cluster (marked PREDICTED): data-parallel scaling sweeps, or
-    with a layout (--precision, --dp/--fsdp/--tp/--pp/--cp, --seq-len, a transformer model) the per-layer step
-    model, or --search for the best layout."""
-    training = {"--precision": precision, "--seq-len": seq_len, "--activation-checkpointing": checkpointing,
-                "--dp": dp, "--fsdp": fsdp, "--tp": tp, "--pp": pp, "--cp": cp, "--micro-batches": micro_batches,
-                "--search": search or None, "--cuda-graph": cuda_graph or None, "--attention": attention}
-    from meshscale.predict.training.request import is_training_model
-    if model and (any(v is not None for v in training.values()) or not _in_train_registry(model)) \
-            and is_training_model(model):
-        _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision or "bf16",
-                        checkpointing or "none", channels_last, {"dp": dp, "fsdp": fsdp, "tp": tp, "pp": pp, "cp": cp},
-                        pp_schedule, micro_batches, search, top, profile, json_out, csv_path, cuda_graph,
-                        attention or "sdpa")
-        return
-    given = [k for k, v in training.items() if v is not None]
-    if given:
-        raise MeshscaleError(f"{given[0]} is for the training step model: name a transformer (a preset or a "
-                             "config.json), gpt-small/gpt-medium or a ResNet with --model")
-    gpus = gpus or "1,2,4,8"
-    batch = 64 if batch is None else batch
-    from meshscale.predict.request import PredictRequest, predict_rows
-    from meshscale.simulate.nccl_env import parse_nccl_env
-    from meshscale.predict.scaling import prediction_result
-    from meshscale.topology.cluster import cluster_file_spec, cluster_spec
+def _print_beside(rows: list[dict], model: str) -> None:
+    table = Table(title=f"{model}: measured vs PREDICTED")
+    for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):
+        table.add_column(c, justify="right")
+    for r in rows:
+        table.add_row(str(r["world_size"]), str(r["mode"]), str(r["batch_per_rank"]), f"{r['measured_samples_per_s']:,.1f}",
+                      f"{r['predicted_samples_per_s']:,.1f}", f"{r['error']:+.1%}")
+    print_tables(table)
 
-    shape = {"network": network, "oversubscription": oversubscription}
-    if cluster_file_spec(system) is not None:
-        # a cluster file: its node, network and size (a sweep up to it unless --nodes says), its fields overridden by
-        # the options given, as sim and plan take it
-        spec = cluster_spec(system, None, link, nics, None if gpudirect else False, **shape)
-        system, link, nics, gpudirect = spec.node, spec.link, spec.nics, spec.gpudirect
-        nodes = nodes or ",".join(str(n) for n in sorted({*(2 ** k for k in range(spec.nodes.bit_length())), spec.nodes}))
-        shape = {k: getattr(spec, k) for k in ("levels", "nodes_per_leaf", "radix", "oversubscription", "network")}
-    elif not nodes and any(v is not None for v in shape.values()):
-        raise MeshscaleError("--network and --oversubscription describe a cluster; add --nodes (e.g. 1,2,4,8) or "
-                             "pass a cluster file")
-    if partition and nodes:
-        raise MeshscaleError("--partition splits the GPUs of one system; drop --nodes (slices of several nodes talk "
-                             "over the network like whole GPUs)")
-    link = link or "edr"
-    if weak and global_batch is not None:
-        raise MeshscaleError("--global-batch is for --strong scaling; --weak takes --batch (per GPU)")
-    if not weak and global_batch is None:
-        raise MeshscaleError("--strong needs --global-batch N (the batch over all GPUs)")
-    with progress(f"predicting {model}" + (f" for each of --compare {compare}" if compare else "")):
-        rows, job, measured = predict_rows(PredictRequest(
-            model=model, system=system, gpus=tuple(parse_ints(gpus, "--gpus", minimum=1)),
-            nodes=tuple(parse_ints(nodes, "--nodes", minimum=1)) if nodes else None, link=link, nics=nics,
-            gpudirect=gpudirect, cluster_shape=shape, batch_per_gpu=batch, global_batch=global_batch, mode=mode,
-            framework=framework, wire=wire, algo=algo, profile=profile, compute_efficiency=efficiency, p2p=p2p,
-            bench=bench, compare=compare, measured=from_result, partition=partition,
-            nccl_env=parse_nccl_env(nccl_env) if nccl_env else None))
-    model = job.model
-    if job.network_source:  # a measured multi-node all_reduce fitted the network
-        typer.echo(job.network_source, err=True)
-    if partition:
+
+def _sweep_title(req, info) -> str:
+    title = f"{info.model}, " + (f"weak scaling, batch {info.batch} per data-parallel rank" if info.weak
+                                 else f"strong scaling, global batch {info.batch}")
+    if req.compare != "frameworks":
+        title += f", {info.framework}"
+    title += f" ({info.network_source})" if info.network_source else ""
+    if req.nccl_env:
+        title += ", NCCL with " + " ".join(req.nccl_env.settings)
+    if req.nccl_algo:
+        title += f", NCCL_ALGO={req.nccl_algo}"
+    return title
+
+
+_PREDICT_FIELDS = list(option_fields(PredictRequest))
+
+
+@with_declared(_PREDICT_FIELDS)
+def predict(options: dict,
+            top: Optional[int] = typer.Option(None, "--top", help="--search: layouts shown (default 15; the JSON has "
+                                              "all)", callback=checked(Range(1, 1 << 20, integer=True, optional=True))),
+            plot: Optional[Path] = typer.Option(None, "--plot", help="a sweep: write a PNG chart",
+                                                callback=checked(output_file(plot=True))),
+            json_out: Optional[Path] = typer.Option(None, "--json", help="save a Result (kind predict)",
+                                                    callback=checked(output_file())),
+            csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here",
+                                                    callback=checked(output_file()))) -> None:
+    """Predict training on a system or cluster (marked PREDICTED), by one step model: one layout on one GPU or
+    node count (--dp/--fsdp/--tp/--pp/--cp), a scaling sweep (a list of counts, or none: 1,2,4,8), variants
+    compared, --search for the best layout, or --from beside a measured `scale` run."""
+    from meshscale.predict.answer import answer, shape_of
+
+    req = PredictRequest(**{path[0]: value for path, value in options.items()})
+    kind = shape_of(req)
+    if top is not None and kind != "search":
+        raise MeshscaleError("--top is for --search")
+    if plot is not None and kind != "sweep":
+        raise MeshscaleError("--plot draws a sweep (a list of --gpus or --nodes counts)")
+    with progress(f"predicting {req.model or 'the measured run'}"):
+        found = answer(req)
+    if kind in ("layout", "search"):
+        _print_layouts(found.predictions, kind == "search", top or 15, json_out, csv_path)
+        return
+    rows, info = found.rows, found.info
+    if info.network_source:  # a measured multi-node all_reduce fitted the network
+        typer.echo(info.network_source, err=True)
+    if req.partition:
         from meshscale.topology import load_system
         from meshscale.topology.partitions import system_partition
-        typer.echo(system_partition(load_system(system), partition).describe())
-    title = f"{model}, " + (f"weak scaling, batch {batch} per GPU" if weak else f"strong scaling, global batch {global_batch}")
-    if compare != "frameworks":
-        title += f", {job.framework.name if job.framework else 'parameter server'}"
-    title += f" ({job.network_source})" if job.network_source else ""
-    if nccl_env:
-        title += ", NCCL with " + " ".join(nccl_env)
-    if measured:
-        table = Table(title=f"{model}: measured vs PREDICTED")
-        for c in ("GPUs", "mode", "batch/GPU", "measured/s", "predicted/s", "error"):
-            table.add_column(c, justify="right")
-        for r in rows:
-            table.add_row(str(r["world_size"]), str(r["mode"]), str(r["batch_per_rank"]), f"{r['measured_samples_per_s']:,.1f}",
-                          f"{r['predicted_samples_per_s']:,.1f}", f"{r['error']:+.1%}")
-        print_tables(table)
+        typer.echo(system_partition(load_system(req.system), req.partition).describe())
+    if kind == "beside":
+        _print_beside(rows, info.model)
     else:
-        _print(rows, title, bool(compare))
+        title = _sweep_title(req, info)
+        _print(rows, title, bool(req.compare))
         if plot:
             from meshscale import plots
             typer.echo(f"wrote {plots.save(plots.rows_scaling_chart(rows, title, predicted=True), plot)}")
     if json_out or csv_path:
-        link = next((r["link"] for r in rows if r.get("link")), link)  # the fitted network's, where one was fitted
-        write_result_files(prediction_result(rows, job, system=system, compare=compare, nodes=nodes, link=link,
-                                             **({k: v for k, v in shape.items() if v is not None} if nodes else {})),
-                           json_out, csv_path)
+        from meshscale.predict.sweep import prediction_result
+        write_result_files(prediction_result(rows, info, system=req.system, compare=req.compare), json_out, csv_path)
 
 
-def _in_train_registry(model: str) -> bool:
-    """Whether `meshscale train` knows ``model`` by name (its data-parallel sweep predicts those by default)."""
-    from meshscale.predict.training.request import RESNETS, TRAIN_MODELS
-    return model in RESNETS or model in TRAIN_MODELS or model == "small-cnn" or model.startswith("gpt-")
-
-
-def _predict_layout(model, system, gpus, nodes, link, nics, batch, global_batch, seq_len, precision, checkpointing,
-                    channels_last, degrees, pp_schedule, micro_batches, search, top, profile, json_out, csv_path,
-                    cuda_graph=False, attention="sdpa") -> None:
+def _print_layouts(predictions, search: bool, top: int, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
     from meshscale.predict.training.report import layout_table, training_result
-    from meshscale.predict.training.request import TrainingRequest, predict_training
-    from meshscale.units import parse_ints
 
-    counts_given = parse_ints(gpus, "--gpus", minimum=1) if gpus else []
-    if len(counts_given) > 1:
-        raise MeshscaleError(f"--gpus {gpus}: a training layout runs on one GPU count; give one number")
-    node_counts = parse_ints(nodes, "--nodes", minimum=1) if nodes else []
-    if len(node_counts) > 1:
-        raise MeshscaleError(f"--nodes {nodes}: a training layout runs on one node count; give one number")
-    if search and any(v is not None for v in degrees.values()):
-        raise MeshscaleError("--search chooses --dp/--fsdp/--tp/--pp/--cp itself; drop them")
-    req = TrainingRequest(model=model, system=system, gpus=counts_given[0] if counts_given else None,
-                          nodes=node_counts[0] if node_counts else None, link=link, nics=nics,
-                          batch=batch or 1, global_batch=global_batch, seq_len=seq_len, precision=precision,
-                          checkpointing=checkpointing, channels_last=channels_last, degrees=degrees,
-                          pp_schedule=pp_schedule, micro_batches=micro_batches, search=search, profile=profile,
-                          cuda_graph=cuda_graph, attention=attention)
-    predictions, gpu = predict_training(req)
     table, lines = layout_table(predictions[:top] if search else predictions, search=search,
                                 hidden=len(predictions) - top if search else 0)
     print_tables(table)

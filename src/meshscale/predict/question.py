@@ -53,6 +53,8 @@ class PredictRequest:
                                              parse=_counts, cli_type=str)
     nodes: Optional[tuple[int, ...]] = option(None, "--nodes", help="node count of a cluster; a list sweeps",
                                               check=_COUNTS, parse=_counts, cli_type=str)
+    gpu: Optional[str] = option(None, "--gpu", help="the GPU model in place of the system's (a SKU of the same "
+                                "system, e.g. 'NVIDIA H100 80GB HBM3'): its datasheet prices the kernels")
     link: Optional[str] = option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated "
                                  "rate such as 25GB/s,5us (default: the node's own NICs')")
     nics: Optional[int] = option(None, "--nics", help="ports per node (default: the node's own NICs)",

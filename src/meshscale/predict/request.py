@@ -22,7 +22,7 @@ from meshscale.predict.frameworks import FRAMEWORKS, MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
 from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
 from meshscale.predict.training.comm import Placement
-from meshscale.predict.training.hardware import GpuSpec, device_spec
+from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec
 from meshscale.predict.training.replicas import GradientExchange
 from meshscale.predict.training.search import search_layouts
 from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, predict_step
@@ -157,7 +157,7 @@ def resolve_where(req: PredictRequest, system: str, link: str | None) -> Where:
     if req.partition:
         from meshscale.topology.partitions import split_system
         node, partition = split_system(node, req.partition)
-    gpu = device_spec(node.nodes[node.devices()[0]].attrs)
+    gpu = gpu_spec({"model": req.gpu}) if req.gpu else device_spec(node.nodes[node.devices()[0]].attrs)
     return Where(node_system, node, gpu, fit.link if fit else link, nics, gpudirect, shape["network"] or "fat-tree",
                  shape["oversubscription"] or 1.0, fabric.params, size, tuple(fabric.notices), partition)
 
@@ -212,7 +212,6 @@ def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfil
     factor on every kernel, and a fixed cost per step when it has two batches or more). A profile with the GPU's
     kernel time per category (`train --profile-batches` on a GPU) calibrates each category first
     (`category_calibration`); the fit then finds what the categories leave: the host."""
-    from meshscale.predict.training.hardware import gpu_spec
     from meshscale.predict.training.step import fit_calibration
 
     if not profile.gpu_model:

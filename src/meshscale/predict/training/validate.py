@@ -8,13 +8,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
-from meshscale.models.layout import ParallelLayout
-from meshscale.models.transformer import config_from_fields, load_model_config
+from meshscale.models.transformer import config_from_fields
 from meshscale.predict.corpus_check import CORPORA, error, validation_result
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.request import predict_training
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
-from meshscale.predict.training.request import RESNETS
-from meshscale.predict.training.step import TrainingJob, TrainingPrediction, predict_step
+from meshscale.predict.training.step import TrainingPrediction
 from meshscale.results import Result
 from meshscale.validation import load_structured
 
@@ -27,12 +26,11 @@ def corpus_path() -> Path:
 
 @dataclass(frozen=True)
 class PublishedRun:
-    """One corpus row: the job, where it ran, and what it measured."""
+    """One corpus row: the question as `meshscale predict` states it, and what the run measured."""
 
     row: int
     source: str
-    job: TrainingJob
-    placement: Placement
+    request: PredictRequest
     gpu_model: str
     measured: float
     metric: str          # tokens_per_s_per_gpu | samples_per_s
@@ -41,34 +39,28 @@ class PublishedRun:
 def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
     try:
         name = raw["model"]
-        if name in RESNETS:
-            model, depth = None, RESNETS[name]
-        elif name in shapes:
-            model, depth = config_from_fields(name, {**shapes[name], "max_seq_len": raw["seq_len"]},
-                                              f"{where}: shape {name}"), 0
-        else:
-            model, depth = load_model_config(name), 0
+        shape = None
+        if name in shapes:
+            shape = config_from_fields(name, {**shapes[name], "max_seq_len": raw["seq_len"]}, f"{where}: shape {name}")
         given = dict(raw.get("layout") or {})
         schedule = str(given.pop("pp_schedule", "1f1b"))
-        counts = {k: int(v) for k, v in given.items()}
         gpus = int(raw["gpus"])
-        if not counts:
-            counts = {"dp": gpus}
-        layout = ParallelLayout(**counts, micro_batches=int(raw.get("micro_batches", 1)), pp_schedule=schedule)
-        job = TrainingJob(model, layout, int(raw["batch"]), int(raw.get("seq_len", 0)), raw["precision"],
-                          raw.get("checkpointing", "none"), depth, True, bool(raw.get("autocast", False)),
-                          selective_policy=str(raw.get("selective_policy", "matmuls")),
-                          sharding=str(raw.get("sharding", "fsdp2")), rotary=str(raw.get("rotary", "pairs")),
-                          attention=str(raw.get("attention", "sdpa")))
+        degrees = {k: int(v) for k, v in given.items()} or {"dp": gpus}
         _, per_node = system_gpu(raw["system"])
-        placement = Placement(raw["system"], min(gpus, per_node), max(1, gpus // per_node), raw.get("link", "ndr"),
-                              int(raw.get("nics", per_node)))
+        request = PredictRequest(
+            model=name, system=raw["system"], gpus=(gpus,), gpu=str(raw["gpu"]), link=raw.get("link", "ndr"),
+            nics=int(raw.get("nics", per_node)), batch=int(raw["batch"]), seq_len=int(raw.get("seq_len", 0)) or None,
+            precision=raw["precision"], checkpointing=raw.get("checkpointing", "none"), channels_last=True,
+            attention=str(raw.get("attention", "sdpa")), **degrees, pp_schedule=schedule,
+            micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
+            sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
+            rotary=str(raw.get("rotary", "pairs")))
         (metric, value), = raw["measured"].items()
     except (KeyError, TypeError, ValueError) as e:
         raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None
     if metric not in ("tokens_per_s_per_gpu", "samples_per_s") or float(value) <= 0:
         raise MeshscaleError(f"{where}: run {row}: measured must be tokens_per_s_per_gpu or samples_per_s > 0")
-    return PublishedRun(row, str(raw.get("source", "")), job, placement, str(raw["gpu"]), float(value), metric)
+    return PublishedRun(row, str(raw.get("source", "")), request, str(raw["gpu"]), float(value), metric)
 
 
 def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
@@ -80,8 +72,9 @@ def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
 
 
 def price_run(run: PublishedRun) -> TrainingPrediction:
-    """The step model's prediction of one corpus run, from its configuration alone."""
-    return predict_step(run.job, run.placement, gpu_spec({"model": run.gpu_model}))
+    """The step model's prediction of one corpus run, from its configuration alone: `meshscale predict`'s own
+    (`predict_training`), so the command and the validation give a run one figure."""
+    return predict_training(run.request)[0][0]
 
 
 def validate_training(path: str | Path | None = None) -> Result:
@@ -96,10 +89,10 @@ def validate_training(path: str | Path | None = None) -> Result:
             raise MeshscaleError(f"{where}: run {run.row}: {e}") from None
         predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
         ratio = predicted / run.measured
-        rows.append({"row": run.row, "source": run.source, "model": run.job.name, "gpu": gpu.model,
-                     "family": gpu.family, "world_size": run.placement.world_size,
-                     "layout": run.job.layout.describe(), "seq_len": run.job.seq_len, "precision": run.job.precision,
-                     "activation_checkpointing": run.job.checkpointing, "metric": run.metric,
+        rows.append({"row": run.row, "source": run.source, "model": p.job.name, "gpu": gpu.model,
+                     "family": gpu.family, "world_size": p.placement.world_size,
+                     "layout": p.job.layout.describe(), "seq_len": p.job.seq_len, "precision": p.job.precision,
+                     "activation_checkpointing": p.job.checkpointing, "metric": run.metric,
                      "measured": run.measured, "predicted": predicted, "error": error(ratio), "ratio": ratio,
                      "mfu_predicted": p.mfu, "fits": p.fits, "throughput_samples_per_s": p.samples_per_s})
     return validation_result(TRAINING, rows, where, training=True)
