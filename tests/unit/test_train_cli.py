@@ -52,12 +52,6 @@ def test_train_and_scale_take_their_options_from_one_declaration():
     assert {"--lr", "--fusion-mb", "--ps-servers", "--timeout-s", "--no-timing"} <= train & scale
 
 
-def test_old_spellings_are_gone_and_their_replacements_exist():
-    from meshscale.cli.train import RENAMED_TRAIN
-    for (command, old), new in RENAMED_TRAIN.items():
-        assert old not in _flags(command) and new in _flags(command)
-
-
 class _Started(Exception):
     """Raised instead of starting ranks: carries what the command would have run."""
 

@@ -21,10 +21,6 @@ from meshscale.errors import MeshscaleError
 from meshscale.train.config import OptionField, config_from_options, option_fields
 from meshscale.units import parse_ints
 
-# old spellings -> new, for the CLI's table of renamed options
-RENAMED_TRAIN = {("train", "--timeout"): "--timeout-s", ("scale", "--timeout"): "--timeout-s",
-                 ("train", "-b"): "--batch", ("scale", "-b"): "--batch"}
-
 # a sweep runs every configuration afresh: shorter runs, a longer timing warm-up, and no batch until --weak asks
 SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): None}
 
