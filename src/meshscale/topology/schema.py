@@ -24,6 +24,7 @@ from typing import Any
 
 from meshscale.errors import MeshscaleError, TopologyError
 from meshscale.topology import links as calc
+from meshscale.topology.limits import MAX_NODES
 from meshscale.topology.model import DEFAULT_LATENCY_S, LINK_KINDS, NODE_KINDS, Link, Node, Topology
 from meshscale.validation import Range, load_structured
 
@@ -38,7 +39,6 @@ _TOP_KEYS = {"schema", "name", "title", "gpu_count", "defaults", "nodes", "links
 BANDWIDTH_RANGE_BYTES_PER_S = (1e3, 1e15)
 MAX_LATENCY_S = 1.0
 MAX_LINK_COUNT = 1000
-MAX_NODES = 100_000
 MAX_LINKS = 1_000_000
 _WHOLE = Range(0, 1 << 20, integer=True)
 NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is free text or data

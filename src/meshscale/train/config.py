@@ -13,7 +13,7 @@ from meshscale.validation import Check, Range
 if TYPE_CHECKING:
     from meshscale.models.layout import ParallelLayout
 
-MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
+TRAIN_MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 
 
 def option(default: Any, *flags: str, help: str = "", train_only: bool = False, check: Check | None = None) -> Any:
@@ -164,7 +164,7 @@ class TrainConfig:
                                       train_only=True)
     image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)",
                                       check=Range(4, 4096, integer=True, optional=True))
-    mode: str = option("ddp", "--mode", help=", ".join(MODES))
+    mode: str = option("ddp", "--mode", help=", ".join(TRAIN_MODES))
     world: int = 1
     device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
     batch_per_rank: int = option(32, "--batch", help="samples per data-parallel rank per step "
