@@ -71,7 +71,7 @@ done
 # then both "nodes"), each row with the prediction on the joined two-host topology beside it.
 # Then the all_reduce sweep again, so the run sits between two measurements of the network.
 if [ -n "${SCALE:-}" ]; then
-  two_nodes scale-2hosts scale --weak --batch 64 -m resnet50 --precision bf16 --steps $SCALE_STEPS --timing-warmup $WARMUP \
+  two_nodes scale-2hosts scale --weak --batch 64 --model resnet50 --precision bf16 --steps $SCALE_STEPS --timing-warmup $WARMUP \
     --no-timing --json "$OUTDIR/scale-2hosts.json"
   cat "$OUTDIR/scale-2hosts.node0.txt" | tail -20
   sweep allreduce-after-scale

@@ -117,7 +117,7 @@ def test_scale_under_torchrun_sweeps_inside_the_world_and_predicts_on_the_joined
     from meshscale.results import load_result
 
     out = tmp_path / "scale.json"
-    node0, node1 = _agents(["scale", "--weak", "--batch", "8", "-m", "small-cnn", "--steps", "4", "--timing-warmup", "1",
+    node0, node1 = _agents(["scale", "--weak", "--batch", "8", "--model", "small-cnn", "--steps", "4", "--timing-warmup", "1",
                             "--cpus", "1,2", "--timeout-s", "30", "--json", str(out)])
     assert node0.returncode == 0 and node1.returncode == 0, node0.stderr[-3000:] + node1.stderr[-3000:]
     text = node0.stdout

@@ -107,7 +107,7 @@ def test_bench_lines_at_80_columns_hold_every_time_whole(narrow, tmp_path, args)
 
 def test_scale_samples_per_s_whole_at_80_columns(narrow, tmp_path):
     out = tmp_path / "scale.json"
-    result = narrow("scale", "--cpus", "1", "--weak", "--batch", "8", "-m", "small-cnn", "--steps", "2", "--timing-warmup", "1",
+    result = narrow("scale", "--cpus", "1", "--weak", "--batch", "8", "--model", "small-cnn", "--steps", "2", "--timing-warmup", "1",
                     "--json", out)
     assert result.exit_code == 0, result.output
     for row in json.loads(out.read_text())["rows"]:

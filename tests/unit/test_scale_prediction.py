@@ -80,7 +80,7 @@ def test_the_table_shows_measured_predicted_and_error_side_by_side(cli, monkeypa
     from meshscale.train import scale as scale_module
     fabricated = _scale(load_system("dgx1-v100"), worlds=(1, 8))
     monkeypatch.setattr(scale_module, "scale", lambda *args, **kwargs: fabricated)
-    run = cli("scale", "--cpus", "1,2", "--weak", "--batch", "64", "-m", "resnet50")
+    run = cli("scale", "--cpus", "1,2", "--weak", "--batch", "64", "--model", "resnet50")
     assert run.exit_code == 0, run.output
     beside, _ = predicted_beside(fabricated)
     eight = next(line for line in run.stdout.splitlines() if line.strip("│ ").startswith("8 "))

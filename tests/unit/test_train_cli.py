@@ -48,14 +48,8 @@ def test_train_and_scale_take_their_options_from_one_declaration():
     assert all(spellings(f) <= train for f in declared)
     assert all(spellings(f) <= scale for f in declared if not f.train_only)
     assert not any(spellings(f) & scale for f in declared if f.train_only)
-    assert "-m" in scale and "--checkpoint-dir" in train - scale
+    assert "--model" in scale and "--checkpoint-dir" in train - scale
     assert {"--lr", "--fusion-mb", "--ps-servers", "--timeout-s", "--no-timing"} <= train & scale
-
-
-def test_old_spellings_are_gone_and_their_replacements_exist():
-    from meshscale.cli.train import RENAMED_TRAIN
-    for (command, old), new in RENAMED_TRAIN.items():
-        assert old not in _flags(command) and new in _flags(command)
 
 
 class _Started(Exception):

@@ -25,7 +25,7 @@ from meshscale.execute import RankContext, launch
 from meshscale.results import Result, measured
 
 BANDWIDTH_MODES = ("unidirectional", "bidirectional", "staged")
-MODES = (*BANDWIDTH_MODES, "latency")
+P2P_MODES = (*BANDWIDTH_MODES, "latency")
 
 
 @dataclass
@@ -61,7 +61,7 @@ def bench_p2p(spec: P2PSpec, world: World, timeout_s: float = 120.0) -> Result:
         devices = [f"worker{i}" for i in range(world.size)]
         topology = topology or joined
     from meshscale.topology import to_dict
-    modes = [m for m in MODES if any(r["mode"] == m for r in rows)]
+    modes = [m for m in P2P_MODES if any(r["mode"] == m for r in rows)]
     return measured("bench-p2p", rows, spec=asdict(spec), devices=devices, modes=modes, backend=world.backend,
                     world_size=world.size, topology=to_dict(topology) if topology else None)
 
@@ -204,7 +204,7 @@ def cpu_rank(ctx: RankContext, spec: P2PSpec) -> list[dict[str, Any]]:
     every: list = [None] * n
     dist.all_gather_object(every, rows)
     merged = [r for part in every for r in part]
-    order = {m: k for k, m in enumerate(MODES)}
+    order = {m: k for k, m in enumerate(P2P_MODES)}
     return sorted(merged, key=lambda r: (order[r["mode"]], r["src"], r["dst"]))
 
 

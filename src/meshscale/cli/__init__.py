@@ -1,13 +1,9 @@
 """The `meshscale` command. Each layer's commands live in their own module here and stay thin: parse the
 options, call one function, print. `MeshscaleError` becomes one line on stderr and exit code 2.
-
-Renamed and removed spellings live in one table, `RENAMED`, checked before typer parses the command line, so an
-old spelling gets a one-line hint (exit 2) instead of typer's usage error or, worse, a new meaning.
 """
 from __future__ import annotations
 
 import errno
-import fnmatch
 import os
 import sys
 
@@ -51,92 +47,9 @@ def _options(version: bool = typer.Option(False, "--version", callback=_print_ve
 for module in (topology, bench, collectives, train, predict, validate, report, fleet, launch):
     module.register(app)
 
-# (command words..., spelling) -> the new spelling, or "removed: <reason>". A spelling is an option, optionally
-# followed by a pattern its value must match (fnmatch; "!N" = missing or not a whole number), optionally followed
-# by "with OPTION" (that option must be given too). "{value}" in the new spelling stands for the value given.
-_OUTPUT = "--output (-o is bench's reduction op)"
-_JSON = "--json (as in every command that writes a result)"
-RENAMED: dict[tuple[str, ...], str] = {
-    **{(command, "-g"): "--devices (device indices) or --gpus N (the first N devices)" for command in ("plan", "sim")},
-    **{(command, "--gpus *,*"): "--devices {value} (--gpus N counts: the first N devices)" for command in ("plan", "sim")},
-    **{(command, "-a"): "--algo (-a is bench's --average)" for command in ("plan", "sim")},
-    ("plan", "-b"): "--bytes (-b is bench's --min-bytes)",
-    ("bench", "p2p", "-s"): "--size (-s is a system elsewhere)",
-    ("bench", "collective", "--cuda-graph !N"): "--cuda-graph N or -G N (nccl-tests: 0 off, N > 0 on)",
-    **{(*command, "--timeout"): "--timeout-s" for command in (("bench", "collective"), ("bench", "p2p"), ("tour",))},
-    ("topo", "-f"): "--format (-f is bench's size factor)",
-    ("topo", "-o"): _OUTPUT, ("report", "-o"): _OUTPUT, ("tour", "-o"): _OUTPUT,
-    ("doctor", "-o"): _JSON, ("doctor", "--output"): _JSON,
-    ("predict", "--algorithm ps"): "--mode ps-sync",
-    ("predict", "--algorithm"): "--algo (ring or hierarchical)",
-    ("predict", "--mode sync"): "--framework cntk-2016 (the whole exchange after backward)",
-    ("predict", "--no-overlap"): "--framework cntk-2016 (the framework says whether the exchange overlaps backward)",
-    ("predict", "--overlap"): "--framework ddp or horovod (the framework says whether the exchange overlaps backward)",
-    ("predict", "--comm-scale"): "removed: a free multiplier of exchange times is a fit; calibrate the links with "
-                                 "--p2p or --bench",
-    ("predict", "--batch with --strong"): "--global-batch (--batch is per GPU, for --weak)",
-}
-RENAMED.update(getattr(train, "RENAMED_TRAIN", {}))
-
-
-def _parse_spelling(spelling: str) -> tuple[str, str | None, str | None]:
-    """(option, value pattern or None, option that must also be given or None)."""
-    words = spelling.split()
-    also = None
-    if len(words) >= 2 and words[-2] == "with":
-        also, words = words[-1], words[:-2]
-    return words[0], (words[1] if len(words) > 1 else None), also
-
-
-def _occurrences(tokens: list[str], option: str):
-    """Yield the value (or None) of every use of ``option`` in ``tokens``: `--opt v`, `--opt=v`, `-ov`."""
-    for i, token in enumerate(tokens):
-        if token == "--":
-            return
-        if token == option:
-            following = tokens[i + 1] if i + 1 < len(tokens) else None
-            yield None if following is None or following.startswith("-") and not following[1:2].isdigit() else following
-        elif option.startswith("--") and token.startswith(option + "="):
-            yield token[len(option) + 1:]
-        elif len(option) == 2 and option[0] == "-" and token.startswith(option) and not token.startswith("--"):
-            yield token[2:]
-
-
-def _value_matches(pattern: str | None, value: str | None) -> bool:
-    if pattern is None:
-        return True
-    if pattern == "!N":
-        return value is None or not value.isdigit()
-    return value is not None and fnmatch.fnmatchcase(value, pattern)
-
-
-def renamed_hint(argv: list[str], table: dict[tuple[str, ...], str] | None = None) -> str | None:
-    """The one-line hint for the first old spelling in ``argv`` (the words after `meshscale`), or None."""
-    table = RENAMED if table is None else table
-    # the most specific spellings first: `--algorithm ps` before `--algorithm`
-    for key in sorted(table, key=lambda k: (-len(k), -len(k[-1]))):
-        *command, spelling = key
-        if argv[:len(command)] != command:
-            continue
-        option, pattern, also = _parse_spelling(spelling)
-        rest = argv[len(command):]
-        if also and not any(True for _ in _occurrences(rest, also)):
-            continue
-        for value in _occurrences(rest, option):
-            if _value_matches(pattern, value):
-                old = option + (f" {value}" if pattern and value is not None else "") + (f" with {also}" if also else "")
-                new = table[key].replace("{value}", value or "")
-                said = new if new.startswith("removed") else f"is now {new}"
-                return f"meshscale {' '.join(command)}: {old} {said}"
-    return None
-
 
 def main() -> None:
     """Entry point of the console script."""
-    hint = renamed_hint(sys.argv[1:])
-    if hint:
-        print(hint, file=sys.stderr)
-        sys.exit(2)
     try:
         # bad input found late: none of the files it began; a failed run keeps the finished part it saved
         with new_outputs_removed_on(MeshscaleError, unless=WorkerError):

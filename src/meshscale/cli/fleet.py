@@ -32,7 +32,7 @@ def pairs(
     iters: int = typer.Option(10, "--iters", "-n", callback=checked(COUNT)),
     warmup_iters: int = typer.Option(2, "--warmup-iters", "-w", callback=checked(COUNT_OR_ZERO)),
     bisect: bool = typer.Option(False, "--bisect", help="also halve the group while one half is slow, to find a bad worker"),
-    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU ranks over NCCL (default: all GPUs)", callback=checked(GPU_COUNT)),
+    gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU count: ranks over NCCL (default: all GPUs)", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout; a stuck or dead rank ends the run", callback=checked(TIMEOUT_S)),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),

@@ -21,10 +21,6 @@ from meshscale.cli.declared import with_declared
 from meshscale.train.config import config_from_options, option_fields
 from meshscale.units import parse_ints
 
-# old spellings -> new, for the CLI's table of renamed options
-RENAMED_TRAIN = {("train", "--timeout"): "--timeout-s", ("scale", "--timeout"): "--timeout-s",
-                 ("train", "-b"): "--batch", ("scale", "-b"): "--batch"}
-
 # a sweep runs every configuration afresh: shorter runs, a longer timing warm-up, and no batch until --weak asks
 SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): None}
 
@@ -55,7 +51,7 @@ def _check_resume(options: dict) -> None:
 @with_config_options("train")
 def train(
     options: dict,
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="train on this many GPUs (NCCL)", callback=checked(GPU_COUNT)),
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU count: train on this many GPUs (NCCL)", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="train on this many CPU processes (Gloo; default 1)", callback=checked(CPU_COUNT)),
     profile_batches: Optional[str] = typer.Option(None, "--profile-batches", help="profile ONE device at these batch sizes (e.g. 16,32,64,128); on a GPU also each kernel category's time at the largest", callback=checked(counts(1, MAX_BATCH))),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind train) here", callback=checked(output_file())),
@@ -105,11 +101,11 @@ def train(
 @with_config_options("scale")
 def scale(
     options: dict,
-    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts, e.g. 1,2,4,8", callback=checked(counts())),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="GPU counts to sweep, e.g. 1,2,4,8", callback=checked(counts())),
     cpus: Optional[str] = typer.Option(None, "--cpus", help="CPU worker counts, e.g. 1,2,4 (default 1)", callback=checked(cpu_counts())),
-    weak: bool = typer.Option(False, "--weak", help="weak scaling: --batch per worker"),
+    weak: bool = typer.Option(False, "--weak", help="weak scaling: --batch per data-parallel rank"),
     strong: bool = typer.Option(False, "--strong", help="strong scaling: --global-batch split over the workers"),
-    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: batch in all", callback=checked(GLOBAL_BATCH)),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch", help="strong: samples per step over all data-parallel ranks (transformers: sequences)", callback=checked(GLOBAL_BATCH)),
     json_out: Optional[Path] = typer.Option(None, "--json", help="write the Result (kind scale) here", callback=checked(output_file())),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write the scaling figure here (png/svg/pdf)", callback=checked(output_file(plot=True))),

@@ -49,7 +49,7 @@ CUDA_CONTEXT_BYTES = 1 * GIB
 # (PyTorch CUDA semantics notes, memory management); 10% is the stated allowance.
 ALLOCATOR_RESERVE_FRACTION = 0.10
 LOGIT_BYTES_PER_ELEMENT = 2 + 4 + 4
-PRECISIONS = ("bf16", "fp32")
+MEMORY_PRECISIONS = ("bf16", "fp32")
 
 
 @dataclass(frozen=True)
@@ -127,7 +127,7 @@ def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: 
                                     checkpointing=checkpointing, loss_parallel=loss_parallel, stage=s,
                                     selective_policy=selective_policy)
                     for s in range(layout.pp)), key=lambda e: e.total_bytes)
-    assert checkpointing in CHECKPOINTING and precision in PRECISIONS
+    assert checkpointing in CHECKPOINTING and precision in MEMORY_PRECISIONS
     tp, cp, shards = layout.tp, layout.cp, layout.fsdp
     first, last = stage == 0, stage == layout.pp - 1
     layers = stage_layers(model, layout, stage)

@@ -164,38 +164,87 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     None makes ``i`` a join: it moves nothing and finishes the moment its dependencies have (it keeps the
     number of dependency edges small when many transfers wait for many others). A run that passes
     ``give_up_s`` of simulated time stops there and reports an infinite time (a candidate that cannot win)."""
-    params = params or SimParams()
-    res = resources(topo, params)
+    res = resources(topo, params or SimParams())
+    key, rows, latency, nbytes = _flow_inputs(res, src, dst, nbytes, reduce)
+    flows = _Schedule(nbytes, latency, deps)
+    # no transfer goes faster than alone, so the longest chain of dependent ones at that pace is a lower bound of
+    # the end: a run that cannot beat ``give_up_s`` even so is not simulated
+    if give_up_s < np.inf and len(rows):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            alone_s = np.where(nbytes > 0, (1 - FINISH_SLACK) * nbytes / solo_rates(rows, res.capacity)[key], 0.0)
+        if critical_path_s(latency + alone_s, deps, flows.successors) > give_up_s * (1 + GIVE_UP_MARGIN):
+            return FlowRun(flows.start, flows.finish, np.inf, res.names, res.kinds, res.capacity, res.line,
+                           np.zeros(len(res.names)))
+    return _events(res, key, rows, flows, give_up_s)
+
+
+def _flow_inputs(res: "_Resources", src: list[str | None], dst: list[str | None], nbytes: np.ndarray,
+                 reduce: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Each transfer's route key (-1 for a join), the keys' weight rows, each transfer's latency and bytes
+    (0 for a join); refused when a number would keep the event loop from ever reaching an end."""
     n = len(src)
     nbytes = np.asarray(nbytes, dtype=float)
     key = np.array([-1 if s is None else res.key(s, d, bool(r)) for s, d, r in zip(src, dst, reduce)], dtype=np.int64)
     rows = np.array(res.rows) if res.rows else np.zeros((0, len(res.names)))
     latency = np.where(key >= 0, np.array(res.latency + [0.0])[key], 0.0) if n else np.zeros(0)
     nbytes = np.where(key >= 0, nbytes, 0.0)
-    # a NaN or infinite size, capacity or latency would keep the event loop below from ever reaching an end
     if not (np.isfinite(nbytes).all() and np.isfinite(latency).all() and np.isfinite(res.capacity).all()
             and (res.capacity >= 0).all() and (nbytes >= 0).all() and (latency >= 0).all()):
         raise MeshscaleError("simulation: a size, bandwidth or latency is not a finite non-negative number; "
                              "check the system file and the sizes")
+    return key, rows, latency, nbytes
 
-    waiting = np.array([len(d) for d in deps], dtype=np.int64)
-    successors: list[list[int]] = [[] for _ in range(n)]
-    for i, ds in enumerate(deps):
-        for d in ds:
-            successors[d].append(i)
-    start = np.full(n, np.nan)
-    finish = np.full(n, np.nan)
-    # no transfer goes faster than alone, so the longest chain of dependent ones at that pace is a lower bound of
-    # the end: a run that cannot beat ``give_up_s`` even so is not simulated
-    if give_up_s < np.inf and len(rows):
-        with np.errstate(divide="ignore", invalid="ignore"):
-            alone_s = np.where(nbytes > 0, (1 - FINISH_SLACK) * nbytes / solo_rates(rows, res.capacity)[key], 0.0)
-        if critical_path_s(latency + alone_s, deps, successors) > give_up_s * (1 + GIVE_UP_MARGIN):
-            return FlowRun(start, finish, np.inf, res.names, res.kinds, res.capacity, res.line,
-                           np.zeros(len(res.names)))
-    ready: list[tuple[float, int]] = [(float(latency[i]), i) for i in range(n) if waiting[i] == 0]
-    heapq.heapify(ready)
 
+class _Schedule:
+    """Which transfers wait on which, when each became ready, started and finished."""
+
+    def __init__(self, nbytes: np.ndarray, latency: np.ndarray, deps: list[list[int]]):
+        n = len(nbytes)
+        self.nbytes, self.latency = nbytes, latency
+        self.waiting = np.array([len(d) for d in deps], dtype=np.int64)
+        self.successors: list[list[int]] = [[] for _ in range(n)]
+        for i, ds in enumerate(deps):
+            for d in ds:
+                self.successors[d].append(i)
+        self.start = np.full(n, np.nan)
+        self.finish = np.full(n, np.nan)
+        self.done = 0
+        self.ready: list[tuple[float, int]] = [(float(latency[i]), i) for i in range(n) if self.waiting[i] == 0]
+        heapq.heapify(self.ready)
+
+    def due(self, limit: float) -> list[int]:
+        """The transfers whose latency has passed by ``limit``, taken off the ready queue."""
+        starting: list[int] = []
+        while self.ready and self.ready[0][0] <= limit:
+            starting.append(heapq.heappop(self.ready)[1])
+        return starting
+
+    def release(self, starting: list[int], finished: list[int], now: float) -> list[int]:
+        """Start ``starting`` and finish ``finished`` at ``now``; joins and empty transfers finish at once and may
+        release others. Returns the transfers that start moving bytes."""
+        moving: list[int] = []
+        while starting or finished:
+            for i in starting:
+                self.start[i] = now
+                (moving if self.nbytes[i] > 0 else finished).append(i)
+            starting = []
+            for i in finished:
+                self.finish[i] = now
+                self.done += 1
+                for s in self.successors[i]:
+                    self.waiting[s] -= 1
+                    if self.waiting[s] == 0:
+                        if self.latency[s] <= 0:
+                            starting.append(s)
+                        else:
+                            heapq.heappush(self.ready, (now + float(self.latency[s]), s))
+            finished = []
+        return moving
+
+
+def _events(res: "_Resources", key: np.ndarray, rows: np.ndarray, flows: _Schedule, give_up_s: float) -> FlowRun:
+    """Jump from event to event (a transfer becomes ready or one finishes), rates constant in between."""
+    nbytes = flows.nbytes
     # work each resource must still do (bytes x its load per byte), less each transfer's finishing slack: no
     # resource moves more than its capacity, so `now` + the largest (work - done) / capacity is a lower bound of
     # the end; once it passes ``give_up_s`` the run can only end past it, and stops there
@@ -208,9 +257,9 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
     act_load = np.zeros(len(res.names))
     counts = np.zeros(len(rows), dtype=np.int64)  # active flows per key
     used_bytes = np.zeros(len(res.names))
-    now, done = 0.0, 0
-    while done < n:
-        t_ready = ready[0][0] if ready else np.inf
+    now = 0.0
+    while flows.done < len(nbytes):
+        t_ready = flows.ready[0][0] if flows.ready else np.inf
         t_finish = now + float(np.min(act_left / act_rate)) if len(act_ids) else np.inf
         t_next = min(t_ready, t_finish)
         if t_next == np.inf:
@@ -222,11 +271,8 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
         now = t_next
         if now > give_up_s or (work is not None and now + float(np.max((work - used_bytes) / capacity))
                                > give_up_s * (1 + GIVE_UP_MARGIN)):
-            return FlowRun(start, finish, np.inf, res.names, res.kinds, res.capacity, res.line, used_bytes)
-        limit = now + 1e-12 * max(now, 1e-9)
-        starting: list[int] = []
-        while ready and ready[0][0] <= limit:
-            starting.append(heapq.heappop(ready)[1])
+            return FlowRun(flows.start, flows.finish, np.inf, res.names, res.kinds, res.capacity, res.line, used_bytes)
+        starting = flows.due(now + 1e-12 * max(now, 1e-9))
         finished: list[int] = []
         changed = False
         if len(act_ids):
@@ -235,26 +281,9 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
                 gone = act_ids[over]
                 finished.extend(gone.tolist())
                 np.subtract.at(counts, key[gone], 1)
-                keep = ~over
-                act_ids, act_left = act_ids[keep], act_left[keep]
+                act_ids, act_left = act_ids[~over], act_left[~over]
                 changed = True
-        moving: list[int] = []
-        while starting or finished:  # joins and empty transfers finish at once and may release others
-            for i in starting:
-                start[i] = now
-                (moving if nbytes[i] > 0 else finished).append(i)
-            starting = []
-            for i in finished:
-                finish[i] = now
-                done += 1
-                for s in successors[i]:
-                    waiting[s] -= 1
-                    if waiting[s] == 0:
-                        if latency[s] <= 0:
-                            starting.append(s)
-                        else:
-                            heapq.heappush(ready, (now + float(latency[s]), s))
-            finished = []
+        moving = flows.release(starting, finished, now)
         if moving:
             new = np.array(moving, dtype=np.int64)
             act_ids = np.concatenate([act_ids, new])
@@ -264,7 +293,7 @@ def run_flows(topo: Topology, src: list[str | None], dst: list[str | None], nbyt
         if changed:
             rate_of_key, act_load = _rates(counts, rows, res.capacity, res.rate_memo)
             act_rate = rate_of_key[key[act_ids]]
-    return FlowRun(start, finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
+    return FlowRun(flows.start, flows.finish, now, res.names, res.kinds, res.capacity, res.line, used_bytes)
 
 
 def solo_rates(rows: np.ndarray, capacity: np.ndarray) -> np.ndarray:

@@ -32,7 +32,7 @@ from meshscale.topology import links as calc
 from meshscale.topology.catalog import load_system
 from meshscale.topology.fabric import NET_LINKS, NETWORKS, STATED_RADIX, Cluster, NetLink, net_link  # noqa: F401
 from meshscale.topology.schema import require_devices
-from meshscale.topology.limits import CLUSTER_RANGES, MAX_NODES
+from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.validation import Range, text
 

@@ -24,6 +24,7 @@ from typing import Any
 
 from meshscale.errors import MeshscaleError, TopologyError
 from meshscale.topology import links as calc
+from meshscale.topology.limits import MAX_NODES
 from meshscale.topology.model import DEFAULT_LATENCY_S, LINK_KINDS, NODE_KINDS, Link, Node, Topology
 from meshscale.validation import Range, load_structured
 
@@ -38,7 +39,6 @@ _TOP_KEYS = {"schema", "name", "title", "gpu_count", "defaults", "nodes", "links
 BANDWIDTH_RANGE_BYTES_PER_S = (1e3, 1e15)
 MAX_LATENCY_S = 1.0
 MAX_LINK_COUNT = 1000
-MAX_NODES = 100_000
 MAX_LINKS = 1_000_000
 _WHOLE = Range(0, 1 << 20, integer=True)
 NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is free text or data
@@ -114,6 +114,22 @@ def _check_link_numbers(spec: dict[str, Any], source: str, where: str) -> None:
 def from_dict(data: Any, source: str = "<dict>") -> Topology:
     """Build and validate a `Topology` from parsed YAML/JSON; errors name ``source`` and the entry. Every field
     is type-checked and every number must be finite and in a sane range, and a system needs a rank device."""
+    name, defaults = _checked_top_level(data, source)
+    nodes = _nodes(data.get("nodes") or [], defaults, source)
+    links = [_link(i, entry, defaults, nodes, source) for i, entry in enumerate(data.get("links") or [])]
+    gpus = [n for n in nodes.values() if n.kind == "gpu"]
+    if "gpu_count" in data and data["gpu_count"] != len(gpus):
+        raise _fail(source, "gpu_count", f"says {data['gpu_count']!r} but {len(gpus)} gpu nodes are defined",
+                    "make gpu_count match the gpu entries under nodes")
+    try:
+        return Topology(name, nodes, links, str(data.get("title") or ""), dict(data.get("attrs") or {}),
+                        _fabric(data.get("fabric"), source))
+    except TopologyError as exc:
+        raise TopologyError(f"{source}: {exc}") from None
+
+
+def _checked_top_level(data: Any, source: str) -> tuple[str, dict]:
+    """The file's name and defaults, once its top-level keys and their types are checked."""
     if not isinstance(data, dict):
         raise _fail(source, "top level", "is not a mapping", "start the file with 'name: ...', 'nodes:' and 'links:'")
     unknown = set(data) - _TOP_KEYS
@@ -135,9 +151,13 @@ def from_dict(data: Any, source: str = "<dict>") -> Topology:
         raise _fail(source, "nodes", "too many entries", f"a system has at most {MAX_NODES} nodes and {MAX_LINKS} links")
     if not isinstance(data.get("attrs") or {}, dict):
         raise _fail(source, "attrs", "is not a mapping", "write attrs as 'attrs: {key: value}'")
+    return name, defaults
 
+
+def _nodes(entries: list, defaults: dict, source: str) -> dict[str, Node]:
+    """The ``nodes:`` entries, by name, each with its kind's defaults under its own attributes."""
     nodes: dict[str, Node] = {}
-    for i, entry in enumerate(data.get("nodes") or []):
+    for i, entry in enumerate(entries):
         where = f"nodes[{i}]"
         if not isinstance(entry, dict) or "name" not in entry or "kind" not in entry:
             raise _fail(source, where, "needs a name and a kind", "write it as {name: gpu0, kind: gpu, index: 0}")
@@ -148,61 +168,57 @@ def from_dict(data: Any, source: str = "<dict>") -> Topology:
         if node_name in nodes:
             raise _fail(source, where, f"duplicate node name {node_name!r}", "give every node a unique name")
         attrs = {**(defaults.get(entry["kind"]) or {}), **{k: v for k, v in entry.items() if k not in ("name", "kind")}}
-        for key, check in NODE_ATTR_CHECKS.items():
-            if attrs.get(key) is not None:
-                _checked(source, check, attrs[key], f"{where}: {key}")
-        if "pos" in attrs and not (isinstance(attrs["pos"], list) and len(attrs["pos"]) == 2):
-            raise _fail(source, where, f"pos {attrs['pos']!r} is not [x, y]", "write pos: [2, 3]")
-        for k, xy in enumerate(attrs.get("pos") or []):
-            _checked(source, Range(-1e6, 1e6), xy, f"{where}: pos[{k}]")
-        if "model" in attrs and not isinstance(attrs["model"], str):
-            raise _fail(source, where, f"model {attrs['model']!r} is not text", "write model: Tesla V100-SXM2-16GB")
+        _check_node_attrs(attrs, source, where)
         nodes[node_name] = Node(node_name, entry["kind"], attrs)
     if not nodes:
         raise _fail(source, "nodes", "no node", "describe at least one {name: gpu0, kind: gpu, index: 0}")
+    return nodes
 
-    links: list[Link] = []
-    for i, entry in enumerate(data.get("links") or []):
-        where = f"links[{i}]"
-        if not isinstance(entry, dict) or not {"a", "b", "kind"} <= set(entry):
-            raise _fail(source, where, "needs a, b and kind", "write it as {a: gpu0, b: gpu1, kind: nvlink, count: 1}")
-        ends = [_name(entry[end], source, where) for end in ("a", "b")]
-        where = f"links[{i}] ({ends[0]} - {ends[1]})"
-        if not isinstance(entry["kind"], str) or entry["kind"] not in LINK_KINDS:
-            raise _fail(source, where, f"unknown link kind {entry['kind']!r}", f"use one of {', '.join(LINK_KINDS)}")
-        spec = {**(defaults.get(entry["kind"]) or {}), **entry, "a": ends[0], "b": ends[1]}
-        unknown = set(spec) - _LINK_KEYS
-        if unknown:
-            raise _fail(source, where, f"unknown key(s) {sorted(map(str, unknown))}", f"use only {sorted(_LINK_KEYS)}")
-        for end in ("a", "b"):
-            if spec[end] not in nodes:
-                raise _fail(source, where, f"links to missing node {spec[end]!r}", f"define {spec[end]!r} under nodes or fix the name")
-        count = spec.get("count", 1)
-        if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-            raise _fail(source, where, f"count {count!r} is not a positive integer", "set count: 1 or more")
-        _check_link_numbers(spec, source, where)
-        bandwidth = _link_bandwidth(spec, source, where)
-        if not bandwidth > 0:
-            raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is not positive", "give a positive bandwidth")
-        lo, hi = BANDWIDTH_RANGE_BYTES_PER_S
-        if not lo <= bandwidth <= hi:
-            raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is out of range",
-                        f"give between {lo / 1e9:g} and {hi / 1e9:g} GB/s per direction")
-        latency = float(spec.get("latency_s", DEFAULT_LATENCY_S[spec["kind"]]))
-        if latency < 0:
-            raise _fail(source, where, f"latency {latency:g} s is negative", "give latency_s >= 0")
-        links.append(Link(spec["a"], spec["b"], spec["kind"], bandwidth, latency, count,
-                          spec.get("generation"), spec.get("width"), spec.get("rate")))
 
-    gpus = [n for n in nodes.values() if n.kind == "gpu"]
-    if "gpu_count" in data and data["gpu_count"] != len(gpus):
-        raise _fail(source, "gpu_count", f"says {data['gpu_count']!r} but {len(gpus)} gpu nodes are defined",
-                    "make gpu_count match the gpu entries under nodes")
-    try:
-        return Topology(name, nodes, links, str(data.get("title") or ""), dict(data.get("attrs") or {}),
-                        _fabric(data.get("fabric"), source))
-    except TopologyError as exc:
-        raise TopologyError(f"{source}: {exc}") from None
+def _check_node_attrs(attrs: dict[str, Any], source: str, where: str) -> None:
+    for key, check in NODE_ATTR_CHECKS.items():
+        if attrs.get(key) is not None:
+            _checked(source, check, attrs[key], f"{where}: {key}")
+    if "pos" in attrs and not (isinstance(attrs["pos"], list) and len(attrs["pos"]) == 2):
+        raise _fail(source, where, f"pos {attrs['pos']!r} is not [x, y]", "write pos: [2, 3]")
+    for k, xy in enumerate(attrs.get("pos") or []):
+        _checked(source, Range(-1e6, 1e6), xy, f"{where}: pos[{k}]")
+    if "model" in attrs and not isinstance(attrs["model"], str):
+        raise _fail(source, where, f"model {attrs['model']!r} is not text", "write model: Tesla V100-SXM2-16GB")
+
+
+def _link(i: int, entry: Any, defaults: dict, nodes: dict[str, Node], source: str) -> Link:
+    """The ``links[i]`` entry, between two of ``nodes``, with its kind's defaults under its own fields."""
+    where = f"links[{i}]"
+    if not isinstance(entry, dict) or not {"a", "b", "kind"} <= set(entry):
+        raise _fail(source, where, "needs a, b and kind", "write it as {a: gpu0, b: gpu1, kind: nvlink, count: 1}")
+    ends = [_name(entry[end], source, where) for end in ("a", "b")]
+    where = f"links[{i}] ({ends[0]} - {ends[1]})"
+    if not isinstance(entry["kind"], str) or entry["kind"] not in LINK_KINDS:
+        raise _fail(source, where, f"unknown link kind {entry['kind']!r}", f"use one of {', '.join(LINK_KINDS)}")
+    spec = {**(defaults.get(entry["kind"]) or {}), **entry, "a": ends[0], "b": ends[1]}
+    unknown = set(spec) - _LINK_KEYS
+    if unknown:
+        raise _fail(source, where, f"unknown key(s) {sorted(map(str, unknown))}", f"use only {sorted(_LINK_KEYS)}")
+    for end in ("a", "b"):
+        if spec[end] not in nodes:
+            raise _fail(source, where, f"links to missing node {spec[end]!r}", f"define {spec[end]!r} under nodes or fix the name")
+    count = spec.get("count", 1)
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise _fail(source, where, f"count {count!r} is not a positive integer", "set count: 1 or more")
+    _check_link_numbers(spec, source, where)
+    bandwidth = _link_bandwidth(spec, source, where)
+    if not bandwidth > 0:
+        raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is not positive", "give a positive bandwidth")
+    lo, hi = BANDWIDTH_RANGE_BYTES_PER_S
+    if not lo <= bandwidth <= hi:
+        raise _fail(source, where, f"bandwidth {bandwidth:g} B/s is out of range",
+                    f"give between {lo / 1e9:g} and {hi / 1e9:g} GB/s per direction")
+    latency = float(spec.get("latency_s", DEFAULT_LATENCY_S[spec["kind"]]))
+    if latency < 0:
+        raise _fail(source, where, f"latency {latency:g} s is negative", "give latency_s >= 0")
+    return Link(spec["a"], spec["b"], spec["kind"], bandwidth, latency, count,
+                spec.get("generation"), spec.get("width"), spec.get("rate"))
 
 
 def _fabric(data: Any, source: str):

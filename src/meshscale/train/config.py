@@ -15,7 +15,7 @@ from meshscale.validation import Range
 if TYPE_CHECKING:
     from meshscale.models.layout import ParallelLayout
 
-MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
+TRAIN_MODES = ("ddp", "allreduce", "ps-sync", "ps-async")
 
 
 # the ranges of the options (a step, a sample, a megabyte: anything but a positive finite amount is a typo)
@@ -151,7 +151,7 @@ class DebugOptions:
 
 @dataclass
 class TrainConfig:
-    model: str = option("small-cnn", "--model", "-m", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, "
+    model: str = option("small-cnn", "--model", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, "
                         "gpt-medium, a transformer preset (llama-tiny, llama-1b, llama3-8b, "
                         "llama2-7b, gpt2-small, gpt3-175b ...) or a Hugging Face config.json")
     data: str = option("synthetic", "--data", help="synthetic, digits (scikit-learn), a folder of images "
@@ -160,11 +160,11 @@ class TrainConfig:
                                       train_only=True)
     image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)",
                                       check=Range(4, 4096, integer=True, optional=True))
-    mode: str = option("ddp", "--mode", help=", ".join(MODES))
+    mode: str = option("ddp", "--mode", help=", ".join(TRAIN_MODES))
     world: int = 1
     device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
-    batch_per_rank: int = option(32, "--batch", help="batch per rank (transformers: sequences per "
-                                 "data-parallel rank)", check=_BATCH)
+    batch_per_rank: int = option(32, "--batch", help="samples per data-parallel rank per step "
+                                 "(transformers: sequences)", check=_BATCH)
     steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
     timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
                                check=_STEPS_OR_ZERO)

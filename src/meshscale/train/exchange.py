@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute.torch_collectives import all_gather_flat, reduce_scatter_flat
-from meshscale.train.config import MODES, AllreduceOptions, DdpOptions, PsOptions
+from meshscale.train.config import TRAIN_MODES, AllreduceOptions, DdpOptions, PsOptions
 from meshscale.train.timing import Clock
 
 WIRE_DTYPES = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -308,8 +308,8 @@ def schedule_allreduce(collective: str, world: int) -> Callable | None:
 def make_exchange(mode: str, model: nn.Module, optimizer_factory: Callable, clock: Clock, rank: int, world: int,
                   device: torch.device, ddp: DdpOptions = DdpOptions(), allreduce: AllreduceOptions = AllreduceOptions(),
                   ps: PsOptions = PsOptions(), timing: bool = True) -> Exchange:
-    """The exchange for ``mode`` (one of MODES) around ``model`` (already on ``device``), with that mode's options."""
-    check_choice(mode, MODES, "mode")
+    """The exchange for ``mode`` (one of TRAIN_MODES) around ``model`` (on ``device``), with that mode's options."""
+    check_choice(mode, TRAIN_MODES, "mode")
     check_choice(allreduce.compression, WIRE_DTYPES, "compression")
     if ps.max_staleness < 0:
         raise MeshscaleError(f"--max-staleness must be >= 0, got {ps.max_staleness}")

@@ -11,7 +11,7 @@ from meshscale.execute import in_torchrun, launch
 from meshscale.execute.world import check_gpus, resolve_world
 from meshscale.results import Result, measured
 from meshscale.train.build import resolve
-from meshscale.train.config import MODES, CheckpointOptions, LogOptions, TrainConfig
+from meshscale.train.config import TRAIN_MODES, CheckpointOptions, LogOptions, TrainConfig
 from meshscale.train.data import open_data
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
@@ -22,7 +22,7 @@ from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layo
 from meshscale.train.parallel.worker import layout_worker
 from meshscale.train.readiness import gradient_readiness
 
-PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
 
 
@@ -46,8 +46,8 @@ def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
         raise MeshscaleError("world size, batch and steps must be at least 1")
-    check_choice(cfg.mode, MODES, "mode")
-    check_choice(cfg.speed.precision, PRECISIONS, "precision")
+    check_choice(cfg.mode, TRAIN_MODES, "mode")
+    check_choice(cfg.speed.precision, TRAIN_PRECISIONS, "precision")
     check_choice(cfg.allreduce.compression, WIRE_DTYPES, "compression")
     check_choice(cfg.device, DEVICES, "device")
     if cfg.speed.precision == "fp16" and cfg.mode.startswith("ps"):
