@@ -75,14 +75,14 @@ def predict_collective(system: "str | Path | Topology", collective: str, sizes_b
 def predict_scaling(**request: Any) -> "Result":
     """Predicted training throughput, speedup and efficiency (a Result of kind "predict"). The keywords are
     `meshscale.predict.PredictRequest`'s fields: model, system, gpus (a tuple of GPU counts) or nodes, link,
-    batch_per_gpu or global_batch, mode, framework, algo, compare, measured, ..."""
-    from meshscale.predict.request import PredictRequest, predict_rows
-    from meshscale.predict.scaling import prediction_result
-    if isinstance(request.get("gpus"), int):
-        request["gpus"] = (request["gpus"],)
+    batch (per data-parallel rank) or global_batch, mode, framework, nccl_algo, compare, measured, ..."""
+    from meshscale.predict import PredictRequest, predict_rows, prediction_result
+    for key in ("gpus", "nodes"):
+        if isinstance(request.get(key), int):
+            request[key] = (request[key],)
     req = PredictRequest(**request)
-    rows, job, _ = predict_rows(req)
-    return prediction_result(rows, job, system=req.system)
+    rows, info, _ = predict_rows(req)
+    return prediction_result(rows, info, system=req.system)
 
 
 def load_result(path: str | Path) -> "Result":

@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.request import PredictRequest, predict_rows
+from meshscale.predict import PredictRequest, predict_rows
 from meshscale.topology import load_system
 from meshscale.topology.nvml_discovery import GPU_MODELS_FILE
 from meshscale.topology.partitions import (COMPUTE_SLICES, MEMORY_SLICES, mig_profiles, partitioned, split_system,
@@ -17,7 +17,7 @@ SPLITS = [("dgx-a100-320gb", "1g.5gb", 7), ("hgx-h100", "1g.10gb", 7), ("hgx-h20
 
 
 def _rate(system: str, gpus: int, partition: str | None = None, batch: int = 32) -> float:
-    rows, _, _ = predict_rows(PredictRequest(model="resnet50", system=system, gpus=(gpus,), batch_per_gpu=batch,
+    rows, _, _ = predict_rows(PredictRequest(model="resnet50", system=system, gpus=(gpus,), batch=batch,
                                              partition=partition))
     return rows[0]["throughput_samples_per_s"]
 

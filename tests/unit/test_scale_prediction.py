@@ -3,7 +3,8 @@ own 1-worker row, the exchange from the predictor on the topology the run used."
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.against_measured import calibrated_job, compare_scale, predicted_beside, run_profile
+from meshscale.predict.profile import run_profile
+from meshscale.predict.sweep import predicted_beside, scale_beside
 from meshscale.results import Result, load_result
 from meshscale.topology import load_system, to_dict
 from meshscale.topology.discover import cpu_topology
@@ -38,7 +39,7 @@ def test_every_row_gets_a_predicted_throughput_and_its_error_on_a_catalog_system
 def test_the_same_function_serves_predict_from():
     scale = _scale(load_system("dgx1-v100"))
     beside, _ = predicted_beside(scale)
-    direct = compare_scale(scale, calibrated_job(scale), load_system("dgx1-v100"))
+    direct, _ = scale_beside(scale, load_system("dgx1-v100"))
     assert [r["predicted_samples_per_s"] for r in beside.rows] == [r["predicted_samples_per_s"] for r in direct]
 
 

@@ -50,11 +50,11 @@ def test_rows_are_what_the_files_hold(shipped):
 
 def test_a_scale_runs_own_one_worker_row_is_its_compute():
     """`predict --from RUN --profile RUN`: the run's 1-worker row is the profile, so it is predicted as measured."""
-    from meshscale.predict.request import PredictRequest, predict_rows
+    from meshscale.predict import PredictRequest, predict_rows
     _, points = load_emulated_corpus()
     p = next(p for p in points if p.family == "scale")
     rows, _, _ = predict_rows(PredictRequest(model=p.model, system=str(DATA / "node-h200-1gpu.json"), nodes=(1, 2),
-                                             link="10gbe", nics=1, batch_per_gpu=p.batch, profile=p.profile,
+                                             link="10gbe", nics=1, batch=p.batch, profile=p.profile,
                                              measured=p.measured))
     one = next(r for r in rows if r["world_size"] == 1)
     assert one["predicted_samples_per_s"] == pytest.approx(one["measured_samples_per_s"])

@@ -28,9 +28,8 @@ from meshscale.errors import MeshscaleError
 from meshscale.execute.launcher import NCCL_SAFETY_ENV
 from meshscale.safe_io import atomic_write
 from meshscale.execute.world import resolve_world
-from meshscale.predict.against_measured import calibrated_job, compare_scale
-from meshscale.predict.request import PredictRequest, predict_rows
-from meshscale.predict.scaling import prediction_result
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.sweep import prediction_result, predict_rows, scale_beside
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.app.doctor import run_doctor
@@ -287,9 +286,8 @@ def whitepaper_results() -> dict[str, Result]:
 def machine_prediction(scale: Result, topo: Any, params: Any = None) -> Result:
     """meshscale's prediction of this machine's scale run, point by point: the compute profile is the run's own
     1-rank steps, the exchange is simulated on ``topo`` (with ``params`` calibrated from bench p2p)."""
-    job = calibrated_job(scale)
-    model = job.model
-    rows = compare_scale(scale, job, topo, params)
+    rows, info = scale_beside(scale, topo, params)
+    model = info.model
     out = []
     for mode in sorted({r["mode"] for r in rows}):
         part = sorted((r for r in rows if r["mode"] == mode), key=lambda r: r["world_size"])
@@ -334,7 +332,7 @@ def built_from_this_gpu(state: TourState) -> dict[str, Result]:
     for name, extra, label in (("predict-system", {"gpus": (1, 2, 4, 8)}, system),
                                ("predict-cluster", {"nodes": SMALL_CLUSTER_NODES},
                                 f"{max(SMALL_CLUSTER_NODES)}x {system}, {SMALL_CLUSTER_LINK.upper()} InfiniBand")):
-        req = PredictRequest(model=model, system=system, link=SMALL_CLUSTER_LINK, batch_per_gpu=batch,
+        req = PredictRequest(model=model, system=system, link=SMALL_CLUSTER_LINK, batch=batch,
                              profile=state.out_dir / "profile.json", **extra)
         rows, job, _ = predict_rows(req)
         out[name] = prediction_result([dict(r, mode="weak") for r in rows], job, system=label, label="predicted",

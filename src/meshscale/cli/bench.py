@@ -197,9 +197,9 @@ def register(app: typer.Typer) -> None:
 def _predicted_demand(model: str, system: str, gpus: int, batch: int) -> "Demand":
     """Samples/s `meshscale predict` gives for ``model`` on ``gpus`` GPUs of ``system`` at ``batch`` per GPU."""
     from meshscale.bench.io import Demand
-    from meshscale.predict.request import PredictRequest, predict_rows
+    from meshscale.predict import PredictRequest, predict_rows
 
-    rows, job, _ = predict_rows(PredictRequest(model=model, system=system, gpus=(gpus,), batch_per_gpu=batch))
+    rows, info, _ = predict_rows(PredictRequest(model=model, system=system, gpus=(gpus,), batch=batch))
     rate = float(rows[0]["throughput_samples_per_s"])
-    return Demand(rate, f"PREDICTED: {model} on {gpus} GPU(s) of {system}, batch {batch} per GPU ({job.profile.source})",
+    return Demand(rate, f"PREDICTED: {model} on {gpus} GPU(s) of {system}, batch {batch} per GPU ({info.compute_source})",
                   True)

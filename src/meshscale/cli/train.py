@@ -158,7 +158,7 @@ def _show_scale(result, model: str, mode: str, weak: bool, json_out: Path | None
                 plot: Path | None) -> None:
     """The sweep's table beside the prediction, and its files."""
     from meshscale import plots
-    from meshscale.predict.against_measured import predicted_beside
+    from meshscale.predict.sweep import predicted_beside
 
     result, note = predicted_beside(result)
     hosts = result.meta.get("hosts")

@@ -39,6 +39,7 @@ class ComputeProfile:
     gpu_base_flops: float | None = None  # its FP32 rate at the base clock, where known (`sustained_ratio`)
     gradients: tuple[GradientTensor, ...] | None = None  # when backward completed each gradient, as measured
     kernel_categories: MeasuredCategories | None = None  # the GPU's kernel time per category, where measured
+    precision: str | None = None     # what it trained in, where the result says
 
     def __post_init__(self) -> None:
         if not self.batches or len(self.batches) != len(self.step_time_s):
@@ -153,7 +154,15 @@ def profile_from_result(result: Result, gpu_flops: float | None = None) -> Compu
         raise MeshscaleError("the profile's meta.gradients is not a list of [elements, ready share] pairs") from None
     return ComputeProfile(list(times), [float(np.median(v)) for v in times.values()], model, gpu_flops, gradients=gradients,
                           source=f"measured profile ({result.meta.get('model', '?')} on {model or 'this machine'})",
-                          kernel_categories=_categories(result.meta.get("kernel_categories")))
+                          kernel_categories=_categories(result.meta.get("kernel_categories")),
+                          precision=precision_of(result.meta))
+
+
+def precision_of(meta: dict) -> str | None:
+    """The precision a train or scale result trained in, where it says."""
+    speed = (meta.get("config") or {}).get("speed") or {}
+    found = meta.get("precision", speed.get("precision"))
+    return str(found) if found else None
 
 
 def _categories(raw) -> MeasuredCategories | None:
@@ -196,7 +205,7 @@ def run_profile(scale: Result, gpu_flops: float | None = None) -> ComputeProfile
     ones = {int(r["batch_per_rank"]): _step_time_s(r) for r in scale.rows if r.get("world_size") == 1 and _step_time_s(r)}
     if ones:
         return ComputeProfile(list(ones), list(ones.values()), _gpu_of(scale), gpu_flops,
-                              source="calibrated from this run's 1-worker row")
+                              source="calibrated from this run's 1-worker row", precision=precision_of(scale.meta))
     timed = [r for r in scale.rows if r.get("compute_s") and r.get("batch_per_rank")]
     if not timed:
         raise MeshscaleError("the scale run has no 1-worker row and no compute time to take the compute profile from; "

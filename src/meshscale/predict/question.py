@@ -72,8 +72,9 @@ class PredictRequest:
                                          check=Range(1, 1 << 24, integer=True, optional=True))
     seq_len: Optional[int] = option(None, "--seq-len", help="tokens per sequence (default: the model's, at most "
                                     "2048)", check=Range(1, 1 << 24, integer=True, optional=True))
-    precision: str = option("fp32", "--precision", help="fp32, bf16 or fp16, as train's (its default: fp32; "
-                            "PyTorch runs fp32 matmuls in true fp32, convolutions in TF32)")
+    precision: Optional[str] = option(None, "--precision", help="fp32, bf16 or fp16, as train's (default: the "
+                                      "--profile's, else fp32 as train's; PyTorch runs fp32 matmuls in true fp32, "
+                                      "convolutions in TF32)")
     checkpointing: str = option("none", "--activation-checkpointing", help="none, selective or full")
     channels_last: bool = option(False, "--channels-last", help="images in channels-last memory format, as train's")
     cuda_graph: bool = option(False, "--cuda-graph", help="the step replayed as one CUDA graph, as train's: no "

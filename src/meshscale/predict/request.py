@@ -122,10 +122,11 @@ class Where:
                          node=self.node)
 
 
-def where_on(topology) -> Where:
-    """A topology in hand (a run's own, as `scale` recorded it) as the one node every size is placed on."""
+def where_on(topology, params=None) -> Where:
+    """A topology in hand (a run's own, as `scale` recorded it; its links calibrated by ``params``) as the one
+    node every size is placed on."""
     return Where(topology.name, topology, device_spec(topology.nodes[topology.devices()[0]].attrs), "edr", 1, True,
-                 "fat-tree", 1.0)
+                 "fat-tree", 1.0, params)
 
 
 def resolve_where(req: PredictRequest, system: str, link: str | None) -> Where:
@@ -295,7 +296,7 @@ class Prepared:
         layout = layout or layout_of(self.req, placement.world_size, fill)
         job = replace(self.job, layout=layout, batch=batch)
         whole = layout.fsdp == layout.tp == layout.pp == layout.cp == 1
-        if self.measured is not None and (whole or self.calibration is None):
+        if self.measured is not None and (whole or not self.model.has_kernels):
             job = replace(job, measured=self.measured)
         return predict_step(job, placement, self.where.gpu, self.calibration)
 
@@ -313,14 +314,15 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
     model = resolve_model(req, name)
     where = where or resolve_where(req, system or req.system, link or req.link)
     batch = req.batch or (SEQUENCE_BATCH if model.transformer is not None else IMAGE_BATCH)
-    job = base_job(replace(req, model=name), model, where, batch)
     profile = measured_profile(req, model, where)
+    req = replace(req, model=name, precision=req.precision or (profile.precision if profile else None) or "fp32")
+    job = base_job(req, model, where, batch)
     calibration, measured = None, None
     kernels = model.has_kernels and where.gpu.sm_count > 0
-    if kernels and profile is not None:
+    if kernels and profile is not None and profile.gpu_model:
         if isinstance(req.profile, Path):
             from meshscale.results import load_result
-            same_job(replace(req, model=name), job, load_result(req.profile).meta)
+            same_job(req, job, load_result(req.profile).meta)
         calibration = calibration_of(req, job, profile)
     if profile is not None and (not kernels or profile.kernel_categories is None):
         measured = _on_this_gpu(profile, where)
@@ -336,6 +338,8 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
     if not kernels:
         job = replace(job, measured_name=name,
                       measured_params=model.params or sum(g.elements for g in measured.gradients or ()))
+    if profile is not None and profile.gradients:
+        job = replace(job, measured_gradients=tuple(profile.gradients))
     return Prepared(req, model, where, job, calibration, nccl_algo if nccl_algo is not None else req.nccl_algo,
                     measured)
 

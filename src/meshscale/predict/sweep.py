@@ -122,10 +122,11 @@ def _powers_to(n: int) -> list[int]:
 def sweep_info(prepared: Prepared) -> SweepInfo:
     job, req = prepared.job, prepared.req
     spec = job.exchange.spec
-    source = f"measured step: {job.measured.source}" if job.measured is not None else (
+    measured = prepared.measured
+    source = measured.source if measured is not None else (
         prepared.calibration.describe(prepared.where.gpu.model) if prepared.calibration
         else f"datasheet roofline ({prepared.where.gpu.model})")
-    notes = list(job.measured.notes) if job.measured is not None else []
+    notes = list(measured.notes) if measured is not None else []
     return SweepInfo(job.name, job.batch if req.weak else req.global_batch, req.weak, prepared.nccl_algo or "nccl",
                      spec.mode if spec else "ps-sync", job.exchange.name, spec.source if spec else "", source,
                      "; ".join(prepared.where.notices), notes + list(prepared.where.notices))
@@ -159,11 +160,23 @@ def prediction_result(rows: list[dict], info: SweepInfo, **meta) -> Result:
                                           "profile": info.compute_source, "notes": info.notes, **meta})
 
 
+def scale_beside(scale: Result, topo, params=None) -> tuple[list[dict], SweepInfo]:
+    """A `scale` run's rows predicted on ``topo`` (its links calibrated by ``params`` where measured), its
+    compute the run's own smallest world's (`run_profile`), its exchange the run's mode's."""
+    from meshscale.predict.profile import run_profile
+
+    wire = (scale.meta.get("config") or {}).get("allreduce", {}).get("compression")
+    mode = scale.meta.get("mode") or "ddp"
+    req = PredictRequest(model=scale.meta.get("model") or "small-cnn", system=topo.name, profile=run_profile(scale),
+                         mode=mode, wire=wire if wire in ("bf16", "fp16") else None)
+    prepared = prepare(req, where=where_on(topo, params))
+    return compare_scale(scale, prepared), sweep_info(prepared)
+
+
 def predicted_beside(scale: Result) -> tuple[Result, str]:
     """``scale`` with each row given ``predicted_samples_per_s`` and ``prediction_error`` (predicted / measured
     - 1) on the topology the run used (``meta.topology``), its compute the run's own smallest world's
     (`run_profile`), and one line saying what the prediction rests on, or why there is none."""
-    from meshscale.predict.profile import run_profile
     from meshscale.topology import from_dict
     from meshscale.topology.multinode import network_assumed
 
@@ -172,15 +185,9 @@ def predicted_beside(scale: Result) -> tuple[Result, str]:
         return scale, "no prediction: the topology of the run's devices could not be told"
     topo = from_dict(topo_data)
     try:
-        wire = (scale.meta.get("config") or {}).get("allreduce", {}).get("compression")
-        req = PredictRequest(model=scale.meta.get("model") or "small-cnn", system=topo.name,
-                             profile=run_profile(scale), mode=scale.meta.get("mode") or "ddp",
-                             wire=wire if wire in ("bf16", "fp16") else None)
-        prepared = prepare(req, where=where_on(topo))
-        rows = compare_scale(scale, prepared)
+        rows, info = scale_beside(scale, topo)
     except MeshscaleError as why:
         return scale, f"no prediction: {why}"
-    info = sweep_info(prepared)
     cpu = topo.device_kind != "gpu"
     note = (f"PREDICTED on {topo.title or topo.name}" + (" (the CPU/Gloo model: link rates assumed, not measured)"
                                                          if cpu else "")

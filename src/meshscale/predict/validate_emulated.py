@@ -127,12 +127,12 @@ class _Predictor:
 
     def throughput(self, p: Point) -> tuple[float, float]:
         """(predicted, measured) samples/s of a training run or of a scale run's 2-worker row."""
-        from meshscale.predict.request import PredictRequest, predict_rows
+        from meshscale.predict import PredictRequest, predict_rows
 
         _, fit = self.fit(p.bench, load_result(p.bench))
         scale = p.family == "scale"
         rows, _, _ = predict_rows(PredictRequest(model=p.model, system=self.node, nodes=(1, 2) if scale else (2,),
-                                                 link=fit.link, nics=NICS, batch_per_gpu=p.batch, profile=p.profile,
+                                                 link=fit.link, nics=NICS, batch=p.batch, profile=p.profile,
                                                  measured=p.measured if scale else None))
         if scale:
             row = next((r for r in rows if r["world_size"] == 2), None)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshscale.predict.request import PredictRequest, predict_rows
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.sweep import predict_rows
 
 SYSTEMS = ("dgx1-p100", "pcie-8gpu-2socket")
 MEASURED = {  # img/s on 8 GPUs: (NVLink, PCIe)
@@ -51,7 +52,7 @@ class Figure:
 def reproduce(mode: str, gpus: int = 8) -> Figure:
     """Figure 5 ("weak") or 6 ("strong") on ``gpus`` GPUs of each system, as `meshscale predict` prints it."""
     weak = mode == "weak"
-    rows, _, _ = predict_rows(PredictRequest(model="resnet50", gpus=(gpus,), batch_per_gpu=64,
+    rows, _, _ = predict_rows(PredictRequest(model="resnet50", gpus=(gpus,), batch=64,
                                              global_batch=None if weak else 64, framework=FRAMEWORK,
                                              compare="nvlink-pcie"))
     by_system = {r["variant"]: r for r in rows}

@@ -202,6 +202,7 @@ class TrainingJob:
     measured: ComputeProfile | None = None   # a model without per-layer kernels: its measured step on this GPU
     measured_name: str = ""                  # ... and its name
     measured_params: int = 0                 # ... and its parameters
+    measured_gradients: tuple[GradientTensor, ...] | None = None   # when backward completed each, as a profile saw it
 
     @property
     def name(self) -> str:
@@ -210,12 +211,15 @@ class TrainingJob:
         return self.model.name if self.model else f"resnet{self.resnet_depth}"
 
     def gradients(self) -> list[GradientTensor]:
-        """The gradient tensors in parameter order, with when backward completes each where known."""
-        if self.measured is not None and self.model is None and not self.resnet_depth:
-            found = self.measured.gradients
+        """The gradient tensors in parameter order, with when backward completes each: as a profile of this
+        model measured them, else from the model's layers."""
+        found = self.measured_gradients
+        if self.model is None and not self.resnet_depth:
             if found and sum(g.elements for g in found) == self.measured_params:
                 return list(found)
             return [GradientTensor(self.measured_params)]
+        if found and sum(g.elements for g in found) == self.params():
+            return list(found)
         if self.model is None:
             if self.resnet_depth == 50:
                 return resnet50_gradients()
@@ -225,6 +229,12 @@ class TrainingJob:
     @property
     def samples_per_step(self) -> int:
         return self.batch * self.layout.data_parallel
+
+    def params(self) -> int:
+        """The model's parameters (a measured-only model's as its registry says)."""
+        if self.model is not None:
+            return self.model.params()
+        return resnet_params(self.resnet_depth) if self.resnet_depth else self.measured_params
 
     def model_flops_per_sample(self) -> float:
         """Training FLOPs per sample as MFU counts them (transformers: PaLM's 6N + attention per token)."""
