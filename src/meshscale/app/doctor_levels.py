@@ -187,7 +187,7 @@ def pair_checks() -> list[Check]:
     """Every GPU pair (`bench p2p`) against its route's line rate, and an all_reduce against NCCL's cost model."""
     from meshscale.bench.collective import CollectiveSpec, bench_collectives
     from meshscale.bench.p2p import P2PSpec, bench_p2p
-    from meshscale.bench.world_topology import world_topology
+    from meshscale.execute.world_topology import world_topology
     from meshscale.execute.world import World, gpu_count
     from meshscale.report.expected import model_expected
     from meshscale.report.verdicts import p2p_verdict
