@@ -14,7 +14,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.predict import validate as validation
 from meshscale.predict.validate import CORPUS_COLUMNS, corpus_path, load_corpus, validate_corpus
 from meshscale.results import Result
-from meshscale.topology.catalog import system_names
+from meshscale.topology.shipped import system_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = corpus_path().parent

@@ -40,7 +40,7 @@ from meshscale.results import Result, measured
 from meshscale.scenario import resolve_fabric
 from meshscale.simulate import predict_collective
 from meshscale.topology import subset, to_dict
-from meshscale.topology.catalog import load_catalog
+from meshscale.topology.shipped import load_catalog
 from meshscale.topology.discover import discover
 from meshscale.train.config import SpeedOptions, TrainConfig
 from meshscale.train.runner import profile as train_profile
