@@ -34,7 +34,7 @@ from meshscale.predict.scaling import prediction_result
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.app.doctor import run_doctor
-from meshscale.report.figures import Source
+from meshscale.report.parts import Source
 from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured
 from meshscale.scenario import resolve_fabric
