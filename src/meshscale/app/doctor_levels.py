@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshscale.errors import MeshscaleError
-from meshscale.app.doctor import Check, DoctorEnv, nvml_gpus, run_doctor
+from meshscale.app.doctor import run_doctor
+from meshscale.app.doctor_env import Check, DoctorEnv, nvml_gpus
 from meshscale.report.verdicts import share_verdict
 
 LEVELS = (1, 2, 3)
