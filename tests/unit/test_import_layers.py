@@ -27,7 +27,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "predict": _BASE + ("simulate",),
     "report": _RUNS,
     "app": _RUNS + ("report",),
-    "cli": _RUNS + ("report", "app"),
+    "cli": _RUNS + ("report", "app", "top"),
     "top": _RUNS + ("report", "app", "cli"),  # the `meshscale` package (its notebook API) and __main__
 }
 _PACKAGE_OF = {"errors": ROOT, "units": ROOT, "validation": ROOT, "safe_io": ROOT, "results": ROOT,
@@ -35,7 +35,25 @@ _PACKAGE_OF = {"errors": ROOT, "units": ROOT, "validation": ROOT, "safe_io": ROO
 
 # Edges that break the table or close a cycle today, in files other sessions are changing; each goes when its
 # owner's change lands (the test fails while an entry names an edge that no longer exists, so this only shrinks).
-KNOWN_UNTIL_FIXED: set[tuple[str, str]] = set()
+KNOWN_UNTIL_FIXED: set[tuple[str, str]] = {
+    # the lead: predict prices from the models alone (the model registry from models/, not train/)
+    ("meshscale.predict.against_measured", "meshscale.train.models"),
+    ("meshscale.predict.gradient_tensors", "meshscale.train.models"),
+    ("meshscale.predict.request", "meshscale.train.models"),
+    ("meshscale.predict.profile", "meshscale.train.kernel_categories"),
+    ("meshscale.predict.training.breakdown", "meshscale.train.kernel_categories"),
+    ("meshscale.predict.validate_emulated", "meshscale.bench.collective"),
+    # the cost-model helper: the cost interface stops importing its implementation; `from meshscale.simulate
+    # import nccl` inside auto and link_fit stops running simulate/__init__ (which imports them); the NCCL tuning
+    # table and the search stop importing each other; draw_plan imports meshscale.plots, not the meshscale package
+    ("meshscale.simulate.cost", "meshscale.simulate.auto"),
+    ("meshscale.simulate.auto", "meshscale.simulate"),
+    ("meshscale.simulate.link_fit", "meshscale.simulate"),
+    ("meshscale.simulate.nccl.tuning", "meshscale.simulate.nccl.search"),
+    ("meshscale.simulate.draw_plan", "meshscale"),
+    # the trainer helper: one trainer, one step
+    ("meshscale.train.step", "meshscale.train.build"),
+}
 
 
 @cache
@@ -52,8 +70,9 @@ def _imported_names(tree: ast.Module, package: str) -> list[str]:
     """The dotted names every import in ``tree`` asks for: ``from M import a`` asks for M (its __init__ runs)
     and M.a; relative imports resolve against ``package``."""
     names = []
-    dynamic = any(isinstance(n, ast.Attribute | ast.Name) and getattr(n, "attr", getattr(n, "id", "")) ==
-                  "import_module" for n in ast.walk(tree))
+    # a module that calls import_module may name its targets anywhere (a table of homes): any string counts
+    dynamic = any(isinstance(n, ast.Attribute) and n.attr == "import_module" or
+                  isinstance(n, ast.Name) and n.id == "import_module" for n in ast.walk(tree))
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
@@ -62,7 +81,7 @@ def _imported_names(tree: ast.Module, package: str) -> list[str]:
             module = ".".join(base + ([node.module] if node.module else []))
             names += [module] + [f"{module}.{alias.name}" for alias in node.names]
         elif dynamic and isinstance(node, ast.Constant) and isinstance(node.value, str):
-            names.append(node.value)  # a module named for import_module
+            names.append(node.value)
     return names
 
 
@@ -147,11 +166,20 @@ def test_every_known_violation_still_exists():
 
 
 def test_the_graph_sees_imports_inside_functions_and_relative_ones():
-    """The mechanism: a function-level import and a relative one are edges like any other."""
-    tree = ast.parse("def f():\n    from meshscale.report import html\nfrom .. import units\nfrom .sim import x\n")
+    """The mechanism: a function-level import, one under TYPE_CHECKING and a relative one are edges like any
+    other; ``from meshscale import plots`` asks for the meshscale package too."""
+    tree = ast.parse("def f():\n    from meshscale.report import html\nif TYPE_CHECKING:\n    import meshscale.app\n"
+                     "from .. import units\nfrom .sim import x\n")
     assert set(_imported_names(tree, "meshscale.simulate")) == {
-        "meshscale.report", "meshscale.report.html", "meshscale", "meshscale.units", "meshscale.simulate.sim",
-        "meshscale.simulate.sim.x"}
+        "meshscale.report", "meshscale.report.html", "meshscale.app", "meshscale", "meshscale.units",
+        "meshscale.simulate.sim", "meshscale.simulate.sim.x"}
+
+
+def test_a_module_named_for_import_module_is_an_edge():
+    tree = ast.parse('import importlib\nHOME = {"meshscale.topology.catalog": ("load_system",)}\n'
+                     "def get(name):\n    return importlib.import_module(HOME[name])\n")
+    assert "meshscale.topology.catalog" in _imported_names(tree, "meshscale.topology")
+    assert ("meshscale.topology", "meshscale.topology.catalog") in edges()  # the package's lazy names
 
 
 def test_a_cycle_through_three_modules_is_found_and_a_chain_is_not():
