@@ -1,10 +1,10 @@
 """`meshscale doctor`: the checks that NCCL troubleshooting advice (the "GPU & CUDA multi-machine
 communication" write-up, 2020) and common failures point at, each a pass/warn/fail/info line with its fix.
 Every check takes a `DoctorEnv` (`doctor_env.py`: paths, environment, NVML module, limits), so tests fake a
-machine with no driver, a link down or a small /dev/shm; works with no GPU. `run_doctor` runs these, the
-deployment checks (`deployment.py`) and the error and health counters (`health.py`). The multi-node checks (GPU-NIC affinity for
-GPUDirect RDMA, the peer-memory module, NUMA binding of the rank, NCCL's interface and adapter selection,
-InfiniBand ports) say so as info when there is nothing to look at."""
+machine with no driver, a link down or a small /dev/shm; works with no GPU. The multi-node checks (GPU-NIC
+affinity for GPUDirect RDMA, the peer-memory module, NUMA binding of the rank, NCCL's interface and adapter
+selection, InfiniBand ports) say so as info when there is nothing to look at. `run_doctor` runs these, the
+deployment checks (`deployment.py`) and the error and health counters (`health.py`)."""
 from __future__ import annotations
 
 import os
