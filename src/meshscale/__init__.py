@@ -93,7 +93,7 @@ def load_result(path: str | Path) -> "Result":
 
 def write_report(results: "list[Result | str | Path]", output_dir: str | Path, title: str = "meshscale report") -> Path:
     """Write ``output_dir/index.html`` from Results and/or result files and folders; returns the page's path."""
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.report.html import load_sources, write_report
     from meshscale.results import Result
     sources = []

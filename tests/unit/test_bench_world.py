@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from meshscale.bench.harness import time_op
-from meshscale.bench.world_topology import visible_indices, world_topology
+from meshscale.execute.world_topology import visible_indices, world_topology
 from meshscale.errors import MeshscaleError
 from meshscale.execute.world import World, resolve_sweep, resolve_world
 
@@ -107,7 +107,7 @@ def test_ranks_beyond_the_visible_gpus_have_no_local_topology(monkeypatch):
     but this process's two ranks are not both here, so there is no local topology to bound them with."""
     from types import SimpleNamespace
 
-    from meshscale.bench import world_topology as wt
+    from meshscale.execute import world_topology as wt
     from meshscale.topology import load_system
     two = load_system("hgx-h200")
     two = wt.subset(two, [0, 1])

@@ -66,7 +66,7 @@ def test_level2_judges_copies_against_their_bounds(tmp_path):
 
 
 def test_level3_adds_the_pairs_and_no_gpu_says_so(tmp_path):
-    from meshscale.app.doctor import Check
+    from meshscale.app.doctor_env import Check
     env = fake_env(tmp_path, None)
     found = by_name(run_levels(3, env, which=lambda _: None, measure=never,
                                pairs=lambda: [Check("pass", "pairs", "1 GPU pair")]))

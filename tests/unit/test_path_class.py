@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from meshscale.topology import load_system, route
-from meshscale.topology.catalog import system_names
+from meshscale.topology.shipped import system_names
 from meshscale.topology.nics import RELATIONS
 from meshscale.topology.queries import path_class, relation
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from meshscale.app.doctor import DoctorEnv, run_doctor
+from meshscale.app.doctor import run_doctor
+from meshscale.app.doctor_env import DoctorEnv
 
 from conftest import FakeNVML
 
@@ -141,7 +142,7 @@ def test_cli_doctor_writes_json_and_fails_on_a_failed_check(tmp_path, monkeypatc
     import sys
 
     from meshscale import cli
-    from meshscale.app.doctor import Check
+    from meshscale.app.doctor_env import Check
     from meshscale.results import load_result
 
     checks = [Check("pass", "driver", "570"), Check("fail", "shm", "64 MiB", "run with --ipc=host")]

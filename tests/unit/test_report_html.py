@@ -54,7 +54,8 @@ def test_cli_report_and_errors(tmp_path, cli):
 
 
 def test_separate_train_runs_become_one_scaling_figure():
-    from meshscale.report.figures import Source, train_runs_as_scale
+    from meshscale.report.figures import train_runs_as_scale
+    from meshscale.report.parts import Source
     from meshscale.results import Result
     runs = [Source(f"train-{n}", Result("train", [], meta={"summary": {
         "world_size": n, "batch_per_rank": 64, "global_batch": 64 * n, "samples_per_s": 200.0 * n * (1 - 0.05 * (n > 1)),
@@ -100,7 +101,7 @@ def test_headings_are_clean_and_every_legend_is_short(page):
 
 
 def test_ranks_have_one_name_in_plots_and_notes():
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.report.verdicts import rank_label
     from meshscale.results import Result
     assert [rank_label(x) for x in (3, "3", "gpu3", "worker1", "nic0")] == ["GPU3", "GPU3", "GPU3", "worker1", "nic0"]
@@ -114,7 +115,7 @@ def test_ranks_have_one_name_in_plots_and_notes():
 
 
 def test_cluster_plan_and_predict_results_have_their_own_sections():
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.results import Result
     from meshscale.simulate.plan import plan, plan_result
     from meshscale.topology.catalog import load_system
@@ -132,7 +133,7 @@ def test_cluster_plan_and_predict_results_have_their_own_sections():
 
 
 def test_the_dgx1_reference_charts_have_short_legends():
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.app.tour import whitepaper_results
     page = render([Source(name, result) for name, result in whitepaper_results().items()])
     counts = [int(n) for n in re.findall(r'data-legend-entries="(\d+)"', page)]
@@ -148,7 +149,7 @@ def test_p2p_bandwidth_colours_run_up_to_the_line_rate(page):
 
 
 def test_train_place_and_a_foreign_sim_each_have_their_place():
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.results import Result
     from meshscale.simulate.plan import sim_sweep
     from meshscale.topology.catalog import load_system
@@ -180,7 +181,7 @@ def test_train_place_and_a_foreign_sim_each_have_their_place():
 
 
 def test_a_layout_run_shows_each_dimension_busy_and_exposed():
-    from meshscale.report.figures import Source
+    from meshscale.report.parts import Source
     from meshscale.results import Result
     comm = {"fsdp": {"operations": 9.0, "bytes": 5e5, "seconds": 0.058, "exposed_seconds": 0.031},
             "pp": {"operations": None, "bytes": None, "seconds": 0.041, "exposed_seconds": 0.036}}

@@ -118,7 +118,8 @@ def test_the_catalog_system_of_a_gpu_generation():
 
 
 def test_one_gpu_predicts_the_systems_built_from_it_marked_predicted(tmp_path):
-    from meshscale.report.figures import Source, sections
+    from meshscale.report.figures import sections
+    from meshscale.report.parts import Source
     from meshscale.app.tour import built_from_this_gpu
 
     out = built_from_this_gpu(_one_gpu_state(tmp_path))
@@ -136,7 +137,8 @@ def test_one_gpu_predicts_the_systems_built_from_it_marked_predicted(tmp_path):
 
 
 def test_host_copy_and_profile_are_tables_and_one_rank_draws_nothing():
-    from meshscale.report.figures import Source, sections
+    from meshscale.report.figures import sections
+    from meshscale.report.parts import Source
     from meshscale.results import Result
 
     copies = Result("bench-host-copy", [{"direction": d, "memory": m, "size_bytes": 256 << 20, "seconds": 0.01,

@@ -6,7 +6,8 @@ import torch
 from meshscale.errors import MeshscaleError
 from meshscale.train.build import learning_rate
 from meshscale.train.config import OptimizerOptions, TrainConfig
-from meshscale.train.data import Batches, image_folder, open_data, synthetic, token_file
+from meshscale.execute.datasets import image_folder, token_file
+from meshscale.train.data import Batches, open_data, synthetic
 from meshscale.train.models import MODELS, get_model, image_spec
 from meshscale.train.scale import configurations
 

@@ -15,7 +15,7 @@ from meshscale.predict import validate as validation
 from meshscale.predict.corpus_check import CORPORA
 from meshscale.predict.validate import CORPUS_COLUMNS, corpus_path, load_corpus, validate_corpus
 from meshscale.results import Result
-from meshscale.topology.catalog import system_names
+from meshscale.topology.shipped import system_names
 
 ROOT = Path(__file__).resolve().parents[2]
 CORPUS_DIR = corpus_path().parent
@@ -280,7 +280,8 @@ def test_model_accuracy_on_the_whole_corpus_meets_the_targets():
 
 
 def test_one_run_against_its_prediction_and_its_report_section():
-    from meshscale.report.figures import Source, validate_section
+    from meshscale.report.figures import validate_section
+    from meshscale.report.parts import Source
     from meshscale.predict.validate import validate_run
     measured = Result("bench-collective", [
         {"collective": "all_reduce", "size_bytes": 1024, "inplace": False, "time_s": 20e-6},

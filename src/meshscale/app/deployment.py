@@ -15,10 +15,12 @@ from __future__ import annotations
 import re
 import shutil
 
-from meshscale.app.doctor import Check, DoctorEnv, check_memlock, check_shm, nvml_gpus, nvml_text
+from meshscale.app.doctor_env import Check, DoctorEnv, ib_devices, nvml_gpus, nvml_text
+from meshscale.units import format_bytes
 
 CONTAINER_MARKERS = (".dockerenv", "run/.containerenv")  # Docker's and Podman's
 CGROUP_WORDS = ("docker", "containerd", "kubepods", "libpod", "lxc")
+SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
 
 
 def in_container(env: DoctorEnv) -> str:
@@ -78,6 +80,30 @@ def check_cuda_against_driver(env: DoctorEnv) -> list[Check]:
                       fix)]
     return [Check("warn", "cuda-driver", f"{said}: minor-version compatibility runs most code, but kernels JIT-compiled "
                   "from newer PTX fail", fix)]
+
+
+def check_shm(env: DoctorEnv) -> list[Check]:
+    try:
+        st = env.statvfs(str(env.shm_path))
+    except OSError:
+        return [Check("fail", "shm", f"{env.shm_path} is missing", "mount a tmpfs there; in Docker pass --shm-size=1g or --ipc=host")]
+    size = st.f_blocks * st.f_frsize
+    gib = size / (1 << 30)
+    if size < SHM_MIN_BYTES:
+        return [Check("warn", "shm", f"{env.shm_path} is only {size / (1 << 20):.0f} MiB (Docker's default is 64 MiB)",
+                      "run the container with --shm-size=1g (or --ipc=host); NCCL and DataLoader workers need it")]
+    return [Check("pass", "shm", f"{env.shm_path} is {gib:.1f} GiB")]
+
+
+def check_memlock(env: DoctorEnv) -> list[Check]:
+    limit = env.memlock_bytes()
+    if limit < 0:
+        return [Check("pass", "memlock", "locked-memory limit is unlimited")]
+    fix = "raise it: in Docker --ulimit memlock=-1, on a host `* - memlock unlimited` in /etc/security/limits.conf"
+    if ib_devices(env):
+        return [Check("warn", "memlock", f"locked-memory limit is {format_bytes(limit)}: RDMA over InfiniBand needs to pin "
+                      "buffers and NCCL may fail or fall back to sockets", fix)]
+    return [Check("info", "memlock", f"locked-memory limit is {format_bytes(limit)} (matters only for InfiniBand/RDMA)", fix)]
 
 
 def check_container(env: DoctorEnv) -> list[Check]:

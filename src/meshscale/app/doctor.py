@@ -1,26 +1,23 @@
 """`meshscale doctor`: the checks that NCCL troubleshooting advice (the "GPU & CUDA multi-machine
 communication" write-up, 2020) and common failures point at, each a pass/warn/fail/info line with its fix.
-Every check takes a `DoctorEnv` (paths, environment, NVML module, limits), so tests fake a machine with no
-driver, a link down or a small /dev/shm; works with no GPU. The multi-node checks (GPU-NIC affinity for
-GPUDirect RDMA, the peer-memory module, NUMA binding of the rank, NCCL's interface and adapter selection,
-InfiniBand ports) say so as info when there is nothing to look at."""
+Every check takes a `DoctorEnv` (`doctor_env.py`: paths, environment, NVML module, limits), so tests fake a
+machine with no driver, a link down or a small /dev/shm; works with no GPU. The multi-node checks (GPU-NIC
+affinity for GPUDirect RDMA, the peer-memory module, NUMA binding of the rank, NCCL's interface and adapter
+selection, InfiniBand ports) say so as info when there is nothing to look at. `run_doctor` runs these, the
+deployment checks (`deployment.py`) and the error and health counters (`health.py`)."""
 from __future__ import annotations
 
 import os
-import resource
-import time
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable
 
+from meshscale.app.deployment import check_container, check_memlock, check_partitions, check_shm
+from meshscale.app.doctor_env import Check, DoctorEnv, ib_devices, nvml_gpus, nvml_text
+from meshscale.app.health import CHECKS as HEALTH_CHECKS
 from meshscale.report.verdicts import expected_nvlinks
 from meshscale.topology.nvml_discovery import cpu_list, mask_cpus
 from meshscale.topology.nics import (RELATIONS, gpu_pci_path, infiniband_ports, interface_names, pci_relation,
                                      read_sysfs)
 from meshscale.errors import MeshscaleError
-from meshscale.units import format_bytes
 
-SHM_MIN_BYTES = 1 << 30  # NCCL's shared-memory transport and DataLoader workers need more than Docker's 64 MiB
 P2P_STATUS = {1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
               4: "disabled by registry key", 5: "not supported", 6: "unknown"}
 
@@ -44,82 +41,6 @@ NCCL_KNOBS = {
     "NCCL_CUMEM_ENABLE": ("cuMem-based buffer allocation", False),
     "NCCL_TOPO_FILE": ("an XML topology file that overrides NCCL's discovery", False),
 }
-
-
-@dataclass
-class Check:
-    """One line of doctor's output."""
-
-    status: str  # pass, warn, fail or info
-    name: str
-    message: str
-    fix: str = ""
-
-
-def _memlock_bytes() -> int:
-    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
-    return -1 if soft == resource.RLIM_INFINITY else soft
-
-
-def _versions() -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    out: dict[str, Any] = {"torch": torch.__version__, "cuda": torch.version.cuda, "nccl": None,
-                           "cuda_devices": torch.cuda.device_count() if torch.version.cuda else 0,
-                           "gloo": dist.is_available() and dist.is_gloo_available()}
-    try:
-        out["nccl"] = ".".join(map(str, torch.cuda.nccl.version())) if torch.version.cuda else None
-    except Exception:
-        pass
-    return out
-
-
-@dataclass
-class DoctorEnv:
-    """What the checks look at. `real()` fills it from this machine; tests build it by hand."""
-
-    environ: dict[str, str] = field(default_factory=dict)
-    nvml: Any = None  # an initialised pynvml-like module, or None when there is no driver
-    nvml_error: str = ""  # why nvml is None
-    shm_path: Path = Path("/dev/shm")
-    net_dir: Path = Path("/sys/class/net")
-    ib_dir: Path = Path("/sys/class/infiniband")
-    sys_root: Path = Path("/")  # where /sys/bus/pci/devices lies (GPUs' PCI paths)
-    proc_modules: Path = Path("/proc/modules")
-    cpuinfo: Path = Path("/proc/cpuinfo")  # its "hypervisor" flag says this is a virtual machine
-    cpu_affinity: Callable[[], set[int]] = lambda: os.sched_getaffinity(0)
-    statvfs: Callable[[str], Any] = os.statvfs
-    memlock_bytes: Callable[[], int] = _memlock_bytes  # -1 when unlimited
-    versions: Callable[[], dict[str, Any]] = _versions
-    kernel_log: Callable[[], str] = lambda: ""  # the kernel ring buffer (XID lines); real() reads dmesg
-    sleep: Callable[[float], None] = time.sleep  # between two reads of the error counters
-
-    @classmethod
-    def real(cls) -> "DoctorEnv":
-        nvml, error = None, ""
-        try:
-            import pynvml
-            pynvml.nvmlInit()
-            nvml = pynvml
-        except Exception as exc:  # library missing, no driver, driver/library mismatch
-            error = f"{type(exc).__name__}: {exc}".strip(": ")
-        from meshscale.app.health import kernel_log
-        return cls(environ=dict(os.environ), nvml=nvml, nvml_error=error, kernel_log=kernel_log)
-
-
-def nvml_text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def nvml_gpus(env: DoctorEnv) -> list[tuple[int, Any, str]]:
-    """(index, handle, name) of every GPU NVML sees."""
-    nvml = env.nvml
-    out = []
-    for i in range(nvml.nvmlDeviceGetCount()):
-        handle = nvml.nvmlDeviceGetHandleByIndex(i)
-        out.append((i, handle, nvml_text(nvml.nvmlDeviceGetName(handle))))
-    return out
 
 
 def check_driver(env: DoctorEnv) -> list[Check]:
@@ -286,37 +207,6 @@ def _busy(env: DoctorEnv, handle) -> bool:
         return False
 
 
-def check_shm(env: DoctorEnv) -> list[Check]:
-    try:
-        st = env.statvfs(str(env.shm_path))
-    except OSError:
-        return [Check("fail", "shm", f"{env.shm_path} is missing", "mount a tmpfs there; in Docker pass --shm-size=1g or --ipc=host")]
-    size = st.f_blocks * st.f_frsize
-    gib = size / (1 << 30)
-    if size < SHM_MIN_BYTES:
-        return [Check("warn", "shm", f"{env.shm_path} is only {size / (1 << 20):.0f} MiB (Docker's default is 64 MiB)",
-                      "run the container with --shm-size=1g (or --ipc=host); NCCL and DataLoader workers need it")]
-    return [Check("pass", "shm", f"{env.shm_path} is {gib:.1f} GiB")]
-
-
-def _ib_devices(env: DoctorEnv) -> list[str]:
-    try:
-        return sorted(p.name for p in env.ib_dir.iterdir())
-    except OSError:
-        return []
-
-
-def check_memlock(env: DoctorEnv) -> list[Check]:
-    limit = env.memlock_bytes()
-    if limit < 0:
-        return [Check("pass", "memlock", "locked-memory limit is unlimited")]
-    fix = "raise it: in Docker --ulimit memlock=-1, on a host `* - memlock unlimited` in /etc/security/limits.conf"
-    if _ib_devices(env):
-        return [Check("warn", "memlock", f"locked-memory limit is {format_bytes(limit)}: RDMA over InfiniBand needs to pin "
-                      "buffers and NCCL may fail or fall back to sockets", fix)]
-    return [Check("info", "memlock", f"locked-memory limit is {format_bytes(limit)} (matters only for InfiniBand/RDMA)", fix)]
-
-
 def nccl_selects(spec: str, names: list[str]) -> list[str]:
     """The names an NCCL_SOCKET_IFNAME / NCCL_IB_HCA value selects, in NCCL's syntax: a comma list of prefixes,
     '^' before the list to exclude them, '=' before it (or an entry) for exact names; an entry 'dev:port'
@@ -342,7 +232,7 @@ def check_nccl_env(env: DoctorEnv) -> list[Check]:
             continue
         what, slows = NCCL_KNOBS.get(var, ("not a knob meshscale knows; see the NCCL documentation", False))
         status = "warn" if slows and value not in ("0", "") else "info"
-        if var == "NCCL_IB_DISABLE" and not _ib_devices(env):
+        if var == "NCCL_IB_DISABLE" and not ib_devices(env):
             status = "info"  # no InfiniBand here, so nothing is lost
         fix = f"unset {var} unless you are debugging" if status == "warn" else ""
         if var == "NCCL_SOCKET_IFNAME":
@@ -376,7 +266,7 @@ def check_network(env: DoctorEnv) -> list[Check]:
         speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
         described.append(f"{n} ({read_sysfs(env.net_dir / n / 'operstate', '?')}{speed})")
     out = [Check("info", "network", f"interfaces: {', '.join(described) or 'none besides lo'}")]
-    ib = _ib_devices(env)
+    ib = ib_devices(env)
     if not ib:
         out.append(Check("info", "infiniband", "no InfiniBand device: across nodes NCCL would use TCP sockets",
                          "for multi-node training use InfiniBand/RoCE (check with `ibstat` and `ib_write_bw`)"))
@@ -436,7 +326,7 @@ PEER_MEMORY_MODULES = ("nvidia_peermem", "nv_peer_mem")
 
 def check_peermem(env: DoctorEnv) -> list[Check]:
     """The kernel module that lets the NIC pin GPU memory (GPUDirect RDMA), where there are GPUs and RDMA NICs."""
-    if env.nvml is None or not _ib_devices(env):
+    if env.nvml is None or not ib_devices(env):
         what = "no GPU" if env.nvml is None else "no InfiniBand/RoCE device"
         return [Check("info", "peermem", f"{what}: the GPU peer-memory module does not apply")]
     try:
@@ -494,7 +384,6 @@ def check_versions(env: DoctorEnv) -> list[Check]:
 
 
 def _deployment_checks(env: DoctorEnv) -> list[Check]:
-    from meshscale.app.deployment import check_container, check_partitions  # it imports this module
     return check_container(env) + check_partitions(env)
 
 
@@ -506,7 +395,6 @@ CHECKS = (check_driver, check_gpu_count, check_nvlink, check_p2p, check_pcie, ch
 def run_doctor(env: DoctorEnv | None = None) -> list[Check]:
     """Every check's lines, configuration then error and health counters (`app/health.py`). A check that
     itself breaks becomes a warn line, never a traceback."""
-    from meshscale.app.health import CHECKS as HEALTH_CHECKS
     env = env or DoctorEnv.real()
     out = []
     for check in (*CHECKS, *HEALTH_CHECKS):

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from meshscale.errors import MeshscaleError
-from meshscale.app.doctor import Check, DoctorEnv, nvml_gpus, run_doctor
+from meshscale.app.doctor import run_doctor
+from meshscale.app.doctor_env import Check, DoctorEnv, nvml_gpus
 from meshscale.report.verdicts import share_verdict
 
 LEVELS = (1, 2, 3)
@@ -187,7 +188,7 @@ def pair_checks() -> list[Check]:
     """Every GPU pair (`bench p2p`) against its route's line rate, and an all_reduce against NCCL's cost model."""
     from meshscale.bench.collective import CollectiveSpec, bench_collectives
     from meshscale.bench.p2p import P2PSpec, bench_p2p
-    from meshscale.bench.world_topology import world_topology
+    from meshscale.execute.world_topology import world_topology
     from meshscale.execute.world import World, gpu_count
     from meshscale.report.expected import model_expected
     from meshscale.report.verdicts import p2p_verdict

@@ -10,11 +10,10 @@ is non-zero: a count that grows while doctor watches is a live fault, a fixed on
 from __future__ import annotations
 
 import re
-import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from meshscale.app.doctor import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
+from meshscale.app.doctor_env import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
 
 COUNTER_INTERVAL_S = 0.5
 
@@ -67,14 +66,6 @@ class XidEvent:
 
     bus_id: str  # as the kernel writes it, e.g. 0000:18:00
     code: int
-
-
-def kernel_log() -> str:
-    """The kernel ring buffer (`dmesg`), or "" where it cannot be read (no permission, no dmesg)."""
-    try:
-        return subprocess.run(["dmesg"], capture_output=True, text=True, timeout=5).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
 
 
 def xid_events(log: str) -> list[XidEvent]:

@@ -33,13 +33,13 @@ from meshscale.predict.sweep import prediction_result, predict_rows, scale_besid
 from meshscale.predict.validate import validate_run
 from meshscale.predict.whitepaper import reproduce
 from meshscale.app.doctor import run_doctor
-from meshscale.report.figures import Source
+from meshscale.report.parts import Source
 from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured
 from meshscale.scenario import resolve_fabric
 from meshscale.simulate import predict_collective
 from meshscale.topology import subset, to_dict
-from meshscale.topology.catalog import load_catalog
+from meshscale.topology.shipped import load_catalog
 from meshscale.topology.discover import discover
 from meshscale.train.config import SpeedOptions, TrainConfig
 from meshscale.train.runner import profile as train_profile

@@ -20,7 +20,7 @@ import torch
 from meshscale.bench.cases import DTYPE_LABELS, DTYPES, OPS, count_wrong, largest_value, make_case
 from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
-from meshscale.bench.world_topology import joined_topology, world_topology
+from meshscale.execute.world_topology import joined_topology, world_topology
 from meshscale.execute.world import World
 from meshscale.collectives.kinds import NAMES, kind
 from meshscale.errors import MeshscaleError, check_choice

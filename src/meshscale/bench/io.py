@@ -4,7 +4,7 @@
   token file split into N byte ranges), once after asking the kernel to drop the files from its page cache
   (the first pass: what the disk or network file system gives) and once more (the cached pass);
 - decoding: N processes turn files into training samples through the training loop's own data path
-  (`meshscale.train.data`: PIL decode and resize for images, windows of ids for tokens);
+  (`meshscale.execute.datasets`: PIL decode and resize for images, windows of ids for tokens);
 - the GPUs: samples/s of a training run, predicted (`--model --system --gpus --batch`) or measured (a `train`
   result), times bytes per sample.
 
@@ -27,7 +27,6 @@ from meshscale.errors import MeshscaleError
 
 READ_CHUNK_BYTES = 8 << 20   # one read call: large enough that the call overhead is negligible
 DECODE_BATCH = 16            # samples fetched per call, like a data-loader worker's batch
-TOKEN_SUFFIXES = (".npy", ".bin")
 # DGX-1 whitepaper (seed 000, section 2): 4x 1.92 TB SAS SSD as RAID 0, 7.6 TB, 2 GB/s streaming reads
 DGX1_CACHE_BYTES = 4 * 1.92e12
 DGX1_CACHE_READ_BYTES_PER_S = 2.0e9
@@ -147,7 +146,7 @@ class IoReport:
 def scan(path: str | Path, seq_len: int = 1024) -> DataFiles:
     """The data set at ``path``: a folder of images in the ImageFolder layout, or a token file (.npy or uint16
     .bin, read in windows of ``seq_len`` + 1 ids)."""
-    from meshscale.train.data import IMAGE_SUFFIXES
+    from meshscale.execute.datasets import IMAGE_SUFFIXES, TOKEN_SUFFIXES
 
     root = Path(path)
     if not root.exists():
@@ -178,7 +177,7 @@ def scan(path: str | Path, seq_len: int = 1024) -> DataFiles:
 
 def _token_itemsize(path: Path) -> int:
     if path.suffix == ".bin":
-        return 2  # nanoGPT's raw uint16, as `train.data.token_file` reads it
+        return 2  # nanoGPT's raw uint16, as `execute.datasets.token_file` reads it
     import numpy as np
     try:
         return np.load(path, mmap_mode="r").dtype.itemsize
@@ -290,7 +289,7 @@ def _decode_share(root: str, kind: str, indices: list[int], sample_shape: tuple[
     """Turn ``indices`` into training samples through the training loop's own data path."""
     import numpy as np
 
-    from meshscale.train.data import image_folder, token_file
+    from meshscale.execute.datasets import image_folder, token_file
 
     data = (image_folder(root, tuple(sample_shape[1:])) if kind == "images"
             else token_file(root, sample_shape[0], vocab))
@@ -357,7 +356,7 @@ def bench_io(spec: IoSpec, demand: Demand | None = None) -> IoReport:
     if (len(shape) == 1) != (data.kind == "tokens"):
         raise MeshscaleError(f"{data.root} holds {data.kind} but the model takes "
                              f"{'tokens' if len(shape) == 1 else 'images'}; pick a model of the data set's kind")
-    import meshscale.train.data  # noqa: F401  imported once here, so the forked decoders start without the import
+    import meshscale.execute.datasets  # noqa: F401  imported once here, so the forked decoders start without the import
 
     first = read_pass(data, spec.readers, "first", spec.timeout_s, evict_first=True)
     cached = read_pass(data, spec.readers, "cached", spec.timeout_s)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from meshscale.bench.world_topology import joined_topology, world_topology
+from meshscale.execute.world_topology import joined_topology, world_topology
 from meshscale.execute.world import World
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, launch

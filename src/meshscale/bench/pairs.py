@@ -97,7 +97,7 @@ def bench_pairs(spec: PairsSpec, world: World, timeout_s: float = 120.0) -> Resu
                              "(or more GPUs/nodes under torchrun)")
     if spec.size_bytes < 4 or spec.iters < 1 or spec.warmup_iters < 0:
         raise MeshscaleError("pairs need --size >= 4 bytes, --iters >= 1 and --warmup-iters >= 0")
-    from meshscale.bench.world_topology import world_topology
+    from meshscale.execute.world_topology import world_topology
     topology = world_topology(world)
     hook = slow_rank_from_env()
     rows, places, steps = launch(_rank, world.size, (spec, hook), backend=world.backend, timeout_s=timeout_s)[0]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 from collections import defaultdict
-from dataclasses import dataclass, field
 from typing import Any
 
-from meshscale import plots
+import meshscale.plots as plots
 from meshscale.plots import Series
 from meshscale.report.expected import references
+from meshscale.report.pairs_section import pairs_section
+from meshscale.report.parts import Plot, Section, Source, slug
 from meshscale.report.verdicts import (Verdict, collective_verdict, hints, host_path_rates, is_cpu_run, per_call_floor_s,
                                        p2p_verdict, rank_label, scaling_gap, scaling_verdict, small_message_note, topology_verdict)
 from meshscale.results import Result
@@ -24,35 +25,6 @@ from meshscale.units import format_bytes, gbps
 SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
 
 
-@dataclass
-class Source:
-    """A result and the short name it goes by in legends (its file name, or meta.label)."""
-
-    label: str
-    result: Result
-
-
-@dataclass
-class Plot:
-    id: str
-    title: str
-    svg: str
-    verdict: Verdict
-    caption: str = ""
-    text: str = ""  # preformatted text shown beside the plot (the relation matrix)
-
-
-@dataclass
-class Section:
-    title: str
-    plots: list[Plot] = field(default_factory=list)
-    table: list[dict[str, Any]] = field(default_factory=list)
-
-
-def _slug(*parts: Any) -> str:
-    return "plot-" + re.sub(r"[^a-z0-9]+", "-", "-".join(map(str, parts)).lower()).strip("-")
-
-
 def topology_of(sources: list[Source]) -> Topology | None:
     """The topology the results were measured on: a 'topology' result, else the first meta.topology."""
     ordered = sorted(sources, key=lambda s: s.result.kind != "topology")
@@ -64,7 +36,7 @@ def topology_of(sources: list[Source]) -> Topology | None:
 
 
 def topology_section(topo: Topology) -> Section:
-    pid = _slug("topology", topo.name)
+    pid = slug("topology", topo.name)
     plot = Plot(pid, summary(topo), plots.to_svg(topology_figure(topo), pid),
                 topology_verdict(topo), "per-pair relation as nvidia-smi topo -m prints it, and the line rate of "
                 "the best route", relation_matrix(topo))
@@ -110,7 +82,7 @@ def p2p_section(sources: list[Source], topo: Topology | None) -> Section:
                     if cpu and verdict.level in ("warn", "bad"):
                         verdict = Verdict("info", verdict.text.split(" — ")[0] + " — expected for CPU workers over "
                                           "Gloo (the line rate is an assumed shared-memory rate)")
-                pid = _slug("p2p", s.label, mode, measure)
+                pid = slug("p2p", s.label, mode, measure)
                 heading = f"P2P {measure}" if measure == mode else f"P2P {measure}, {mode}"
                 section.plots.append(Plot(pid, f"{heading} ({s.label})",
                                           plots.to_svg(plots.heatmaps([grid]), pid), verdict))
@@ -184,7 +156,7 @@ def collective_section(measured: list[Source], predicted: list[Source], topo: To
         charts = plots.pack(predictions, plots.MAX_LEGEND_ENTRIES - len(fixed)) if predictions else [[]]
         for k, chart in enumerate(charts):
             part = f", part {k + 1} of {len(charts)}" if len(charts) > 1 else ""
-            pid = _slug("busbw", *([system] if system else []), name, *([k + 1] if part else []))
+            pid = slug("busbw", *([system] if system else []), name, *([k + 1] if part else []))
             figure = plots.busbw_chart(f"{name}: bus bandwidth{part}", fixed + chart)
             section.plots.append(Plot(pid, f"{name}{part}", plots.to_svg(figure, pid), verdict))
     return section
@@ -297,7 +269,7 @@ def scaling_section(sources: list[Source]) -> Section:
                     parts = {k[:-2]: [r.get(k) or 0.0 for r in sorted(rows, key=lambda r: r["world_size"])]
                              for k in ("compute_s", "comm_s", "data_s") if any(r.get(k) for r in rows)}
                     if parts:
-                        pid = _slug("breakdown", group, mode)
+                        pid = slug("breakdown", group, mode)
                         worlds = sorted(r["world_size"] for r in rows)
                         chart = plots.breakdown_chart(f"{mode} scaling: step time breakdown ({s.label})", worlds, parts)
                         extra.append(Plot(pid, f"{group}: {mode} scaling, step time", plots.to_svg(chart, pid),
@@ -313,7 +285,7 @@ def scaling_section(sources: list[Source]) -> Section:
             charts = plots.pack(groups_of, plots.MAX_LEGEND_ENTRIES - 1)  # room for the ideal line
             for k, chart in enumerate(charts):
                 part = f", part {k + 1} of {len(charts)}" if len(charts) > 1 else ""
-                pid = _slug("scaling", group, mode, *([k + 1] if part else []))
+                pid = slug("scaling", group, mode, *([k + 1] if part else []))
                 title = f"{group}: {mode} scaling{part}"
                 chart_bars = [x for x in chart if x in bars]
                 chart_lines = [x for x in chart if x not in chart_bars]
@@ -361,7 +333,7 @@ def train_section(sources: list[Source]) -> Section:
                          [r["loss"] for r in s.result.rows if "loss" in r]) for s in runs]
         title = "training loss" + (f": {runs[0].label}" if len(runs) == 1 else "")
         verdict = Verdict("info", "the loss of each step on rank 0 (no fit, no smoothing)")
-        pid = _slug("loss", *[s.label for s in runs])
+        pid = slug("loss", *[s.label for s in runs])
         section.plots.append(Plot(pid, title, plots.to_svg(plots.loss_chart(title, series), pid), verdict))
     for s in sources:
         summary = s.result.meta.get("summary") or {}
@@ -515,7 +487,6 @@ def sections(sources: list[Source]) -> list[Section]:
     if by_kind["bench-p2p"]:
         out.append(p2p_section(by_kind["bench-p2p"], topo))
     if by_kind["bench-pairs"]:
-        from meshscale.report.pairs_section import pairs_section
         out += [pairs_section(s) for s in by_kind["bench-pairs"]]
     # a one-rank "collective" exchanges nothing: its busbw is zero or meaningless, so it draws no curve
     collectives = [s for s in by_kind["bench-collective"] if s.result.meta.get("world_size") != 1]

@@ -8,7 +8,8 @@ from typing import Any
 import jinja2
 
 from meshscale.errors import MeshscaleError
-from meshscale.report.figures import Source, sections
+from meshscale.report.figures import sections
+from meshscale.report.parts import Source
 from meshscale.report.verdicts import is_cpu_run
 from meshscale.results import Result, load_result
 from meshscale.safe_io import atomic_write, check_path_length

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from meshscale import plots
-from meshscale.report.figures import Plot, Section, Source, _slug
+import meshscale.plots as plots
+from meshscale.report.parts import Plot, Section, Source, slug
 from meshscale.report.verdicts import Verdict
 from meshscale.units import gbps
 
@@ -30,6 +30,6 @@ def pairs_section(source: Source) -> Section:
     flagged = meta.get("outlier_workers") or []
     verdict = (Verdict("bad", "outliers: " + "; ".join(flagged)) if flagged else
                Verdict("good", "no worker below half of the others' median"))
-    pid = _slug("pairs", source.label)
+    pid = slug("pairs", source.label)
     figure = plots.to_svg(plots.heatmaps(pair_grids(source.result.rows, workers)), pid)
     return Section(f"Worker pairs ({source.label})", plots=[Plot(pid, "Every worker pair, measured once", figure, verdict)])

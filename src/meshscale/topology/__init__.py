@@ -8,11 +8,12 @@ import importlib
 from typing import Any
 
 _HOMES = {
-    "meshscale.topology.catalog": ("load_catalog", "load_system", "system_names"),
+    "meshscale.topology.catalog": ("load_system",),
     "meshscale.topology.model": ("Link", "Node", "Topology"),
     "meshscale.topology.queries": ("Route", "bisection_bandwidth", "bottleneck_bandwidth", "pair_bandwidth",
                                    "relation", "route", "shared_links", "subset"),
     "meshscale.topology.schema": ("dumps", "from_dict", "load", "to_dict"),
+    "meshscale.topology.shipped": ("load_catalog", "system_names"),
 }
 _HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 

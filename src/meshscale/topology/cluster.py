@@ -28,12 +28,13 @@ import math
 from dataclasses import dataclass, field
 
 from meshscale.errors import TopologyError
-from meshscale.topology import links as calc
+import meshscale.topology.links as calc
 from meshscale.topology.catalog import load_system
 from meshscale.topology.fabric import NET_LINKS, NETWORKS, STATED_RADIX, Cluster, NetLink, net_link  # noqa: F401
 from meshscale.topology.schema import require_devices
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.topology.model import Link, Node, Topology
+from meshscale.topology.multinode import node_copy
 from meshscale.validation import Range, text
 
 
@@ -262,20 +263,6 @@ def _host_of(node: Topology, name: str) -> str:
                     nxt.append(y)
         frontier = nxt
     raise TopologyError(f"{node.name}: {name} reaches no CPU over PCIe; GPUDirect off needs a host path")
-
-
-def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[dict[str, Node], list[Link]]:
-    """Node (or host) ``k`` of a cluster: every node and link of ``topology`` named ``n<k>/...``, marked with
-    ``node=k`` (and ``attrs``), its devices numbered from ``first_index`` as the cluster's ranks are."""
-    p = f"n{k}/"
-    base = min((topology.nodes[d].index for d in topology.devices()), default=0)
-    nodes = {}
-    for n in topology.nodes.values():
-        node_attrs = dict(n.attrs, node=k, **attrs)
-        if n.kind in ("gpu", "worker") and n.index is not None:
-            node_attrs["index"] = first_index + n.index - base
-        nodes[p + n.name] = Node(p + n.name, n.kind, node_attrs)
-    return nodes, [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
 
 
 def _bundled(pairs: list[tuple[str, str]], net: NetLink) -> list[Link]:

@@ -18,7 +18,7 @@ from pathlib import Path
 import networkx as nx
 from matplotlib.figure import Figure
 
-from meshscale import plots
+import meshscale.plots as plots
 from meshscale.errors import MeshscaleError
 from meshscale.topology.cluster import ClusterPlan
 from meshscale.topology.model import DEVICE_KINDS, Topology

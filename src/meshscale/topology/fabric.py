@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshscale.errors import TopologyError
-from meshscale.topology import links as calc
+import meshscale.topology.links as calc
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,6 @@
 schema, the template's notes and the validator cannot drift apart; docs/systems.md explains the same fields."""
 from __future__ import annotations
 
-from importlib import resources
 from typing import Any
 
 from meshscale.topology.model import LINK_KINDS, NODE_KINDS
@@ -99,10 +98,10 @@ def template(name: str) -> str:
     """The catalog file of ``name`` (its own comments kept) under a header that explains every field: a file
     to copy and edit. A one-line error for an unknown name."""
     from meshscale.errors import MeshscaleError
-    from meshscale.topology.catalog import system_names
+    from meshscale.topology.shipped import SYSTEMS, system_names
     if name not in system_names():
         raise MeshscaleError(f"--template {name!r}: not a catalog system; choose one of {', '.join(system_names())}")
-    body = (resources.files("meshscale.topology") / "systems" / f"{name}.yaml").read_text()
+    body = (SYSTEMS / f"{name}.yaml").read_text()
     lines = [f"# A meshscale system file, from the catalog's {name}: edit it to describe your machine, then pass",
              "# it to any command as --system FILE.yaml. Bandwidth is per direction. Fields (docs/systems.md):"]
     for title, fields in (("top level", TOP_FIELDS), ("nodes[]", NODE_FIELDS), ("links[]", LINK_FIELDS)):

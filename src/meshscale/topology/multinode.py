@@ -10,8 +10,7 @@ import os
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
-from meshscale.topology import links as calc
-from meshscale.topology.cluster import node_copy
+import meshscale.topology.links as calc
 from meshscale.topology.fabric import Cluster, NetLink, network_of
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
 from meshscale.topology.nics import Port
@@ -67,6 +66,20 @@ def network_ports(ports: list[Port]) -> list[Port]:
 
 def _port_kind(port: Port) -> str:
     return "ethernet" if port.kind == "ethernet" or port.link_layer.lower() == "ethernet" else "infiniband"
+
+
+def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[dict[str, Node], list[Link]]:
+    """Node (or host) ``k`` of a cluster: every node and link of ``topology`` named ``n<k>/...``, marked with
+    ``node=k`` (and ``attrs``), its devices numbered from ``first_index`` as the cluster's ranks are."""
+    p = f"n{k}/"
+    base = min((topology.nodes[d].index for d in topology.devices()), default=0)
+    nodes = {}
+    for n in topology.nodes.values():
+        node_attrs = dict(n.attrs, node=k, **attrs)
+        if n.kind in ("gpu", "worker") and n.index is not None:
+            node_attrs["index"] = first_index + n.index - base
+        nodes[p + n.name] = Node(p + n.name, n.kind, node_attrs)
+    return nodes, [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
 
 
 def join_hosts(reports: list[HostReport]) -> Topology:

@@ -27,7 +27,7 @@ from pathlib import Path
 import networkx as nx
 import yaml
 
-from meshscale.topology import links as calc
+import meshscale.topology.links as calc
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
 
 LEVEL_RELATION = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -175,7 +175,7 @@ def model_facts(model: str) -> tuple[dict, bool]:
 def _add_catalog_facts(gpus: list[dict]) -> list[str]:
     """Fill in what NVML does not tell (what NVML said wins): from the catalog system whose GPU model NVML's
     name equals, else from the table of known models, else the table's default. Returns what was assumed."""
-    from meshscale.topology.catalog import load_catalog
+    from meshscale.topology.shipped import load_catalog
 
     known = {}
     for topo in load_catalog():

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from meshscale.errors import MeshscaleError, TopologyError
-from meshscale.topology import links as calc
+import meshscale.topology.links as calc
 from meshscale.topology.limits import MAX_NODES
 from meshscale.topology.model import DEFAULT_LATENCY_S, LINK_KINDS, NODE_KINDS, Link, Node, Topology
 from meshscale.validation import Range, load_structured

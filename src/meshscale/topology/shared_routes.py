@@ -1,6 +1,6 @@
 """Routes found once per kind of node pair of a cluster, and copied to every pair of that kind.
 
-A cluster is built from copies of one node (`topology.cluster.node_copy`: every node and link named ``n<k>/...``
+A cluster is built from copies of one node (`topology.multinode.node_copy`: every node and link named ``n<k>/...``
 and marked ``node=k``), each joined to the same network switches the same way or to other switches. Two nodes
 whose copies are identical and whose links leave them for the same switches can be swapped without changing the
 topology (the swap is an automorphism), so the route between GPU x of node i and GPU y of node j is the route

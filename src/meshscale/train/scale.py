@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import torch.distributed as dist
 
-from meshscale.bench.world_topology import world_topology
+from meshscale.execute.world_topology import world_topology
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, WorkerError, in_torchrun, launch
 from meshscale.execute.world import World, check_gpus, resolve_world

@@ -1,4 +1,5 @@
-"""Where a benchmark runs: the ranks (`meshscale.execute.world`) and the topology of their devices (for the bound).
+"""Where a run's ranks are, for a benchmark and a training run alike: the ranks (`meshscale.execute.world`) and
+the topology of their devices (for the bound).
 
 On one host, discovery of this machine. Under torchrun across hosts, each host's local rank 0 discovers its
 host (devices and network ports), every rank gathers the reports over the run's process group, and the hosts
