@@ -5,14 +5,15 @@ from __future__ import annotations
 
 import time
 
-from meshscale.predict.training.request import TrainingRequest, predict_training
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.request import predict_training
 
 BOUND_S = 60.0
 
 
 def main() -> None:
     start = time.perf_counter()
-    found, _ = predict_training(TrainingRequest(model="llama3-405b", system="hgx-h100", gpus=16384, seq_len=8192,
+    found, _ = predict_training(PredictRequest(model="llama3-405b", system="hgx-h100", gpus=(16384,), seq_len=8192, precision="bf16",
                                                 global_batch=2048, search=True))
     took = time.perf_counter() - start
     fits = [p for p in found if p.fits]

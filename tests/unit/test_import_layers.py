@@ -31,13 +31,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "top": _RUNS + ("report", "app", "cli"),  # the `meshscale` package (its notebook API) and __main__
 }
 _PACKAGE_OF = {"errors": ROOT, "units": ROOT, "validation": ROOT, "safe_io": ROOT, "results": ROOT,
-               "plots": ROOT, "scenario": "simulate", "__main__": "top"}
+               "plots": ROOT, "options": ROOT, "scenario": "simulate", "__main__": "top"}
 
 # Edges that break the table or close a cycle today, in files other sessions are changing; each goes when its
 # owner's change lands (the test fails while an entry names an edge that no longer exists, so this only shrinks).
 KNOWN_UNTIL_FIXED: set[tuple[str, str]] = {
     # the lead: predict prices from the models alone (the model registry from models/, not train/)
-    ("meshscale.predict.against_measured", "meshscale.train.models"),
     ("meshscale.predict.gradient_tensors", "meshscale.train.models"),
     ("meshscale.predict.request", "meshscale.train.models"),
     ("meshscale.predict.profile", "meshscale.train.kernel_categories"),

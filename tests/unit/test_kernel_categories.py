@@ -14,7 +14,8 @@ from meshscale.predict.training.comm import Placement
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.kernels import kernel_seconds, rates, roofline_seconds
 from meshscale.train.kernel_categories import CATEGORIES
-from meshscale.predict.training.request import TrainingRequest, predict_training
+from meshscale.predict.question import PredictRequest
+from meshscale.predict.request import predict_training
 from meshscale.predict.training.step import TrainingJob, predict_step
 from meshscale.results import Result
 
@@ -38,7 +39,7 @@ def test_the_roofline_part_of_a_kernel_is_never_more_than_the_kernel(job):
 def _gpt_profile(tmp_path, gpu, scale: dict[str, float] | None = None, drop: tuple[str, ...] = ()):
     """A gpt-small profile on ``gpu`` whose steps and categories are the model's own datasheet times there,
     each category multiplied by ``scale`` (and the steps by what that adds)."""
-    req = TrainingRequest(model="gpt-small", system="hgx-h100", gpus=1, batch=16, seq_len=1024)
+    req = PredictRequest(model="gpt-small", system="hgx-h100", gpus=(1,), batch=16, seq_len=1024, precision="bf16")
     (p,), _ = predict_training(req)
     r = rates(gpu, "bf16", 1.0, p.job.attention)
     rows, cats = [], {}
@@ -59,7 +60,7 @@ def _gpt_profile(tmp_path, gpu, scale: dict[str, float] | None = None, drop: tup
 
 
 def _predict(path, system):
-    (p,), _ = predict_training(TrainingRequest(model="gpt-small", system=system, gpus=1, batch=16, seq_len=1024,
+    (p,), _ = predict_training(PredictRequest(model="gpt-small", system=system, gpus=(1,), batch=16, seq_len=1024,
                                                profile=path))
     return p
 

@@ -4,16 +4,14 @@ import json
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Exchange, cluster_topology
+from meshscale.predict import PredictRequest, predict_rows
 from meshscale.predict.frameworks import FRAMEWORKS, buckets, resolve_framework
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, resnet50_tensors
-from meshscale.predict.profile import ComputeProfile, linear_profile, profile_from_result
-from meshscale.predict.scaling import Job, predict_cluster, predict_system, profile_for
-from meshscale.predict.step_time import exposed_exchange_s, per_rank_batch
+from meshscale.predict.profile import ComputeProfile, linear_profile, p100_resnet50_profile, profile_from_result
+from meshscale.predict.sweep import per_rank_batch
+from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.replicas import GradientExchange, exposed_exchange_s, parameter_server_s
 from meshscale.results import Result
-from meshscale.simulate.alpha_beta import AlphaBetaCostModel
-from meshscale.topology import load_system
-from meshscale.topology.cluster import ClusterSpec
 
 PROFILE = linear_profile(0.004, 0.02, gpu_flops=10.6e12)
 
@@ -76,96 +74,90 @@ def test_mode_and_framework_resolve_to_one_exchange():
     assert resolve_framework("ps-sync", None) == ("ps-sync", None)
 
 
+def _rows(**kw) -> list[dict]:
+    """A sweep of resnet50 on dgx1-p100 timed by PROFILE (a measured step: the exchange is what differs)."""
+    rows, _, _ = predict_rows(PredictRequest(**{"model": "resnet50", "system": "dgx1-p100", "profile": PROFILE,
+                                                "batch": 64, "gpus": (8,), **kw}))
+    return rows
+
+
 def test_modes_as_train_names_them():
-    topo = load_system("dgx1-p100")
     rate = {}
-    for mode, framework in (("ddp", None), ("allreduce", None), ("allreduce", FRAMEWORKS["cntk-2016"]), ("ps-sync", None)):
-        rows = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, mode=mode, framework=framework), topo, [8])
-        rate[framework.name if framework else mode] = rows[0]["throughput_samples_per_s"]
-        assert rows[0]["exchange_mode"] == mode
+    for mode, framework in (("ddp", None), ("allreduce", None), (None, "cntk-2016"), ("ps-sync", None)):
+        rows = _rows(mode=mode, framework=framework)
+        rate[framework or mode] = rows[0]["throughput_samples_per_s"]
     assert rate["cntk-2016"] < rate["ddp"]  # no overlap: the whole exchange is exposed
     assert rate["ps-sync"] < rate["cntk-2016"]  # one server's links carry every gradient
-    assert rows[0]["algorithm"] == "ps" and rows[0]["framework"] == "parameter server"
 
 
 def test_nvlink_faster_than_pcie_and_ps_slowest():
-    nbytes = 100e6
-    alpha_beta = AlphaBetaCostModel()
-    nv = Exchange(load_system("dgx1-p100"), 8, intra=alpha_beta).allreduce_s(nbytes)
-    pcie = Exchange(load_system("pcie-8gpu-2socket"), 8, intra=alpha_beta).allreduce_s(nbytes)
-    ps = Exchange(load_system("dgx1-p100"), 8, "ps").allreduce_s(nbytes)
+    nv = _rows()[0]["comm_s"]
+    pcie = _rows(system="pcie-8gpu-2socket")[0]["comm_s"]
+    ps = parameter_server_s(4 * 25_557_032, 8, Placement("dgx1-p100", 8))
     assert nv < pcie and nv < ps
 
 
-def test_cluster_exchange_hierarchical_beats_flat_ring_and_ib_beats_ethernet():
-    ib = cluster_topology(ClusterSpec("dgx1-p100", 1, 4, "edr"), 64)
-    eth = cluster_topology(ClusterSpec("dgx1-p100", 1, 2, "10gbe"), 64)
-    t = {(name, alg): Exchange(f, None, alg, intra=AlphaBetaCostModel()).allreduce_s(25e6)
-         for name, f in (("ib", ib), ("eth", eth)) for alg in ("ring", "hierarchical")}
-    assert t[("ib", "hierarchical")] < t[("ib", "ring")]
-    assert t[("ib", "ring")] < t[("eth", "ring")]
+def test_cluster_exchange_ring_slower_than_nccls_pick_and_ib_beats_ethernet():
+    t = {(link, algo): _rows(nodes=(64,), gpus=None, link=link, nics=4 if link == "edr" else 2,
+                             nccl_algo=algo)[0]["comm_s"] for link in ("edr", "10gbe") for algo in (None, "ring")}
+    assert t[("edr", None)] <= t[("edr", "ring")]
+    assert t[("edr", "ring")] < t[("10gbe", "ring")]
 
 
 def test_scaling_rows_weak_and_strong():
-    topo = load_system("dgx1-p100")
-    job = Job("resnet50", 25_557_032, PROFILE, 64, weak=True)
-    rows = predict_system(job, topo, [1, 2, 4, 8])
+    rows = _rows(gpus=(1, 2, 4, 8))
     assert [r["world_size"] for r in rows] == [1, 2, 4, 8]
     assert rows[0]["speedup"] == pytest.approx(1.0)
     assert all(a["throughput_samples_per_s"] < b["throughput_samples_per_s"] for a, b in zip(rows, rows[1:]))
-    strong = predict_system(Job("resnet50", 25_557_032, PROFILE, 64, weak=False), topo, [1, 8])
+    strong = _rows(gpus=(1, 8), global_batch=64)
     assert strong[1]["batch_per_rank"] == 8 and strong[1]["efficiency"] < rows[-1]["efficiency"]
 
 
 def test_profile_rescaled_to_another_gpu():
-    pcie = load_system("pcie-8gpu-2socket")  # P100 PCIe: 9.3 vs 10.6 TFLOP/s
-    assert profile_for(pcie, PROFILE, None).step_time(64) == pytest.approx(PROFILE.step_time(64) * 10.6 / 9.3)
+    # P100 PCIe: 9.3 vs 10.6 TFLOP/s at the boost clocks; PROFILE states no base-clock rate
+    one = lambda system: _rows(system=system, gpus=(1,))[0]["compute_s"]  # noqa: E731
+    assert one("pcie-8gpu-2socket") == pytest.approx(one("dgx1-p100") * 10.6 / 9.3)
 
 
 def test_cluster_prediction_ethernet_scales_worse():
-    job = Job("resnet50", 25_557_032, PROFILE, 32)
-    ib = predict_cluster(job, ClusterSpec("dgx1-p100", 1, 4, "edr"), [1, 16])
-    eth = predict_cluster(job, ClusterSpec("dgx1-p100", 1, 2, "10gbe"), [1, 16])
+    ib = _rows(gpus=None, nodes=(1, 16), link="edr", nics=4, batch=32)
+    eth = _rows(gpus=None, nodes=(1, 16), link="10gbe", nics=2, batch=32)
     assert eth[-1]["efficiency"] < ib[-1]["efficiency"]
 
 
 def test_documented_profile_for_resnet50_on_p100():
-    sxm2, pcie = load_system("dgx1-p100"), load_system("pcie-8gpu-2socket")
-    profile = profile_for(sxm2, None, 1.0, model="resnet50")
+    profile = p100_resnet50_profile()
     assert 64 / profile.step_time(64) == pytest.approx(200.0)  # the whitepaper's one-GPU bar
     assert profile.step_time(8) / 8 > 1.5 * profile.step_time(64) / 64  # small batches are slower per image
     # at the base clocks, the rate each holds under its power cap: 1328 MHz (SXM2) vs 1126 MHz (PCIe)
-    assert profile_for(pcie, None, 1.0, model="resnet50").step_time(64) == pytest.approx(0.32 * 1328 / 1126)
-    assert "FLOPs" in profile_for(sxm2, None, 1e9, model="gpt-small").source
+    one = lambda system: _rows(system=system, gpus=(1,), profile=None)[0]["compute_s"]  # noqa: E731
+    assert one("dgx1-p100") == pytest.approx(0.32)
+    assert one("pcie-8gpu-2socket") == pytest.approx(0.32 * 1328 / 1126)
 
 
 def test_exchange_passes_the_framework_nccl_version(monkeypatch):
-    import meshscale.simulate.auto as auto
+    import meshscale.predict.training.comm as comm
     seen = []
-    real = auto.nccl_result
+    real = comm.NcclCostModel
 
-    def spy(*args, **kwargs):
-        seen.append(kwargs.get("nccl_version"))
-        return real(*args, **kwargs)
+    def spy(env, version, *args, **kwargs):
+        seen.append(version)
+        return real(env, version, *args, **kwargs)
 
-    monkeypatch.setattr(auto, "nccl_result", spy)
-    job = Job("resnet50", 25_557_032, PROFILE, 64, framework=FRAMEWORKS["cntk-2016"], mode="allreduce")
-    job.step(job.exchange(load_system("dgx1-p100"), 2), 64)
+    monkeypatch.setattr(comm, "NcclCostModel", spy)
+    _rows(framework="cntk-2016", gpus=(2,))
     assert seen and set(seen) == {"1.6"}
-    job = Job("resnet50", 25_557_032, PROFILE, 64)
-    job.exchange(load_system("dgx1-p100"), 2).allreduce_s(1 << 20)
+    _rows(gpus=(2,), batch=63)
     assert seen[-1] is None
 
 
 @pytest.mark.parametrize("bad", [
     lambda: per_rank_batch(3, 64, weak=False),
-    lambda: Exchange(load_system("dgx1-p100"), 9),
-    lambda: profile_for(load_system("dgx1-p100"), None, None),
-    lambda: Exchange(load_system("dgx1-p100"), 2, "butterfly"),
-    lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="ps-async"),
-    lambda: Job("resnet50", 25_557_032, PROFILE, 64, mode="sync"),
-    lambda: Job("resnet50", 25_557_032, PROFILE, 64, algorithm="ps"),
-    lambda: Job("resnet50", 25_557_032, PROFILE, 64, wire="int8"),
+    lambda: _rows(gpus=(9,)),
+    lambda: _rows(profile=None, model="small-cnn"),
+    lambda: _rows(mode="ps-async"),
+    lambda: _rows(mode="sync"),
+    lambda: GradientExchange(wire="int8"),
     lambda: resolve_framework(None, "tensorflow"),
     lambda: resolve_framework("ddp", "cntk-2016"),
     lambda: resolve_framework("ps-sync", "ddp"),
@@ -182,7 +174,7 @@ def test_cli_predict_json_and_errors(tmp_path, cli_process):
     assert done.returncode == 0 and "PREDICTED" in done.stdout
     data = json.loads(out.read_text())
     assert data["kind"] == "predict" and data["predicted"] is True and len(data["rows"]) == 2
-    bad = cli_process("predict", "--model", "resnet50", "--gpus", "16")
+    bad = cli_process("predict", "--model", "resnet50", "--gpus", "12")  # not whole nodes of 8
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "error" in bad.stderr
     scale = Result("scale", [{"world_size": 2, "mode": "weak", "batch_per_rank": 64,
                               "throughput_samples_per_s": 300.0}], meta={"model": "resnet50"})
@@ -202,15 +194,15 @@ def _rates(cli, tmp_path, *args):
 
 def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
     ddp = _rates(cli, tmp_path)
-    assert _rates(cli, tmp_path, "--mode", "ddp", "--algo", "ring", "--framework", "ddp") == ddp  # the defaults
+    assert _rates(cli, tmp_path, "--mode", "ddp", "--framework", "ddp") == ddp  # the defaults
     cntk = _rates(cli, tmp_path, "--framework", "cntk-2016")
     assert cntk[-1][2] < ddp[-1][2]
     assert _rates(cli, tmp_path, "--framework", "cntk-2016", "--wire", "bf16")[-1][2] > cntk[-1][2]  # half the bytes
     assert _rates(cli, tmp_path, "--mode", "ps-sync")[-1][2] < ddp[-1][2]
-    strong = _rates(cli, tmp_path, "--strong", "--global-batch", "64")
+    strong = _rates(cli, tmp_path, "--global-batch", "64")
     assert strong[-1][2] < ddp[-1][2]
     compared = _rates(cli, tmp_path, "--compare", "algorithms")
-    assert [v for v, n, _ in compared if n == 8] == ["nccl", "ring", "hierarchical", "ps-sync"]
+    assert [v for v, n, _ in compared if n == 8] == ["nccl", "ring", "tree", "ps-sync"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "modes") if n == 8] == ["ddp", "allreduce", "ps-sync"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "frameworks") if n == 8] == ["ddp", "horovod", "cntk-2016"]
     assert [v for v, n, _ in _rates(cli, tmp_path, "--compare", "nvlink-pcie") if n == 8] == ["dgx1-p100", "pcie-8gpu-2socket"]
@@ -219,15 +211,13 @@ def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
 @pytest.mark.parametrize("args, message", [
     (["--mode", "ps-async"], "ps-async is not modelled"),
     (["--mode", "gossip"], "unknown mode 'gossip'"),
-    (["--algo", "ps"], "--mode ps-sync"),
-    (["--algo", "butterfly"], "unknown all-reduce algorithm"),
-    (["--strong"], "--strong needs --global-batch"),
-    (["--global-batch", "64"], "--global-batch is for --strong"),
     (["--mode", "ps-sync", "--compare", "algorithms"], "use --mode ddp or allreduce"),
     (["--framework", "caffe"], "unknown framework 'caffe'; use one of ddp, horovod, cntk-2016"),
     (["--mode", "ddp", "--framework", "horovod"], "give --framework alone"),
     (["--mode", "ps-sync", "--framework", "ddp"], "parameter server"),
     (["--wire", "int4"], "unknown wire precision"),
+    (["--dp", "8"], "one layout on one count"),
+    (["--top", "3"], "--top is for --search"),
 ])
 def test_cli_predict_bad_exchange_is_one_line(cli, args, message):
     bad = cli("predict", "--model", "resnet50", "--gpus", "1,8", *args)

@@ -10,7 +10,7 @@ from meshscale.errors import MeshscaleError
 
 from meshscale.predict.frameworks import FRAMEWORKS, ready_order
 from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors, resnet50_gradients, traced_gradients
-from meshscale.predict.step_time import exposed_exchange_s
+from meshscale.predict.training.replicas import exposed_exchange_s
 from meshscale.train.models import _GPT
 
 DDP = FRAMEWORKS["ddp"]
@@ -115,18 +115,20 @@ def test_readiness_measured_on_one_device_orders_the_gradients_as_backward_compl
 
 
 def test_a_profile_with_measured_readiness_sets_when_the_buckets_start(tmp_path):
+    from dataclasses import replace
+
     from meshscale.predict.profile import profile_from_result
-    from meshscale.predict.scaling import Job
+    from meshscale.predict.request import prepare
+    from meshscale.predict.question import PredictRequest
     from meshscale.results import Result
     elements = [g.elements for g in gradient_tensors("gpt-tiny", 0)]
     late = Result("train", [{"batch_per_rank": 8, "step_time_s": 0.1}], meta={
         "profile": True, "model": "gpt-tiny", "gradients": [[e, 0.9 if i else 1.0] for i, e in enumerate(elements)]})
     profile = profile_from_result(late)
-    job = Job("gpt-tiny", sum(elements), profile, 8)
-    assert [g.ready_share for g in job.gradients] == [1.0] + [0.9] * (len(elements) - 1)
-    assert any("measured by the profile run" in n for n in job.notes)
-    other = Job("gpt-tiny", sum(elements) + 1, profile, 8)  # another model's profile: its own readiness is kept
-    assert [g.ready_share for g in other.gradients] == [g.ready_share for g in gradient_tensors("gpt-tiny", 0)]
+    job = prepare(PredictRequest(model="gpt-tiny", system="dgx1-p100", profile=profile, gpus=(2,))).job
+    assert [g.ready_share for g in job.gradients()] == [1.0] + [0.9] * (len(elements) - 1)
+    other = replace(job, measured_params=sum(elements) + 1)  # another model's readiness: not taken
+    assert [g.elements for g in other.gradients()] == [sum(elements) + 1]
     bad = Result("train", late.rows, meta={**late.meta, "gradients": [["x", 1]]})
     with pytest.raises(MeshscaleError, match="meta.gradients"):
         profile_from_result(bad)

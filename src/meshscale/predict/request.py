@@ -283,20 +283,22 @@ class Prepared:
     job: TrainingJob
     calibration: Calibration | None
     nccl_algo: str | None
-    measured: ComputeProfile | None = None   # the measured step on this GPU (step times alone, no categories)
+    measured: ComputeProfile | None = None   # the measured step on this GPU, where it stands (`_stands`)
 
     def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
         return self.where.placement(self.req.nccl_env, self.nccl_algo, gpus, nodes)
 
     def at(self, placement: Placement, batch: int, layout: ParallelLayout | None = None) -> TrainingPrediction:
         """The step of ``batch`` per data-parallel rank on ``placement`` (the request's layout, filled). A
-        measured step of the whole model is the compute of replicas that each run the whole model; a layout that
-        splits it (FSDP shards, tensor, pipeline or context parallelism) takes the kernels, calibrated by it."""
+        measured step of the whole model is the compute of replicas that each run the whole model, at the batches
+        it measured; a layout that splits the model (FSDP shards, tensor, pipeline or context parallelism), or
+        another batch, takes the kernels, calibrated by it."""
         fill = "fsdp" if self.job.model is not None and self.job.sharding != "none" else "dp"
         layout = layout or layout_of(self.req, placement.world_size, fill)
         job = replace(self.job, layout=layout, batch=batch)
         whole = layout.fsdp == layout.tp == layout.pp == layout.cp == 1
-        if self.measured is not None and (whole or not self.model.has_kernels):
+        inside = self.measured is not None and self.measured.batches[0] <= batch <= self.measured.batches[-1]
+        if self.measured is not None and (not self.model.has_kernels or (whole and inside)):
             job = replace(job, measured=self.measured)
         return predict_step(job, placement, self.where.gpu, self.calibration)
 
@@ -324,7 +326,7 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
             from meshscale.results import load_result
             same_job(req, job, load_result(req.profile).meta)
         calibration = calibration_of(req, job, profile)
-    if profile is not None and (not kernels or profile.kernel_categories is None):
+    if profile is not None and (not kernels or _stands(profile, where)):
         measured = _on_this_gpu(profile, where)
     elif not kernels:
         why = "has no per-layer model" if not model.has_kernels else f"runs on {where.gpu.model}, which has no datasheet"
@@ -342,6 +344,18 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
         job = replace(job, measured_gradients=tuple(profile.gradients))
     return Prepared(req, model, where, job, calibration, nccl_algo if nccl_algo is not None else req.nccl_algo,
                     measured)
+
+
+def _stands(profile: ComputeProfile, where: Where) -> bool:
+    """Whether a profile of a model with kernels stands for the step as measured on ``where``'s GPU: measured
+    there (its GPU model, or no GPU said), or on the same chip at another clock (the catalog gives both base
+    clocks: the P100 SXM2 and PCIe), and not by kernel category (categories calibrate the kernels)."""
+    if profile.kernel_categories is not None:
+        return False
+    if not profile.gpu_model or profile.gpu_model == where.gpu.model:
+        return True
+    ratio = sustained_ratio(profile, where.node.nodes[where.node.devices()[0]].attrs)
+    return bool(ratio) and ratio[1] == "FP32 at base clock"
 
 
 def _on_this_gpu(profile: ComputeProfile, where: Where) -> ComputeProfile:

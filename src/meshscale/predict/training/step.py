@@ -58,6 +58,10 @@ from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, S
                                                  transformer_ends, transformer_layer)
 
 BACKWARD_SHARE = 2 / 3   # of a measured step without per-layer kernels: backward is about twice forward
+# A step measured on one rank lacks what more ranks add to each step outside the exchange: the communication
+# hooks, stream synchronizations and the optimizer's extra work (the kernel model prices these as kernels and
+# host ops; a measured step has none to add them to). An assumption carried from the first data-parallel model.
+MEASURED_STEP_DIST_S = 0.5e-3
 SHARDINGS = ("fsdp2", "fsdp1", "none")
 
 
@@ -429,9 +433,12 @@ def _replicated(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, 
     compute = forward + backward + optimizer
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
     found = replica_exchange(job.exchange, job.gradients(), group, placement, backward, forward + backward)
-    return _with_replicas(TrainingPrediction(job, placement, gpu, source, compute, compute, launch_s=launch,
-                                             host_ops=0 if job.cuda_graph or job.measured is not None
-                                             else step_kernels(job).host_ops()), found, backward, gpu)
+    p = _with_replicas(TrainingPrediction(job, placement, gpu, source, compute, compute, launch_s=launch,
+                                          host_ops=0 if job.cuda_graph or job.measured is not None
+                                          else step_kernels(job).host_ops()), found, backward, gpu)
+    if job.measured is not None and len(group) > 1:   # what one rank's measured step did not do
+        p.host_s, p.step_s = MEASURED_STEP_DIST_S, p.step_s + MEASURED_STEP_DIST_S
+    return p
 
 
 def _with_replicas(p: TrainingPrediction, found: ReplicaCost, backward_s: float, gpu: GpuSpec) -> TrainingPrediction:
