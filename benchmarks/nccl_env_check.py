@@ -24,7 +24,9 @@ SIZES = "-b 16M -e 1G -f 4".split()
 
 def main() -> int:
     from meshscale.results import load_result
-    from meshscale.simulate import predict_collective
+    from meshscale.simulate.cost import Call
+    from meshscale.simulate.fabric import Fabric
+    from meshscale.simulate.nccl_env import NcclSettings
     from meshscale.simulate.nccl_env import parse_nccl_env
     from meshscale.topology import load_system
 
@@ -52,7 +54,7 @@ def main() -> int:
                 continue
             measured = {r["size_bytes"]: r["busbw_bytes_per_s"] for r in load_result(path).rows if not r.get("inplace")}
         for size in (16 << 20, 64 << 20, 256 << 20, 1 << 30):
-            p = predict_collective(topo, "all_reduce", ranks, size, nccl_env=parse_nccl_env(settings))
+            p = Fabric(topo, nccl=NcclSettings(env=parse_nccl_env(settings))).cost(Call("all_reduce", size, tuple(ranks)))
             m = measured.get(size)
             error = f"{p.busbw_bytes_per_s / m - 1:+7.1%}" if m else "      -"
             print(f"{' '.join(settings) or 'defaults':58} {size >> 20:5}M {m / 1e9 if m else float('nan'):9.1f} "

@@ -27,7 +27,9 @@ from meshscale.collectives.kinds import kind
 from meshscale.execute import launch
 from meshscale.execute.schedule_runner import schedule_callable
 from meshscale.results import measured
-from meshscale.simulate import calibrate, predict_collective, simulate
+from meshscale.simulate import calibrate, simulate
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
 from meshscale.units import format_bytes, gbps, parse_bytes
 
 
@@ -121,7 +123,7 @@ def main() -> None:
     for r in measured_rows:
         size = r["size_bytes"]
         if r["impl"] == "native":
-            pred = predict_collective(topo, "all_reduce", ranks, size, "auto", params)
+            pred = Fabric(topo, params=params, algo="auto").cost(Call("all_reduce", size, tuple(ranks)))
         else:
             pred = simulate(build(r["impl"], "all_reduce", ranks, size, topo), topo, params)
         busbw = size / r["time_s"] * factor

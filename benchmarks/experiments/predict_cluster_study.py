@@ -5,23 +5,18 @@ import sys
 from pathlib import Path
 
 from meshscale.plots import rows_scaling_chart, save
-from meshscale.predict.scaling import Job, predict_cluster, profile_for
-from meshscale.topology import load_system
-from meshscale.topology.cluster import ClusterSpec
-from meshscale.train.models import get_model
+from meshscale.predict import PredictRequest, predict_rows
 
 NODES = [1, 2, 4, 8, 16, 32, 64, 124]
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")
 lines = ["| model | network | all-reduce | " + " | ".join(f"{n} nodes" for n in NODES) + " | stops scaling |",
          "|---|---|---|" + "---|" * len(NODES) + "---|"]
 for name, batch in (("resnet50", 32), ("gpt-small", 4)):
-    spec = get_model(name)
     rows = []
     for link, nics in (("edr", 4), ("10gbe", 2)):
-        for algorithm in ("ring", "hierarchical"):
-            job = Job(name, spec.params, profile_for(load_system("dgx1-p100"), None, spec.flops_per_sample), batch,
-                      algorithm=algorithm)
-            got = predict_cluster(job, ClusterSpec("dgx1-p100", 1, nics, link), NODES)
+        for algorithm in ("ring", "tree"):
+            got, _, _ = predict_rows(PredictRequest(model=name, system="dgx1-p100", nodes=tuple(NODES), link=link,
+                                                    nics=nics, batch=batch, nccl_algo=algorithm))
             variant = f"{link} {algorithm}"
             rows += [dict(r, variant=variant) for r in got]
             # "stops scaling": the first count where doubling the nodes adds under half of ideal throughput

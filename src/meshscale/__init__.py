@@ -58,18 +58,21 @@ def plan(system: "str | Path | Topology", collective: str, size_bytes: int, gpus
     """The schedule of one collective of ``size_bytes`` on the first ``gpus`` devices of ``system`` (a name, a
     file or a `Topology`): the model's choice with ``algorithm`` "auto", its predicted time (``.result``), the
     link bound and the candidates it weighed. ``meshscale.simulate.plan.plan_result(p)`` makes it a Result."""
+    from meshscale.simulate.fabric import Fabric
     from meshscale.simulate.plan import plan as make_plan
     topo = _topology(system)
-    return make_plan(topo, collective, _ranks(topo, gpus), int(size_bytes), algorithm)
+    return make_plan(Fabric(topo, algo=algorithm), collective, _ranks(topo, gpus), int(size_bytes))
 
 
 def predict_collective(system: "str | Path | Topology", collective: str, sizes_bytes: list[int],
                        gpus: int | None = None, algorithm: str = "nccl") -> "Result":
     """Predicted time, algbw and busbw of a collective at each of ``sizes_bytes`` (a Result of kind "sim", one
-    row per size), as NCCL would run it unless ``algorithm`` names another ("ring", "tree", "auto", ...)."""
+    row per size), as NCCL would run it ("nccl") unless ``algorithm`` names meshscale's schedule ("auto", "ring",
+    ...: the --algo vocabulary)."""
+    from meshscale.simulate.fabric import Fabric
     from meshscale.simulate.plan import sim_sweep
     topo = _topology(system)
-    return sim_sweep(topo, collective, _ranks(topo, gpus), [int(s) for s in sizes_bytes], algorithm)
+    return sim_sweep(Fabric(topo, algo=algorithm), collective, _ranks(topo, gpus), [int(s) for s in sizes_bytes])
 
 
 def predict_scaling(**request: Any) -> "Result":

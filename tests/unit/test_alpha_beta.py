@@ -4,9 +4,11 @@ from __future__ import annotations
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.exchange_cost import Exchange
 from meshscale.simulate.alpha_beta import AlphaBetaCostModel
-from meshscale.simulate.cost import Call, CostModel, FlowCostModel, NcclCostModel, call_bytes
+from meshscale.simulate.auto import FlowCostModel
+from meshscale.simulate.cost import Call, CostModel, call_bytes
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl.cost_model import NcclCostModel
 from meshscale.simulate.params import SimParams
 from meshscale.topology import load_system, route
 
@@ -57,21 +59,12 @@ def test_it_prices_only_ring_collectives():
         _time(PCIE, "broadcast", 1 << 20, range(4))
 
 
-def test_the_exchange_chooses_among_cost_models():
-    """One system's all-reduce through whichever model is given, each priced on the same topology."""
-    topo = load_system("dgx1-p100")
-    nbytes = 64 << 20
-    for model in (AlphaBetaCostModel(), NcclCostModel(), FlowCostModel()):
-        assert Exchange(topo, 8, intra=model).allreduce_s(nbytes) == pytest.approx(_time(topo, "all_reduce", nbytes, range(8), model))
-
-
 @pytest.mark.parametrize("collective, ranks", [("all_reduce", 8), ("all_gather", 8), ("reduce_scatter", 3),
                                                ("all_to_all", 6), ("broadcast", 5)])
 def test_every_size_is_rounded_down_to_what_nccl_tests_runs(collective, ranks):
     """nccl-tests sizes a call as whole elements, per rank where the buffer splits over the ranks, rounded
-    down; never below one such step. The sweep, the cost interface and predict_collective agree."""
+    down; never below one such step. The sweep, the cost interface and the fabric agree."""
     from meshscale.collectives.kinds import kind
-    from meshscale.simulate import predict_collective
     from meshscale.simulate.plan import sim_sweep
 
     step = 4 * ranks if kind(collective).segmented else 4
@@ -81,7 +74,7 @@ def test_every_size_is_rounded_down_to_what_nccl_tests_runs(collective, ranks):
     topo = load_system("hgx-h100")
     group = list(range(ranks))
     asked = 1_000_003
-    swept = sim_sweep(topo, collective, group, [asked]).rows[0]["size_bytes"]
+    swept = sim_sweep(Fabric(topo), collective, group, [asked]).rows[0]["size_bytes"]
     priced = NcclCostModel().predict(Call(collective, asked, tuple(group)), topo)
-    assert swept == call_bytes(collective, asked, ranks) == predict_collective(topo, collective, group, asked).nbytes
-    assert priced.time_s == pytest.approx(predict_collective(topo, collective, group, asked).time_s, rel=1e-12)
+    assert swept == call_bytes(collective, asked, ranks) == Fabric(topo).cost(Call(collective, asked, tuple(group))).call.sized_bytes
+    assert priced.time_s == pytest.approx(Fabric(topo).cost(Call(collective, asked, tuple(group))).time_s, rel=1e-12)

@@ -16,6 +16,10 @@ from meshscale.results import Result
     (["-b", "12Q", "--cpus", "2"], "cannot read size"),
     (["--impl", "nccl", "--cpus", "2"], "--impl nccl calls NCCL directly and needs GPUs"),
     (["--impl", "mpi", "--cpus", "2"], "use native, meshscale or nccl"),
+    # the one --algo vocabulary, where the implementation can run it
+    (["--algo", "fastest", "--cpus", "2"], "unknown --algo 'fastest'; use one of nccl, auto, ring"),
+    (["--algo", "ring", "--cpus", "2"], "--algo ring with --impl native"),
+    (["--algo", "nccl", "--impl", "meshscale", "--cpus", "2"], "--algo nccl with --impl meshscale"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     out = cli("bench", "collective", *args)

@@ -6,7 +6,9 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import load_result
-from meshscale.simulate import calibrate, calibrate_collective, predict_collective
+from meshscale.simulate import calibrate, calibrate_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
 from meshscale.topology import load
 
 FIX = Path(__file__).parents[1] / "fixtures"
@@ -25,7 +27,7 @@ def test_fit_matches_the_largest_size_and_lowers_nvlink_efficiency(setup):
     topo, bench, p2p_params, measured = setup
     fitted = calibrate_collective(topo, bench, p2p_params)
     largest = max(measured)
-    got = predict_collective(topo, "all_reduce", [0, 1], largest, params=fitted).busbw_bytes_per_s
+    got = Fabric(topo, params=fitted).cost(Call("all_reduce", largest, tuple([0, 1]))).busbw_bytes_per_s
     assert got == pytest.approx(measured[largest], rel=0.02)
     assert fitted.efficiency_of("nvlink") < p2p_params.efficiency_of("nvlink")
     assert "all_reduce busbw" in fitted.source
@@ -35,7 +37,7 @@ def test_fit_improves_a_size_it_was_not_fitted_on(setup):
     topo, bench, p2p_params, measured = setup
     fitted = calibrate_collective(topo, bench, p2p_params)
     size = 256 << 20
-    error = lambda params: abs(predict_collective(topo, "all_reduce", [0, 1], size, params=params).busbw_bytes_per_s
+    error = lambda params: abs(Fabric(topo, params=params).cost(Call("all_reduce", size, tuple([0, 1]))).busbw_bytes_per_s
                                / measured[size] - 1)
     assert error(fitted) < error(p2p_params)
     assert error(fitted) < 0.10

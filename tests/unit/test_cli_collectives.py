@@ -48,6 +48,10 @@ def test_sim_sweep_rows_match_bench_keys(cli, tmp_path):
     (["plan", "all_reduce", "--system", "dgx1-p100", "--gpus", "2", "--devices", "0,1"], "not both"),
     (["sim", "all_reduce", "--system", "dgx1-p100", "--min-bytes", "2M", "--max-bytes", "1M"], "no sweep"),
     (["plan", "all_reduce", "--system", "dgx1-p100", "--p2p", "/nonexistent/p2p.json"], "cannot read"),
+    # one --algo vocabulary: nccl, auto or a schedule; plan names the schedule (NCCL's pick is always beside it)
+    (["sim", "all_reduce", "--system", "dgx1-p100", "--algo", "fastest"], "unknown --algo 'fastest'; use one of nccl, auto, ring"),
+    (["plan", "all_reduce", "--system", "dgx1-p100", "--algo", "nccl"], "unknown --algo 'nccl'; use one of auto, ring"),
+    (["sim", "all_reduce", "--system", "dgx1-p100", "--algo", "ring", "--nccl-algo", "tree"], "go with --algo nccl"),
 ])
 def test_bad_input_is_one_line_and_exit_2(cli, args, message):
     run = cli(*args)

@@ -7,7 +7,9 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, load_result
 from meshscale.simulate import nccl
-from meshscale.simulate.auto import nccl_result
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.simulate.link_fit import fit_network
 from meshscale.topology.cluster import net_link, system_or_cluster
 from meshscale.topology.links import parse_network_rate
@@ -36,13 +38,13 @@ def _ranks(topo):
 def test_network_bandwidth_and_latency_change_nccl_across_nodes():
     edr = system_or_cluster("dgx1-v100", nodes=4, link="edr")
     ten = system_or_cluster("dgx1-v100", nodes=4, link="10gbe")
-    big = nccl_result(edr, "all_reduce", _ranks(edr), 256 << 20).busbw_bytes_per_s
-    small = nccl_result(ten, "all_reduce", _ranks(ten), 256 << 20).busbw_bytes_per_s
+    big = Fabric(edr).cost(Call("all_reduce", 256 << 20, tuple(_ranks(edr)))).busbw_bytes_per_s
+    small = Fabric(ten).cost(Call("all_reduce", 256 << 20, tuple(_ranks(ten)))).busbw_bytes_per_s
     assert big > 40e9 and small < 2.6e9  # 4 EDR ports vs 2 x 10 GbE per node
     near = system_or_cluster("dgx1-v100", nodes=4, link="12GB/s,1us")
     far = system_or_cluster("dgx1-v100", nodes=4, link="12GB/s,50us")
-    t_near = nccl_result(near, "all_reduce", _ranks(near), 4096, nccl_algo="ring").time_s
-    t_far = nccl_result(far, "all_reduce", _ranks(far), 4096, nccl_algo="ring").time_s
+    t_near = Fabric(near, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", 4096, tuple(_ranks(near)))).time_s
+    t_far = Fabric(far, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", 4096, tuple(_ranks(far)))).time_s
     assert t_far > t_near + 6 * 40e-6  # 6 network steps of a 4-node ring all_reduce, each ~49 us slower
 
 
@@ -186,7 +188,6 @@ def test_network_fit_refuses_a_single_node_or_non_positive_result(tmp_path, cli)
 def test_one_gpu_per_node_rings_run_over_the_nics(tmp_path):
     """Nodes of one GPU (the emulated two-node run): NCCL's channels go GPU -> NIC, so the ring runs at the
     network's rate, not at the node's (absent) intra-node bandwidth."""
-    from meshscale.simulate import predict_collective
     from meshscale.topology import dumps, load_system, subset
     node = subset(load_system("hgx-h200"), [0])
     path = tmp_path / "one-gpu.json"
@@ -194,16 +195,15 @@ def test_one_gpu_per_node_rings_run_over_the_nics(tmp_path):
     slow = system_or_cluster(str(path), nodes=2, link="3GB/s,5us", nics=1)
     fast = system_or_cluster(str(path), nodes=2, link="25GB/s,5us", nics=1)
     size = 256 << 20
-    t_slow, t_fast = (predict_collective(t, "all_reduce", [0, 1], size).time_s for t in (slow, fast))
+    t_slow, t_fast = (Fabric(t).cost(Call("all_reduce", size, tuple([0, 1]))).time_s for t in (slow, fast))
     assert size / t_slow < 3e9 < size / t_fast  # busbw = algbw on 2 ranks: below the 3 GB/s network, and far above it
     assert t_slow / t_fast > 5
 
 
 def _ring_busbw(**shape) -> float:
-    from meshscale.simulate import predict_collective
     from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
     topo = build_cluster(plan_cluster(ClusterSpec(node="dgx1-v100", nics=4, link="edr", **shape)))
-    return predict_collective(topo, "all_reduce", _ranks(topo), 1 << 30, nccl_algo="ring").busbw_bytes_per_s
+    return Fabric(topo, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", 1 << 30, tuple(_ranks(topo)))).busbw_bytes_per_s
 
 
 def test_an_oversubscribed_tree_slows_a_ring_only_where_it_climbs():

@@ -6,7 +6,9 @@ from meshscale.errors import MeshscaleError
 from meshscale.results import load_result
 from meshscale.simulate import nccl
 from meshscale.simulate.nccl import tuning
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology import route
 from meshscale.topology.cluster import ClusterSpec, build_cluster, describe, net_link, plan_cluster, system_or_cluster
 
@@ -58,7 +60,7 @@ def test_cluster_prints_the_rail_layout_and_draws_it(cli, tmp_path):
 
 def _ring(nbytes: int, **shape):
     topo = build_cluster(plan_cluster(ClusterSpec(**{**H100, **shape})))
-    return predict_collective(topo, "all_reduce", _ranks(topo), nbytes, nccl_algo="ring")
+    return Fabric(topo, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", nbytes, tuple(_ranks(topo))))
 
 
 def test_an_oversubscribed_fat_tree_cuts_the_ring_where_rails_do_not():

@@ -3,7 +3,9 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.simulate import nccl
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.simulate.nccl_env import KEYS, SOCKET_STREAM_GBPS, parse_nccl_env
 from meshscale.topology import load_system
 from meshscale.topology.cluster import system_or_cluster
@@ -17,7 +19,7 @@ def h200():
 
 
 def _busbw(topo, ranks, settings, nbytes=GIB, collective="all_reduce"):
-    return predict_collective(topo, collective, ranks, nbytes, nccl_env=parse_nccl_env(settings)).busbw_bytes_per_s
+    return Fabric(topo, nccl=NcclSettings(env=parse_nccl_env(settings))).cost(Call(collective, nbytes, tuple(ranks))).busbw_bytes_per_s
 
 
 @pytest.mark.parametrize("pair, message", [
@@ -91,8 +93,8 @@ def test_sockets_between_nodes_are_slower_and_grow_with_their_streams():
 
 def test_nccl_algo_and_proto_lists_and_exclusions(h200):
     ranks = list(range(8))
-    forced = predict_collective(h200, "all_reduce", ranks, GIB, nccl_env=parse_nccl_env(["NCCL_ALGO=Ring"]))
-    assert forced.time_s == predict_collective(h200, "all_reduce", ranks, GIB, nccl_algo="ring").time_s
+    forced = Fabric(h200, nccl=NcclSettings(env=parse_nccl_env(["NCCL_ALGO=Ring"]))).cost(Call("all_reduce", GIB, tuple(ranks)))
+    assert forced.time_s == Fabric(h200, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", GIB, tuple(ranks))).time_s
     excluded = nccl.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_ALGO=^NVLS,NVLSTree"]))
     assert excluded.algo not in ("nvls", "nvls_tree")
     nvls_off = nccl.predict(h200, "all_reduce", ranks, GIB, env=parse_nccl_env(["NCCL_NVLS_ENABLE=0"]))

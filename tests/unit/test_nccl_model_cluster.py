@@ -4,7 +4,9 @@ import pytest
 
 from meshscale.simulate import nccl
 from meshscale.simulate.nccl import p2p
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology.cluster import system_or_cluster
 
 
@@ -20,7 +22,7 @@ def test_point_to_point_across_nodes_is_bounded_by_each_gpus_nic(collective):
     ranks = _ranks(cluster)
     s = nccl.analyse(cluster, ranks)
     per_gpu_gbps = s.inter_gbps / s.ppn
-    p = predict_collective(cluster, collective, ranks, 1 << 30)
+    p = Fabric(cluster).cost(Call(collective, 1 << 30, tuple(ranks)))
     n = len(ranks)
     if collective == "all_to_all":
         algbw_bound = per_gpu_gbps * n / (n - s.ppn)
@@ -31,7 +33,7 @@ def test_point_to_point_across_nodes_is_bounded_by_each_gpus_nic(collective):
 
 
 def test_all_to_all_across_nodes_grows_with_the_nics():
-    few, many = (predict_collective(c, "all_to_all", _ranks(c), 1 << 30)
+    few, many = (Fabric(c).cost(Call("all_to_all", 1 << 30, tuple(_ranks(c))))
                  for c in (system_or_cluster("dgx-a100", 2, "hdr", k) for k in (2, 8)))
     assert many.busbw_bytes_per_s > 2 * few.busbw_bytes_per_s
 
@@ -41,8 +43,8 @@ def test_the_tree_overtakes_the_ring_as_nodes_grow():
     for nodes in (2, 8, 32):
         cluster = system_or_cluster("hgx-h100", nodes, "ndr", 8)
         ranks = _ranks(cluster)
-        picked = predict_collective(cluster, "all_reduce", ranks, 25 << 20)
-        ring = predict_collective(cluster, "all_reduce", ranks, 25 << 20, nccl_algo="ring")
+        picked = Fabric(cluster).cost(Call("all_reduce", 25 << 20, tuple(ranks)))
+        ring = Fabric(cluster, nccl=NcclSettings(algo="ring")).cost(Call("all_reduce", 25 << 20, tuple(ranks)))
         assert picked.time_s <= ring.time_s * 1.0001
         ratios.append(ring.time_s / picked.time_s)
     assert ratios[0] < ratios[1] < ratios[2]

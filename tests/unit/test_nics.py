@@ -118,7 +118,8 @@ def test_two_gpu_hosts_join_and_the_network_port_bounds_the_ring():
     from conftest import FakeNVML
 
     from meshscale.collectives.bounds import busbw_bound
-    from meshscale.simulate import predict_collective
+    from meshscale.simulate.cost import Call
+    from meshscale.simulate.fabric import Fabric
     from meshscale.topology.nvml_discovery import nvml_topology
 
     host = nvml_topology(FakeNVML.from_dump(), sm_counts={})
@@ -127,5 +128,5 @@ def test_two_gpu_hosts_join_and_the_network_port_bounds_the_ring():
     assert [joined.nodes[d].index for d in joined.gpus()] == [0, 1, 2, 3]
     assert joined.title == "2 hosts (a, b): 2x NVIDIA H200 each, joined by 400 Gb/sec (4X NDR)"
     assert busbw_bound(joined, "all_reduce", [0, 1, 2, 3], 0) == pytest.approx(50e9)  # NDR, not the NIC's slot
-    predicted = predict_collective(joined, "all_reduce", [0, 1, 2, 3], 1 << 28)
+    predicted = Fabric(joined).cost(Call("all_reduce", 1 << 28, tuple([0, 1, 2, 3])))
     assert 0 < predicted.busbw_bytes_per_s <= 50e9 * 1.01

@@ -4,7 +4,8 @@ import json
 
 import pytest
 
-from meshscale.simulate.auto import nccl_result
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
 from meshscale.simulate.placement import PLACEMENT_BYTES, rank_placements
 from meshscale.topology import load_system
 
@@ -16,26 +17,26 @@ def test_place_picks_a_subset_plan_ranks_best_for_every_k(name):
     topo = load_system(name)
     every = [topo.nodes[d].index for d in topo.devices()]
     for k in range(2, len(every) + 1):
-        ranked = rank_placements(topo, k)
+        ranked = rank_placements(Fabric(topo), k)
         assert len(ranked) == len(list(itertools.combinations(every, k)))
         # plan's NCCL line predicts with nccl_result: the chosen subset reaches the best busbw over all subsets
-        best = max(nccl_result(topo, "all_reduce", list(s), PLACEMENT_BYTES).busbw_bytes_per_s
+        best = max(Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, tuple(list(s)))).busbw_bytes_per_s
                    for s in itertools.combinations(every, k))
-        chosen = nccl_result(topo, "all_reduce", ranked[0].devices, PLACEMENT_BYTES).busbw_bytes_per_s
+        chosen = Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, tuple(ranked[0].devices))).busbw_bytes_per_s
         assert chosen == pytest.approx(best, rel=1e-9), (name, k, ranked[0].devices)
 
 
 def test_place_keeps_a_dgx1_quad_on_its_fully_connected_half():
     for name in ("dgx1-p100", "dgx1-v100"):
-        chosen = rank_placements(load_system(name), 4)[0].devices
+        chosen = rank_placements(Fabric(load_system(name)), 4)[0].devices
         assert chosen in ([0, 1, 2, 3], [4, 5, 6, 7])
 
 
 def test_place_keeps_a_pcie_job_off_the_cpu_link_while_one_socket_holds_it():
     topo = load_system("pcie-8gpu-2socket")
     for k in (2, 3, 4):
-        assert rank_placements(topo, k)[0].path_type != "SYS"
-    assert rank_placements(topo, 2)[0].path_type == "PIX"  # a pair under one PCIe switch
+        assert rank_placements(Fabric(topo), k)[0].path_type != "SYS"
+    assert rank_placements(Fabric(topo), 2)[0].path_type == "PIX"  # a pair under one PCIe switch
 
 
 def test_place_uses_only_free_gpus_and_says_why(cli, tmp_path):
@@ -54,7 +55,7 @@ def test_place_uses_only_free_gpus_and_says_why(cli, tmp_path):
 
 def test_place_prefers_nvlink_pair_to_a_pair_that_needs_pcie():
     # on a DGX-1 P100, GPU 0 and 5 have no NVLink between them; 4 and 5 do
-    ranked = rank_placements(load_system("dgx1-p100"), 2, free=[0, 4, 5])
+    ranked = rank_placements(Fabric(load_system("dgx1-p100")), 2, free=[0, 4, 5])
     assert ranked[0].devices == [4, 5] or ranked[0].path_type == "NVL"
     assert ranked[-1].busbw_bytes_per_s < ranked[0].busbw_bytes_per_s
     assert ranked[-1].devices == [0, 5]
@@ -76,10 +77,10 @@ def test_the_model_runs_once_per_shape_of_subset():
     in how they share PCIe switches and CPUs, a few shapes predicted once each; so do a DGX-1's ways to take 4."""
     from meshscale.simulate.placement import _Ranker
 
-    ranker = _Ranker(load_system("dgx2"), PLACEMENT_BYTES, None)
+    ranker = _Ranker(Fabric(load_system("dgx2")), PLACEMENT_BYTES)
     found = [ranker.placement(list(s)) for s in itertools.combinations(range(16), 8)]
     assert len(found) == 12870 and ranker.predictions <= 20
-    dgx1 = _Ranker(load_system("dgx1-p100"), PLACEMENT_BYTES, None)
+    dgx1 = _Ranker(Fabric(load_system("dgx1-p100")), PLACEMENT_BYTES)
     for s in itertools.combinations(range(8), 4):
         dgx1.placement(list(s))
     assert 1 < dgx1.predictions < 70 / 4
@@ -93,9 +94,9 @@ def test_the_search_finds_what_enumeration_finds(monkeypatch, name, k):
 
     topo = load_system(name)
     every = [topo.nodes[d].index for d in topo.devices()]
-    best = max(nccl_result(topo, "all_reduce", list(s), PLACEMENT_BYTES).busbw_bytes_per_s
+    best = max(Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, tuple(list(s)))).busbw_bytes_per_s
                for s in itertools.combinations(every, k))
     monkeypatch.setattr(placement, "EXHAUSTIVE_SUBSETS", 0)
-    ranked = rank_placements(topo, k)
+    ranked = rank_placements(Fabric(topo), k)
     assert len(ranked) < len(list(itertools.combinations(every, k)))
     assert ranked[0].busbw_bytes_per_s == pytest.approx(best, rel=1e-6)  # placement.SAME_BUSBW: a tie

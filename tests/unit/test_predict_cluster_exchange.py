@@ -30,8 +30,7 @@ def _sweep(link: str, nics: int, **kw) -> list[dict]:
 
 
 def test_slower_network_slower_exchange_and_sweep_reuses_the_cluster():
-    from meshscale.predict.exchange_cost import cluster_topology
-    from meshscale.topology.cluster import ClusterSpec
+    from meshscale.topology.cluster import ClusterSpec, cluster_topology
 
     edr, gbe = _sweep("edr", 4), _sweep("10gbe", 2)
     assert [r["world_size"] for r in edr] == [8, 16, 64]

@@ -117,9 +117,10 @@ def test_ranks_have_one_name_in_plots_and_notes():
 def test_cluster_plan_and_predict_results_have_their_own_sections():
     from meshscale.report.parts import Source
     from meshscale.results import Result
+    from meshscale.simulate.fabric import Fabric
     from meshscale.simulate.plan import plan, plan_result
     from meshscale.topology.catalog import load_system
-    chosen = plan_result(plan(load_system("hgx-h200"), "all_reduce", list(range(8)), 1 << 30))
+    chosen = plan_result(plan(Fabric(load_system("hgx-h200"), algo="auto"), "all_reduce", list(range(8)), 1 << 30))
     cluster = Result("cluster", [{"nodes": 16, "gpus": 128, "levels": 2, "bisection_bytes_per_s": 1.6e12,
                                   "latency_s": 2e-6}], True, {"node": "hgx-h200", "link": "ndr"})
     predicted = Result("predict", [{"world_size": n, "variant": "ndr ring", "predicted_samples_per_s": 900.0 * n}
@@ -151,6 +152,7 @@ def test_p2p_bandwidth_colours_run_up_to_the_line_rate(page):
 def test_train_place_and_a_foreign_sim_each_have_their_place():
     from meshscale.report.parts import Source
     from meshscale.results import Result
+    from meshscale.simulate.fabric import Fabric
     from meshscale.simulate.plan import sim_sweep
     from meshscale.topology.catalog import load_system
     losses = [2.3, 1.9, 1.4, 1.1]
@@ -162,7 +164,7 @@ def test_train_place_and_a_foreign_sim_each_have_their_place():
                              {"rank": 2, "devices": [0, 1, 4, 5], "busbw_bytes_per_s": 3.7e10, "time_s": 2.8e-3,
                               "algorithm": "ring", "bound_busbw_bytes_per_s": 5e10, "path_type": "NVL"}], True,
                    {"system": "dgx1-v100", "gpus": 4, "size_bytes": 1 << 26, "subsets": 70, "why": ["rings over NVLink"]})
-    other = sim_sweep(load_system("dgx1-v100"), "all_reduce", list(range(8)), [1 << 20, 1 << 24])
+    other = sim_sweep(Fabric(load_system("dgx1-v100")), "all_reduce", list(range(8)), [1 << 20, 1 << 24])
     measured = load_result(FIXTURES / "collective.json")
     page = render([Source("collective", measured), Source("my_sim", other), Source("run", train),
                    Source("place", place)])

@@ -3,8 +3,9 @@ once, and the same options resolve to the same cluster, calibration and NCCL set
 import pytest
 
 from meshscale.errors import MeshscaleError
-from meshscale import scenario
-from meshscale.scenario import nccl_settings, resolve_fabric
+from meshscale.simulate import fabric as scenario
+from meshscale.simulate.fabric import resolve_fabric
+from meshscale.simulate.nccl_env import NcclSettings, nccl_settings
 
 CLUSTER_FILE = "cluster:\n  node: dgx1-v100\n  nodes: 2\n  link: {link}\n  nics: 4\n"
 
@@ -43,7 +44,7 @@ def test_sim_plan_place_and_predict_resolve_a_cluster_file_the_same_way(cli, tmp
         assert other.cluster == first.cluster
         assert other.nccl == first.nccl
         assert other.params is None  # nothing measured: the model's defaults everywhere
-    assert first.nccl["nccl_env"].max_channels == 2
+    assert first.nccl.env.max_channels == 2
 
 
 def test_a_measured_multi_node_all_reduce_fits_the_same_network_for_sim_and_predict(cli, tmp_path, resolved):
@@ -66,7 +67,7 @@ def test_resolution_without_a_system_or_with_bad_settings_is_one_error():
         resolve_fabric(None, {"nodes": 2})
     with pytest.raises(MeshscaleError, match="NCCL_MAX_NCHANNELS"):
         nccl_settings(nccl_env=["NCCL_NOT_A_KEY=1"])
-    assert nccl_settings() == {}  # nothing given: the model's defaults, nothing forced
+    assert nccl_settings() == NcclSettings() and not nccl_settings().given()  # the model's defaults, nothing forced
 
 
 def test_a_topology_in_hand_resolves_as_its_name_does():
@@ -76,8 +77,8 @@ def test_a_topology_in_hand_resolves_as_its_name_does():
     from meshscale.topology import load_system
     p2p = Path(__file__).resolve().parents[1] / "fixtures" / "p2p_h200x2.json"
     named = resolve_fabric("hgx-h200", p2p=p2p)
-    in_hand = resolve_fabric(load_system("hgx-h200"), p2p=p2p, nccl={"nvls": False})
+    in_hand = resolve_fabric(load_system("hgx-h200"), p2p=p2p, nccl=NcclSettings(nvls=False))
     assert named.params is not None and in_hand.params == named.params
-    assert in_hand.cluster is None and in_hand.nccl == {"nvls": False}
+    assert in_hand.cluster is None and in_hand.nccl.given() == {"nvls": False}
     with pytest.raises(MeshscaleError, match="cluster"):
         resolve_fabric(load_system("hgx-h200"), {"nodes": 2})

@@ -7,7 +7,9 @@ import pytest
 
 from meshscale.collectives.algorithms import build
 from meshscale.collectives.synthesis import best_ring
-from meshscale.simulate import choose, predict_collective, simulate
+from meshscale.simulate import choose, simulate
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
 from meshscale.topology import load_system, relation
 
 MIB = 1 << 20
@@ -18,7 +20,7 @@ def test_all_reduce_256m_busbw_in_published_range(system, low, high):
     # whitepaper: over 60 GB/s on DGX-1 P100 (4 links x 20 GB/s); "GPU & CUDA multi-machine communication":
     # NCCL rings over 5 GB/s across QPI (8 GPUs of two sockets), about 10 GB/s on the 4 GPUs of one
     topo = load_system(system)
-    result = predict_collective(topo, "all_reduce", list(range(8)), 256 * MIB)
+    result = Fabric(topo).cost(Call("all_reduce", 256 * MIB, tuple(list(range(8)))))
     assert low <= result.busbw_bytes_per_s <= high, (result.detail, result.busbw_bytes_per_s)
 
 
@@ -72,7 +74,7 @@ def test_auto_beats_the_best_single_ring_on_every_subset(system):
 def test_p100_subset_without_nvlink_ring():
     topo = load_system("dgx1-p100")
     devices = [0, 1, 2, 3, 7]
-    auto = predict_collective(topo, "all_reduce", devices, 256 * MIB, algorithm="auto")
+    auto = Fabric(topo, algo="auto").cost(Call("all_reduce", 256 * MIB, tuple(devices)))
     ring = simulate(build("ring", "all_reduce", devices, 256 * MIB, topo, rings=[best_ring(topo, devices).order]), topo)
     assert any("pcie" in l.name for l in ring.links[:2])  # the single ring's bottleneck is a PCIe link
     assert auto.busbw_bytes_per_s >= 1.5 * ring.busbw_bytes_per_s

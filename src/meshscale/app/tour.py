@@ -36,8 +36,9 @@ from meshscale.app.doctor import run_doctor
 from meshscale.report.parts import Source
 from meshscale.report.html import render, write_report
 from meshscale.results import Result, measured
-from meshscale.scenario import resolve_fabric
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import resolve_fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology import subset, to_dict
 from meshscale.topology.shipped import load_catalog
 from meshscale.topology.discover import discover
@@ -232,7 +233,7 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     if len(ranks) < 2:
         raise Skipped("one GPU, no collective to predict" if state.gpu else "needs two ranks")
     # meshscale starts NCCL with NVLink SHARP off (NCCL_SAFETY_ENV): predict what was measured
-    nccl = {"nvls": NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0"} if state.topology.device_kind == "gpu" else {}
+    nccl = NcclSettings(nvls=NCCL_SAFETY_ENV["NCCL_NVLS_ENABLE"] != "0") if state.topology.device_kind == "gpu" else None
     p2p = state.results.get("p2p")
     try:  # the machine as discovered, calibrated as sim takes --p2p
         fabric = resolve_fabric(state.topology, p2p=p2p, nccl=nccl)
@@ -247,10 +248,10 @@ def sim_stage(state: TourState) -> dict[str, Result]:
     rows = []
     for collective in sorted({r["collective"] for r in measured_rows}) or COLLECTIVES:
         for size in sizes:
-            r = predict_collective(fabric.topology, collective, ranks, size, params=params, **fabric.nccl)
+            r = fabric.cost(Call(collective, size, tuple(ranks)))
             rows.append({"collective": collective, "size_bytes": size, "time_s": r.time_s,
                          "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
-                         "algorithm": r.algorithm})
+                         "algorithm": r.detail})
     state.sim_params = params
     meta = {"system": state.topology.name, "label": "simulator", "ranks": ranks,
             "params": params.source if params else "defaults"}

@@ -27,6 +27,8 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import Interrupted, RankContext, launch
 from meshscale.results import Result, measured
 from meshscale.safe_io import release_scratch, scratch_file
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
 from meshscale.topology import Topology, to_dict
 from meshscale.units import format_bytes
 
@@ -356,20 +358,20 @@ def _measure(ctx: RankContext, spec: CollectiveSpec, world: World, topology: Top
 
 
 def _model_figures(topology, spec: CollectiveSpec, world_size: int) -> tuple[dict, dict]:
-    """The busbw bound of each collective and the predicted result (`meshscale.simulate.predict_collective`) of
-    each (collective, size), where the topology is known and there are 2 ranks or more; a collective the
-    simulator cannot model goes without its prediction (the measurement stands)."""
+    """The busbw bound of each collective and NCCL's predicted result (`Fabric.cost`) of each (collective, size),
+    where the topology is known and there are 2 ranks or more; a collective the model cannot price goes without
+    its prediction (the measurement stands)."""
     from meshscale.collectives.bounds import busbw_bound
-    from meshscale.simulate import predict_collective
     if topology is None or world_size < 2:
         return {}, {}
+    fabric = Fabric(topology)
     ranks = [topology.nodes[d].index for d in topology.devices()]
     bounds = {c: busbw_bound(topology, c, ranks, spec.root) for c in spec.collectives}
     predictions = {}
     for c in spec.collectives:
         for size in spec.sizes_bytes:
             try:
-                predictions[(c, size)] = predict_collective(topology, c, ranks, size, root=spec.root)
+                predictions[(c, size)] = fabric.cost(Call(c, size, tuple(ranks), spec.root))
             except MeshscaleError:
                 continue
     return bounds, predictions

@@ -36,6 +36,19 @@ def _is_rank0() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def bench_algo(algo: Optional[str], impl: str) -> Optional[str]:
+    """The meshscale schedule ``--algo`` asks ``--impl meshscale`` to run (None: NCCL's own call, or ring): the
+    one --algo vocabulary, refused in one line where the implementation cannot run it."""
+    from meshscale.simulate.models import check_algo
+
+    if algo is None:
+        return None
+    if (check_algo(algo) == "nccl") == (impl == "meshscale"):
+        raise MeshscaleError(f"--algo {algo} with --impl {impl}: --algo nccl runs NCCL's own call (--impl native or "
+                             "nccl); auto or a schedule name runs meshscale's schedule (--impl meshscale)")
+    return None if algo == "nccl" else algo
+
+
 @bench_app.command("collective")
 def collective(
     collectives: Optional[List[str]] = typer.Argument(None, help=f"{', '.join(NAMES)}, or all (the default: every one)"),
@@ -60,7 +73,7 @@ def collective(
     gpus: Optional[int] = typer.Option(None, "--gpus", "-g", help="GPU count: ranks over NCCL, one process each (default: all GPUs); nccl-tests' -g counts GPUs per process, so its -g 8 in one process is meshscale's -g 8", callback=checked(GPU_COUNT)),
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
-    algo: Optional[str] = typer.Option(None, "--algo", help="meshscale algorithm name (with --impl meshscale)"),
+    algo: Optional[str] = typer.Option(None, "--algo", help="nccl: NCCL's own call (--impl native, torch.distributed's, or --impl nccl); auto: meshscale's fastest schedule, or a meshscale schedule name (with --impl meshscale; default ring)"),
     iter_times: bool = typer.Option(False, "--iter-times", help="also time each call: the median and the slowest call of each size beside the mean (a stall the mean hides shows)"),
     timeout_s: float = typer.Option(120.0, "--timeout-s", "-T", help="per-operation timeout; a stuck or dead rank ends the run (nccl-tests' -T)", callback=checked(TIMEOUT_S)),
     fmt: str = typer.Option("text", "--format", help="text: nccl-tests' lines as each size finishes; table: a table per collective with the topology's bound and the prediction (the lines go to stderr as progress)"),
@@ -77,6 +90,7 @@ def collective(
     from meshscale.execute.world import resolve_world
 
     check_choice(fmt, ("text", "table"), "format")
+    algo = bench_algo(algo, impl)
     if place not in PLACE_CHOICES:
         raise MeshscaleError(f"--place {place!r}: use both, out or in")
     if check < 0 or cuda_graph < 0:

@@ -2,9 +2,9 @@
 with `bench collective`'s columns)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, List, Optional
+from typing import TYPE_CHECKING, List, Optional
 
 import typer
 from rich.table import Table
@@ -18,32 +18,31 @@ from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTIO
                                     OVERSUBSCRIPTION_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
-from meshscale.scenario import nccl_settings
 from meshscale.units import gbps, parse_bytes, parse_ints
 
+if TYPE_CHECKING:  # the simulator is imported when a command runs: `meshscale --help` stays quick
+    from meshscale.simulate.fabric import Fabric
+    from meshscale.simulate.nccl_env import NcclSettings
 
-@dataclass
+
+@dataclass(frozen=True)
 class Scenario:
-    """What a command predicts on: the fabric (a system or a cluster), the ranks, the links' calibration and NCCL's
-    description (`nccl_result`'s keywords: version, forced algorithm / protocol, NVLS, ``nccl_env``)."""
+    """What a command predicts on: the fabric (`simulate.fabric.Fabric`) and the ranks of the call."""
 
-    topology: Any
+    fabric: Fabric
     ranks: list[int]
-    params: Any
-    nccl: dict = field(default_factory=dict)
 
 
 def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus: Optional[int] = None,
                      p2p: Optional[Path] = None, bench: Optional[Path] = None, cluster: Optional[dict] = None,
-                     nccl: Optional[dict] = None) -> Scenario:
+                     nccl: Optional[NcclSettings] = None, algo: str = "nccl") -> Scenario:
     """The `Scenario` of sim, plan and place: the fabric of the common options (`resolve_fabric`: the system or
-    cluster, ``p2p`` and ``bench``'s calibration, NCCL's settings), its notices printed, then the ranks
-    (``--devices``, or the first ``--gpus`` N, or all)."""
+    cluster, ``p2p`` and ``bench``'s calibration, NCCL's settings, the model ``algo``), its notices printed, then
+    the ranks (``--devices``, or the first ``--gpus`` N, or all)."""
     from meshscale.collectives.algorithms.base import check_ranks
-    from meshscale.simulate.params import SimParams
-    from meshscale.scenario import resolve_fabric  # looked up when called: tests watch the one resolution
+    from meshscale.simulate import fabric as fabrics  # looked up when called: tests watch the one resolution
 
-    fabric = resolve_fabric(system, cluster, p2p, bench, nccl)
+    fabric = fabrics.resolve_fabric(system, cluster, p2p, bench, nccl, algo)
     topology = fabric.topology
     for notice in fabric.notices:
         typer.echo(notice, err=True)
@@ -62,9 +61,11 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
     ranks = check_ranks(ranks, topology)
     if len(ranks) < 2:
         raise MeshscaleError(f"a collective needs at least 2 devices, got {ranks}; list more with --devices")
-    return Scenario(topology, ranks, fabric.params or SimParams(), fabric.nccl)
+    return Scenario(fabric, ranks)
 
 
+ALGO_HELP = ("nccl: NCCL's cost model and its pick per size; auto: meshscale's fastest schedule by flow simulation; "
+             "or a meshscale schedule name")
 NCCL_ALGO_HELP = "force NCCL's algorithm as NCCL_ALGO does: ring, tree, nvls, nvls_tree, collnet_direct, collnet_chain, pat"
 NCCL_PROTO_HELP = "force NCCL's protocol as NCCL_PROTO does: LL, LL128, Simple"
 NCCL_VERSION_HELP = "NCCL version whose cost model to use (default 2.28; 2.20, 2.18, 2.7, 1.6 families)"
@@ -76,7 +77,8 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          devices: Optional[str] = typer.Option(None, "--devices", help="device indices, e.g. 0,1,2,3,7 (default: all)", callback=checked(counts(0))),
          gpus: Optional[int] = typer.Option(None, "--gpus", help="GPU count: the first N devices", callback=checked(Range(1, MAX_GPU_RANKS, integer=True))),
          nbytes: str = typer.Option("256M", "--bytes", help="size as nccl-tests counts it (8, 1K, 256M...)", callback=checked(size_bytes)),
-         algo: str = typer.Option("auto", "--algo", help="auto (fastest predicted) or an algorithm name"),
+         algo: str = typer.Option("auto", "--algo", help="auto (meshscale's fastest schedule by flow simulation) or a "
+                                  "meshscale schedule name; NCCL's pick is shown beside it (force it with --nccl-algo)"),
          root: int = typer.Option(0, "--root", "-r", help="root rank (position among the devices) of rooted collectives", callback=checked(ROOT)),
          p2p: Optional[Path] = typer.Option(None, "--p2p", help="calibrate from a `bench p2p --json` file"),
          bench: Optional[Path] = typer.Option(None, "--bench", help="also fit to a measured all_reduce (`bench collective --json` file)"),
@@ -96,12 +98,15 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
     """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
     bottleneck, bound), beside what NCCL would pick and take."""
+    from meshscale.simulate.models import ALGOS, check_algo
+    from meshscale.simulate.nccl_env import nccl_settings
     from meshscale.simulate.plan import format_plan, plan as make_plan, plan_result
 
     collective = schedulable(collective).name
+    check_algo(algo, ALGOS[1:])  # plan always shows NCCL's pick beside meshscale's: --algo names the schedule
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env))
-    p = make_plan(s.topology, collective, s.ranks, parse_bytes(nbytes), algo, root, s.params, **s.nccl)
+                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
+    p = make_plan(s.fabric, collective, s.ranks, parse_bytes(nbytes), root)
     print_text(format_plan(p))
     if schedule_json:
         from meshscale.collectives.schedule import dumps
@@ -121,8 +126,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size", callback=checked(size_bytes)),
         max_bytes: str = typer.Option("1G", "--max-bytes", "-e", help="largest size", callback=checked(size_bytes)),
         factor: int = typer.Option(2, "--factor", "-f", help="size multiplier between steps", callback=checked(FACTOR)),
-        algo: str = typer.Option("nccl", "--algo", help="nccl: NCCL's cost model and its pick per size; auto: "
-                                 "meshscale's fastest schedule by flow simulation; or a meshscale algorithm name"),
+        algo: str = typer.Option("nccl", "--algo", help=ALGO_HELP),
         nccl_algo: Optional[str] = typer.Option(None, "--nccl-algo", help=NCCL_ALGO_HELP),
         proto: Optional[str] = typer.Option(None, "--proto", help=NCCL_PROTO_HELP),
         nccl_version: Optional[str] = typer.Option(None, "--nccl-version", help=NCCL_VERSION_HELP),
@@ -141,18 +145,23 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
     (by default NCCL's pick: algorithm/protocol and channels)."""
+    from meshscale.simulate.models import check_algo
+    from meshscale.simulate.nccl_env import nccl_settings
+    from meshscale.simulate.params import SimParams
     from meshscale.simulate.plan import sim_sweep
     from meshscale.units import sweep_sizes
 
     collective = schedulable(collective).name
+    check_algo(algo)
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env))
-    topology, ranks, params, nccl = s.topology, s.ranks, s.params, s.nccl
-    result = sim_sweep(topology, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
-                       algo, root, params, **nccl)
+                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
+    fabric, ranks = s.fabric, s.ranks
+    topology, params = fabric.topology, fabric.params or SimParams()
+    result = sim_sweep(fabric, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),
+                       root)
     how = "NCCL's cost model" if algo == "nccl" else "schedule simulation"
-    if "nccl_env" in nccl:
-        how += " with " + nccl["nccl_env"].describe()
+    if "nccl_env" in fabric.nccl.given():
+        how += " with " + fabric.nccl.env.describe()
     which = f"devices {ranks}" if len(ranks) <= 16 else f"{len(ranks)} devices ({ranks[0]}..{ranks[-1]})"
     table = Table(title=f"{collective} predicted on {topology.name}, {which} ({how}; {params.source})")
     for col in ("size(B)", "count", "type", "redop", "root", "time(us)", "algbw GB/s", "busbw GB/s", "bound GB/s", "algorithm"):
@@ -178,10 +187,12 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
           json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
     """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
     model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
+    from meshscale.simulate.nccl_env import nccl_settings
     from meshscale.simulate.placement import placement_result, rank_placements, why
 
-    s = resolve_scenario(system, nccl=nccl_settings(None, None, None, None, nccl_env))
-    topology, env = s.topology, s.nccl.get("nccl_env")
+    s = resolve_scenario(system, nccl=nccl_settings(nccl_env=nccl_env))
+    fabric = s.fabric
+    topology, env = fabric.topology, fabric.nccl.given().get("nccl_env")
     if partition:
         from meshscale.topology.partitions import split_system
         topology, split = split_system(topology, partition)
@@ -190,7 +201,7 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
                    "its UUID (nvidia-smi -L)" if split.kind == "mig" else f"slice k of GPU g is device g x {split.per_gpu} + k")
     size = parse_bytes(nbytes)
     listed = parse_ints(free, "--free (device indices)", minimum=0) if free is not None else None
-    ranked = rank_placements(topology, gpus, listed, size, env)
+    ranked = rank_placements(replace(fabric, topology=topology), gpus, listed, size)
     best = ranked[0]
     typer.echo(f"{gpus} of {topology.name}'s free GPUs: {len(ranked)} subsets ranked by predicted all_reduce busbw "
                f"at {nbytes} (NCCL's cost model{' with ' + env.describe() if env else ''})")

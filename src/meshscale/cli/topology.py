@@ -46,7 +46,7 @@ def cluster_options(nodes: Optional[int] = None, link: Optional[str] = None, nic
 def resolve_system(system: Optional[str], workers: Optional[int] = None, **cluster):
     """The topology a command works on and its notice: `resolve_topology` (``--system NAME|FILE`` with the
     `cluster_options`, or this machine)."""
-    from meshscale.scenario import resolve_topology
+    from meshscale.simulate.fabric import resolve_topology
     return resolve_topology(system, workers, **cluster)
 
 

@@ -132,7 +132,7 @@ def where_on(topology, params=None) -> Where:
 def resolve_where(req: PredictRequest, system: str, link: str | None) -> Where:
     """The node, network and calibration of ``system`` (a catalog name, a file, or a cluster file whose node,
     network and size the options given override)."""
-    from meshscale.scenario import resolve_fabric
+    from meshscale.simulate.fabric import resolve_fabric
     from meshscale.topology.cluster import cluster_file_spec
 
     node_system, size = system, None

@@ -143,12 +143,13 @@ class _Predictor:
 
     def all_reduce(self, key: object, sweep: Result) -> list[tuple[int, float, float]]:
         """(size, predicted, measured time) at every size of ``sweep``, the network fitted to it alone."""
+        from meshscale.simulate.fabric import Fabric
         from meshscale.simulate.plan import sim_sweep
 
         topology, _ = self.fit(key, sweep)
         measured = {int(r["size_bytes"]): float(r["time_s"]) for r in sweep.rows}
         ranks = [topology.nodes[d].index for d in topology.devices()]
-        predicted = {int(r["size_bytes"]): r["time_s"] for r in sim_sweep(topology, "all_reduce", ranks, sorted(measured)).rows}
+        predicted = {int(r["size_bytes"]): r["time_s"] for r in sim_sweep(Fabric(topology), "all_reduce", ranks, sorted(measured)).rows}
         return [(size, predicted[size], measured[size]) for size in sorted(measured)]
 
 

@@ -13,7 +13,9 @@ from functools import lru_cache
 from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.predict.validate import SIZE_CLASSES, SMALL_BYTES, Measurement, load_corpus, validate_corpus
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology.catalog import load_system
 from meshscale.topology.model import Topology
 
@@ -99,7 +101,7 @@ def model_expected(topology: Topology, gpus: int, collective: str, size_bytes: i
     if topology.device_kind != "gpu" or len(ranks) < gpus or gpus < 2:
         return None
     try:
-        predicted = predict_collective(topology, collective, ranks, size_bytes, nvls=False)
+        predicted = Fabric(topology, nccl=NcclSettings(nvls=False)).cost(Call(collective, size_bytes, tuple(ranks)))
     except MeshscaleError:
         return None
     if not (predicted.busbw_bytes_per_s and math.isfinite(predicted.busbw_bytes_per_s)):

@@ -1,8 +1,10 @@
-"""Layer 3a: predict how long collectives take on a topology (flow-level simulation of schedules)."""
-from meshscale.simulate.auto import Choice, choose, choose_and_simulate, predict_collective
+"""Layer 3a: predict how long collectives take on a topology (flow-level simulation of schedules, NCCL's model),
+priced through one `Fabric` (`simulate.fabric`)."""
+from meshscale.simulate.auto import Choice, choose, choose_and_simulate
+from meshscale.simulate.fabric import Fabric, predict_collective, resolve_fabric
 from meshscale.simulate.link_fit import calibrate, calibrate_collective
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import LinkUse, SimResult, simulate
 
-__all__ = ["SimParams", "SimResult", "LinkUse", "simulate", "choose", "choose_and_simulate", "Choice", "predict_collective",
-           "calibrate", "calibrate_collective"]
+__all__ = ["SimParams", "SimResult", "LinkUse", "simulate", "choose", "choose_and_simulate", "Choice", "Fabric",
+           "resolve_fabric", "predict_collective", "calibrate", "calibrate_collective"]

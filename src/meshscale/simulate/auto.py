@@ -1,16 +1,15 @@
-"""Predicting one collective: by NCCL's cost model (`predict_collective`'s default, see `simulate.nccl`) or by
-meshscale's schedules. The `auto` schedule simulates every algorithm that applies (with a few pipeline depths)
-and takes the fastest. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling) win
+"""Predicting one collective by meshscale's schedules (NCCL's model is `nccl.cost_model`). The `auto` schedule
+simulates every algorithm that applies (with a few pipeline depths) and takes the fastest. Latency-bound algorithms (one step, few hops: direct, binomial, halving-doubling) win
 for small messages; bandwidth-optimal ones (rings over disjoint links, packed trees) for large ones."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from meshscale.collectives.algorithms import ALGORITHMS, build
-from meshscale.collectives.kinds import kind, schedulable
+from meshscale.collectives.kinds import schedulable
 from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.nccl_env import NcclEnv
+from meshscale.simulate.cost import Call, Prediction
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult, estimates_s, simulate
 from meshscale.topology import Topology
@@ -102,47 +101,15 @@ def choose_and_simulate(topology: Topology, collective: str, ranks: list[int], n
     return Choice(schedule, result, [result])
 
 
-def nccl_result(topology: Topology, collective: str, ranks: list[int], nbytes: int, params: SimParams | None = None,
-                root: int = 0, *, nccl_version: str | None = None, nccl_algo: str | None = None,
-                proto: str | None = None, nvls: bool | None = None, gpus_per_thread: int = 1,
-                nccl_env: NcclEnv | None = None) -> SimResult:
-    """NCCL's cost model (`nccl.predict`) as a `SimResult`, in NCCL's environment ``nccl_env``. Calibrated
-    ``params`` scale its bandwidth by the measured link efficiency over the default one, for the link kind its
-    rings use."""
-    from meshscale.simulate import nccl
-    from meshscale.simulate.params import DEFAULT_EFFICIENCY
+@dataclass(frozen=True)
+class FlowCostModel:
+    """meshscale's schedule (``algorithm``: "auto" for the fastest, or a schedule's name) timed by the flow
+    simulator, behind the cost interface (`simulate.cost`)."""
 
-    scale = 1.0
-    if params is not None:
-        link = nccl.analyse(topology, list(ranks), nccl_version).ring.link
-        kind_name = "nvlink" if link == "nvlink" else "pcie"
-        scale = params.efficiency_of(kind_name) / DEFAULT_EFFICIENCY[kind_name]
-    p = nccl.predict(topology, collective, ranks, nbytes, nccl_version=nccl_version, nccl_algo=nccl_algo,
-                           proto=proto, nvls=nvls, root=root, gpus_per_thread=gpus_per_thread,
-                           bandwidth_scale=scale, env=nccl_env)
-    alg, bus = kind(p.collective).algbw_busbw(nbytes, p.time_s, len(ranks))
-    return SimResult(p.collective, f"nccl-{p.algo}", list(ranks), nbytes, p.time_s, alg, bus, channels=p.channels,
-                     params_source=params.source if params else "defaults", detail=p.detail)
+    algorithm: str = "auto"
+    params: SimParams | None = None
 
-
-def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "nccl",
-                       params: SimParams | None = None, root: int = 0, *, nccl_version: str | None = None,
-                       nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None,
-                       gpus_per_thread: int = 1, nccl_env: NcclEnv | None = None, **options) -> SimResult:
-    """Predicted time and bandwidth of one collective. ``algorithm`` "nccl" (default): NCCL's cost model, what
-    NCCL would pick and how long it takes (``nccl_version``, default 2.28; ``nccl_algo`` (ring, tree, nvls,
-    nvls_tree, collnet_direct, collnet_chain, pat) and ``proto`` (LL, LL128, Simple) forced as NCCL_ALGO /
-    NCCL_PROTO force them; ``nvls`` False as NCCL_NVLS_ENABLE=0; ``gpus_per_thread``: GPUs one host thread
-    drives, as nccl-tests -g; ``nccl_env``: NCCL's environment, `nccl_env.parse_nccl_env`). "auto": the fastest
-    meshscale schedule by flow simulation; any other name: that
-    schedule. GPU-less topologies (CPU workers) fall back to "auto". Sizes as nccl-tests takes them
-    (`cost.call_bytes`)."""
-    from meshscale.simulate.cost import call_bytes
-
-    nbytes = call_bytes(collective, nbytes, len(ranks))
-    if algorithm == "nccl" and topology.device_kind == "gpu":
-        return nccl_result(topology, collective, ranks, nbytes, params, root, nccl_version=nccl_version,
-                           nccl_algo=nccl_algo, proto=proto, nvls=nvls, gpus_per_thread=gpus_per_thread,
-                           nccl_env=nccl_env)
-    algorithm = "auto" if algorithm == "nccl" else algorithm
-    return choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params, root, **options).result
+    def predict(self, call: Call, fabric: Topology) -> Prediction:
+        r = choose_and_simulate(fabric, call.collective, list(call.ranks), call.sized_bytes, self.algorithm,
+                                self.params, call.root).result
+        return Prediction(call, r.time_s, r.algbw_bytes_per_s, r.busbw_bytes_per_s, r.detail or r.algorithm, "flow")

@@ -22,10 +22,17 @@ import numpy as np
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate.auto import predict_collective
+from meshscale.simulate.cost import Call
 from meshscale.simulate.engine import p2p_overhead
+from meshscale.simulate.models import cost_model
+from meshscale.simulate.nccl.network import REFERENCE_NET_LATENCY_S
+from meshscale.simulate.nccl.search import analyse
+from meshscale.simulate.nccl.tables import constants
+from meshscale.simulate.nccl.tuning import latency_us
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
+from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
+from meshscale.topology.nvml_discovery import model_facts
 
 
 def measured_on(result: Result) -> str:
@@ -45,7 +52,6 @@ def _gpu_models(topology: dict) -> list[str]:
 
 def _family(model: str) -> str:
     """The GPU model table's name for ``model`` ('H100 SXM'), or the model itself where the table lacks it."""
-    from meshscale.topology.nvml_discovery import model_facts
     facts, known = model_facts(model)
     return facts["name"] if known else model
 
@@ -191,7 +197,8 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     efficiency, ratio = dict(params.efficiency), 1.0
     for _ in range(3):  # latency terms make busbw not quite proportional to efficiency: a few fixed-point steps
         trial = SimParams(efficiency, params.message_latency_s, params.reduce_bytes_per_s, params.hop_latency_scale)
-        predicted = predict_collective(topo, collective, ranks, int(row["size_bytes"]), params=trial).busbw_bytes_per_s
+        call = Call(collective, int(row["size_bytes"]), tuple(ranks))
+        predicted = cost_model(topo, "nccl", params=trial).predict(call, topo).busbw_bytes_per_s
         ratio = row["busbw_bytes_per_s"] / predicted if predicted > 0 else math.nan
         if not (math.isfinite(ratio) and ratio > 0):  # a fit that would never settle
             raise MeshscaleError(f"cannot fit to the measured {collective} busbw {row['busbw_bytes_per_s']!r} B/s; "
@@ -208,9 +215,6 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     rows; the rate a ring moves, size / time x 2(n-1)/n, is what the node's NICs carry together (the network is
     the ring's bottleneck across nodes); the latency beyond NCCL's own ring latency is spread over the ring's
     2 (nodes-1) network steps. Returns (topology, NetworkFit)."""
-    from meshscale.simulate import nccl
-    from meshscale.simulate.nccl.tuning import latency_us
-    from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
 
     cluster = topo.cluster
     if cluster is None:
@@ -245,11 +249,11 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
                        gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
     measured = build_cluster(plan_cluster(replace(spec, nodes=nodes)))
-    s = nccl.analyse(measured, list(range(ranks)))
+    s = analyse(measured, list(range(ranks)))
     steps = 2 * (nodes - 1)
-    base = latency_us(s, nccl.constants(), collective, "ring", "Simple") - s.net_extra_us * steps
+    base = latency_us(s, constants(), collective, "ring", "Simple") - s.net_extra_us * steps
     extra_s = max(0.0, intercept_s - base * 1e-6) / steps
-    latency_s = nccl.REFERENCE_NET_LATENCY_S + extra_s
+    latency_s = REFERENCE_NET_LATENCY_S + extra_s
     rate = node_bytes_per_s / nics
     spec.link = f"{rate / 1e9:.4g}GB/s,{latency_s * 1e6:.4g}us"
     fitted = build_cluster(plan_cluster(spec))

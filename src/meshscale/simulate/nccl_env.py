@@ -183,3 +183,30 @@ def with_forced(env: NcclEnv, algo: str | None = None, proto: str | None = None,
     if nvls is not None:
         out = replace(out, nvls=nvls)
     return out
+
+
+@dataclass(frozen=True)
+class NcclSettings:
+    """NCCL's description a command was given, beside its environment: the version whose model to use
+    (None: 2.28), the algorithm, protocol and NVLS forced as --nccl-algo / --proto / --nvls force them (None:
+    NCCL's own choice) and the GPUs one host thread drives (nccl-tests -g)."""
+
+    env: NcclEnv = DEFAULT_ENV
+    version: str | None = None
+    algo: str | None = None
+    proto: str | None = None
+    nvls: bool | None = None
+    gpus_per_thread: int = 1
+
+    def given(self) -> dict:
+        """What was given, by the options' names (nccl_algo, proto, nccl_version, nvls, nccl_env); the rest stays
+        the model's default."""
+        named = {"nccl_algo": self.algo, "proto": self.proto, "nccl_version": self.version, "nvls": self.nvls,
+                 "nccl_env": self.env if self.env.settings else None}
+        return {k: v for k, v in named.items() if v is not None}
+
+
+def nccl_settings(nccl_algo: str | None = None, proto: str | None = None, nccl_version: str | None = None,
+                  nvls: bool | None = None, nccl_env: list[str] | None = None) -> NcclSettings:
+    """NCCL's settings from the command line's options; ``nccl_env``: the ``--nccl-env KEY=VALUE`` strings."""
+    return NcclSettings(parse_nccl_env(nccl_env) if nccl_env else DEFAULT_ENV, nccl_version, nccl_algo, proto, nvls)

@@ -1,7 +1,7 @@
 """Placement: the best K-GPU subset of a machine's free GPUs for a data-parallel job.
 
 K-subsets of the free GPUs are ranked by the all_reduce busbw NCCL's cost model predicts for them at a
-gradient-bucket size (`predict_collective`, as `plan` predicts NCCL); equal predictions are told apart by the
+gradient-bucket size (`Fabric.cost`, as `plan` predicts NCCL); equal predictions are told apart by the
 busbw bound of the subset's links (what any schedule could reach), then by the lower device indices.
 
 The model runs once per shape of subset, not once per subset: two subsets whose GPUs see the same paths to each
@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from meshscale.collectives.bounds import busbw_bound
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate import nccl
-from meshscale.simulate.nccl.search import local_cpu, pair_path
-from meshscale.simulate.auto import predict_collective
-from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl.search import analyse, local_cpu, pair_path
+from meshscale.simulate.nccl.tables import constants, gpu_sm
 from meshscale.topology import Topology
 
 PLACEMENT_BYTES = 64 << 20  # a gradient bucket (Horovod's fusion buffer)
@@ -80,17 +80,18 @@ def free_devices(topo: Topology, free: list[int] | None) -> list[int]:
     return sorted(free)
 
 
-def rank_placements(topo: Topology, gpus: int, free: list[int] | None = None,
-                    nbytes: int = PLACEMENT_BYTES, nccl_env: NcclEnv | None = None) -> list[Placement]:
-    """The ``gpus``-subsets of the ``free`` devices considered (all of them up to `EXHAUSTIVE_SUBSETS`), best
-    first (see the module docstring)."""
+def rank_placements(fabric: Fabric, gpus: int, free: list[int] | None = None,
+                    nbytes: int = PLACEMENT_BYTES) -> list[Placement]:
+    """The ``gpus``-subsets of the ``free`` devices of ``fabric`` considered (all of them up to
+    `EXHAUSTIVE_SUBSETS`), best first (see the module docstring)."""
+    topo = fabric.topology
     if topo.device_kind != "gpu":
         raise MeshscaleError(f"{topo.name} has no GPUs to place a job on")
     pool = free_devices(topo, free)
     if not 2 <= gpus <= len(pool):
         raise MeshscaleError(f"--gpus {gpus}: {len(pool)} free GPU(s) ({','.join(map(str, pool))}); "
                              f"pick 2 to {len(pool)}")
-    ranker = _Ranker(topo, nbytes, nccl_env)
+    ranker = _Ranker(fabric, nbytes)
     if math.comb(len(pool), gpus) <= EXHAUSTIVE_SUBSETS:
         found = [ranker.placement(list(subset)) for subset in itertools.combinations(pool, gpus)]
     else:
@@ -106,10 +107,10 @@ def rank_placements(topo: Topology, gpus: int, free: list[int] | None = None,
 class _Ranker:
     """NCCL's prediction (and the links' bound) of a subset, computed once per `shape`."""
 
-    def __init__(self, topo: Topology, nbytes: int, nccl_env: NcclEnv | None):
-        self.topo, self.nbytes, self.env = topo, nbytes, nccl_env
-        self.c = nccl.constants(None)
-        self.sm = nccl.gpu_sm(topo.gpu_model)
+    def __init__(self, fabric: Fabric, nbytes: int):
+        self.fabric, self.topo, self.nbytes, self.env = fabric, fabric.topology, nbytes, fabric.nccl.env
+        self.c = constants(None)
+        self.sm = gpu_sm(self.topo.gpu_model)
         self._pairs: dict = {}
         self._found: dict = {}
         self._bounds: dict = {}
@@ -121,7 +122,7 @@ class _Ranker:
         if (u, v) not in self._pairs:
             capacity: dict = {}
             a, b = self.topo.device(u), self.topo.device(v)
-            p = pair_path(self.topo, a, b, self.c, self.sm, capacity, self.env or DEFAULT_ENV)
+            p = pair_path(self.topo, a, b, self.c, self.sm, capacity, self.env)
             self._pairs[(u, v)] = (p.path_type, round(min(capacity[k] / f for k, f in p.uses), 6)) if p else ("-", 0.0)
         return self._pairs[(u, v)]
 
@@ -151,9 +152,9 @@ class _Ranker:
         key = self.shape(devices)
         if key not in self._found:
             self.predictions += 1
-            r = predict_collective(self.topo, "all_reduce", devices, self.nbytes, nccl_env=self.env)
-            ring = nccl.analyse(self.topo, devices, env=self.env or DEFAULT_ENV).ring
-            self._found[key] = Placement(devices, r.busbw_bytes_per_s, r.time_s, r.detail or r.algorithm, None,
+            r = self.fabric.cost(Call("all_reduce", self.nbytes, tuple(devices)))
+            ring = analyse(self.topo, devices, env=self.env).ring
+            self._found[key] = Placement(devices, r.busbw_bytes_per_s, r.time_s, r.detail, None,
                                          ring.path_type, ring.channels, ring.bw_gbps)
         return replace(self._found[key], devices=list(devices))
 

@@ -2,7 +2,7 @@
 prediction, bottleneck and bound; and a predicted size sweep in the same rows as `bench collective`."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from meshscale.collectives.algorithms.base import check_root
 from meshscale.collectives.bounds import busbw_bound
@@ -10,8 +10,10 @@ from meshscale.collectives.kinds import kind
 from meshscale.collectives.schedule import Schedule
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
-from meshscale.simulate.auto import choose_and_simulate, nccl_result
-from meshscale.simulate.cost import call_bytes
+from meshscale.simulate.auto import choose_and_simulate
+from meshscale.simulate.cost import Call, Prediction, call_bytes
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl.model import predict as nccl_predict
 from meshscale.simulate.params import SimParams
 from meshscale.simulate.sim import SimResult
 from meshscale.topology import Topology
@@ -29,44 +31,42 @@ class Plan:
     bound_busbw_bytes_per_s: float | None
     pruned: list[str] = field(default_factory=list)  # candidates that could not win (not fully simulated)
     skipped: dict[str, str] = field(default_factory=dict)  # algorithms that do not apply, and why
-    nccl: SimResult | None = None  # what NCCL would pick and take (GPU systems)
+    nccl: Prediction | None = None  # what NCCL would pick and take (GPU systems)
     nccl_settings: str = ""  # NCCL's environment the prediction used (KEY=VALUE ...), "" for its defaults
 
 
 MAX_PLAN_RANKS = 32  # ranks whose schedules `plan` simulates transfer by transfer within seconds
 
 
-def plan(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "auto",
-         root: int = 0, params: SimParams | None = None, **nccl) -> Plan:
-    """Choose (``algorithm`` "auto") or build the schedule and predict it, and say what NCCL would do
-    (``nccl``: `nccl_result`'s keywords); raises one-line errors on bad input."""
+def plan(fabric: Fabric, collective: str, ranks: list[int], nbytes: int, root: int = 0) -> Plan:
+    """Choose (``fabric.algo`` "auto") or build meshscale's schedule and predict it, and say what NCCL would do
+    (the fabric's NCCL settings); raises one-line errors on bad input."""
+    topology, params = fabric.topology, fabric.params or SimParams()
+    if fabric.algo == "nccl":
+        raise MeshscaleError("plan shows NCCL's pick beside meshscale's schedule; --algo picks the schedule: auto or "
+                             "a meshscale schedule name (force NCCL's algorithm with --nccl-algo)")
     if len(ranks) > MAX_PLAN_RANKS:
         raise MeshscaleError(f"plan simulates every transfer of meshscale's schedules: at most {MAX_PLAN_RANKS} ranks, "
                              f"got {len(ranks)}; use sim (NCCL's model, any size) or fewer --devices")
-    choice = choose_and_simulate(topology, collective, ranks, nbytes, algorithm, params or SimParams(), root)
+    choice = choose_and_simulate(topology, collective, ranks, nbytes, fabric.algo, params, root)
     if topology.device_kind == "gpu":
         choice.result = with_call_costs(choice.result, len(choice.schedule.steps), step_call_s(topology, ranks))
     bound = _bound(topology, collective, ranks, root)
-    theirs = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl) \
+    theirs = replace(fabric, algo="nccl").cost(Call(collective, nbytes, tuple(ranks), root)) \
         if topology.device_kind == "gpu" else None
-    env = nccl.get("nccl_env")
     return Plan(topology, choice.schedule, choice.result, choice.candidates, bound, choice.pruned, choice.skipped, theirs,
-                " ".join(env.settings) if env is not None else "")
+                " ".join(fabric.nccl.env.settings))
 
 
 def step_call_s(topology: Topology, ranks: list[int]) -> float:
     """What one step of a meshscale schedule costs beyond its bytes when it runs on GPUs: the executor issues each
     step as one grouped NCCL send/recv call (`execute.schedule_runner`), which pays NCCL's launch and per-call
     latency; NCCL's model prices that call (a send of 4 bytes between two of the ranks)."""
-    from meshscale.simulate import nccl
-
-    return nccl.predict(topology, "send_recv", list(ranks[:2]), 4).time_s
+    return nccl_predict(topology, "send_recv", list(ranks[:2]), 4).time_s
 
 
 def with_call_costs(result: SimResult, steps: int, per_step_s: float) -> SimResult:
     """``result`` with ``steps`` calls of ``per_step_s`` added to its time (and its bandwidths recomputed)."""
-    from dataclasses import replace
-
     time_s = result.time_s + steps * per_step_s
     alg, bus = kind(result.collective).algbw_busbw(result.nbytes, time_s, len(result.ranks))
     return replace(result, time_s=time_s, algbw_bytes_per_s=alg, busbw_bytes_per_s=bus)
@@ -95,13 +95,13 @@ def above_bound_reason(detail: str, busbw_bytes_per_s: float, bound_busbw_bytes_
     return "above the bound: NCCL's rates here exceed the links' line rate; please report it"
 
 
-def _comparison(p: Plan) -> tuple[SimResult, str, str]:
+def _comparison(p: Plan) -> tuple[SimResult | Prediction, str, str]:
     """The faster of NCCL's choice and meshscale's schedule, its name, and a line on the other."""
     mine, theirs = p.result, p.nccl
     mine_name = f"meshscale's {mine.detail or mine.algorithm} (flow simulation of its transfers, one NCCL call a step)"
     if theirs is None:
         return mine, mine_name, ""
-    theirs_name = f"NCCL's choice, {theirs.detail.removeprefix('nccl ')} (NCCL's cost model)"
+    theirs_name = f"NCCL's choice, {theirs.chosen} (NCCL's cost model)"
     if theirs.time_s <= mine.time_s:
         slower = mine.time_s / theirs.time_s - 1
         why = ("NCCL reduces inside the NVSwitch (NVLS), which no meshscale schedule does" if "nvls" in theirs.detail
@@ -114,7 +114,7 @@ def _comparison(p: Plan) -> tuple[SimResult, str, str]:
     ring_steps = 2 * (n - 1) if mine.collective == "all_reduce" else n - 1
     why = (f"its {len(p.schedule.steps)} steps against the {ring_steps} of a ring pay less latency"
            if len(p.schedule.steps) < ring_steps else "its transfers spread over links NCCL's channels leave idle")
-    return mine, mine_name, (f"NCCL would run {theirs.detail.removeprefix('nccl ')}: busbw "
+    return mine, mine_name, (f"NCCL would run {theirs.chosen}: busbw "
                              f"{gbps(theirs.busbw_bytes_per_s):.2f} GB/s, {faster:.0%} more time than this schedule; "
                              + why)
 
@@ -142,7 +142,7 @@ def format_plan(p: Plan, max_candidates: int = 8) -> str:
                      f"effective, busy {100 * b.utilization:.0f}% of the time (meshscale's schedule)")
     if p.bound_busbw_bytes_per_s:
         share = best.busbw_bytes_per_s / p.bound_busbw_bytes_per_s
-        reason = above_bound_reason(best.detail or best.algorithm, best.busbw_bytes_per_s, p.bound_busbw_bytes_per_s)
+        reason = above_bound_reason(_label(best), best.busbw_bytes_per_s, p.bound_busbw_bytes_per_s)
         lines.append(f"bound:      busbw <= {gbps(p.bound_busbw_bytes_per_s):.2f} GB/s at line rate (injection and cuts "
                      f"of the topology); the headline reaches {100 * share:.0f}%" + (f" ({reason})" if reason else ""))
     lines.append("candidates (meshscale's schedules, simulated, fastest first):")
@@ -156,38 +156,44 @@ def format_plan(p: Plan, max_candidates: int = 8) -> str:
     return "\n".join(lines)
 
 
-def sim_sweep(topology: Topology, collective: str, ranks: list[int], sizes: list[int], algorithm: str = "nccl",
-              root: int = 0, params: SimParams | None = None, **nccl) -> Result:
-    """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True).
-    ``algorithm`` "nccl": NCCL's cost model (its pick per size; ``nccl``: `nccl_result`'s keywords); "auto" or
-    an algorithm name: meshscale's schedule by flow simulation. Sizes as nccl-tests takes them (`call_bytes`)."""
-    if nccl and algorithm != "nccl":
-        raise MeshscaleError(f"{', '.join(nccl)} describe NCCL's run; they go with --algo nccl, not {algorithm}")
+def sim_sweep(fabric: Fabric, collective: str, ranks: list[int], sizes: list[int], root: int = 0) -> Result:
+    """Predicted rows for every size, keyed like `bench collective`'s (Result kind "sim", predicted=True), by the
+    model ``fabric.algo`` names: "nccl", NCCL's cost model (its pick per size, in the fabric's NCCL settings);
+    "auto" or a schedule's name, meshscale's schedule as `plan` predicts it (one NCCL call a step, and its
+    bottleneck). Sizes as nccl-tests takes them (`call_bytes`)."""
+    given = fabric.nccl.given()
+    if given and fabric.algo != "nccl":
+        raise MeshscaleError(f"{', '.join(given)} describe NCCL's run; they go with --algo nccl, not {fabric.algo}")
     check_root(collective, root, len(ranks))  # before any size: the NCCL model and the bound index by it
-    params = params or SimParams()
+    topology, params = fabric.topology, fabric.params or SimParams()
     rows = []
     k, n = kind(collective), len(ranks)
     for size in sizes:
         nbytes = call_bytes(collective, size, n)
-        if algorithm == "nccl":
-            r, bound = nccl_result(topology, collective, ranks, nbytes, params, root, **nccl), _bound(topology, collective, ranks, root)
+        if fabric.algo == "nccl":  # NCCL's model prices the call; meshscale's schedules also show what they built
+            r, bound = fabric.cost(Call(collective, nbytes, tuple(ranks), root)), _bound(topology, collective, ranks, root)
         else:
-            p = plan(topology, collective, ranks, nbytes, algorithm, root, params)
+            p = plan(fabric, collective, ranks, nbytes, root)
             r, bound = p.result, p.bound_busbw_bytes_per_s
         rows.append({"collective": k.name, "size_bytes": nbytes, "count": k.count(nbytes, n, 4),
                      "dtype": "float32", "redop": "sum" if k.reducing else "none",
                      "root": root if k.rooted else -1, "time_s": r.time_s,
                      "algbw_bytes_per_s": r.algbw_bytes_per_s, "busbw_bytes_per_s": r.busbw_bytes_per_s,
-                     "algorithm": " ".join(x for x in (r.detail or r.algorithm, _bracket(above_bound_reason(
-                         r.detail or r.algorithm, r.busbw_bytes_per_s, bound))) if x),
+                     "algorithm": " ".join(x for x in (_label(r), _bracket(above_bound_reason(
+                         _label(r), r.busbw_bytes_per_s, bound))) if x),
                      "bound_busbw_bytes_per_s": bound,
-                     "bottleneck": r.bottleneck.name if r.bottleneck else None})
+                     "bottleneck": r.bottleneck.name if getattr(r, "bottleneck", None) else None})
     meta = {"system": topology.name, "ranks": list(ranks), "world_size": len(ranks),
-            "algorithm": algorithm, "params": params.source,
-            **{k: v for k, v in nccl.items() if v is not None and k != "nccl_env"}}
-    if nccl.get("nccl_env") is not None:
-        meta["nccl_env"] = list(nccl["nccl_env"].settings)
+            "algorithm": fabric.algo, "params": params.source,
+            **{k: v for k, v in given.items() if k != "nccl_env"}}
+    if "nccl_env" in given:
+        meta["nccl_env"] = list(fabric.nccl.env.settings)
     return Result("sim", rows, predicted=True, meta=meta)
+
+
+def _label(r: SimResult | Prediction) -> str:
+    """What ran, as rows and headlines name it: NCCL's "nccl <algorithm/protocol, channels>" or the schedule."""
+    return r.detail if isinstance(r, Prediction) else r.detail or r.algorithm
 
 
 def _bracket(text: str) -> str:

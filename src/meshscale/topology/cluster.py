@@ -25,7 +25,8 @@ NVLink to the NIC of the right rail (NCCL's PXN), as in a rail-only network.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import astuple, dataclass, field, replace
+from functools import lru_cache
 
 from meshscale.errors import TopologyError
 import meshscale.topology.links as calc
@@ -429,6 +430,19 @@ def system_or_cluster(system: str, nodes: int | None = None, link: str | None = 
 def spec_topology(system: str, spec: ClusterSpec | None) -> Topology:
     """The topology of what `cluster_spec` resolved: the system itself (None) or the cluster ``spec`` describes."""
     return load_system(system) if spec is None else build_cluster(plan_cluster(spec))
+
+
+def cluster_topology(spec: ClusterSpec, nodes: int | None = None) -> Topology:
+    """``nodes`` full nodes (default ``spec.nodes``) of the cluster ``spec`` as one topology (the tree re-sized
+    for that many nodes; one node: the node's own system), built once per spec: NCCL's model keeps its ring and
+    tree search on the topology object, so every later size costs next to nothing."""
+    return _cluster_topology(astuple(replace(spec, nodes=nodes or spec.nodes)))
+
+
+@lru_cache(maxsize=64)
+def _cluster_topology(fields: tuple) -> Topology:
+    plan = plan_cluster(ClusterSpec(*fields))
+    return build_cluster(plan) if plan.spec.nodes > 1 else plan.node_topology
 
 
 def describe(plan: ClusterPlan) -> str:

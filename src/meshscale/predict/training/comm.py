@@ -1,9 +1,8 @@
 """The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its
 time), on a `Placement`: where the job's ranks run, the network that joins its nodes, the links' calibration and
-NCCL's settings, as `predict`'s options and a corpus row state them. It asks the one cost interface
-(`meshscale.simulate.cost`: NCCL's model, NCCL's own choice of algorithm and protocol unless one is forced) on the
-group's placement: inside one node, on the node's topology; across nodes, on the cluster topology of that many
-nodes (`cluster_topology`).
+NCCL's settings, as `predict`'s options and a corpus row state them. Every call is priced by `Fabric.cost` (the
+one cost interface: NCCL's model, NCCL's own choice of algorithm and protocol unless one is forced) on the
+group's placement: inside one node, on the node's topology; across nodes, on the cluster of that many nodes.
 
 A group of a layout is placed by its global ranks: rank r sits on node r // gpus_per_node, local GPU
 r % gpus_per_node (the layout's rank order puts tp innermost, so tp groups fill a node first). A group spanning
@@ -16,14 +15,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from meshscale.simulate.cost import Call, NcclCostModel
-from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
+from meshscale.collectives.kinds import kind
+
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, NcclSettings
 
 if TYPE_CHECKING:
     from meshscale.simulate.params import SimParams
     from meshscale.topology import Topology
 
-MAX_PRICED_NODES = 16
+MAX_PRICED_NODES = 1 << 20
 TRAINING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "send_recv")
 _STEPS_PER_RANK = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "send_recv": 0}
 
@@ -59,32 +61,24 @@ class Placement:
         text = f"{self.world_size} GPUs of {self.system}"
         return text + (f" ({self.nodes} nodes, {self.nics}x {self.link.upper()} per node)" if self.nodes > 1 else "")
 
-    def settings(self) -> tuple:
-        """What the price of a collective depends on besides its shape (the cache's key across placements)."""
-        return (self.system, self.gpus_per_node, self.link, self.nics, self.gpudirect, self.network,
-                self.oversubscription, self.params, self.nccl_env, self.nccl_algo, self.nccl_version, id(self.node))
+    def fabric(self, nodes: int, nccl_version: str | None = None) -> Fabric:
+        """The fabric of ``nodes`` of these nodes (one: the node alone, or the topology in hand), with the
+        placement's calibration and NCCL's settings (its version ``nccl_version``: a framework's own, else the
+        placement's); built once per count and version."""
+        key = ("fabric", nodes, nccl_version)
+        if key not in self._cache:
+            from meshscale.topology.cluster import ClusterSpec, cluster_topology
 
-    def topology(self, nodes: int) -> Topology:
-        """One node's topology, or a cluster of ``nodes`` of them (built once per shape: NCCL's model keeps its
-        ring and tree search on the topology object)."""
-        if nodes == 1:
-            if self.node is not None:
-                return self.node
-            from meshscale.topology import load_system
-            return load_system(self.system)
-        from meshscale.predict.exchange_cost import cluster_topology
-        from meshscale.topology.cluster import ClusterSpec
-        return cluster_topology(ClusterSpec(node=self.system, nodes=1, nics=self.nics, link=self.link,
-                                            gpudirect=self.gpudirect, network=self.network,
-                                            oversubscription=self.oversubscription), nodes)
-
-    def cost_model(self, topology: Topology, nccl_version: str | None = None):
-        """NCCL's model on GPUs; on CPU workers (no NCCL) meshscale's fastest schedule by flow simulation, Gloo's
-        stand-in."""
-        if topology.device_kind != "gpu":
-            from meshscale.simulate.cost import FlowCostModel
-            return FlowCostModel("auto", self.params)
-        return NcclCostModel(self.nccl_env, nccl_version or self.nccl_version, self.params, self.nccl_algo or None)
+            spec = ClusterSpec(node=self.system, nodes=nodes, nics=self.nics, link=self.link, gpudirect=self.gpudirect,
+                               network=self.network, oversubscription=self.oversubscription)
+            if nodes == 1:
+                from meshscale.topology import load_system
+                topology, spec = (self.node if self.node is not None else load_system(self.system)), None
+            else:
+                topology = cluster_topology(spec)
+            settings = NcclSettings(self.nccl_env, nccl_version or self.nccl_version, self.nccl_algo or None)
+            self._cache[key] = Fabric(topology, spec, self.params, nccl=settings)
+        return self._cache[key]
 
 
 def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
@@ -132,35 +126,21 @@ def _rounded(nbytes: float) -> int:
 
 
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
-            fabric: Placement) -> CollectiveCost:
-    from meshscale.collectives.kinds import kind
-
+            placement: Placement) -> CollectiveCost:
     priced_nodes = min(nodes, MAX_PRICED_NODES)
-    topo = fabric.topology(priced_nodes)
-    devices, per_node = topo.devices(), fabric.gpus_per_node
+    fabric = placement.fabric(priced_nodes, nccl_version)
+    topo = fabric.topology
+    devices, per_node = topo.devices(), placement.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
         ranks = [topo.nodes[devices[local[0]]].index,
                  topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
         ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(priced_nodes) for i in local]
-    found = fabric.cost_model(topo, nccl_version).predict(Call(kind(collective).name, nbytes, tuple(ranks)), topo)
+    found = fabric.cost(Call(kind(collective).name, nbytes, tuple(ranks)))
     t, channels, chosen = found.time_s, found.channels, found.chosen.split(",")[0]
     if nodes == priced_nodes:
         return CollectiveCost(t, channels, chosen)
     p_priced, p = len(ranks), nodes * len(local)
     factor = ((p - 1) / p) / ((p_priced - 1) / p_priced)
-    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * network_latency_s(fabric.topology(priced_nodes),
-                                                                               fabric.params)
+    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * fabric.network_latency_s()
     return CollectiveCost(t * factor + latency, channels, chosen)
-
-
-def network_latency_s(topo: Topology, params: SimParams | None = None) -> float:
-    """One message node to node on the cluster ``topo``: its wire and switches, the software's per message, and
-    without GPUDirect RDMA two more crossings of the host's PCIe."""
-    from meshscale.simulate.params import SimParams
-
-    cluster, params = topo.cluster, params or SimParams()
-    latency = cluster.latency_s + params.message_latency_of(cluster.net.kind)
-    if not cluster.gpudirect:
-        latency += 2 * params.message_latency_of("pcie")
-    return latency

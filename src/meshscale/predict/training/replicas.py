@@ -105,18 +105,36 @@ def replica_exchange(exchange: GradientExchange, gradients: list[GradientTensor]
 def parameter_server_s(nbytes: float, world: int, placement: Placement) -> float:
     """Push to one parameter server and pull back: every GPU's ``nbytes`` through the server's links (its
     host's PCIe on one node; across nodes also the server node's NICs)."""
-    from meshscale.predict.exchange_cost import host_bandwidth, network_bytes_per_s
-    from meshscale.predict.training.comm import network_latency_s
     from meshscale.simulate.params import SimParams
 
     params = placement.params or SimParams()
     nodes = placement.nodes
-    topo = placement.topology(nodes)
-    per_node = min(world, placement.gpus_per_node) * nbytes / (host_bandwidth(topo) / nodes
+    if nodes > 16:
+        raise MeshscaleError("a parameter server is priced up to 16 nodes")
+    fabric = placement.fabric(nodes)
+    per_node = min(world, placement.gpus_per_node) * nbytes / (host_bandwidth(fabric.topology) / nodes
                                                                * params.efficiency_of("pcie"))
     if nodes == 1:
         return 2 * (per_node + params.message_latency_of("pcie"))
-    if nodes > 16:
-        raise MeshscaleError("a parameter server is priced up to 16 nodes")
-    server = world * nbytes / network_bytes_per_s(topo, params)
-    return 2 * (max(per_node, server) + network_latency_s(topo, params))
+    server = world * nbytes / network_bytes_per_s(fabric.topology, params)
+    return 2 * (max(per_node, server) + fabric.network_latency_s())
+
+
+def network_bytes_per_s(topo, params) -> float:
+    """What one node of the cluster ``topo`` moves into the network per direction, all NICs at their achieved
+    rate; without GPUDirect RDMA no more than half the host's PCIe (the data crosses it twice)."""
+    cluster = topo.cluster
+    bandwidth = cluster.node_bandwidth_bytes_per_s * params.efficiency_of(cluster.net.kind)
+    if not cluster.gpudirect:
+        bandwidth = min(bandwidth, host_bandwidth(topo) / cluster.nodes / 2)
+    return bandwidth
+
+
+def host_bandwidth(topo) -> float:
+    """Bytes/s per direction between the GPUs and the CPUs' memory: the PCIe links into the CPUs (not NICs)."""
+    cpus = set(topo.nodes_of("cpu") + topo.nodes_of("host"))
+    total = sum(l.bandwidth_bytes_per_s for l in topo.links if l.kind == "pcie" and (l.a in cpus) != (l.b in cpus)
+                and topo.nodes[l.b if l.a in cpus else l.a].kind in ("pcie_switch", "gpu"))
+    if total <= 0:
+        raise MeshscaleError(f"{topo.name} has no PCIe path between GPUs and CPUs; a parameter server needs one")
+    return total

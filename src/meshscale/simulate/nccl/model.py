@@ -10,7 +10,7 @@ from meshscale.simulate.nccl.runtime import call_floor_us, host_bound_s, host_la
 from meshscale.simulate.nccl.search import System, analyse
 from meshscale.simulate.nccl.tables import P2P, P2P_COLLECTIVES, constants
 from meshscale.simulate.nccl.tuning import NVLS_ALGOS, estimate_us, tuning_table
-from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, allows
+from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, allows, with_forced
 from meshscale.topology import Topology
 
 
@@ -59,8 +59,6 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
     (NCCL_NVLS_ENABLE=0; default: on where the switches multicast); ``gpus_per_thread`` is how many GPUs one
     host thread drives (nccl-tests -g); ``bandwidth_scale`` scales every bandwidth (a calibration); ``env``:
     NCCL's environment (`nccl_env.NcclEnv`: channels, transports, NCCL_ALGO / NCCL_PROTO / NCCL_NVLS_ENABLE)."""
-    from meshscale.simulate.nccl_env import with_forced
-
     collective = kind(collective).name
     c = constants(nccl_version)
     env = with_forced(env or DEFAULT_ENV, nccl_algo, proto, nvls)

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
+from meshscale.topology.fabric import NET_LINKS
 from meshscale.topology.queries import path_class
 
 
@@ -26,6 +27,7 @@ class NicPath:
     gdr: bool
     port_gbps: float
     gbps: float
+    staged_latency_s: float = 0.0  # without GPUDirect RDMA: the legs through host memory each message crosses
 
 
 def links_gbps(topo: Topology, directed: list, c: dict) -> dict:
@@ -52,8 +54,6 @@ def port_gbps(topo: Topology, nic: str) -> float:
 
 def _catalog_port_gbps(topo: Topology, nic: str) -> float:
     """A system file's NIC without its network link: the port its ``port_rate`` names (ndr, 100gbe...)."""
-    from meshscale.topology.cluster import NET_LINKS
-
     rate = str(topo.nodes[nic].attrs.get("port_rate", "")).lower()
     return NET_LINKS[rate].bandwidth_bytes_per_s / 1e9 if rate in NET_LINKS else 0.0
 
@@ -97,12 +97,14 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
         kind_name = path_class(topo, path.nodes, nccl=True)
         gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
             and not env.socket
+        staged_s = 0.0
         if gdr:
             gbps = min([port, *links_gbps(topo, path.directed_links, c).values()])
         else:
             cpus = [n for n in path.nodes if topo.nodes[n].kind in ("cpu", "host")]
             host = cpus[0] if cpus else next(iter(topo.nodes_of("cpu") + topo.nodes_of("host")), None)
             legs = [route(topo, gpu, host).paths[0], route(topo, host, nic).paths[0]] if host else [path]
+            staged_s = sum(topo.links[i].latency_s for leg in legs for i, _d in leg.directed_links)
             uses: dict = {}
             rates: dict = {}
             for leg in legs:
@@ -112,7 +114,7 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
             gbps = min([port, *(rate / uses[i] for (i, _d), rate in rates.items())])
         if env.socket:
             gbps = env.socket_gbps(gbps)
-        out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps))
+        out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s))
     return out
 
 
@@ -140,16 +142,18 @@ def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -
 def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
     """One message's latency node to node: the cluster's worst case where its plan says (`build_cluster`), else
     what the topology's own network says, a NIC's link to its switch, the switch, and the link down to another
-    node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's."""
+    node's NIC (hosts joined under torchrun: their ports' kind, Ethernet or InfiniBand), else EDR InfiniBand's;
+    without GPUDirect RDMA, plus the staging through host memory at both ends (GPU -> CPU -> NIC, and back)."""
+    staged_s = 2 * max((path.staged_latency_s for path in nics), default=0.0)
     stated = topo.cluster.latency_s if topo.cluster is not None else None
     if stated:
-        return float(stated)
+        return float(stated) + staged_s
     for path in nics:
         up = [l for l in topo.links_of(path.nic) if topo.nodes[l.other(path.nic)].kind == "net_switch"]
         if up:
             switch = up[0].other(path.nic)
-            return 2 * up[0].latency_s + float(topo.nodes[switch].attrs.get("latency_s", 0.0))
-    return REFERENCE_NET_LATENCY_S
+            return 2 * up[0].latency_s + float(topo.nodes[switch].attrs.get("latency_s", 0.0)) + staged_s
+    return REFERENCE_NET_LATENCY_S + staged_s
 
 
 def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:

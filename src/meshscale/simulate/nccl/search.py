@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, links_gbps,
@@ -17,8 +16,6 @@ from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
 from meshscale.topology.queries import path_class
 
-if TYPE_CHECKING:
-    from meshscale.simulate.nccl.tuning import TuningTable
 
 
 @dataclass
@@ -68,7 +65,7 @@ class System:
     gpu_mesh: bool = False  # GPUs of a node joined by NVLinks between them (not only through switches)
     env: NcclEnv = DEFAULT_ENV  # NCCL's environment (channels, transports)
     mixed_sm: bool = False  # GPUs of several generations: NCCL disables LL128 (min != max compute capability)
-    tables: dict[str, TuningTable] = field(default_factory=dict)  # NCCL family -> its table (tuning_table)
+    tables: dict = field(default_factory=dict)  # NCCL family -> its `tuning.TuningTable`, kept by tuning_table
 
     @property
     def ppn(self) -> float:
