@@ -6,7 +6,7 @@ import sys
 import time
 
 COMMANDS = [["--version"], ["-h"], ["sim", "-h"], ["systems"], ["topo", "--system", "dgx1-v100"],
-            ["sim", "all_reduce", "-s", "dgx1-v100", "-e", "1M"], ["predict", "-s", "dgx1-v100", "-m", "resnet50"]]
+            ["sim", "all_reduce", "-s", "dgx1-v100", "-e", "1M"], ["predict", "-s", "dgx1-v100", "--model", "resnet50"]]
 RUNS = 5
 
 for args in COMMANDS:

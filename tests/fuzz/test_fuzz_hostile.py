@@ -73,8 +73,8 @@ READERS = {
     "compare": ("compare", str(REPORT / "collective.json"), "{f}"),
     "sim --bench": ("sim", "all_reduce", "-s", "hgx-h200", "--gpus", "2", "-e", "1M", "--bench", "{f}"),
     "plan --p2p": ("plan", "all_reduce", "-s", "hgx-h200", "--gpus", "2", "--p2p", "{f}"),
-    "predict --from": ("predict", "-m", "resnet50", "--from", "{f}"),
-    "predict --p2p": ("predict", "-m", "resnet50", "-s", "hgx-h200", "--gpus", "2", "--p2p", "{f}"),
+    "predict --from": ("predict", "--model", "resnet50", "--from", "{f}"),
+    "predict --p2p": ("predict", "--model", "resnet50", "-s", "hgx-h200", "--gpus", "2", "--p2p", "{f}"),
     "topo -s": ("topo", "-s", "{f}"),
     "topo -s (yaml)": ("topo", "-s", "{f}"),
     "plan -s": ("plan", "all_reduce", "-s", "{f}"),
@@ -104,8 +104,8 @@ WRITERS = {
     "topo --output json": (("topo", "-s", "dgx1-v100", "--format", "json", "--output"), ".json"),
     "cluster --json": (("cluster", "--json"), ".json"),
     "cluster --plot": (("cluster", "--plot"), ".png"),
-    "predict --json": (("predict", "-m", "resnet50", "--json"), ".json"),
-    "predict --plot": (("predict", "-m", "resnet50", "--plot"), ".svg"),
+    "predict --json": (("predict", "--model", "resnet50", "--json"), ".json"),
+    "predict --plot": (("predict", "--model", "resnet50", "--plot"), ".svg"),
     "sim --csv": (("sim", "all_reduce", "-s", "dgx1-v100", "-e", "64K", "--csv"), ".csv"),
 }
 

@@ -134,7 +134,7 @@ RESULT_COMMANDS = {
     "compare-a": ("compare", "{f}", str(FIXTURES / "report" / "collective.json")),
     "sim-bench": ("sim", "all_reduce", "-s", "hgx-h200", "--gpus", "2", "-e", "1M", "--bench", "{f}"),
     "sim-p2p": ("sim", "all_reduce", "-s", "hgx-h200", "--gpus", "2", "-e", "1M", "--p2p", "{f}"),
-    "predict-from": ("predict", "-m", "resnet50", "--from", "{f}"),
+    "predict-from": ("predict", "--model", "resnet50", "--from", "{f}"),
 }
 
 # option tables: command words, option, bad values (text as typed)

@@ -23,7 +23,7 @@ def _cpu_p2p(tmp_path) -> Path:
                   ).save(tmp_path / "p2p.json")
 
 
-@pytest.mark.parametrize("command", [("predict", "-m", "resnet50", "--system", "hgx-h200"),
+@pytest.mark.parametrize("command", [("predict", "--model", "resnet50", "--system", "hgx-h200"),
                                      ("sim", "all_reduce", "--system", "hgx-h200", "-e", "1M"),
                                      ("plan", "all_reduce", "--system", "dgx1-v100")])
 @pytest.mark.parametrize("flag, make", [("--bench", _cpu_collective), ("--p2p", _cpu_p2p)])

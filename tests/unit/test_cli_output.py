@@ -28,8 +28,8 @@ def _predict_figures(row: dict) -> list[str]:
 
 # command -> the figures of each JSON row that its text must show whole on one line (None: the width alone)
 AT_80 = [(("sim", "all_reduce", "-s", "dgx1-v100", "-b", "1K", "-e", "1G", "-f", "32"), _sim_figures),
-         (("predict", "-m", "resnet50", "--gpus", "1,2,4,8"), _predict_figures),
-         (("predict", "-m", "resnet50", "--gpus", "1,8", "--compare", "frameworks"), _predict_figures),
+         (("predict", "--model", "resnet50", "--gpus", "1,2,4,8"), _predict_figures),
+         (("predict", "--model", "resnet50", "--gpus", "1,8", "--compare", "frameworks"), _predict_figures),
          (("systems",), None), (("plan", "all_reduce", "-s", "dgx1-v100"), None), (("validate",), None),
          (("cluster", "--nodes", "124"), None)]
 
@@ -145,7 +145,7 @@ def test_every_row_writing_command_offers_csv(cli, command):
 INTERNAL = re.compile(r"seed ?0\d\d|DOMAIN|\b[A-Z]+\.md\b|meshscale\.[a-z_]+\.[a-z_]+")
 
 
-@pytest.mark.parametrize("args", [("systems",), ("cluster", "--nodes", "124"), ("predict", "-m", "resnet50"),
+@pytest.mark.parametrize("args", [("systems",), ("cluster", "--nodes", "124"), ("predict", "--model", "resnet50"),
                                   ("topo", "--system", "pcie-4gpu")])
 def test_sources_are_named_by_title_not_internal_labels(cli, args):
     out = cli(*args)

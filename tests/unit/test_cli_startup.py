@@ -21,7 +21,7 @@ def _imported(*args: str) -> set[str]:
 
 @pytest.mark.parametrize("args", [("--version",), ("-h",), ("sim", "all_reduce", "-s", "dgx1-v100", "-e", "1M"),
                                   ("plan", "all_reduce", "-s", "dgx1-v100"),
-                                  ("predict", "-s", "dgx1-v100", "-m", "resnet50", "--gpus", "1,8"),
+                                  ("predict", "-s", "dgx1-v100", "--model", "resnet50", "--gpus", "1,8"),
                                   ("cluster", "--nodes", "16"), ("topo", "--system", "dgx1-v100"),
                                   ("systems",)])
 def test_commands_without_gpu_work_import_no_torch(args):

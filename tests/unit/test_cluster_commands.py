@@ -82,7 +82,7 @@ def test_a_cluster_file_is_a_system(cli, tmp_path):
     assert "16 x dgx1-p100" in r.stdout
     r = cli("sim", "all_gather", "-s", path, "-b", "1M", "-e", "1M")
     assert r.exit_code == 0 and "64 devices" in r.stdout
-    r = cli("predict", "-m", "resnet50", "-s", path)
+    r = cli("predict", "--model", "resnet50", "-s", path)
     assert r.exit_code == 0, r.output
     assert "64" in r.stdout
 
@@ -168,7 +168,7 @@ def test_network_fit_from_a_measured_multi_node_all_reduce(tmp_path, cli):
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout and "calibrated" in r.stderr
     fitted_for_sim = r.stderr.strip().splitlines()[-1]
-    r = cli("predict", "-m", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)
+    r = cli("predict", "--model", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)
     assert r.exit_code == 0, r.output
     assert "calibrated" in r.stdout
     assert fitted_for_sim in r.stderr  # one resolution of --bench for sim and predict: the same network
@@ -240,7 +240,7 @@ def test_predict_takes_a_cluster_file_and_its_overriding_options_as_sim_does(tmp
     as sim and plan resolve them: the same rows as the cluster named by options alone."""
     path = tmp_path / "c.yaml"
     path.write_text("cluster:\n  node: dgx1-p100\n  nodes: 2\n  nics: 2\n  link: edr\n")
-    args = ("predict", "-m", "resnet50", "--nodes", "2", "--json")
+    args = ("predict", "--model", "resnet50", "--nodes", "2", "--json")
     overridden, named, filed = (tmp_path / f"{k}.json" for k in ("o", "n", "f"))
     assert cli(*args, overridden, "-s", path, "--link", "10gbe").exit_code == 0
     assert cli(*args, named, "-s", "dgx1-p100", "--nics", "2", "--link", "10gbe").exit_code == 0

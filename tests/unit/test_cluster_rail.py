@@ -109,7 +109,7 @@ def test_network_option_on_every_cluster_command(cli, tmp_path):
     assert r.exit_code == 0, r.output
     r = cli("topo", *args)
     assert r.exit_code == 0 and "rail-optimized:  8 rails" in r.stdout
-    r = cli("predict", "-m", "resnet50", "-s", "hgx-h100", "--nodes", "1,2", "--nics", "8", "--link", "ndr",
+    r = cli("predict", "--model", "resnet50", "-s", "hgx-h100", "--nodes", "1,2", "--nics", "8", "--link", "ndr",
             "--network", "rail", "--json", tmp_path / "p.json")
     assert r.exit_code == 0, r.output
     assert load_result(tmp_path / "p.json").meta["network"] == "rail"
@@ -159,7 +159,7 @@ def test_bad_rail_specs_are_one_line_errors(spec, text):
     (("cluster", "-s", "hgx-h100", "--nodes", "300", "--nics", "8", "--link", "ndr", "--network", "rail"), "exceed"),
     (("topo", "--network", "rail"), "--network describe a cluster"),
     (("sim", "all_reduce", "-s", "hgx-h100", "--network", "rail"), "add --nodes"),
-    (("predict", "-m", "resnet50", "-s", "hgx-h100", "--network", "rail"), "add --nodes"),
+    (("predict", "--model", "resnet50", "-s", "hgx-h100", "--network", "rail"), "add --nodes"),
     (("cluster", "--oversubscription", "0.5"), "--oversubscription"),
 ])
 def test_bad_network_input_is_one_line_exit_2(cli, args, words):

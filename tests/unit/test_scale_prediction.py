@@ -111,7 +111,7 @@ def test_predict_from_a_two_host_run_uses_whole_nodes_of_the_cluster_and_its_own
     scale = _scale(load_system(node), worlds=(1, 2))
     scale.save(tmp_path / "scale.json")
     out = tmp_path / "p.json"
-    args = ["predict", "-m", "resnet50", "--from", tmp_path / "scale.json", "--profile", tmp_path / "scale.json",
+    args = ["predict", "--model", "resnet50", "--from", tmp_path / "scale.json", "--profile", tmp_path / "scale.json",
             "-s", node, "--nodes", "1,2", "--nics", "1", "--batch", "64", "--json", out]
     rows = {}
     for link in ("10gbe", "400gbe"):

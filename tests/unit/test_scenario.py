@@ -31,7 +31,7 @@ def test_sim_plan_place_and_predict_resolve_a_cluster_file_the_same_way(cli, tmp
     env = ("--nccl-env", "NCCL_MAX_NCHANNELS=2")
     commands = [("sim", "all_reduce", "-s", edr, "--link", "hdr", "-b", "1M", "-e", "1M", *env),
                 ("plan", "all_reduce", "-s", edr, "--link", "hdr", "--bytes", "1M", *env),
-                ("predict", "-m", "resnet50", "-s", edr, "--link", "hdr", *env),
+                ("predict", "--model", "resnet50", "-s", edr, "--link", "hdr", *env),
                 ("place", "--gpus", "2", "-s", hdr, *env)]  # place has no --link: the file says it
     for args in commands:
         before = len(resolved)
@@ -55,7 +55,7 @@ def test_a_measured_multi_node_all_reduce_fits_the_same_network_for_sim_and_pred
                                  "busbw_bytes_per_s": s / (500e-6 + s / 8e9) * 30 / 16} for s in sizes],
            meta={"world_size": 16}).save(path)
     for args in (("sim", "all_reduce", "-s", "dgx1-v100", "--nodes", "2", "--bench", path, "-b", "1M", "-e", "1M"),
-                 ("predict", "-m", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)):
+                 ("predict", "--model", "resnet50", "-s", "dgx1-v100", "--nodes", "2,4", "--bench", path)):
         assert cli(*args).exit_code == 0
     sim, predict = resolved
     assert sim.network_fit is not None and sim.network_fit == predict.network_fit

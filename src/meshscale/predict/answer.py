@@ -55,12 +55,16 @@ def refuse_what_does_not_apply(req: PredictRequest, kind: str, prepared: Prepare
     """A one-line error naming the first option given that cannot change this answer, and why."""
     given = lambda names: [n for n in names if getattr(req, n) is not None]  # noqa: E731
     counts = req.gpus or req.nodes or ()
+    if req.gpus and req.nodes:
+        raise MeshscaleError("give the size once: --gpus (GPU counts) or --nodes (node counts)")
     if kind == "search" and (req.degrees or len(counts) > 1 or req.micro_batches):
         raise MeshscaleError("--search chooses the layout itself on one GPU count: drop --dp/--fsdp/--tp/--pp/--cp, "
                              "--micro-batches and lists of counts")
     if kind in ("sweep", "beside") and (req.degrees or req.micro_batches or req.pp_schedule != "1f1b"):
         raise MeshscaleError("a layout's degrees (--dp/--fsdp/--tp/--pp/--cp, --micro-batches, --pp-schedule) set "
                              "one layout on one count; give one --gpus or --nodes count, without --compare or --from")
+    if req.pp_schedule != "1f1b" and not (req.pp or 1) > 1 and kind != "search":
+        raise MeshscaleError(f"--pp-schedule {req.pp_schedule} schedules a pipeline: add --pp N (N > 1)")
     if kind in ("layout", "search"):
         for name in given(SWEEP_OPTIONS):
             raise MeshscaleError(f"{_flag(name)} is for a sweep (a list of --gpus or --nodes counts)")

@@ -48,10 +48,11 @@ class Model:
     autocast: bool = False
     ddp: bool = False           # train's own models: DDP, not FSDP2
     params: int = 0             # a measured-only model's parameters
+    small_cnn: bool = False     # train's small CNN
 
     @property
     def has_kernels(self) -> bool:
-        return self.transformer is not None or self.resnet_depth > 0
+        return self.transformer is not None or self.resnet_depth > 0 or self.small_cnn
 
 
 def resolve_model(req: PredictRequest, name: str) -> Model:
@@ -62,6 +63,8 @@ def resolve_model(req: PredictRequest, name: str) -> Model:
         return Model(name, resnet_depth=RESNETS[name], autocast=True, ddp=True)
     if name in TRAIN_MODELS:
         return Model(name, load_model_config(TRAIN_MODELS[name]), autocast=True, ddp=True)
+    if name == "small-cnn":
+        return Model(name, autocast=True, ddp=True, small_cnn=True)
     if is_transformer_model(name):
         return Model(name, load_model_config(name))
     from meshscale.train.models import MODELS
@@ -176,7 +179,7 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
     return TrainingJob(transformer, ParallelLayout(), batch, seq_len, req.precision, req.checkpointing,
                        model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
-                       sharding=sharding, attention=req.attention, exchange=exchange,
+                       sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
                        measured_name=model.name if not model.has_kernels else "", measured_params=model.params)
 
 

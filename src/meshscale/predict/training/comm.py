@@ -5,10 +5,8 @@ one cost interface: NCCL's model, NCCL's own choice of algorithm and protocol un
 group's placement: inside one node, on the node's topology; across nodes, on the cluster of that many nodes.
 
 A group of a layout is placed by its global ranks: rank r sits on node r // gpus_per_node, local GPU
-r % gpus_per_node (the layout's rank order puts tp innermost, so tp groups fill a node first). A group spanning
-more than MAX_PRICED_NODES nodes is priced on that many nodes and carried to its full size the way a ring's cost
-grows: its bandwidth term by the bus factor ((p - 1) / p for all-gather and reduce-scatter, 2 (p - 1) / p for
-all-reduce), its latency term by one network message per added ring step (Thakur, Rabenseifner and Gropp, 2005).
+r % gpus_per_node (the layout's rank order puts tp innermost, so tp groups fill a node first). Each group is
+priced on the whole cluster it spans (NCCL's model picks Ring, Tree or NVLS-Tree for that many nodes).
 """
 from __future__ import annotations
 
@@ -25,9 +23,7 @@ if TYPE_CHECKING:
     from meshscale.simulate.params import SimParams
     from meshscale.topology import Topology
 
-MAX_PRICED_NODES = 1 << 20
 TRAINING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "send_recv")
-_STEPS_PER_RANK = {"all_reduce": 2, "all_gather": 1, "reduce_scatter": 1, "send_recv": 0}
 
 
 @dataclass(frozen=True, eq=False)
@@ -127,20 +123,13 @@ def _rounded(nbytes: float) -> int:
 
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
             placement: Placement) -> CollectiveCost:
-    priced_nodes = min(nodes, MAX_PRICED_NODES)
-    fabric = placement.fabric(priced_nodes, nccl_version)
+    fabric = placement.fabric(nodes, nccl_version)
     topo = fabric.topology
     devices, per_node = topo.devices(), placement.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
         ranks = [topo.nodes[devices[local[0]]].index,
                  topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]
     else:
-        ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(priced_nodes) for i in local]
+        ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(nodes) for i in local]
     found = fabric.cost(Call(kind(collective).name, nbytes, tuple(ranks)))
-    t, channels, chosen = found.time_s, found.channels, found.chosen.split(",")[0]
-    if nodes == priced_nodes:
-        return CollectiveCost(t, channels, chosen)
-    p_priced, p = len(ranks), nodes * len(local)
-    factor = ((p - 1) / p) / ((p_priced - 1) / p_priced)
-    latency = _STEPS_PER_RANK[collective] * (p - p_priced) * fabric.network_latency_s()
-    return CollectiveCost(t * factor + latency, channels, chosen)
+    return CollectiveCost(found.time_s, found.channels, found.chosen.split(",")[0])

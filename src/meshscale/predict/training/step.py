@@ -55,6 +55,7 @@ from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, S
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
                                                  layer_tensor_numels, end_tensor_numels, resnet_params,
                                                  resnet_step, resnet_tensor_numels, resnet_tensors,
+                                                 small_cnn_step, small_cnn_tensor_numels,
                                                  transformer_ends, transformer_layer)
 
 BACKWARD_SHARE = 2 / 3   # of a measured step without per-layer kernels: backward is about twice forward
@@ -91,6 +92,11 @@ class StepKernels:
 def step_kernels(job: TrainingJob) -> StepKernels:
     """The kernels the step model prices for ``job`` (what `_transformer` and `_resnet` time, and what
     `breakdown` groups by category)."""
+    if job.small_cnn:
+        k = small_cnn_step(job.batch, precision=job.precision, autocast=job.autocast)
+        numels = small_cnn_tensor_numels()
+        k = replace(k, backward=k.backward + (ddp_bucket_copies(sum(numels), len(numels)),))
+        return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(sum(numels), "adamw", numels)))
     if job.model is None:
         k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
                         channels_last=job.channels_last, autocast=job.autocast)
@@ -202,6 +208,7 @@ class TrainingJob:
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
+    small_cnn: bool = False     # train's small CNN (its kernels: `workload.small_cnn_step`) in place of a ResNet
     exchange: GradientExchange = GradientExchange()   # replicas' gradient exchange (unsharded data parallelism)
     measured: ComputeProfile | None = None   # a model without per-layer kernels: its measured step on this GPU
     measured_name: str = ""                  # ... and its name
@@ -212,12 +219,16 @@ class TrainingJob:
     def name(self) -> str:
         if self.measured_name:
             return self.measured_name
+        if self.small_cnn:
+            return "small-cnn"
         return self.model.name if self.model else f"resnet{self.resnet_depth}"
 
     def gradients(self) -> list[GradientTensor]:
         """The gradient tensors in parameter order, with when backward completes each: as a profile of this
         model measured them, else from the model's layers."""
         found = self.measured_gradients
+        if self.small_cnn:
+            return [GradientTensor(n) for n in small_cnn_tensor_numels()]
         if self.model is None and not self.resnet_depth:
             if found and sum(g.elements for g in found) == self.measured_params:
                 return list(found)
@@ -238,12 +249,16 @@ class TrainingJob:
         """The model's parameters (a measured-only model's as its registry says)."""
         if self.model is not None:
             return self.model.params()
+        if self.small_cnn:
+            return sum(small_cnn_tensor_numels())
         return resnet_params(self.resnet_depth) if self.resnet_depth else self.measured_params
 
     def model_flops_per_sample(self) -> float:
         """Training FLOPs per sample as MFU counts them (transformers: PaLM's 6N + attention per token)."""
         if self.measured is not None:
             return 0.0
+        if self.small_cnn:
+            return small_cnn_step(1, autocast=False).flops()
         if self.model:
             return self.model.training_flops_per_token(self.seq_len) * self.seq_len
         return resnet_step(self.resnet_depth, 1, image=self.image, autocast=False).flops()
@@ -326,11 +341,18 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     if job.batch < 1:
         raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
     if job.model is None:
-        if job.measured is None and job.resnet_depth not in RESNET_BLOCKS:
+        if job.measured is None and not job.small_cnn and job.resnet_depth not in RESNET_BLOCKS:
             raise MeshscaleError(f"resnet{job.resnet_depth}: depths {', '.join(map(str, RESNET_BLOCKS))} are known")
         layout = job.layout
         if layout.tp > 1 or layout.pp > 1 or layout.cp > 1:
             raise MeshscaleError(f"{job.name} trains data parallel only: drop --tp, --pp and --cp")
+        if layout.fsdp > 1 and layout.dp > 1 or layout.fsdp > 1 and job.measured is None:
+            raise MeshscaleError(f"--fsdp shards a transformer's parameters (FSDP2); {job.name} trains under DDP: "
+                                 "use --dp")
+        if layout.micro_batches > 1:
+            raise MeshscaleError(f"--micro-batches splits a transformer's step; {job.name} takes its batch whole")
+        if job.checkpointing != "none":
+            raise MeshscaleError(f"--activation-checkpointing is for transformers; {job.name} keeps its activations")
         check_layout(layout, world_size)
         return
     if job.seq_len < 1:

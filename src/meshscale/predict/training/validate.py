@@ -47,10 +47,12 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
         gpus = int(raw["gpus"])
         degrees = {k: int(v) for k, v in given.items()} or {"dp": gpus}
         _, per_node = system_gpu(raw["system"])
+        # the network of a run over nodes: as the row says, else NDR to every GPU (the corpus's assumption)
+        network = {"link": raw.get("link", "ndr"), "nics": int(raw.get("nics", per_node))} if gpus > per_node else {}
         request = PredictRequest(
-            model=name, system=raw["system"], gpus=(gpus,), gpu=str(raw["gpu"]), link=raw.get("link", "ndr"),
-            nics=int(raw.get("nics", per_node)), batch=int(raw["batch"]), seq_len=int(raw.get("seq_len", 0)) or None,
-            precision=raw["precision"], checkpointing=raw.get("checkpointing", "none"), channels_last=True,
+            model=name, system=raw["system"], gpus=(gpus,), gpu=str(raw["gpu"]), **network, batch=int(raw["batch"]), seq_len=int(raw.get("seq_len", 0)) or None,
+            precision=raw["precision"], checkpointing=raw.get("checkpointing", "none"),
+            channels_last=name.startswith("resnet"),  # the published ResNet runs are channels-last
             attention=str(raw.get("attention", "sdpa")), **degrees, pp_schedule=schedule,
             micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),

@@ -541,3 +541,52 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
                      for k in passes.backward if k.name != "conv0.0 dgrad")
     return replace(passes, backward=backward)
+
+
+# ---- train's small CNN (train/cnn.py: conv-relu x2, 2x2 max-pool, conv-relu, global average pool, linear) --------
+SMALL_CNN_WIDTHS = (32, 64, 64)
+SMALL_CNN_IMAGE, SMALL_CNN_CLASSES = 32, 10
+
+
+def small_cnn_layers(image: int = SMALL_CNN_IMAGE, channels: int = 3) -> list[tuple[int, int, int]]:
+    """The small CNN's 3x3 convolutions (padding 1): (input channels, output channels, output side)."""
+    a, b, c = SMALL_CNN_WIDTHS
+    return [(channels, a, image), (a, b, image), (b, c, image // 2)]
+
+
+def small_cnn_tensor_numels(classes: int = SMALL_CNN_CLASSES, channels: int = 3) -> list[int]:
+    """Its parameter tensors in order: each convolution's weight and bias, the linear's weight and bias."""
+    numels = [n for c_in, c_out, _ in small_cnn_layers(channels=channels) for n in (c_in * c_out * 9, c_out)]
+    return numels + [SMALL_CNN_WIDTHS[-1] * classes, classes]
+
+
+def small_cnn_step(batch: int, *, image: int = SMALL_CNN_IMAGE, classes: int = SMALL_CNN_CLASSES,
+                   precision: str = "fp32", autocast: bool = True) -> PassKernels:
+    """The small CNN's kernels for one batch: three implicit-GEMM convolutions with their biases, ReLU (in
+    place), the max-pool after the second, the global average pool, the classifier and the loss in fp32; under
+    autocast each weight cast to the compute precision forward and its gradient back to fp32 backward."""
+    e = element_bytes(precision)
+    forward: list[Kernel] = []
+    for i, (c_in, c_out, side) in enumerate(small_cnn_layers(image)):
+        pixels = batch * side * side
+        conv = gemm(f"conv{i}", pixels, c_out, c_in * 9, e, kind="conv")
+        forward.append(replace(conv, bytes=e * (pixels * c_in + conv.k * conv.n + conv.m * conv.n)))
+        out_bytes = pixels * c_out * e
+        forward.append(memory_op(f"relu{i}", 2 * out_bytes, 3 * out_bytes))
+        if i == 1:   # 2x2 max-pool: read the map, write a quarter; backward scatters the gradient back
+            forward.append(memory_op("max pool", 1.25 * out_bytes, 1.25 * out_bytes))
+    last = small_cnn_layers(image)[-1]
+    forward.append(memory_op("average pool", batch * last[1] * last[2] ** 2 * e))
+    forward.append(gemm("fc", batch, classes, last[1], e))
+    forward.append(memory_op("cross-entropy", LOSS_FORWARD_BYTES * batch * classes,
+                             LOSS_BACKWARD_BYTES * batch * classes, ops=4))
+    grads = []
+    if autocast and precision != "fp32":
+        cast = GRAD_CAST_BYTES * sum(small_cnn_tensor_numels(classes))
+        forward.append(memory_op("autocast weight casts", cast, 0, ops=8))
+        grads.append(memory_op("weight gradients to fp32", cast, ops=8))
+    passes = _passes(forward, [], "none", grads)
+    # the images need no gradient: autograd skips the first convolution's input gradient
+    backward = tuple(replace(k, ops=1) if k.name == "conv0 wgrad" else k
+                     for k in passes.backward if k.name != "conv0 dgrad")
+    return replace(passes, backward=backward)
