@@ -28,6 +28,12 @@ ENV_PREFIXES = ("NCCL_", "TORCH_NCCL", "TORCH_SYMM", "NVSHMEM_", "CUDA_VISIBLE_D
                 "GLOO_", "MASTER_", "WORLD_SIZE")
 
 
+# The kernel categories a GPU profile's meta.kernel_categories uses (`train --profile-batches`), and the step
+# model's breakdown by category: one vocabulary for what measures and what predicts.
+KERNEL_CATEGORIES = ("matmul: attention projections", "matmul: MLP", "matmul: head", "matmul: other", "attention",
+                     "conv", "batch norm", "norm", "elementwise/activation", "rotary", "embedding/loss", "optimizer",
+                     "copies/casts", "FSDP copies", "communication", "other")
+
 @dataclass
 class Result:
     """Rows of one kind of figure, and their provenance."""

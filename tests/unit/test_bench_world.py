@@ -133,7 +133,7 @@ def test_closing_lines_say_when_the_bound_rests_on_an_assumed_network():
 
 
 def test_the_median_cycle_is_reported_and_a_single_cycle_is_left_alone():
-    from meshscale.bench.collective import median_over_cycles
+    from meshscale.collectives.rows import median_over_cycles
 
     def row(cycle, time_s, wrong=0):
         return {"collective": "all_reduce", "size_bytes": 4 << 20, "inplace": True, "time_s": time_s,

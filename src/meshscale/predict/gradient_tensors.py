@@ -10,7 +10,6 @@ very end when the embedding comes first in the forward pass.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
 
 
 @dataclass(frozen=True)
@@ -58,46 +57,6 @@ def resnet50_gradients(num_classes: int = 1000) -> list[GradientTensor]:
         done += flops
         ready.append([GradientTensor(n, done / total) for n in tensors])
     return [t for layer in reversed(ready) for t in layer]
-
-
-@lru_cache(maxsize=16)
-def traced_gradients(model: str) -> tuple[GradientTensor, ...]:
-    """A registry model's gradient tensors and their readiness, traced: the model built on the meta device (no
-    memory, no compute) runs forward and backward on one sample under torch's FLOP counter, and each parameter's
-    post-accumulate hook records the backward FLOPs counted when its gradient is complete."""
-    import torch
-    from torch.utils.flop_counter import FlopCounterMode
-
-    from meshscale.train.models import get_model
-    spec = get_model(model)
-    with torch.device("meta"):
-        module = spec.build()
-        sample = torch.zeros((1, *spec.input_shape), dtype=torch.long if spec.input_kind == "tokens" else torch.float)
-    params = [p for p in module.parameters() if p.requires_grad]
-    counter = FlopCounterMode(display=False)
-    done_flops: dict[int, int] = {}
-    for p in params:
-        p.register_post_accumulate_grad_hook(lambda p: done_flops.__setitem__(id(p), counter.get_total_flops()))
-    with counter:
-        out = module(sample)
-        forward_flops = counter.get_total_flops()
-        out.float().sum().backward()
-    backward_flops = counter.get_total_flops() - forward_flops
-    if backward_flops <= 0 or len(done_flops) != len(params):
-        raise ValueError(f"{model}: backward FLOPs could not be traced")
-    return tuple(GradientTensor(p.numel(), (done_flops[id(p)] - forward_flops) / backward_flops) for p in params)
-
-
-def gradient_tensors(model: str, params: int) -> list[GradientTensor]:
-    """The gradient tensors of ``model``: ResNet-50 from its layout, another registry model traced on the meta
-    device, else (a model that cannot be built here, e.g. a missing package) one tensor of ``params`` whose
-    readiness is not known."""
-    if model == "resnet50":
-        return resnet50_gradients()
-    try:
-        return list(traced_gradients(model)) or [GradientTensor(params)]
-    except Exception:  # its size is still known
-        return [GradientTensor(params)]
 
 
 def transformer_gradients(model) -> list[GradientTensor]:

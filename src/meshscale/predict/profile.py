@@ -169,7 +169,7 @@ def _categories(raw) -> MeasuredCategories | None:
     """A profile's meta.kernel_categories (`train.kernel_categories.kernel_categories`), checked."""
     if raw is None:
         return None
-    from meshscale.train.kernel_categories import CATEGORIES
+    from meshscale.results import KERNEL_CATEGORIES as CATEGORIES
     try:
         seconds = {str(c): float(v) for c, v in raw["seconds_per_step"].items()}
         found = MeasuredCategories(int(raw["batch_per_rank"]), tuple(seconds.items()), float(raw["kernel_s_per_step"]))

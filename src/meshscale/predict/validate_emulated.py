@@ -155,7 +155,7 @@ class _Predictor:
 
 def _median_sweep(sweeps: tuple[Path, ...]) -> Result:
     """Each size's median over the sweeps taken as the cycles of one, as `bench collective -N` reports it."""
-    from meshscale.bench.collective import median_over_cycles
+    from meshscale.collectives.rows import median_over_cycles
 
     loaded = [load_result(s) for s in sweeps]
     rows = [dict(row, cycle=i) for i, sweep in enumerate(loaded) for row in sweep.rows]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from meshscale import plots
+import meshscale.plots as plots
 from meshscale.errors import MeshscaleError
 from meshscale.topology import draw as topo_draw
 from meshscale.units import format_bytes, gbps

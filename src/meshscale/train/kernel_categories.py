@@ -15,12 +15,12 @@ from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from meshscale.results import KERNEL_CATEGORIES
+
 if TYPE_CHECKING:   # torch is imported where a step runs: predictions read CATEGORIES without it
     import torch
 
-CATEGORIES = ("matmul: attention projections", "matmul: MLP", "matmul: head", "matmul: other", "attention",
-              "conv", "batch norm", "norm", "elementwise/activation", "rotary", "embedding/loss", "optimizer",
-              "copies/casts", "FSDP copies", "communication", "other")
+CATEGORIES = KERNEL_CATEGORIES
 MATMUL_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::matmul", "aten::linear", "aten::baddbmm")
 COPY_OPS = ("aten::copy_", "aten::_to_copy", "aten::clone", "aten::contiguous", "aten::cat", "aten::to",
             "aten::_foreach_copy_")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from functools import lru_cache
 
 import torch
 
@@ -65,3 +66,31 @@ def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int
     if device.type == "cuda":  # this runs in the launching process: give the memory back to the runs it starts
         torch.cuda.empty_cache()
     return out
+
+
+@lru_cache(maxsize=16)
+def traced_gradients(model: str) -> tuple[tuple[int, float], ...]:
+    """A registry model's gradient tensors and their readiness, traced, as (elements, share of backward's FLOPs
+    done when the gradient is complete) in parameter order: the model built on the meta device (no memory, no
+    compute) runs forward and backward on one sample under torch's FLOP counter, and each parameter's
+    post-accumulate hook records the backward FLOPs counted when its gradient is complete. An oracle for the
+    step model's own readiness by layer (`predict.gradient_tensors`)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    spec = get_model(model)
+    with torch.device("meta"):
+        module = spec.build()
+        sample = torch.zeros((1, *spec.input_shape), dtype=torch.long if spec.input_kind == "tokens" else torch.float)
+    params = [p for p in module.parameters() if p.requires_grad]
+    counter = FlopCounterMode(display=False)
+    done_flops: dict[int, int] = {}
+    for p in params:
+        p.register_post_accumulate_grad_hook(lambda p: done_flops.__setitem__(id(p), counter.get_total_flops()))
+    with counter:
+        out = module(sample)
+        forward_flops = counter.get_total_flops()
+        out.float().sum().backward()
+    backward_flops = counter.get_total_flops() - forward_flops
+    if backward_flops <= 0 or len(done_flops) != len(params):
+        raise ValueError(f"{model}: backward FLOPs could not be traced")
+    return tuple((p.numel(), (done_flops[id(p)] - forward_flops) / backward_flops) for p in params)

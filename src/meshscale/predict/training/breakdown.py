@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from meshscale.predict.training.kernels import Kernel, Rates, category_of, kernel_seconds, launches_of
 from meshscale.predict.training.step import TrainingJob, step_kernels
-from meshscale.train.kernel_categories import CATEGORIES
+from meshscale.results import KERNEL_CATEGORIES as CATEGORIES
 
 
 @dataclass(frozen=True)
