@@ -4,7 +4,7 @@ import time
 from meshscale.predict.scaling import Job, predict_cluster, profile_for
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 for name in ("resnet50", "gpt-small"):
     spec = get_model(name)

@@ -15,7 +15,7 @@ import time
 from meshscale.predict.scaling import Job, predict_cluster, profile_for
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 spec = get_model("resnet50")
 start = time.perf_counter()
 job = Job("resnet50", spec.params, profile_for(load_system("hgx-h100"), None, spec.flops_per_sample, model="resnet50"), 64)

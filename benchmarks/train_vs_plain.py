@@ -302,13 +302,14 @@ def plain_resnet(args, device):
     """benchmarks/train_ddp_plain.py's loop (DDP of one rank, bf16 autocast, channels-last, SGD)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from meshscale.train.models import get_model, image_spec
+    from meshscale.models.registry import get_model, image_spec
+    from meshscale.train.builders import build_model
     torch.backends.cudnn.benchmark = device.type == "cuda"
     spec = get_model(args.resnet)
     if args.image_size:
         spec = image_spec(spec, 3, args.image_size, args.image_size, spec.num_classes)
     torch.manual_seed(1)
-    model = spec.build().to(device).to(memory_format=torch.channels_last)
+    model = build_model(spec).to(device).to(memory_format=torch.channels_last)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1 * args.resnet_batch / 256, momentum=0.9, weight_decay=5e-5)
     x = torch.randn(args.resnet_batch, *spec.input_shape, device=device).contiguous(memory_format=torch.channels_last)

@@ -8,7 +8,7 @@ from meshscale.plots import rows_scaling_chart, save
 from meshscale.predict.scaling import Job, predict_cluster, profile_for
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 NODES = [1, 2, 4, 8, 16, 32, 64, 124]
 out = Path(sys.argv[1] if len(sys.argv) > 1 else ".")

@@ -6,7 +6,7 @@ from meshscale.predict.scaling import Job, predict_cluster, profile_for
 from meshscale.simulate import predict_collective
 from meshscale.topology import load_system
 from meshscale.topology.cluster import ClusterSpec, system_or_cluster
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 
 def _job(algorithm: str) -> Job:

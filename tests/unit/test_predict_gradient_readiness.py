@@ -11,20 +11,20 @@ from meshscale.errors import MeshscaleError
 from meshscale.predict.frameworks import FRAMEWORKS, ready_order
 from meshscale.predict.gradient_tensors import GradientTensor, gradient_tensors, resnet50_gradients, traced_gradients
 from meshscale.predict.step_time import exposed_exchange_s
-from meshscale.train.models import _GPT
+from meshscale.models.registry import get_model
 
 DDP = FRAMEWORKS["ddp"]
 
 
 def test_tied_embedding_is_complete_last_and_the_head_readies_nothing():
-    cfg = _GPT["gpt-tiny"]
+    cfg = get_model("gpt-tiny").transformer
     grads = gradient_tensors("gpt-tiny", 0)
     wte = grads[0]
     assert wte.elements == cfg.vocab_size * cfg.d_model and wte.ready_share == pytest.approx(1.0)
     assert ready_order(grads)[-1] is wte  # the embedding's own backward comes last
     # backward opens with the tied head (input and weight gradients, 2 x 2 x T d V FLOPs): nothing is complete
     # before it is done
-    t, d, v, layers = cfg.seq_len, cfg.d_model, cfg.vocab_size, cfg.n_layer
+    t, d, v, layers = cfg.max_seq_len, cfg.d_model, cfg.vocab_size, cfg.layers
     head = 4 * t * d * v
     total = head + 2 * (2 * 12 * layers * d * d * t + 2 * 2 * layers * d * t * t)  # blocks' matmuls, attention
     assert min(g.ready_share for g in grads) == pytest.approx(head / total, rel=1e-6)
@@ -102,14 +102,15 @@ def test_resnet50_layout_matches_torchvision():
 def test_readiness_measured_on_one_device_orders_the_gradients_as_backward_completes_them():
     from meshscale.train.config import TrainConfig
     from meshscale.train.readiness import gradient_readiness
-    cfg = _GPT["gpt-tiny"]
+    cfg = get_model("gpt-tiny").transformer
     measured = gradient_readiness(TrainConfig(model="gpt-tiny"), batch=4, steps=3, warmup=1)
     traced = gradient_tensors("gpt-tiny", 0)
     assert [e for e, _ in measured] == [g.elements for g in traced]  # parameter order, every parameter
     shares = [share for _, share in measured]
     assert all(0 <= s <= 1 for s in shares)
     assert shares[0] == max(shares) and shares[0] > 0.9  # the tied embedding: complete at the very end
-    first_block, last_block = shares[1:13], shares[-14:-2]  # (block 0's tensors, block n-1's)
+    per_block = (len(shares) - 4) // cfg.layers  # less the embeddings (tokens, positions) and the final norm
+    first_block, last_block = shares[2:2 + per_block], shares[-2 - per_block:-2]  # (block 0's tensors, block n-1's)
     assert max(last_block) < min(first_block)  # backward completes the output side first
     assert min(shares) > 0  # nothing before the tied head's and the loss's backward
 

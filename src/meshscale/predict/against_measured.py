@@ -14,7 +14,7 @@ from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, from_dict
 from meshscale.topology.cluster import ClusterSpec
 from meshscale.topology.multinode import network_assumed
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 
 def _exchange(job: Job, topo: Topology, world: int, cluster: ClusterSpec | None, params: SimParams | None) -> Exchange:

@@ -68,10 +68,11 @@ def traced_gradients(model: str) -> tuple[GradientTensor, ...]:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from meshscale.train.models import get_model
+    from meshscale.models.registry import get_model
+    from meshscale.train.builders import build_model
     spec = get_model(model)
     with torch.device("meta"):
-        module = spec.build()
+        module = build_model(spec)
         sample = torch.zeros((1, *spec.input_shape), dtype=torch.long if spec.input_kind == "tokens" else torch.float)
     params = [p for p in module.parameters() if p.requires_grad]
     counter = FlopCounterMode(display=False)

@@ -16,7 +16,7 @@ from meshscale.simulate.nccl_env import NcclEnv
 from meshscale.topology import load_system
 from meshscale.topology.schema import require_devices
 from meshscale.topology.cluster import default_nics
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "hierarchical", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}

@@ -16,7 +16,8 @@ from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches, Dataset, open_data
 from meshscale.train.exchange import Exchange, make_exchange
 from meshscale.train.graphed import EAGER_STEPS, GraphedStep, tensor_lr
-from meshscale.train.models import ModelSpec, get_model, image_spec
+from meshscale.models.registry import ModelSpec, get_model, image_spec
+from meshscale.train.builders import build_model
 from meshscale.train.step import train_step
 from meshscale.train.timing import Clock
 
@@ -81,7 +82,7 @@ def build(cfg: TrainConfig, device: torch.device, rank: int, world: int) -> Trai
     _set_kernel_choice(cfg, device)
     spec, data = resolve(cfg)
     torch.manual_seed(cfg.seed)
-    model = spec.build().to(device)
+    model = build_model(spec).to(device)
     if cfg.speed.channels_last and spec.input_kind == "image":
         model = model.to(memory_format=torch.channels_last)
     graph_mode = cfg.speed.cuda_graph and device.type == "cuda"

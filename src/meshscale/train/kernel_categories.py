@@ -239,10 +239,7 @@ def shapes_of(cfg) -> StepShapes:
     spec, _ = resolve(cfg)
     if spec.input_kind != "tokens":
         return StepShapes(False)
-    model_cfg = spec.build_kwargs.get("model_cfg")
-    # train's GPTs (train/gpt.py) widen their MLP four times the model width, as GPT-2 does
-    ffn = model_cfg.ffn_dim if model_cfg is not None else 4 * spec.build_kwargs["cfg"].d_model
-    return StepShapes(True, spec.num_classes, ffn)
+    return StepShapes(True, spec.num_classes, spec.transformer.ffn_dim)
 
 
 def kernel_categories(cfg, device: torch.device, warm: int = 3, steps: int = 2) -> dict:

@@ -27,7 +27,7 @@ from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches
 from meshscale.train.graphed import set_lr
 from meshscale.train.loop import open_log, run_steps
-from meshscale.train.models import ModelSpec
+from meshscale.models.registry import ModelSpec
 from meshscale.train.parallel.breakdown import DATA_LABEL, StepProfile
 from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
@@ -76,7 +76,7 @@ class LayoutTrainer:
 def build_layout(cfg: TrainConfig, device: torch.device) -> LayoutTrainer:
     """Every rank builds the whole model from the same seed, then keeps and parallelizes its part."""
     spec, data = resolve(cfg)
-    model_cfg: TransformerConfig = spec.build_kwargs["model_cfg"]
+    model_cfg: TransformerConfig = spec.transformer
     layout = cfg.layout.parallel_layout()
     mesh = layout_mesh(layout, device)
     torch.manual_seed(cfg.seed)
