@@ -75,7 +75,7 @@ def test_small_cnn_learns_digits_and_stale_ps_still_converges():
 
 def _initial_params():
     import torch
-    from meshscale.train.build import resolve
+    from meshscale.train.recipe import resolve
     from meshscale.train.builders import build_model
     spec, _ = resolve(TrainConfig(model="small-cnn", image_size=8))
     torch.manual_seed(0)

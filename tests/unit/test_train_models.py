@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.train.build import learning_rate
+from meshscale.train.recipe import learning_rate
 from meshscale.train.config import OptimizerOptions, TrainConfig
 from meshscale.train.data import Batches, image_folder, open_data, synthetic, token_file
 from meshscale.models.registry import MODELS, get_model, image_spec
