@@ -85,7 +85,9 @@ def run_step(t: Trainer, step: int, lr: float) -> tuple[dict[str, Any], torch.Te
 
 
 def _batch(t: Trainer, step: int) -> tuple[torch.Tensor, torch.Tensor]:
-    with record_function(DATA_LABEL):   # the profiled steps' data time (train/parallel/breakdown.py)
+    if t.layout is None:  # no profiled steps to split (the range costs microseconds of host time per step)
+        return t.batches.get(step)
+    with record_function(DATA_LABEL):   # a layout's profiled steps' data time (train/parallel/breakdown.py)
         return t.batches.get(step)
 
 
