@@ -26,7 +26,8 @@ from collections import Counter
 import torch
 
 from meshscale.predict.training.kernels import KERNEL_FLOOR_S, instruction_seconds, rates
-from meshscale.predict.training.workload import batch_norm_passes, resnet_blocks
+from meshscale.models.images import resnet_blocks
+from meshscale.predict.training.workload import batch_norm_passes
 from predict_kernels_gpu import common_arguments, device_and_gpu   # run from the repository root
 
 # the kernels' names as the profiler reports them (Normalization.cuh), and the step model's kernel for each

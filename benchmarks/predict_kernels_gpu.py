@@ -5,7 +5,7 @@ Cases (each the step `train` runs, built by train's own functions):
   resnet50   ResNet-50 bf16 channels-last, batch 128 (train.build + train.step.run_step, DDP of one rank)
   gpt-small  GPT-small bf16 (autocast), batch 16 x 1024 tokens (same)
   llama-1b   llama-1b bf16 FSDP2 of one rank, full activation checkpointing, batch 2 x 2048
-             (train.parallel.worker.build_layout + layout_step)
+             (train.build + train.step.run_step)
 For each: WARM steps, TIMED steps timed with a device sync (wall per step), then PROFILED steps under
 torch.profiler twice: plain (kernel times, counts, the GPU's busy time and idle gaps) and with Python stacks and
 shapes (to put each kernel in a category: the op that launched it, its module, its forward op for backward).

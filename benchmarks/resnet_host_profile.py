@@ -67,7 +67,8 @@ def train_config(args, device: torch.device, bucket_view: bool = False, timing: 
 
 def meshscale_step_side(args, device: torch.device):
     """meshscale's Trainer and run_step in a bare loop."""
-    from meshscale.train.build import build, learning_rate
+    from meshscale.train.build import build
+    from meshscale.train.recipe import learning_rate
     from meshscale.train.step import run_step
     cfg = train_config(args, device)
     t = build(cfg, device, 0, 1)

@@ -1,7 +1,7 @@
 """meshscale's training step beside a plain loop, side by side in the same processes, rounds interleaved
 (A B A B ...) so that clocks, temperature and other tenants weigh on both alike.
 
-1. llama: meshscale's layout step (train/parallel's build_layout and layout_step, built as `meshscale train
+1. llama: meshscale's layout step (train.build and train.step.run_step, built as `meshscale train
    --model llama-1b --fsdp F --tp T --activation-checkpointing selective --precision bf16` builds them) beside a
    plain loop written the way torchtitan writes it. On one GPU: FSDP2 of one rank. Under torchrun, any --layout
    of fsdp and tp whose product is the world size; every rank runs both sides in lock step.
@@ -163,10 +163,11 @@ def llama_config(args, world: int, device_type: str) -> TrainConfig:
 
 def meshscale_llama(cfg: TrainConfig, device):
     """meshscale's trainer and its step (the global loss of each step)."""
-    from meshscale.train.parallel.worker import build_layout, layout_step
-    t = build_layout(cfg, device)
+    from meshscale.train.build import build
+    from meshscale.train.step import run_step
+    t = build(cfg, device, 0, 1)
     counter = iter(range(1 << 30))
-    return t, lambda: layout_step(t, next(counter), 1e-4)[1]
+    return t, lambda: run_step(t, next(counter), 1e-4)[1]
 
 
 def plain_tensor_parallel(model, tp_mesh) -> None:
@@ -274,7 +275,7 @@ def first_losses(run: Run, label: str, ours, plain) -> None:
 def llama_part(run: Run, cfg: TrainConfig) -> None:
     t, ours = meshscale_llama(cfg, run.device)
     x, y = t.batches.get(0)   # meshscale's synthetic batch of this rank: the plain side trains the same tensors
-    plain = plain_llama(cfg, t.model_cfg, run.device, x, y, run.args.plain_checkpointing)
+    plain = plain_llama(cfg, t.spec.transformer, run.device, x, y, run.args.plain_checkpointing)
     label = " ".join(f"{d}{getattr(t.layout, d)}" for d in PLAIN_DIMENSIONS if getattr(t.layout, d) > 1) or "fsdp1"
     if run.args.plain_checkpointing != "meshscale":
         label += " (plain: torchtitan's checkpointing)"
@@ -284,7 +285,8 @@ def llama_part(run: Run, cfg: TrainConfig) -> None:
 
 # ---- part 2: ResNet-50, the data-parallel path -------------------------------------------------------------------
 def meshscale_resnet(args, device):
-    from meshscale.train.build import build, learning_rate
+    from meshscale.train.build import build
+    from meshscale.train.recipe import learning_rate
     from meshscale.train.config import SpeedOptions, TrainConfig
     from meshscale.train.step import run_step
     cfg = TrainConfig(model=args.resnet, batch_per_rank=args.resnet_batch, timing=False, device=device.type,
@@ -302,13 +304,14 @@ def plain_resnet(args, device):
     """benchmarks/train_ddp_plain.py's loop (DDP of one rank, bf16 autocast, channels-last, SGD)."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from meshscale.train.models import get_model, image_spec
+    from meshscale.models.registry import get_model, image_spec
+    from meshscale.train.builders import build_model
     torch.backends.cudnn.benchmark = device.type == "cuda"
     spec = get_model(args.resnet)
     if args.image_size:
         spec = image_spec(spec, 3, args.image_size, args.image_size, spec.num_classes)
     torch.manual_seed(1)
-    model = spec.build().to(device).to(memory_format=torch.channels_last)
+    model = build_model(spec).to(device).to(memory_format=torch.channels_last)
     model = DDP(model, device_ids=[device.index] if device.type == "cuda" else None)
     opt = torch.optim.SGD(model.parameters(), lr=0.1 * args.resnet_batch / 256, momentum=0.9, weight_decay=5e-5)
     x = torch.randn(args.resnet_batch, *spec.input_shape, device=device).contiguous(memory_format=torch.channels_last)

@@ -15,6 +15,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from torchrun_rank import join
 
+from meshscale.train.builders import build_model
 from meshscale.train.readiness import sample_batch
 from meshscale.train.step import loss_fn
 
@@ -26,7 +27,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     args = ap.parse_args()
     rank, device, spec = join(args.model)
-    model = DDP(spec.build().to(device), device_ids=[device.index])
+    model = DDP(build_model(spec).to(device), device_ids=[device.index])
     x, y = sample_batch(spec, args.batch, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-4)
     marks: list[tuple[int, int, torch.cuda.Event, torch.cuda.Event]] = []

@@ -15,6 +15,7 @@ import torch.distributed as dist
 
 from torchrun_rank import join
 
+from meshscale.train.builders import build_model
 from meshscale.train.readiness import sample_batch
 from meshscale.train.step import loss_fn
 
@@ -32,7 +33,7 @@ def main() -> None:
     ap.add_argument("--iters", type=int, default=8)
     args = ap.parse_args()
     rank, device, spec = join(args.model)
-    model = spec.build().to(device)
+    model = build_model(spec).to(device)
     x, y = sample_batch(spec, args.batch, device)
     buckets = [torch.ones(25 * 2**20 // 4, device=device) for _ in range(args.buckets)]
     side = torch.cuda.Stream(device)

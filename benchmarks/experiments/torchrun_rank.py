@@ -6,7 +6,7 @@ import os
 import torch
 import torch.distributed as dist
 
-from meshscale.train.models import ModelSpec, get_model
+from meshscale.models.registry import ModelSpec, get_model
 
 
 def join(model: str) -> tuple[int, torch.device, ModelSpec]:

@@ -75,10 +75,11 @@ def test_small_cnn_learns_digits_and_stale_ps_still_converges():
 
 def _initial_params():
     import torch
-    from meshscale.train.build import resolve
+    from meshscale.train.recipe import resolve
+    from meshscale.train.builders import build_model
     spec, _ = resolve(TrainConfig(model="small-cnn", image_size=8))
     torch.manual_seed(0)
-    return torch.nn.utils.parameters_to_vector(spec.build().parameters()).detach().numpy()
+    return torch.nn.utils.parameters_to_vector(build_model(spec).parameters()).detach().numpy()
 
 
 def test_meshscale_schedule_as_the_collective():

@@ -127,11 +127,14 @@ def test_a_traced_step_puts_each_op_in_the_category_the_step_model_uses():
     # CPU: the leaf ops stand for kernels; a tiny GPT's forward, backward and AdamW step
     import torch
 
-    from meshscale.train.gpt import GPT, GPTConfig
+    from meshscale.models.transformer import config_from_fields
     from meshscale.train.kernel_categories import StepShapes, categorize, trace
+    from meshscale.train.transformer import Transformer
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(n_layer=1, n_head=2, d_model=32, vocab_size=96, seq_len=16))
+    cfg = config_from_fields("tiny", {"layers": 1, "d_model": 32, "heads": 2, "ffn_dim": 128, "vocab_size": 96,
+                                      "max_seq_len": 16, "style": "gpt2"}, "test")
+    model = Transformer(cfg, 16)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     x = torch.randint(0, 96, (2, 16))
 

@@ -15,7 +15,8 @@ from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, KERNEL_FLOO
                                                 host_seconds, kernel_seconds, quantization, rates)
 from meshscale.predict.training.search import candidate_layouts, search_layouts
 from meshscale.predict.training.step import TrainingJob, contention_seconds, predict_step
-from meshscale.predict.training.workload import resnet_params, resnet_step, transformer_layer
+from meshscale.models.images import resnet_params
+from meshscale.predict.training.workload import resnet_step, transformer_layer
 from meshscale.results import Result
 
 H100, _ = system_gpu("hgx-h100")
@@ -563,7 +564,7 @@ def test_batch_norm_bytes_and_time_grow_with_the_batch_and_the_reduction_never_r
 
 def test_ddp_copies_every_gradient_into_its_bucket_and_back_once_per_parameter_tensor():
     from meshscale.predict.training.step import step_kernels
-    from meshscale.predict.training.workload import resnet_tensors
+    from meshscale.models.images import resnet_tensors
     job = TrainingJob(None, ParallelLayout(), 32, resnet_depth=50, autocast=True)
     copies = [k for k in step_kernels(job).layer.backward if k.name.startswith("DDP")]
     assert sum(k.ops for k in copies) == 2 * resnet_tensors(50)
@@ -648,7 +649,8 @@ def test_foreach_ops_launch_as_multi_tensor_apply_packs_tensors_and_chunks():
 
 
 def test_tensor_lists_add_up_to_the_parameter_counts():
-    from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels, resnet_tensor_numels
+    from meshscale.models.images import resnet_tensor_numels
+    from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels
     for name in ("gpt2-small", "llama3-8b", "llama-1b"):
         m = preset(name)
         assert sum(layer_tensor_numels(m)) == m.layer_params()

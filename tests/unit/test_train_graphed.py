@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.train.build import optimizer_factory
+from meshscale.train.recipe import optimizer_factory
 from meshscale.train.config import OptimizerOptions, SpeedOptions, TrainConfig
 from meshscale.train.graphed import check_graphable, set_lr, tensor_lr
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
 
 
 @pytest.mark.parametrize("args, message", [

@@ -4,19 +4,20 @@ import pytest
 import torch
 
 from meshscale.errors import MeshscaleError
-from meshscale.train.build import learning_rate
+from meshscale.train.recipe import learning_rate
 from meshscale.train.config import OptimizerOptions, TrainConfig
 from meshscale.execute.datasets import image_folder, token_file
 from meshscale.train.data import Batches, open_data, synthetic
-from meshscale.train.models import MODELS, get_model, image_spec
+from meshscale.models.registry import MODELS, get_model, image_spec
+from meshscale.train.builders import build_model
 from meshscale.train.scale import configurations
 
 
-@pytest.mark.parametrize("name", ["small-cnn", "gpt-tiny"])
+@pytest.mark.parametrize("name", ["small-cnn", "gpt-tiny", "llama-tiny"])
 def test_params_match_the_built_model_and_it_runs(name):
     spec = get_model(name)
     torch.manual_seed(0)
-    model = spec.build()
+    model = build_model(spec)
     assert sum(p.numel() for p in model.parameters()) == spec.params
     x = torch.randn(2, *spec.input_shape) if spec.input_kind == "image" else torch.randint(spec.num_classes, (2, *spec.input_shape))
     out = model(x)
@@ -25,10 +26,31 @@ def test_params_match_the_built_model_and_it_runs(name):
 
 def test_gpt_small_is_gpt2_small_and_flops_follow_6nt():
     spec = get_model("gpt-small")
-    assert spec.params == 124_439_808  # GPT-2 small as published (tied head, 1024 positions)
+    assert spec.params == get_model("gpt2-small").params  # the published GPT-2 small shape (models/presets.yaml)
+    with torch.device("meta"):
+        assert sum(p.numel() for p in build_model(spec).parameters()) == spec.params
     t = spec.input_shape[0]
     assert 6 * spec.params * t * 0.95 < spec.flops_per_sample < 6 * spec.params * t * 1.3
     assert get_model("gpt-medium").flops_per_sample > 2.5 * spec.flops_per_sample
+
+
+def test_the_registry_imports_no_torch():
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
+    code = "import sys, meshscale.models.registry; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env).stdout
+    assert out.strip() == "False"
+
+
+def test_a_resnet_head_follows_the_classes():
+    resnet = get_model("resnet18")
+    fewer = image_spec(resnet, 3, 224, 224, 10)
+    assert resnet.params - fewer.params == (1000 - 10) * (512 + 1)  # the 512-wide head's weights and biases
+    assert fewer.flops_per_sample == resnet.flops_per_sample
+    assert image_spec(resnet, 3, 112, 112, 10).flops_per_sample == pytest.approx(resnet.flops_per_sample / 4)
 
 
 def test_every_entry_is_complete():
@@ -39,7 +61,7 @@ def test_every_entry_is_complete():
 
 def test_image_spec_adapts_shape_classes_and_flops():
     small = image_spec(get_model("small-cnn"), 1, 8, 8, 10)
-    model = small.build()
+    model = build_model(small)
     assert model(torch.zeros(3, 1, 8, 8)).shape == (3, 10)
     assert sum(p.numel() for p in model.parameters()) == small.params
     assert small.flops_per_sample < get_model("small-cnn").flops_per_sample
@@ -56,7 +78,7 @@ def test_unknown_model_and_unusable_torchvision_are_clear_errors():
     except Exception:
         pass
     with pytest.raises(MeshscaleError, match="resnet50 needs a working torchvision"):
-        get_model("resnet50").build()
+        build_model(get_model("resnet50"))
 
 
 def test_batches_do_not_depend_on_the_world_size():
@@ -135,3 +157,12 @@ def test_scaling_plot_is_written(tmp_path):
     path = save(scale_result_chart(Result("scale", rows, meta={"model": "m", "mode": "ddp", "scaling": "weak", "batch": 8})),
                 tmp_path / "s.png")
     assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("gone", ["meshscale.train.models", "meshscale.train.gpt", "meshscale.train.gpt_config",
+                                  "meshscale.train.cnn"])
+def test_one_registry_and_one_gpt(gone):
+    # the registry lives in models/registry.py (torch-free), GPTs are TransformerConfigs built by train/transformer.py
+    import importlib
+    with pytest.raises(ModuleNotFoundError):
+        importlib.import_module(gone)

@@ -189,7 +189,7 @@ def io(
 
     shape, vocab = None, 1 << 16
     if model:
-        from meshscale.train.models import get_model
+        from meshscale.models.registry import get_model
         spec = get_model(model)
         shape, vocab = spec.input_shape, spec.num_classes
     demand = measured_demand(from_result) if from_result else None

@@ -29,8 +29,6 @@ from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPr
 from meshscale.simulate.nccl_env import NcclEnv
 
 
-# `meshscale train`'s models (its registry) as the shapes they are: they train under torch.autocast and DDP
-TRAIN_MODELS = {"gpt-small": "gpt2-small", "gpt-medium": "gpt2-medium"}
 RESNETS = {"resnet18": 18, "resnet34": 34, "resnet50": 50, "resnet101": 101, "resnet152": 152}
 COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
@@ -56,22 +54,22 @@ class Model:
 
 
 def resolve_model(req: PredictRequest, name: str) -> Model:
-    """The model a request names, or a one-line error."""
+    """The model a request names (a corpus row's own shape, train's registry, a transformer preset or
+    config.json), or a one-line error."""
+    from meshscale.models.registry import MODELS, get_model
+
     if req.shape is not None:
         return Model(name, req.shape, autocast=bool(req.autocast), ddp=req.sharding == "none")
     if name in RESNETS:
         return Model(name, resnet_depth=RESNETS[name], autocast=True, ddp=True)
-    if name in TRAIN_MODELS:
-        return Model(name, load_model_config(TRAIN_MODELS[name]), autocast=True, ddp=True)
-    if name == "small-cnn":
-        return Model(name, autocast=True, ddp=True, small_cnn=True)
+    spec = MODELS.get(name)
+    if spec is not None:   # train's own models train under torch.autocast and DDP
+        return Model(name, spec.transformer, autocast=True, ddp=True, params=spec.params,
+                     small_cnn=spec.family == "cnn")
     if is_transformer_model(name):
         return Model(name, load_model_config(name))
-    from meshscale.train.models import MODELS
-    if name in MODELS:
-        return Model(name, autocast=True, ddp=True, params=MODELS[name].params)
-    raise MeshscaleError(f"unknown model {name!r}: a ResNet ({', '.join(RESNETS)}), a transformer preset or "
-                         f"config.json, or one of train's models ({', '.join(sorted(MODELS))})")
+    get_model(name)   # the registry's one-line error, listing the known names
+    raise MeshscaleError(f"unknown model {name!r}")
 
 
 def default_network(node_system: str) -> tuple[str, int]:

@@ -1,87 +1,36 @@
-"""What one rank trains with: the model (adapted to the data), the data's batches, the optimizer and its
-learning-rate recipe, the gradient exchange around the model, and the precision and capture settings."""
+"""Building a rank's `Trainer` (train/trainer.py): for a data-parallel mode, the model (adapted to the data), the
+data's batches, the optimizer and the gradient exchange around the model, with the precision and capture
+settings; for a transformer, the parallel layout's (train/parallel/engine.py)."""
 from __future__ import annotations
 
 import contextlib
 import os
-from dataclasses import dataclass
 from functools import partial
 from typing import Callable
 
 import torch
-import torch.nn as nn
 
-from meshscale.errors import MeshscaleError
+from meshscale.train.builders import build_model
 from meshscale.train.config import TrainConfig
-from meshscale.train.data import Batches, Dataset, open_data
-from meshscale.train.exchange import Exchange, make_exchange
-from meshscale.train.graphed import EAGER_STEPS, GraphedStep, tensor_lr
-from meshscale.train.models import ModelSpec, get_model, image_spec
+from meshscale.train.data import Batches
+from meshscale.train.exchange import make_exchange
+from meshscale.train.graphed import EAGER_STEPS, GraphedStep
+from meshscale.train.parallel.engine import build_layout
+from meshscale.train.recipe import optimizer_factory, resolve
 from meshscale.train.step import train_step
 from meshscale.train.timing import Clock
-
-
-def resolve(cfg: TrainConfig) -> tuple[ModelSpec, Dataset]:
-    """The model (adapted to the data's image shape and classes) and the training data."""
-    spec = get_model(cfg.model, cfg.layout.seq_len)
-    shape = spec.input_shape
-    if cfg.image_size and spec.input_kind == "image":
-        shape = (shape[0], cfg.image_size, cfg.image_size)
-    data = open_data(cfg.data, spec.input_kind, shape, spec.num_classes)
-    if spec.input_kind == "image" and (data.sample_shape != spec.input_shape or data.num_classes != spec.num_classes):
-        spec = image_spec(spec, *data.sample_shape, data.num_classes)
-    return spec, data
-
-
-def optimizer_factory(cfg: TrainConfig, spec: ModelSpec, graph_device: torch.device | None = None):
-    """A function params -> optimizer (the PS owners build theirs over their shard). With ``graph_device``
-    the optimizer can be captured in a CUDA graph: learning rate in device memory, fused SGD / capturable AdamW."""
-    opt = cfg.optimizer
-    name = opt.name or spec.optimizer
-    lr = tensor_lr(graph_device) if graph_device is not None else 0.0
-    graph = {} if graph_device is None else {"fused": True} if name == "sgd" else {"capturable": True}
-    if name == "sgd":
-        return lambda params: torch.optim.SGD(params, lr=lr, momentum=opt.momentum, weight_decay=opt.weight_decay, **graph)
-    if name == "adamw":
-        return lambda params: torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.95), weight_decay=opt.weight_decay, **graph)
-    raise MeshscaleError(f"unknown optimizer {name!r}; choose sgd or adamw")
-
-
-def learning_rate(cfg: TrainConfig, spec: ModelSpec, step: int) -> float:
-    """Linear scaling with the global batch and a linear warm-up (Goyal et al. 2017)."""
-    opt = cfg.optimizer
-    default = spec.base_lr if (opt.name or spec.optimizer) == spec.optimizer else (0.1 if opt.name == "sgd" else 3e-4)
-    base = opt.base_lr if opt.base_lr is not None else default
-    lr = base * cfg.global_batch / opt.ref_batch
-    if opt.warmup_steps:
-        lr *= min(1.0, (step + 1) / opt.warmup_steps)
-    return lr
-
-
-@dataclass
-class Trainer:
-    """Everything a rank's steps use. ``compiled`` is ``model`` after torch.compile (or ``model`` itself);
-    ``exchange.model`` wraps it. ``graphed`` is set when the whole step is replayed from a CUDA graph."""
-
-    cfg: TrainConfig
-    spec: ModelSpec
-    device: torch.device
-    model: nn.Module
-    compiled: nn.Module
-    exchange: Exchange
-    batches: Batches
-    clock: Clock
-    scaler: torch.amp.GradScaler | None
-    autocast: Callable[[], contextlib.AbstractContextManager]
-    graphed: GraphedStep | None = None
+from meshscale.train.trainer import Trainer
 
 
 def build(cfg: TrainConfig, device: torch.device, rank: int, world: int) -> Trainer:
-    """Identical initial weights on every rank, wrapped in the exchange of ``cfg.mode``."""
+    """This rank's trainer: a transformer preset under its parallel layout, any other model data-parallel in
+    ``cfg.mode``. Identical initial weights on every rank."""
     _set_kernel_choice(cfg, device)
+    if cfg.is_transformer:
+        return build_layout(cfg, device)
     spec, data = resolve(cfg)
     torch.manual_seed(cfg.seed)
-    model = spec.build().to(device)
+    model = build_model(spec).to(device)
     if cfg.speed.channels_last and spec.input_kind == "image":
         model = model.to(memory_format=torch.channels_last)
     graph_mode = cfg.speed.cuda_graph and device.type == "cuda"
@@ -101,7 +50,7 @@ def build(cfg: TrainConfig, device: torch.device, rank: int, world: int) -> Trai
                                  ddp=cfg.ddp, allreduce=cfg.allreduce, ps=cfg.ps, timing=cfg.timing and not graph_mode)
     if side is not None:
         torch.cuda.current_stream().wait_stream(side)
-    trainer = Trainer(cfg, spec, device, model, compiled, exchange,
+    trainer = Trainer(cfg, spec, device, model, exchange,
                       # servers fetch (and ignore) a worker's batches: every rank walks the same steps
                       Batches(data, cfg.batch_per_rank, rank % cfg.workers, cfg.workers, cfg.seed, device,
                               cfg.speed.channels_last),

@@ -93,6 +93,33 @@ def publish(directory: str | Path, step: int) -> None:
         shutil.rmtree(d, ignore_errors=True)
 
 
+def save_sharded(directory: str | Path, step: int, module: Any, optimizer: Any, rank: int,
+                 barrier: Callable[[], None]) -> None:
+    """A parallel layout's checkpoint: each rank writes its shards of ``module`` and ``optimizer`` with
+    torch.distributed.checkpoint (read back by any layout); rank 0 then publishes it as the latest."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    model_state, optim_state = get_state_dict(module, optimizer)
+    dcp.save({"model": model_state, "optim": optim_state}, checkpoint_id=str(Path(directory) / f"step-{step:08d}"))
+    barrier()
+    if rank == 0:
+        publish(directory, step)
+
+
+def load_sharded(directory: str | Path, module: Any, optimizer: Any) -> int:
+    """Load the latest sharded checkpoint into ``module`` and ``optimizer`` (resharded to this layout); its step."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+    step = latest_step(directory)
+    if step is None:
+        raise MeshscaleError(f"no checkpoint in {directory} to resume from; run without --resume first")
+    model_state, optim_state = get_state_dict(module, optimizer)
+    state = {"model": model_state, "optim": optim_state}
+    dcp.load(state, checkpoint_id=str(Path(directory) / f"step-{step:08d}"))
+    set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    return step
+
+
 def _torch_save(state: dict, path: Path) -> None:
     try:
         torch.save(state, path)

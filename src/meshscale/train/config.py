@@ -194,7 +194,8 @@ class TrainConfig:
 
     @property
     def is_transformer(self) -> bool:
-        """A transformer preset or config.json: trained under a parallel layout (train/parallel)."""
+        """A transformer preset or config.json: trained under a parallel layout (train/parallel). The registry's
+        GPT-2 shapes (gpt-tiny, gpt-small, gpt-medium) are transformers too, trained in the data-parallel modes."""
         from meshscale.models.transformer import is_transformer_model
         return is_transformer_model(self.model)
 

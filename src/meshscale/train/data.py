@@ -50,8 +50,9 @@ class Batches:
     """The per-rank batch of each step, deterministic in (seed, step) and independent of the world size."""
 
     def __init__(self, data: Dataset, batch_per_rank: int, rank: int, world: int, seed: int, device: torch.device,
-                 channels_last: bool = False):
+                 channels_last: bool = False, positions: torch.Tensor | None = None):
         self.data, self.b, self.rank, self.world, self.seed, self.device = data, batch_per_rank, rank, world, seed, device
+        self.positions = positions  # context parallelism: the sequence positions this rank holds (None: all)
         # images in the model's memory format: the synthetic batch is converted once, not at every step
         self.memory_format = torch.channels_last if channels_last and data.input_kind == "image" else None
         self.global_batch = batch_per_rank * world
@@ -59,7 +60,7 @@ class Batches:
             raise MeshscaleError(f"global batch {self.global_batch} is larger than the {data.n} samples of {data.name}")
         self.steps_per_epoch = max(1, data.n // self.global_batch)
         self._order: tuple[int, np.ndarray] | None = None
-        self._fixed = self._synthetic_batch() if data.synthetic else None
+        self._fixed = self._held(*self._synthetic_batch()) if data.synthetic else None
 
     def _synthetic_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         # sample i of the global batch depends only on (seed, i): N ranks hold exactly what 1 rank holds
@@ -91,7 +92,11 @@ class Batches:
             return self._fixed
         x, y = self.data.fetch(self.indices(step))
         nb = self.device.type == "cuda"
-        return self._formatted(x.to(self.device, non_blocking=nb)), y.to(self.device, non_blocking=nb)
+        return self._held(self._formatted(x.to(self.device, non_blocking=nb)), y.to(self.device, non_blocking=nb))
+
+    def _held(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The part of the sequences this rank holds."""
+        return (x, y) if self.positions is None else (x[:, self.positions], y[:, self.positions])
 
 
 def open_data(spec: str, input_kind: str, sample_shape: tuple[int, ...], num_classes: int) -> Dataset:

@@ -47,12 +47,23 @@ def grad_view(flat: torch.Tensor, p: torch.Tensor, offset: int) -> torch.Tensor:
 
 
 class Exchange:
-    """Common part: the wrapped model, its optimizer, and no-op hooks."""
+    """Common part: the wrapped model, its optimizer, and no-op hooks. A parallel layout's engines are an
+    exchange too (train/parallel/engine.py): what they change is said by the class attributes below."""
+
+    layout: Any = None          # the ParallelLayout run (None: a data-parallel mode over every rank)
+    schedule: Any = None        # a pipeline schedule that runs forward and backward itself (None: call ``model``)
+    first_stage = last_stage = True   # whether this rank's stages take the batch / produce the loss
+    timed_phases = True         # the step's phases (exchange finish, update, pull) are timed apart by clock marks
+    sharded = False             # checkpoints hold shards (torch.distributed.checkpoint), not rank files
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None, clock: Clock):
         self.model, self.optimizer, self.clock = model, optimizer, clock
         self.last_ready: Any = None
         self.computes = True  # False on a dedicated parameter-server rank: no forward / backward there
+
+    def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
+        """The loss a step reports: this rank's (each data-parallel rank's is a fair sample of the batch's)."""
+        return loss
 
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)

@@ -222,12 +222,8 @@ def busy_seconds(events: list[dict], device: torch.device) -> tuple[float, float
 
 def step_function(cfg, device: torch.device) -> Callable[[int], object]:
     """`train`'s own step for ``cfg`` (one rank of an initialized process group), as a function of the step."""
-    from meshscale.train.build import learning_rate
-    if cfg.is_transformer:
-        from meshscale.train.parallel.worker import build_layout, layout_step
-        t = build_layout(cfg, device)
-        return lambda i: layout_step(t, i, learning_rate(cfg, t.spec, i))
     from meshscale.train.build import build
+    from meshscale.train.recipe import learning_rate
     from meshscale.train.step import run_step
     t = build(cfg, device, 0, 1)
     return lambda i: run_step(t, i, learning_rate(cfg, t.spec, i))
@@ -235,14 +231,11 @@ def step_function(cfg, device: torch.device) -> Callable[[int], object]:
 
 def shapes_of(cfg) -> StepShapes:
     """The head's and the MLP's widths of ``cfg``'s model when it takes tokens, or none (an image model)."""
-    from meshscale.train.build import resolve
+    from meshscale.train.recipe import resolve
     spec, _ = resolve(cfg)
     if spec.input_kind != "tokens":
         return StepShapes(False)
-    model_cfg = spec.build_kwargs.get("model_cfg")
-    # train's GPTs (train/gpt.py) widen their MLP four times the model width, as GPT-2 does
-    ffn = model_cfg.ffn_dim if model_cfg is not None else 4 * spec.build_kwargs["cfg"].d_model
-    return StepShapes(True, spec.num_classes, ffn)
+    return StepShapes(True, spec.num_classes, spec.transformer.ffn_dim)
 
 
 def kernel_categories(cfg, device: torch.device, warm: int = 3, steps: int = 2) -> dict:

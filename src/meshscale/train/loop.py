@@ -1,40 +1,57 @@
-"""The per-rank training loop: build, restore a checkpoint, run the steps (each timed, logged, checked and
-checkpointed as asked), then summarize what was measured."""
+"""The per-rank training loop, one for the data-parallel modes and the parallel layouts: build, restore a
+checkpoint, run the steps (each timed, logged, checked and checkpointed as asked), then summarize what was
+measured."""
 from __future__ import annotations
 
+import contextlib
 import os
+import time
+import warnings
+from dataclasses import asdict
 from typing import Any, Callable, Optional
 
+import torch
 import torch.distributed as dist
 
 from meshscale.errors import MeshscaleError
 from meshscale.execute import RankContext, in_torchrun
 from meshscale.train import checkpoint
-from meshscale.train.build import Trainer, build, learning_rate
+from meshscale.train.build import build
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import open_data
 from meshscale.train.exchange import flat_params
 from meshscale.train.graphed import EAGER_STEPS
+from meshscale.train.parallel.breakdown import StepProfile
+from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
+from meshscale.train.recipe import learning_rate
 from meshscale.train.step import evaluate, run_step
 from meshscale.train.step_log import StepLog
 from meshscale.train.timing import TimedStep, Window
 from meshscale.train.trace import StepTracer
+from meshscale.train.trainer import Trainer
+
+COMM_STEPS = 5  # steps a layout's per-dimension communication is counted over (the last timed ones)
 
 
 def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     """One rank of a training run (started by `meshscale.execute.launcher`). Rank 0 returns the per-step rows."""
-    ctx.phase("building the model")
+    ctx.phase(f"building {cfg.model} ({cfg.layout.parallel_layout().describe()})" if cfg.is_transformer
+              else "building the model")
+    # FSDP2 warns once per rank that the root module returns a view (the logits reshaped for the loss); nothing
+    # here changes that view in place, so the warning says nothing about this run
+    warnings.filterwarnings("ignore", message="FSDP2-wrapped module .* returned a view tensor")
+    if ctx.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     t = build(cfg, ctx.device, ctx.rank, ctx.world_size)
     start = restore(ctx, t)
-    log = open_log(ctx, cfg, start)
+    log = open_log(ctx, cfg, start, f"{cfg.model} {t.layout.describe()}" if t.layout else None)
     window = Window(t.clock, first_timed_step(t, start))
-    steps = TrainSteps(t, StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t))
+    steps = TrainSteps(t, StepTracer(cfg.logging.trace, ctx.rank, window.first_step, cfg.steps, t), start, window)
     try:
-        run_steps(ctx, cfg, start, log, window, steps, lambda done: save_checkpoint(ctx, t, done), cfg.mode)
+        run_steps(ctx, cfg, start, log, window, steps, lambda done: save_checkpoint(ctx, t, done), t.label)
     finally:
         steps.tracer.close()
-    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps.max_param_diff),
-           "rows": log.rows if ctx.rank == 0 else []}
+    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps), "rows": log.rows if ctx.rank == 0 else []}
     if cfg.debug.return_params and ctx.rank == 0:
         out["params"] = flat_params(t.model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
     del t  # free the DDP reducer before the group goes (teardown deadlock)
@@ -42,18 +59,25 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
 
 
 class TrainSteps:
-    """The data-parallel step as `run_steps` calls it (``steps(step) -> (row, loss)``): traced when asked, checked
-    against rank 0 when asked. benchmarks/resnet_host_profile.py runs this same object."""
+    """The step as `run_steps` calls it (``steps(step) -> (row, loss)``): traced when asked, checked against
+    rank 0 when asked; a layout's last warm-up steps profiled for each dimension's communication, which is also
+    counted over the last timed steps. benchmarks/resnet_host_profile.py runs this same object."""
 
-    def __init__(self, t: Trainer, tracer: StepTracer):
+    def __init__(self, t: Trainer, tracer: StepTracer, start: int = 0, window: Window | None = None):
         self.t, self.tracer = t, tracer
         self.max_param_diff = 0.0
+        self.started_ns: dict[int, int] = {}
+        first = window.first_step if window is not None else start
+        # the last warm-up steps (never this run's first) under the profiler: the throughput window stays unprofiled
+        self.profiled = StepProfile(range(max(start + 1, first - t.cfg.comm_breakdown_steps), first)
+                                    if t.cfg.timing else range(0), t.clock, t.layout) if t.layout else None
 
     def __call__(self, step: int) -> StepOutput:
         t = self.t
-        with self.tracer.step(step):
+        self.started_ns[step] = time.time_ns()
+        with self.tracer.step(step), self.profiled.step(step) if self.profiled else contextlib.nullcontext():
             row, loss, timed = run_step(t, step, learning_rate(t.cfg, t.spec, step))
-        if t.cfg.debug.verify_sync:
+        if t.cfg.debug.verify_sync and t.layout is None:  # a layout's ranks hold different shards
             self.max_param_diff = max(self.max_param_diff, difference_to_rank0(t))
         # a graph's loss is overwritten by the next replay: copy it
         return row, loss.clone() if t.graphed is not None else loss.detach(), timed
@@ -115,21 +139,26 @@ def host_copy(value: Any) -> Any:
 
 
 def restore(ctx: RankContext, t: Trainer) -> int:
-    """The step to start from: the latest checkpoint's (loaded into the model, exchange and scaler) when asked
-    to resume, or when torchrun restarts the workers of a run that checkpoints; else 0."""
+    """The step to start from: the latest checkpoint's (loaded into the model, exchange and scaler; a layout's
+    shards resharded to this layout) when asked to resume, or when torchrun restarts the workers of a run that
+    checkpoints; else 0."""
     directory = t.cfg.checkpoint.dir
     if not directory or not (t.cfg.checkpoint.resume or (in_torchrun() and checkpoint.latest_step(directory) is not None)):
         return 0
     ctx.phase("loading the checkpoint")
-    state = checkpoint.load(directory, ctx.rank, ctx.world_size)
-    checkpoint.load_weights(t.model, state["model"], directory)
-    t.exchange.load_state_dict(state["exchange"])
-    if t.scaler is not None and state.get("scaler"):
-        t.scaler.load_state_dict(state["scaler"])
-    if state["step"] >= t.cfg.steps:  # nothing would train, and the run would look like a finished one
-        raise MeshscaleError(f"the checkpoint in {directory} is at step {state['step']} and --steps {t.cfg.steps} is "
-                             f"not beyond it; give --steps more than {state['step']} or another --checkpoint-dir")
-    return state["step"]
+    if t.exchange.sharded:
+        step = checkpoint.load_sharded(directory, t.model, t.exchange.optimizer)
+    else:
+        state = checkpoint.load(directory, ctx.rank, ctx.world_size)
+        checkpoint.load_weights(t.model, state["model"], directory)
+        t.exchange.load_state_dict(state["exchange"])
+        if t.scaler is not None and state.get("scaler"):
+            t.scaler.load_state_dict(state["scaler"])
+        step = state["step"]
+    if step >= t.cfg.steps:  # nothing would train, and the run would look like a finished one
+        raise MeshscaleError(f"the checkpoint in {directory} is at step {step} and --steps {t.cfg.steps} is "
+                             f"not beyond it; give --steps more than {step} or another --checkpoint-dir")
+    return step
 
 
 def open_log(ctx: RankContext, cfg: TrainConfig, start: int, title: str | None = None) -> StepLog:
@@ -164,22 +193,44 @@ def checkpoint_due(cfg: TrainConfig, done: int) -> bool:
 
 
 def save_checkpoint(ctx: RankContext, t: Trainer, done: int) -> None:
+    """The checkpoint after ``done`` steps: a layout's shards, or each rank's file (the model on rank 0)."""
+    if t.exchange.sharded:
+        checkpoint.save_sharded(t.cfg.checkpoint.dir, done, t.model, t.exchange.optimizer, ctx.rank, ctx.barrier)
+        return
     state = {"model": t.model.state_dict() if ctx.rank == 0 else None, "exchange": t.exchange.state_dict(),
              "scaler": t.scaler.state_dict() if t.scaler is not None else None}
     checkpoint.save(t.cfg.checkpoint.dir, done, ctx.rank, ctx.world_size, state, ctx.barrier)
 
 
-def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Window, max_param_diff: float) -> dict[str, Any]:
-    """This rank's summary: throughput over the timed window, the model's size, and rank 0's evaluation."""
+def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Window, run: TrainSteps) -> dict[str, Any]:
+    """This rank's summary: throughput over the timed window and the model's size; rank 0's evaluation; for a
+    layout its peak memory and each dimension's communication (measured by ``run``'s profiled and counted steps)."""
     cfg = t.cfg
     timed = cfg.steps - window.first_step if window.started else 0
     summary: dict[str, Any] = {
-        "rank": ctx.rank, "steps": steps, "first_step": start, "max_param_diff": max_param_diff, "timed_steps": timed,
-        "samples_per_s": cfg.global_batch * timed / window.seconds if window.seconds > 0 else None,
+        "rank": ctx.rank, "steps": steps, "first_step": start, "max_param_diff": run.max_param_diff,
+        "timed_steps": timed, "samples_per_s": cfg.global_batch * timed / window.seconds if window.seconds > 0 else None,
         "params": t.spec.params, "flops_per_sample": t.spec.flops_per_sample}
-    if ctx.rank == 0 and cfg.eval_data:
+    if t.layout is not None:
+        summary.update(layout=t.layout.describe(), **peak_memory(ctx.device))
+        summary["breakdown"] = asdict(run.profiled.result) if run.profiled.result else None
+        counted_from = max(window.first_step, cfg.steps - COMM_STEPS)  # the flight recorder keeps the latest ops
+        if counted_from in run.started_ns:
+            summary["comm_by_dimension"] = comm_by_dimension(recorded_entries(), run.started_ns[counted_from],
+                                                             cfg.steps - counted_from, t.layout)
+    elif ctx.rank == 0 and cfg.eval_data:
         ctx.phase("evaluating")
         spec = t.spec
         summary.update(evaluate(t.model, open_data(cfg.eval_data, spec.input_kind, spec.input_shape, spec.num_classes),
                                 spec.input_kind, t.device))
     return summary
+
+
+def peak_memory(device: torch.device) -> dict[str, int | None]:
+    """This rank's peak memory: the allocator's on a GPU; on a CPU the process's peak resident memory."""
+    if device.type == "cuda":
+        return {"peak_allocated_bytes": torch.cuda.max_memory_allocated(device),
+                "peak_reserved_bytes": torch.cuda.max_memory_reserved(device), "peak_rss_bytes": None}
+    import resource  # CPU workers have no allocator statistics (Linux: ru_maxrss in KiB)
+    return {"peak_allocated_bytes": None, "peak_reserved_bytes": None,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}

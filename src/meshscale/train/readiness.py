@@ -13,7 +13,8 @@ import torch
 
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches, synthetic
-from meshscale.train.models import get_model
+from meshscale.models.registry import get_model
+from meshscale.train.builders import build_model
 from meshscale.train.step import loss_fn
 
 
@@ -39,7 +40,7 @@ def gradient_readiness(cfg: TrainConfig, batch: int, steps: int = 5, warmup: int
     device = torch.device("cuda", 0) if cfg.device == "cuda" else torch.device("cpu")
     spec = get_model(cfg.model)
     torch.manual_seed(0)
-    model = spec.build().to(device)
+    model = build_model(spec).to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     x, y = Batches(synthetic(spec.input_kind, spec.input_shape, spec.num_classes), batch, 0, 1, 0, device).get(0)
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.speed.precision)

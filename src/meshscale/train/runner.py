@@ -10,7 +10,6 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.execute import in_torchrun, launch
 from meshscale.execute.world import check_gpus, resolve_world
 from meshscale.results import Result, measured
-from meshscale.train.build import resolve
 from meshscale.train.config import TRAIN_MODES, CheckpointOptions, LogOptions, TrainConfig
 from meshscale.train.data import open_data
 from meshscale.train.exchange import WIRE_DTYPES
@@ -19,8 +18,8 @@ from meshscale.train.loop import train_worker
 from meshscale.train.parallel.breakdown import mean_breakdown
 from meshscale.train.parallel.comm import FLIGHT_RECORDER_ENV
 from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layout_summary, with_default_layout
-from meshscale.train.parallel.worker import layout_worker
 from meshscale.train.readiness import gradient_readiness
+from meshscale.train.recipe import resolve
 
 TRAIN_PRECISIONS = ("fp32", "bf16", "fp16")
 DEVICES = ("cpu", "cuda")
@@ -93,10 +92,9 @@ def run(cfg: TrainConfig) -> list[dict[str, Any]]:
         check_rank_config(cfg)
     else:
         validate(cfg)
-    if cfg.is_transformer:  # the flight recorder counts each dimension's communication (timed runs)
-        return launch(layout_worker, cfg.world, (cfg,), backend=_backend(cfg), timeout_s=cfg.timeout_s,
-                      env=FLIGHT_RECORDER_ENV if cfg.timing else None)
-    return launch(train_worker, cfg.world, (cfg,), backend=_backend(cfg), timeout_s=cfg.timeout_s)
+    # a layout's timed run: the flight recorder counts each dimension's communication
+    return launch(train_worker, cfg.world, (cfg,), backend=_backend(cfg), timeout_s=cfg.timeout_s,
+                  env=FLIGHT_RECORDER_ENV if cfg.is_transformer and cfg.timing else None)
 
 
 def _backend(cfg: TrainConfig) -> str:
@@ -191,7 +189,7 @@ def _profile_worker(ctx, ones: list[TrainConfig], gradients_batch: int) -> tuple
     """The profile's one rank: every batch size's run, when backward completes each gradient, and on a GPU the
     largest batch's kernel time per category (`kernel_categories`: what a prediction for another GPU moves
     category by category)."""
-    outputs = [(layout_worker if one.is_transformer else train_worker)(ctx, one) for one in ones]
+    outputs = [train_worker(ctx, one) for one in ones]
     kernels, missing = None, None
     if ones[-1].device == "cuda":
         import torch

@@ -50,13 +50,13 @@ from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, r
 from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
-from meshscale.predict.training.workload import (RESNET_BLOCKS, ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
+from meshscale.models.images import (RESNET_BLOCKS, resnet_params, resnet_tensor_numels, resnet_tensors,
+                                     small_cnn_tensor_numels)
+from meshscale.predict.training.workload import (ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
-                                                 layer_tensor_numels, end_tensor_numels, resnet_params,
-                                                 resnet_step, resnet_tensor_numels, resnet_tensors,
-                                                 small_cnn_step, small_cnn_tensor_numels,
-                                                 transformer_ends, transformer_layer)
+                                                 layer_tensor_numels, end_tensor_numels, resnet_step,
+                                                 small_cnn_step, transformer_ends, transformer_layer)
 
 BACKWARD_SHARE = 2 / 3   # of a measured step without per-layer kernels: backward is about twice forward
 # A step measured on one rank lacks what more ranks add to each step outside the exchange: the communication

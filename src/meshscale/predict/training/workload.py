@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from math import ceil
 
+from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_blocks, resnet_params,
+                                     small_cnn_layers, small_cnn_tensor_numels)
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
 
@@ -340,66 +342,6 @@ def accumulation_kernels(params_on_rank: float) -> list[Kernel]:
 
 
 # ---- ResNets ---------------------------------------------------------------------------------------------
-RESNET_BLOCKS = {18: ("basic", (2, 2, 2, 2)), 34: ("basic", (3, 4, 6, 3)), 50: ("bottleneck", (3, 4, 6, 3)),
-                 101: ("bottleneck", (3, 4, 23, 3)), 152: ("bottleneck", (3, 8, 36, 3))}
-
-
-@dataclass(frozen=True)
-class Conv:
-    c_in: int
-    c_out: int
-    kernel: int
-    stride: int
-    out_hw: int     # output height (= width)
-
-
-def resnet_blocks(depth: int, image: int = 224) -> tuple[list[list[Conv]], int]:
-    """A torchvision ResNet at ``image`` pixels as its stem and residual blocks (each a list of convolutions,
-    the projection shortcut last where there is one), and the channels into the classifier."""
-    if depth not in RESNET_BLOCKS:
-        raise ValueError(depth)
-    style, counts = RESNET_BLOCKS[depth]
-    hw = image // 2
-    blocks = [[Conv(3, 64, 7, 2, hw)]]
-    hw //= 2                              # max pool
-    c_in, expansion = 64, 4 if style == "bottleneck" else 1
-    for stage, count in enumerate(counts):
-        width = 64 * 2 ** stage
-        for b in range(count):
-            stride = 2 if stage > 0 and b == 0 else 1
-            out = hw // stride
-            if style == "bottleneck":
-                block = [Conv(c_in, width, 1, 1, hw), Conv(width, width, 3, stride, out),
-                         Conv(width, width * expansion, 1, 1, out)]
-            else:
-                block = [Conv(c_in, width, 3, stride, out), Conv(width, width, 3, 1, out)]
-            if b == 0 and (stride != 1 or c_in != width * expansion):
-                block.append(Conv(c_in, width * expansion, 1, stride, out))    # the projection shortcut
-            blocks.append(block)
-            c_in, hw = width * expansion, out
-    return blocks, c_in
-
-
-def resnet_tensor_numels(depth: int, classes: int = 1000) -> list[int]:
-    """The sizes of the parameter tensors in torchvision's order: each convolution's weight, its batch norm's
-    weight and bias, the classifier's weight and bias."""
-    blocks, features = resnet_blocks(depth)
-    numels = [n for block in blocks for c in block for n in (c.c_in * c.c_out * c.kernel ** 2, c.c_out, c.c_out)]
-    return numels + [features * classes, classes]
-
-
-def resnet_tensors(depth: int) -> int:
-    """Parameter tensors: each convolution's weight, each batch norm's weight and bias, the classifier's two."""
-    return len(resnet_tensor_numels(depth))
-
-
-def resnet_params(depth: int, classes: int = 1000) -> int:
-    """Parameters: convolution weights, two per batch-norm channel, the classifier (torchvision's count)."""
-    blocks, features = resnet_blocks(depth)
-    return (sum(c.c_in * c.c_out * c.kernel ** 2 + 2 * c.c_out for block in blocks for c in block)
-            + features * classes + classes)
-
-
 # PyTorch's channels-last batch norm (aten/src/ATen/native/cuda/Normalization.cuh, flexible_launch_configs):
 # blocks of up to 32 channels x up to 16 rows (512 threads), each thread ELEMENTS_PER_THREAD rows deep, at most
 # MAX_H_BLOCK blocks along the rows; a grid of 8 or more blocks along the rows reduces in two stages (partial
@@ -541,23 +483,6 @@ def resnet_step(depth: int, batch: int, *, image: int = 224, classes: int = 1000
     backward = tuple(replace(k, ops=1) if k.name == "conv0.0 wgrad" else k
                      for k in passes.backward if k.name != "conv0.0 dgrad")
     return replace(passes, backward=backward)
-
-
-# ---- train's small CNN (train/cnn.py: conv-relu x2, 2x2 max-pool, conv-relu, global average pool, linear) --------
-SMALL_CNN_WIDTHS = (32, 64, 64)
-SMALL_CNN_IMAGE, SMALL_CNN_CLASSES = 32, 10
-
-
-def small_cnn_layers(image: int = SMALL_CNN_IMAGE, channels: int = 3) -> list[tuple[int, int, int]]:
-    """The small CNN's 3x3 convolutions (padding 1): (input channels, output channels, output side)."""
-    a, b, c = SMALL_CNN_WIDTHS
-    return [(channels, a, image), (a, b, image), (b, c, image // 2)]
-
-
-def small_cnn_tensor_numels(classes: int = SMALL_CNN_CLASSES, channels: int = 3) -> list[int]:
-    """Its parameter tensors in order: each convolution's weight and bias, the linear's weight and bias."""
-    numels = [n for c_in, c_out, _ in small_cnn_layers(channels=channels) for n in (c_in * c_out * 9, c_out)]
-    return numels + [SMALL_CNN_WIDTHS[-1] * classes, classes]
 
 
 def small_cnn_step(batch: int, *, image: int = SMALL_CNN_IMAGE, classes: int = SMALL_CNN_CLASSES,

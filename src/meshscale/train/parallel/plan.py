@@ -9,6 +9,7 @@ from typing import Any
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.memory import GIB, MemoryEstimate, training_memory
+from meshscale.models.registry import get_model
 from meshscale.models.transformer import TransformerConfig
 from meshscale.train.config import TrainConfig
 
@@ -28,7 +29,6 @@ def model_config(cfg: TrainConfig) -> TransformerConfig:
 def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     """Refuse, in one line, a layout run that cannot work: the layout's rules, the options that belong to the
     data-parallel modes, the precision, a tied head split across pipeline stages."""
-    from meshscale.train.models import get_model
     model = model_config(cfg)
     if cfg.layout.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {cfg.layout.checkpointing}: use one of "
@@ -58,7 +58,6 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
 
 def memory_needed(cfg: TrainConfig, layout: ParallelLayout) -> MemoryEstimate:
     """Per-rank bytes of the run by the model's own arithmetic (the worst pipeline stage)."""
-    from meshscale.train.models import get_model
     seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
     return training_memory(model_config(cfg), layout, batch=cfg.batch_per_rank, seq_len=seq_len,
                            precision="bf16" if cfg.speed.precision == "bf16" else "fp32",
@@ -94,7 +93,6 @@ def peak_flops(device_name: str, precision: str) -> tuple[float | None, str]:
 def layout_summary(cfg: TrainConfig, summary: dict[str, Any], layout: ParallelLayout,
                    device_name: str | None) -> dict[str, Any]:
     """Tokens/s, per GPU, the memory the layout needs beside the peak measured, MFU with its peak and source."""
-    from meshscale.train.models import get_model
     seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
     need = memory_needed(cfg, layout)
     rate = summary.get("samples_per_s")
