@@ -60,3 +60,48 @@ def option_fields(cls: type, prefix: tuple[str, ...] = ()) -> Iterator[OptionFie
         elif "flags" in f.metadata:
             yield OptionField(prefix + (f.name,), hint, f.default, f.metadata["flags"], f.metadata["help"],
                               f.metadata["train_only"], f.metadata.get("check"), f.metadata.get("parse"))
+
+
+@dataclass(frozen=True)
+class Declared:
+    """An option two commands share, with one meaning: its flags, help and check, declared once here
+    (`meshscale train` and `meshscale predict` both take a batch, a layout's degrees, a precision ...)."""
+
+    flags: tuple[str, ...]
+    help: str
+    check: Check | None = None
+
+    def field(self, default: Any, also: str = "") -> Any:
+        """The dataclass field of this option, at ``default`` (``also``: what this command adds to the help)."""
+        return option(default, *self.flags, help=self.help + (f"; {also}" if also else ""), check=self.check)
+
+
+def _range(lo: int, hi: int) -> Check:
+    from meshscale.validation import Range
+    return Range(lo, hi, integer=True, optional=True)
+
+
+_DEGREE = _range(1, 1 << 20)
+MODEL = Declared(("--model",), "what trains: resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, gpt-medium, a "
+                 "transformer preset (llama-tiny, llama-1b, llama3-8b, llama2-7b, gpt2-small, gpt3-175b ...) or a "
+                 "Hugging Face config.json")
+BATCH = Declared(("--batch",), "samples per data-parallel rank per step (images; sequences for transformers)",
+                 _range(1, 1 << 16))
+PRECISION = Declared(("--precision",), "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+MODE = Declared(("--mode",), "how replicas exchange gradients: ddp, allreduce (fused buckets, as Horovod), ps-sync "
+                "or ps-async (parameter servers)")
+CHANNELS_LAST = Declared(("--channels-last",), "channels-last memory format (images)")
+CUDA_GRAPH = Declared(("--cuda-graph",), "the whole step (forward, backward, all-reduce, optimizer) as one CUDA "
+                      "graph (GPUs; ddp/allreduce)")
+DP = Declared(("--dp",), "replicated data-parallel degree (for transformers FSDP2's hybrid mode)", _DEGREE)
+FSDP = Declared(("--fsdp",), "transformers: sharded data-parallel degree (FSDP2)", _DEGREE)
+TP = Declared(("--tp",), "transformers: tensor (and sequence) parallel degree", _DEGREE)
+PP = Declared(("--pp",), "transformers: pipeline stages", _DEGREE)
+CP = Declared(("--cp",), "transformers: context-parallel degree (the sequence split)", _DEGREE)
+PP_SCHEDULE = Declared(("--pp-schedule",), "gpipe, 1f1b or interleaved-1f1b")
+MICRO_BATCHES = Declared(("--micro-batches",), "pipeline micro-batches per step (>= --pp; default: the pipeline's "
+                         "stages)", _DEGREE)
+CHECKPOINTING = Declared(("--activation-checkpointing",), "none, selective (keep matmul and attention outputs, "
+                         "recompute the rest) or full (recompute each layer)")
+SEQ_LEN = Declared(("--seq-len",), "transformers: tokens per sequence (default: the model's positions, at most "
+                   "2048)", _range(2, 1 << 22))

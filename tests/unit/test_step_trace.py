@@ -92,9 +92,6 @@ def test_bytes_moved_match_the_traced_step_within_fifteen_percent():
     assert analytic == pytest.approx(traced, rel=0.15), sorted(traffic.bytes.items(), key=lambda kv: -kv[1])[:12]
 
 
-@pytest.mark.xfail(strict=True, reason="predict/training/workload.py still counts GPT-2's fused qkv projection (the "
-                   "deleted train/gpt.py); the one transformer projects q, k and v apart: workload.py's gpt2 branch "
-                   "is the predict rewrite's to change")
 def test_kernel_launching_ops_of_forward_and_backward_match_the_traced_step():
     # the optimizer is left out: on CPU its foreach ops run per tensor, on CUDA as a few multi-tensor launches
     traffic, _, params = _traced_step(optimizer=False)

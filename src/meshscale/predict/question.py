@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
-from meshscale.options import option
+from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, FSDP, MICRO_BATCHES, MODE,
+                               MODEL, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, option)
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.validation import Range, count_list
 
@@ -33,7 +34,6 @@ def _env(pairs: list[str]) -> NcclEnv | None:
     return parse_nccl_env(pairs) if pairs else None
 
 
-_DEGREE = Range(1, 1 << 20, integer=True, optional=True)
 _COUNTS = counts_check(1, 1 << 20)
 
 
@@ -42,10 +42,7 @@ class PredictRequest:
     """A prediction as the command line (or a corpus row) states it: what trains, in which layout, where, how
     its replicas exchange gradients, and what calibrates it. Each option is declared here, once."""
 
-    model: Optional[str] = option(None, "--model", help="what trains: a ResNet (resnet18 ... resnet152), train's "
-                                  "GPTs (gpt-small, gpt-medium), a transformer preset (llama-1b, llama3-8b, gpt3-175b, "
-                                  "...) or a Hugging Face config.json; a model without per-layer kernels (small-cnn) "
-                                  "with its measured --profile")
+    model: Optional[str] = MODEL.field(None, "a model without per-layer kernels with its measured --profile")
     system: str = option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes), or a "
                          "cluster file")
     gpus: Optional[tuple[int, ...]] = option(None, "--gpus", help="GPU count; a list (1,2,4,8) sweeps (default "
@@ -64,32 +61,25 @@ class PredictRequest:
     network: Optional[str] = option(None, "--network", help="cluster network: fat-tree (default) or rail")
     oversubscription: Optional[float] = option(None, "--oversubscription", help="leaf down-links per up-link, k "
                                                "for k:1 (default 1)", check=CLUSTER_RANGES["oversubscription"])
-    batch: Optional[int] = option(None, "--batch", help=f"samples per data-parallel rank per step (images; "
-                                  f"sequences for transformers); default {IMAGE_BATCH} images, {SEQUENCE_BATCH} "
-                                  "sequence", check=Range(1, 1 << 16, integer=True, optional=True))
+    batch: Optional[int] = BATCH.field(None, f"default {IMAGE_BATCH} images, {SEQUENCE_BATCH} sequence")
     global_batch: Optional[int] = option(None, "--global-batch", help="samples per step over all ranks: strong "
                                          "scaling over the sweep, or what --search splits",
                                          check=Range(1, 1 << 24, integer=True, optional=True))
-    seq_len: Optional[int] = option(None, "--seq-len", help="tokens per sequence (default: the model's, at most "
-                                    "2048)", check=Range(1, 1 << 24, integer=True, optional=True))
-    precision: Optional[str] = option(None, "--precision", help="fp32, bf16 or fp16, as train's (default: the "
-                                      "--profile's, else fp32 as train's; PyTorch runs fp32 matmuls in true fp32, "
-                                      "convolutions in TF32)")
-    checkpointing: str = option("none", "--activation-checkpointing", help="none, selective or full")
-    channels_last: bool = option(False, "--channels-last", help="images in channels-last memory format, as train's")
-    cuda_graph: bool = option(False, "--cuda-graph", help="the step replayed as one CUDA graph, as train's: no "
-                              "host cost per op")
+    seq_len: Optional[int] = SEQ_LEN.field(None)
+    precision: Optional[str] = PRECISION.field(None, "default: the --profile's, else fp32 as train's (PyTorch runs "
+                                               "fp32 matmuls in true fp32, convolutions in TF32)")
+    checkpointing: str = CHECKPOINTING.field("none")
+    channels_last: bool = CHANNELS_LAST.field(False)
+    cuda_graph: bool = CUDA_GRAPH.field(False, "no host cost per op")
     attention: str = option("sdpa", "--attention", help="the attention kernel: sdpa (what PyTorch's SDPA picks: "
                             "cuDNN's on Hopper and later, else FlashAttention-2), flash, cudnn, or triton")
-    dp: Optional[int] = option(None, "--dp", help="replicated data-parallel degree", check=_DEGREE)
-    fsdp: Optional[int] = option(None, "--fsdp", help="sharded data-parallel (FSDP2) degree (default: what the "
-                                 "others leave, for transformers)", check=_DEGREE)
-    tp: Optional[int] = option(None, "--tp", help="tensor-parallel degree", check=_DEGREE)
-    pp: Optional[int] = option(None, "--pp", help="pipeline stages", check=_DEGREE)
-    cp: Optional[int] = option(None, "--cp", help="context-parallel degree", check=_DEGREE)
-    pp_schedule: str = option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b")
-    micro_batches: Optional[int] = option(None, "--micro-batches", help="micro-batches per step (default: the "
-                                          "pipeline's stages)", check=_DEGREE)
+    dp: Optional[int] = DP.field(None)
+    fsdp: Optional[int] = FSDP.field(None, "default: what the others leave")
+    tp: Optional[int] = TP.field(None)
+    pp: Optional[int] = PP.field(None)
+    cp: Optional[int] = CP.field(None)
+    pp_schedule: str = PP_SCHEDULE.field("1f1b")
+    micro_batches: Optional[int] = MICRO_BATCHES.field(None)
     search: bool = option(False, "--search", help="rank every layout of the model on the GPUs at --global-batch")
     profile: Optional[Path] = option(None, "--profile", help="the job measured on one GPU (train "
                                      "--profile-batches --json): the replicas' step as measured, and it calibrates "
@@ -101,8 +91,7 @@ class PredictRequest:
                                          "as sim's", parse=_env, cli_type=List[str])
     nccl_algo: Optional[str] = option(None, "--nccl-algo", help="NCCL's algorithm forced (NCCL_ALGO): ring, "
                                       "tree, ...; default NCCL's pick per size")
-    mode: Optional[str] = option(None, "--mode", help="replicas' exchange as train --mode: ddp (default), "
-                                 "allreduce (--framework horovod) or ps-sync (one parameter server)")
+    mode: Optional[str] = MODE.field(None, "predicted: ddp (default), allreduce and ps-sync")
     framework: Optional[str] = option(None, "--framework", help="replicas' exchange: ddp, horovod or cntk-2016 "
                                       "(default: the mode's)")
     wire: Optional[str] = option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the "

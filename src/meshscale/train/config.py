@@ -7,7 +7,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from meshscale.options import OptionField, option
+from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, FSDP, MICRO_BATCHES, MODEL,
+                               MODE, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, OptionField, option)
 from meshscale.options import option_fields as _option_fields
 from meshscale.safe_io import check_output_file
 from meshscale.validation import Range
@@ -73,12 +74,11 @@ class PsOptions:
 class SpeedOptions:
     """Precision, memory format and compilation."""
 
-    precision: str = option("fp32", "--precision", help="fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
-    channels_last: bool = option(False, "--channels-last", help="channels-last memory format (images)")
+    precision: str = PRECISION.field("fp32")
+    channels_last: bool = CHANNELS_LAST.field(False)
     compile: Optional[str] = option(None, "--compile", help="torch.compile mode: default, reduce-overhead "
                                     "(CUDA graphs), max-autotune")
-    cuda_graph: bool = option(False, "--cuda-graph", help="capture the whole step (forward, backward, all-reduce, "
-                              "optimizer) in one CUDA graph (GPUs; ddp/allreduce)")
+    cuda_graph: bool = CUDA_GRAPH.field(False)
 
 
 _DEGREE = Range(1, 1 << 16, integer=True)
@@ -89,21 +89,15 @@ class LayoutOptions:
     """How a transformer is split over the ranks (models/layout.py; transformer models only). Left at 1 with
     more than one rank, the ranks shard the model (fsdp = the world size)."""
 
-    dp: int = option(1, "--dp", help="transformers: replicated data-parallel degree (FSDP2's hybrid mode)",
-                     check=_DEGREE)
-    fsdp: int = option(1, "--fsdp", help="transformers: sharded data-parallel degree (FSDP2)", check=_DEGREE)
-    tp: int = option(1, "--tp", help="transformers: tensor (and sequence) parallel degree", check=_DEGREE)
-    pp: int = option(1, "--pp", help="transformers: pipeline stages", check=_DEGREE)
-    cp: int = option(1, "--cp", help="transformers: context-parallel degree (the sequence split)", check=_DEGREE)
-    pp_schedule: str = option("1f1b", "--pp-schedule", help="gpipe, 1f1b or interleaved-1f1b")
-    micro_batches: Optional[int] = option(None, "--micro-batches", help="pipeline micro-batches per step (>= --pp; "
-                                          "default: the pipeline's stages)",
-                                          check=Range(1, 1 << 16, integer=True, optional=True))
-    checkpointing: str = option("none", "--activation-checkpointing", help="none, selective (keep matmul and "
-                                "attention outputs, recompute the rest) or full (recompute each layer)")
-    seq_len: Optional[int] = option(None, "--seq-len", help="transformers: tokens per sequence (default: the "
-                                    "model's positions, at most 2048)", check=Range(2, 1 << 22, integer=True,
-                                                                                   optional=True))
+    dp: int = DP.field(1)
+    fsdp: int = FSDP.field(1)
+    tp: int = TP.field(1)
+    pp: int = PP.field(1)
+    cp: int = CP.field(1)
+    pp_schedule: str = PP_SCHEDULE.field("1f1b")
+    micro_batches: Optional[int] = MICRO_BATCHES.field(None)
+    checkpointing: str = CHECKPOINTING.field("none")
+    seq_len: Optional[int] = SEQ_LEN.field(None)
     stages_per_rank: int = 2         # interleaved-1f1b: virtual stages per rank
 
     def parallel_layout(self) -> "ParallelLayout":
@@ -151,20 +145,17 @@ class DebugOptions:
 
 @dataclass
 class TrainConfig:
-    model: str = option("small-cnn", "--model", help="resnet50, resnet18, small-cnn, gpt-tiny, gpt-small, "
-                        "gpt-medium, a transformer preset (llama-tiny, llama-1b, llama3-8b, "
-                        "llama2-7b, gpt2-small, gpt3-175b ...) or a Hugging Face config.json")
+    model: str = MODEL.field("small-cnn")
     data: str = option("synthetic", "--data", help="synthetic, digits (scikit-learn), a folder of images "
                        "(ImageFolder layout) or a token file (.npy/.bin)")
     eval_data: Optional[str] = option(None, "--eval", help="evaluate on this data at the end (e.g. digits-test)",
                                       train_only=True)
     image_size: Optional[int] = option(None, "--image-size", help="side of the images (default: the model's)",
                                       check=Range(4, 4096, integer=True, optional=True))
-    mode: str = option("ddp", "--mode", help=", ".join(TRAIN_MODES))
+    mode: str = MODE.field("ddp")
     world: int = 1
     device: str = "cpu"              # cpu (Gloo) or cuda (NCCL)
-    batch_per_rank: int = option(32, "--batch", help="samples per data-parallel rank per step "
-                                 "(transformers: sequences)", check=_BATCH)
+    batch_per_rank: int = BATCH.field(32)
     steps: int = option(50, "--steps", help="training steps (in all, also when resuming)", check=_STEPS)
     timing_warmup: int = option(5, "--timing-warmup", help="steps left out of the throughput figure",
                                check=_STEPS_OR_ZERO)

@@ -178,24 +178,22 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
                    memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
         rotary = [rotary_op(rotary_style, e, tokens * (d + kv) / tp)]
         down = gemm("w2 (down)", tokens, d, f / tp, e)
-        qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
         bias_grads = []
     else:
         mlp = [gemm("fc", tokens, f / tp, d, e)]
         act_ops = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden)]
         rotary = []
         down = gemm("fc out", tokens, d, f / tp, e)
-        qkv = [gemm("qkv", tokens, (d + 2 * kv) / tp, d, e)]
-        # the biases' gradients: a sum over the tokens of each GEMM's output gradient
-        bias_grads = [memory_op("bias gradients", e * tokens * (2 * d + 2 * kv + f) / tp, ops=4)]
+        # the biases' gradients: a sum over the tokens of each linear's output gradient (q, k, v, out, fc, fc out)
+        bias_grads = [memory_op("bias gradients", e * tokens * (3 * d + 2 * kv + f) / tp, ops=6)]
+    # q, k and v projected apart, as train's one transformer (train/transformer.py) and torchtitan's Llama do
+    qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
     casts = []
     if autocast and precision != "fp32":
         # each weight to bf16; the two norms' fp32 outputs to bf16 before the GEMMs they feed
         casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp, 0.0, ops=8),
                  memory_op("autocast input casts", 2 * 6.0 * x, 2 * 6.0 * x, ops=2)]
-    # the attention kernel writes its output as (batch, seq, heads, head_dim), so the heads join as a view; in
-    # backward the gradients of q, k and v are joined (GPT-2's split of the fused qkv: a cat)
-    joined = [memory_op("q, k, v gradients joined", 2 * e * tokens * (d + 2 * kv) / tp)] if model.style == "gpt2" else []
+    # the attention kernel writes its output as (batch, seq, heads, head_dim), so the heads join as a view
     grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
         if precision != "fp32" else []
     # on DTensors under tensor parallelism: the linears, autocast's casts of their weights and inputs, the norms
@@ -206,7 +204,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
                Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.head_dim),
                on_dtensor(gemm("attention out", tokens, d, d / tp, e), tp), add, norm, *mlp, *act_ops, down, add]
     return _passes(forward, [norm, *redistributes, *rotary, *act_ops, norm], checkpointing,
-                   joined + grads + bias_grads, selective_policy)
+                   grads + bias_grads, selective_policy)
 
 
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
