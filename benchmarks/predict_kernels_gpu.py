@@ -101,7 +101,7 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
     measured = categorize(detailed, StepShapes(case.job.model is not None, case.vocab, case.ffn), device)
     r = rates(gpu, case.job.precision)
     predicted = {c.category: c for c in predicted_categories(case.job, r)}
-    prediction = predict_step(case.job, Placement("hgx-h100", 1), gpu)
+    prediction = predict_step(case.job, Placement.of("hgx-h100", 1), gpu)
     rows = []
     for c in CATEGORIES:
         if c not in predicted and c not in measured.seconds:

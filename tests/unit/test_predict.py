@@ -93,7 +93,7 @@ def test_modes_as_train_names_them():
 def test_nvlink_faster_than_pcie_and_ps_slowest():
     nv = _rows()[0]["comm_s"]
     pcie = _rows(system="pcie-8gpu-2socket")[0]["comm_s"]
-    ps = parameter_server_s(4 * 25_557_032, 8, Placement("dgx1-p100", 8))
+    ps = parameter_server_s(4 * 25_557_032, 8, Placement.of("dgx1-p100", 8))
     assert nv < pcie and nv < ps
 
 
@@ -138,13 +138,14 @@ def test_documented_profile_for_resnet50_on_p100():
 def test_exchange_passes_the_framework_nccl_version(monkeypatch):
     import meshscale.predict.training.comm as comm
     seen = []
-    real = comm.NcclCostModel
+    real = comm.Placement.at
 
-    def spy(env, version, *args, **kwargs):
-        seen.append(version)
-        return real(env, version, *args, **kwargs)
+    def spy(self, nodes, nccl_version=None):
+        found = real(self, nodes, nccl_version)
+        seen.append(found.nccl.version)
+        return found
 
-    monkeypatch.setattr(comm, "NcclCostModel", spy)
+    monkeypatch.setattr(comm.Placement, "at", spy)
     _rows(framework="cntk-2016", gpus=(2,))
     assert seen and set(seen) == {"1.6"}
     _rows(gpus=(2,), batch=63)
@@ -154,7 +155,7 @@ def test_exchange_passes_the_framework_nccl_version(monkeypatch):
 @pytest.mark.parametrize("bad", [
     lambda: per_rank_batch(3, 64, weak=False),
     lambda: _rows(gpus=(9,)),
-    lambda: _rows(profile=None, model="small-cnn"),
+    lambda: _rows(model="no-such-model"),
     lambda: _rows(mode="ps-async"),
     lambda: _rows(mode="sync"),
     lambda: GradientExchange(wire="int8"),

@@ -12,7 +12,7 @@ from meshscale.topology.cluster import system_or_cluster
 
 @pytest.mark.parametrize("nccl_algo", [None, "ring", "tree"])
 def test_two_nodes_exchange_each_bucket_as_sim_on_the_cluster(nccl_algo):
-    placement = Placement("dgx1-p100", 8, 2, "edr", 4, nccl_algo=nccl_algo)
+    placement = Placement.of("dgx1-p100", 8, 2, "edr", 4, nccl_algo=nccl_algo)
     cluster = system_or_cluster("dgx1-p100", 2, "edr", 4)  # built as `sim --nodes 2` builds it
     ranks = [cluster.nodes[d].index for d in cluster.devices()]
     assert len(ranks) == 16
@@ -55,8 +55,8 @@ def test_nccl_picks_a_tree_at_scale_and_it_beats_the_forced_ring():
     nbytes = 25 << 20
     for nodes in (8, 32):
         ranks = list(range(8 * nodes))
-        picked = collective_cost("all_reduce", nbytes, ranks, Placement("hgx-h100", 8, nodes, "ndr", 8))
-        ring = collective_cost("all_reduce", nbytes, ranks, Placement("hgx-h100", 8, nodes, "ndr", 8, nccl_algo="ring"))
+        picked = collective_cost("all_reduce", nbytes, ranks, Placement.of("hgx-h100", 8, nodes, "ndr", 8))
+        ring = collective_cost("all_reduce", nbytes, ranks, Placement.of("hgx-h100", 8, nodes, "ndr", 8, nccl_algo="ring"))
         assert picked.seconds <= ring.seconds
         assert not picked.chosen.startswith("ring") and ring.chosen.startswith("ring")
         gaps.append(ring.seconds / picked.seconds)

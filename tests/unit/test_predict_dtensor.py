@@ -19,7 +19,7 @@ from meshscale.predict.training.workload import (TP_LINEAR_BACKWARD_DTENSOR_OPS,
                                                  transformer_layer)
 
 H100, _ = system_gpu("hgx-h100")
-TWO = Placement("hgx-h100", 2)
+TWO = Placement.of("hgx-h100", 2)
 
 
 def _tp_job(tp: int, cuda_graph: bool = False) -> TrainingJob:

@@ -141,8 +141,8 @@ def test_a_profile_with_measured_readiness_sets_when_the_buckets_start(tmp_path)
     profile = profile_from_result(late)
     job = prepare(PredictRequest(model="gpt-tiny", system="dgx1-p100", profile=profile, gpus=(2,))).job
     assert [g.ready_share for g in job.gradients()] == [1.0] + [0.9] * (len(elements) - 1)
-    other = replace(job, measured_params=sum(elements) + 1)  # another model's readiness: not taken
-    assert [g.elements for g in other.gradients()] == [sum(elements) + 1]
+    other = replace(job, measured_gradients=(GradientTensor(sum(elements) + 1, 0.5),))  # another model's: not taken
+    assert other.gradients() == transformer_gradients(job.model)
     bad = Result("train", late.rows, meta={**late.meta, "gradients": [["x", 1]]})
     with pytest.raises(MeshscaleError, match="meta.gradients"):
         profile_from_result(bad)

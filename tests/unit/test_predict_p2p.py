@@ -9,7 +9,7 @@ FIX = Path(__file__).parents[1] / "fixtures"
 def _predict(cli, tmp_path, name, *extra):
     out = tmp_path / f"{name}.json"
     res = cli("predict", "--model", "gpt-small", "--system", str(FIX / "topo_h200x2.json"),
-              "--gpus", "1,2", "--strong", "--global-batch", "8", "--json", str(out), *extra)
+              "--gpus", "1,2", "--global-batch", "8", "--json", str(out), *extra)
     assert res.exit_code == 0, res.output
     return {r["world_size"]: r["throughput_samples_per_s"] for r in json.loads(out.read_text())["rows"]}
 

@@ -92,14 +92,16 @@ def refuse_what_does_not_apply(req: PredictRequest, kind: str, prepared: Prepare
 def answer(req: PredictRequest) -> Answer:
     """The answer to ``req``, after refusing what does not apply."""
     kind = shape_of(req)
-    refuse_what_does_not_apply(req, kind, prepare(req))
+    prepared = prepare(req)   # the fabric resolved once
+    refuse_what_does_not_apply(req, kind, prepared)
     if kind in ("layout", "search"):
-        if not (req.gpus or req.nodes) and req.degrees:
+        if not (req.gpus or req.nodes) and req.degrees:   # the degrees' product, or one node
             total = 1
             for _, v in req.degrees:
                 total *= v
-            req = replace(req, gpus=(max(total, prepare(req).where.gpus_per_node),) if total <= 1 else (total,))
-        predictions, gpu = predict_training(req)
+            req = replace(req, gpus=(prepared.where.gpus_per_node if total <= 1 else total,))
+            prepared = replace(prepared, req=req)
+        predictions, gpu = predict_training(req, prepared)
         return Answer(kind, predictions=predictions, gpu=gpu)
-    rows, info, measured = predict_rows(req)
+    rows, info, measured = predict_rows(req, None if req.compare else prepared)
     return Answer(kind, rows=rows, info=info, measured=measured)

@@ -26,7 +26,8 @@ from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec
 from meshscale.predict.training.replicas import GradientExchange
 from meshscale.predict.training.search import search_layouts
 from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, predict_step
-from meshscale.simulate.nccl_env import NcclEnv
+from meshscale.simulate.fabric import Fabric
+from meshscale.topology import Topology
 
 
 RESNETS = {"resnet18": 18, "resnet34": 34, "resnet50": 50, "resnet101": 101, "resnet152": 152}
@@ -87,28 +88,29 @@ def default_network(node_system: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class Where:
-    """A request's system resolved once: the node (its topology, possibly partitioned), the GPU, the network
-    options, the calibration of the links and NCCL's settings; `placement` places a size on it."""
+    """A request's system resolved once: the `Fabric` (the node, or a cluster of it: its network, the links'
+    calibration, NCCL's settings), the node every size is built of (possibly partitioned) and its GPU;
+    `placement` places a size on it."""
 
-    node_system: str
-    node: object                # Topology of one node
+    fabric: Fabric
+    node: Topology
     gpu: GpuSpec
-    link: str
-    nics: int
-    gpudirect: bool
-    network: str
-    oversubscription: float
-    params: object = None       # SimParams, or None
-    max_nodes: int | None = None
-    notices: tuple[str, ...] = ()
-    partition: object = None    # Partition, or None
+    max_nodes: int | None = None      # a cluster file's size: a sweep goes up to it
+    partition: object = None          # Partition, or None
+
+    @property
+    def node_system(self) -> str:
+        return self.fabric.cluster.node if self.fabric.cluster is not None else self.node.name
 
     @property
     def gpus_per_node(self) -> int:
         return len(self.node.devices())
 
-    def placement(self, env: NcclEnv | None, nccl_algo: str | None, gpus: int | None = None,
-                  nodes: int | None = None) -> Placement:
+    @property
+    def notices(self) -> tuple[str, ...]:
+        return self.fabric.notices
+
+    def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
         """``gpus`` GPUs (more than a node's: whole nodes) or ``nodes`` whole nodes."""
         per_node = self.gpus_per_node
         world = gpus if gpus is not None else (nodes or 1) * per_node
@@ -118,50 +120,58 @@ class Where:
             raise MeshscaleError(f"--gpus {world}: more than one node of {self.node_system} ({per_node} GPUs) "
                                  f"must be whole nodes; use a multiple of {per_node}")
         count = max(1, world // per_node)
-        return Placement(self.node_system, min(world, per_node), count, self.link, self.nics, self.gpudirect,
-                         self.network, self.oversubscription, self.params, env or NcclEnv(), nccl_algo,
-                         node=self.node)
+        if count > 1 and self.fabric.cluster is None:
+            raise MeshscaleError(f"{world} GPUs span {count} nodes of {self.node_system}: describe the network "
+                                 "between them (--nodes, or --link/--nics) or give a cluster file")
+        fabric = self.fabric if count > 1 or self.partition is None else replace(self.fabric, topology=self.node,
+                                                                                  cluster=None)
+        return Placement(fabric, min(world, per_node), count)
 
 
-def where_on(topology, params=None) -> Where:
+def where_on(topology: Topology, params=None) -> Where:
     """A topology in hand (a run's own, as `scale` recorded it; its links calibrated by ``params``) as the one
     node every size is placed on."""
-    return Where(topology.name, topology, device_spec(topology.nodes[topology.devices()[0]].attrs), "edr", 1, True,
-                 "fat-tree", 1.0, params)
+    return Where(Fabric(topology, params=params), topology, device_spec(topology.nodes[topology.devices()[0]].attrs))
 
 
-def resolve_where(req: PredictRequest, system: str, link: str | None) -> Where:
-    """The node, network and calibration of ``system`` (a catalog name, a file, or a cluster file whose node,
-    network and size the options given override)."""
-    from meshscale.simulate.fabric import resolve_fabric
-    from meshscale.topology.cluster import cluster_file_spec
-
-    node_system, size = system, None
-    shape = {"network": req.network, "oversubscription": req.oversubscription}
-    spec = cluster_file_spec(system)
-    if spec is not None:
-        node_system, size = spec.node, spec.nodes
-        link, nics = link or spec.link, req.nics or spec.nics
-        gpudirect = spec.gpudirect if req.gpudirect is None else req.gpudirect
-        shape = {k: v if v is not None else getattr(spec, k) for k, v in shape.items()}
-    else:
-        own_link, own_nics = default_network(system)
-        link, nics = link or own_link, req.nics or (own_nics if link in (None, own_link) else 4)
-        gpudirect = True if req.gpudirect is None else req.gpudirect
-    network = {"nodes": 2, "link": link, "nics": nics, "gpudirect": gpudirect,
-               **{k: v for k, v in shape.items() if v is not None}}
-    fabric = resolve_fabric(node_system, network if (req.bench and req.nodes) else None, req.p2p, req.bench)
-    fit = fabric.network_fit
+def _spans_nodes(req: PredictRequest, node_system: str) -> bool:
+    """Whether the request places ranks on more than one node (or a cluster file says it has them)."""
+    if req.nodes:
+        return True
     from meshscale.topology import load_system
     from meshscale.topology.schema import require_devices
-    node = fabric.topology if fabric.cluster is None else require_devices(load_system(node_system))
+    per_node = len(require_devices(load_system(node_system)).devices())
+    return any(g > per_node for g in req.gpus or ())
+
+
+def resolve_where(req: PredictRequest, system: str, link: str | None, nccl_algo: str | None) -> Where:
+    """The fabric of ``system`` (a catalog name, a file, or a cluster file whose node, network and size the
+    options given override) as `resolve_fabric` resolves it for every command, with the request's calibration
+    and NCCL's settings; its network the node's own NICs unless the options say."""
+    from meshscale.simulate.fabric import resolve_fabric
+    from meshscale.simulate.nccl_env import NcclSettings
+    from meshscale.topology.cluster import cluster_file_spec
+
+    spec = cluster_file_spec(system)
+    node_system = spec.node if spec is not None else system
+    options = {"link": link, "nics": req.nics, "gpudirect": req.gpudirect, "network": req.network,
+               "oversubscription": req.oversubscription}
+    if spec is None:
+        own_link, own_nics = default_network(system)
+        options["link"] = link or own_link
+        options["nics"] = req.nics or (own_nics if options["link"] == own_link else 4)
+    cluster = None
+    if spec is not None or _spans_nodes(req, node_system):
+        cluster = {**options, "nodes": None if spec is not None else 2}
+    settings = NcclSettings(req.nccl_env or NcclSettings().env, algo=nccl_algo or None)
+    fabric = resolve_fabric(system, cluster, req.p2p, req.bench, settings)
+    node = fabric.at_nodes(1).topology if fabric.cluster is not None else fabric.topology
     partition = None
     if req.partition:
         from meshscale.topology.partitions import split_system
         node, partition = split_system(node, req.partition)
     gpu = gpu_spec({"model": req.gpu}) if req.gpu else device_spec(node.nodes[node.devices()[0]].attrs)
-    return Where(node_system, node, gpu, fit.link if fit else link, nics, gpudirect, shape["network"] or "fat-tree",
-                 shape["oversubscription"] or 1.0, fabric.params, size, tuple(fabric.notices), partition)
+    return Where(fabric, node, gpu, spec.nodes if spec is not None else None, partition)
 
 
 def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> TrainingJob:
@@ -209,7 +219,7 @@ def layout_of(req: PredictRequest, world: int, fill: str) -> ParallelLayout:
                           stages_per_rank=2 if req.pp_schedule == "interleaved-1f1b" else 1)
 
 
-def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfile) -> Calibration:
+def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfile, node: Topology) -> Calibration:
     """A measured profile fitted to the datasheet roofline of the GPU it was measured on (`fit_calibration`: a
     factor on every kernel, and a fixed cost per step when it has two batches or more). A profile with the GPU's
     kernel time per category (`train --profile-batches` on a GPU) calibrates each category first
@@ -219,7 +229,7 @@ def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfil
     if not profile.gpu_model:
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
     gpu = gpu_spec({"model": profile.gpu_model})
-    one = Placement(job.name, 1)
+    one = Placement(Fabric(node), 1)   # one GPU: nothing to exchange
     single = replace(job, layout=ParallelLayout())
     categories = None
     if profile.kernel_categories:
@@ -287,7 +297,7 @@ class Prepared:
     measured: ComputeProfile | None = None   # the measured step on this GPU, where it stands (`_stands`)
 
     def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
-        return self.where.placement(self.req.nccl_env, self.nccl_algo, gpus, nodes)
+        return self.where.placement(gpus, nodes)
 
     def at(self, placement: Placement, batch: int, layout: ParallelLayout | None = None) -> TrainingPrediction:
         """The step of ``batch`` per data-parallel rank on ``placement`` (the request's layout, filled). A
@@ -315,18 +325,19 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
     if exchange is not None:
         req = replace(req, mode=exchange[0], framework=exchange[1])
     model = resolve_model(req, name)
-    where = where or resolve_where(req, system or req.system, link or req.link)
+    nccl_algo = nccl_algo if nccl_algo is not None else req.nccl_algo
+    where = where or resolve_where(req, system or req.system, link or req.link, nccl_algo)
     batch = req.batch or (SEQUENCE_BATCH if model.transformer is not None else IMAGE_BATCH)
     profile = measured_profile(req, model, where)
     req = replace(req, model=name, precision=req.precision or (profile.precision if profile else None) or "fp32")
     job = base_job(req, model, where, batch)
     calibration, measured = None, None
     kernels = model.has_kernels and where.gpu.sm_count > 0
-    if kernels and profile is not None and profile.gpu_model:
+    if kernels and profile is not None and _datasheet(profile.gpu_model):
         if isinstance(req.profile, Path):
             from meshscale.results import load_result
             same_job(req, job, load_result(req.profile).meta)
-        calibration = calibration_of(req, job, profile)
+        calibration = calibration_of(req, job, profile, where.node)
     if profile is not None and (not kernels or _stands(profile, where)):
         measured = _on_this_gpu(profile, where)
     elif not kernels:
@@ -343,8 +354,16 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
                       measured_params=model.params or sum(g.elements for g in measured.gradients or ()))
     if profile is not None and profile.gradients:
         job = replace(job, measured_gradients=tuple(profile.gradients))
-    return Prepared(req, model, where, job, calibration, nccl_algo if nccl_algo is not None else req.nccl_algo,
-                    measured)
+    return Prepared(req, model, where, job, calibration, nccl_algo, measured)
+
+
+def _datasheet(gpu_model: str) -> bool:
+    """Whether the catalog knows ``gpu_model``'s rates (a profile measured on it can calibrate the kernels)."""
+    try:
+        gpu_spec({"model": gpu_model})
+    except MeshscaleError:
+        return False
+    return bool(gpu_model)
 
 
 def _stands(profile: ComputeProfile, where: Where) -> bool:
@@ -374,9 +393,10 @@ def _measured_model(path: Path) -> str | None:
     return load_result(path).meta.get("model")
 
 
-def predict_training(req: PredictRequest) -> tuple[list[TrainingPrediction], GpuSpec]:
+def predict_training(req: PredictRequest, prepared: Prepared | None = None
+                     ) -> tuple[list[TrainingPrediction], GpuSpec]:
     """The prediction of the layout asked on one GPU or node count (one row), or with ``search`` every layout
-    ranked."""
+    ranked (``prepared``: the request resolved already)."""
     if req.global_batch is not None and not req.search:
         raise MeshscaleError("--global-batch is for --search and --strong; a layout takes --batch (per "
                              "data-parallel rank)")
@@ -384,7 +404,7 @@ def predict_training(req: PredictRequest) -> tuple[list[TrainingPrediction], Gpu
     if len(counts) > 1:
         flag = "--gpus" if req.gpus else "--nodes"
         raise MeshscaleError(f"{flag} {','.join(map(str, counts))}: a layout runs on one count; give one number")
-    prepared = prepare(req)
+    prepared = prepared or prepare(req)
     placement = prepared.placement(req.gpus[0] if req.gpus else None, req.nodes[0] if req.nodes else None)
     if req.search:
         return search_layouts(prepared.job, placement, prepared.where.gpu,

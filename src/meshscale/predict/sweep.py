@@ -33,6 +33,7 @@ class SweepInfo:
     compute_source: str
     network_source: str = ""
     notes: list[str] = field(default_factory=list)
+    network: dict = field(default_factory=dict)   # a sweep over nodes: the network between them
 
 
 def per_rank_batch(world_size: int, batch: int, weak: bool) -> int:
@@ -67,7 +68,7 @@ def sweep(prepared: Prepared, counts: list[int], by_nodes: bool) -> list[dict]:
         placement = prepared.placement(nodes=n) if by_nodes else prepared.placement(gpus=n)
         p = prepared.at(placement, per_rank_batch(placement.world_size, amount, req.weak))
         rows.append(dict(sweep_row(p, base.samples_per_s, req.weak), system=prepared.where.node_system,
-                         **({"link": prepared.where.link, "nics": prepared.where.nics} if by_nodes else {})))
+                         **(_network(prepared.where) if by_nodes else {})))
     return rows
 
 
@@ -96,27 +97,42 @@ def _prepared_variant(req: PredictRequest, variant: str, kind: str) -> Prepared:
     return prepare(req, nccl_algo=NCCL_ALGOS_COMPARED[variant] or "")
 
 
-def predict_rows(req: PredictRequest) -> tuple[list[dict], SweepInfo, Result | None]:
+def predict_rows(req: PredictRequest, prepared: Prepared | None = None
+                 ) -> tuple[list[dict], SweepInfo, Result | None]:
     """Rows (one per variant and GPU/node count; with ``measured``, one per measured row with its error), what
-    the last variant assumed, and the measured result if any."""
+    the last variant assumed, and the measured result if any (``prepared``: the request resolved already, when
+    it compares nothing)."""
     measured = load_result(req.measured) if req.measured else None
     variants, kind = _variants(req)
     rows: list[dict] = []
-    prepared = None
     for variant in variants:
-        prepared = _prepared_variant(req, variant, kind)
+        if prepared is None or req.compare:
+            prepared = _prepared_variant(req, variant, kind)
         if measured is not None:
             found = compare_scale(measured, prepared)
         elif req.nodes or prepared.where.max_nodes:
             found = sweep(prepared, list(req.nodes or _powers_to(prepared.where.max_nodes)), True)
-        else:
-            found = sweep(prepared, list(req.gpus or (1, 2, 4, 8)), False)
+        else:   # default: powers of two up to one node
+            per_node = prepared.where.gpus_per_node
+            found = sweep(prepared, list(req.gpus or _powers_to(per_node)), False)
         rows += [dict(r, variant=variant) for r in found]
     return rows, sweep_info(prepared), measured
 
 
 def _powers_to(n: int) -> list[int]:
     return sorted({*(2 ** k for k in range(n.bit_length())), n})
+
+
+def _network(where, full: bool = False) -> dict:
+    """The network between the nodes as a row (link, NICs) or a result's meta (and its shape) says it: the
+    fitted link where a measured all-reduce fitted it."""
+    cluster, fit = where.fabric.cluster, where.fabric.network_fit
+    if cluster is None:
+        return {}
+    found = {"link": fit.link if fit else cluster.link, "nics": cluster.nics}
+    if full:
+        found.update(gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
+    return found
 
 
 def sweep_info(prepared: Prepared) -> SweepInfo:
@@ -127,9 +143,11 @@ def sweep_info(prepared: Prepared) -> SweepInfo:
         prepared.calibration.describe(prepared.where.gpu.model) if prepared.calibration
         else f"datasheet roofline ({prepared.where.gpu.model})")
     notes = list(measured.notes) if measured is not None else []
+    where = prepared.where
+    network = _network(where, full=True) if req.nodes or where.max_nodes else {}
     return SweepInfo(job.name, job.batch if req.weak else req.global_batch, req.weak, prepared.nccl_algo or "nccl",
                      spec.mode if spec else "ps-sync", job.exchange.name, spec.source if spec else "", source,
-                     "; ".join(prepared.where.notices), notes + list(prepared.where.notices))
+                     "; ".join(where.notices), notes + list(where.notices), network)
 
 
 def compare_scale(measured: Result, prepared: Prepared) -> list[dict]:
@@ -157,7 +175,8 @@ def prediction_result(rows: list[dict], info: SweepInfo, **meta) -> Result:
     return Result("predict", rows, True, {"model": info.model, "batch": info.batch, "weak": info.weak,
                                           "algorithm": info.algorithm, "exchange_mode": info.mode,
                                           "framework": info.framework, "framework_source": info.framework_source,
-                                          "profile": info.compute_source, "notes": info.notes, **meta})
+                                          "profile": info.compute_source, "notes": info.notes, **info.network,
+                                          **meta})
 
 
 def scale_beside(scale: Result, topo, params=None) -> tuple[list[dict], SweepInfo]:

@@ -80,7 +80,7 @@ def traced_gradients(model: str) -> tuple[tuple[int, float], ...]:
 
     spec = get_model(model)
     with torch.device("meta"):
-        module = spec.build()
+        module = build_model(spec)
         sample = torch.zeros((1, *spec.input_shape), dtype=torch.long if spec.input_kind == "tokens" else torch.float)
     params = [p for p in module.parameters() if p.requires_grad]
     counter = FlopCounterMode(display=False)

@@ -10,7 +10,7 @@ priced on the whole cluster it spans (NCCL's model picks Ring, Tree or NVLS-Tree
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from meshscale.collectives.kinds import kind
@@ -21,33 +21,41 @@ from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv, NcclSettings
 
 if TYPE_CHECKING:
     from meshscale.simulate.params import SimParams
-    from meshscale.topology import Topology
 
 TRAINING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "send_recv")
 
 
 @dataclass(frozen=True, eq=False)
 class Placement:
-    """Where a job's ranks run: ``nodes`` copies of the system ``system`` (``gpus_per_node`` GPUs each, or the
-    ``node`` topology in hand: a partitioned or discovered one), joined by ``nics`` ports of ``link`` per node on
-    a ``network`` (fat tree or rails) of ``oversubscription``, with or without GPUDirect RDMA; the links as
-    ``params`` calibrate them, NCCL in ``nccl_env`` (its algorithm forced where ``nccl_algo``), of version
-    ``nccl_version``. Every collective of the job is priced here, and cached per placement."""
+    """Where a job's ranks run: ``nodes`` nodes of ``gpus_per_node`` GPUs of ``fabric`` (the node system, or a
+    cluster of it: the network between nodes, the links' calibration and NCCL's settings, as `resolve_fabric`
+    resolved them once). Every collective of the job is priced on it (`Fabric.at_nodes`, `Fabric.cost`) and
+    cached per placement."""
 
-    system: str
+    fabric: Fabric
     gpus_per_node: int
     nodes: int = 1
-    link: str = "ndr"
-    nics: int = 8
-    gpudirect: bool = True
-    network: str = "fat-tree"
-    oversubscription: float = 1.0
-    params: SimParams | None = None
-    nccl_env: NcclEnv = DEFAULT_ENV
-    nccl_algo: str | None = None
-    nccl_version: str | None = None
-    node: Topology | None = None
     _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def of(cls, system: str, gpus_per_node: int, nodes: int = 1, link: str = "ndr", nics: int = 8, *,
+           gpudirect: bool = True, network: str = "fat-tree", oversubscription: float = 1.0,
+           nccl_env: NcclEnv = DEFAULT_ENV, nccl_algo: str | None = None) -> Placement:
+        """``nodes`` nodes of catalog system ``system``, a cluster of them on these network options when more than
+        one."""
+        from meshscale.simulate.fabric import resolve_fabric
+
+        cluster = {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect, "network": network,
+                   "oversubscription": oversubscription} if nodes > 1 else None
+        return cls(resolve_fabric(system, cluster, nccl=NcclSettings(nccl_env, algo=nccl_algo)), gpus_per_node, nodes)
+
+    @property
+    def system(self) -> str:
+        return self.fabric.cluster.node if self.fabric.cluster is not None else self.fabric.topology.name
+
+    @property
+    def params(self) -> SimParams | None:
+        return self.fabric.params
 
     @property
     def world_size(self) -> int:
@@ -55,25 +63,20 @@ class Placement:
 
     def describe(self) -> str:
         text = f"{self.world_size} GPUs of {self.system}"
-        return text + (f" ({self.nodes} nodes, {self.nics}x {self.link.upper()} per node)" if self.nodes > 1 else "")
+        cluster = self.fabric.cluster
+        if self.nodes > 1 and cluster is not None:
+            text += f" ({self.nodes} nodes, {cluster.nics}x {cluster.link.upper()} per node)"
+        return text
 
-    def fabric(self, nodes: int, nccl_version: str | None = None) -> Fabric:
-        """The fabric of ``nodes`` of these nodes (one: the node alone, or the topology in hand), with the
-        placement's calibration and NCCL's settings (its version ``nccl_version``: a framework's own, else the
-        placement's); built once per count and version."""
+    def at(self, nodes: int, nccl_version: str | None = None) -> Fabric:
+        """The fabric of ``nodes`` of these nodes (one: the node alone), with NCCL of version ``nccl_version``
+        (a framework's own) where given; built once per count and version."""
         key = ("fabric", nodes, nccl_version)
         if key not in self._cache:
-            from meshscale.topology.cluster import ClusterSpec, cluster_topology
-
-            spec = ClusterSpec(node=self.system, nodes=nodes, nics=self.nics, link=self.link, gpudirect=self.gpudirect,
-                               network=self.network, oversubscription=self.oversubscription)
-            if nodes == 1:
-                from meshscale.topology import load_system
-                topology, spec = (self.node if self.node is not None else load_system(self.system)), None
-            else:
-                topology = cluster_topology(spec)
-            settings = NcclSettings(self.nccl_env, nccl_version or self.nccl_version, self.nccl_algo or None)
-            self._cache[key] = Fabric(topology, spec, self.params, nccl=settings)
+            found = self.fabric.at_nodes(nodes) if self.fabric.cluster is not None else self.fabric
+            if nccl_version and nccl_version != found.nccl.version:
+                found = replace(found, nccl=replace(found.nccl, version=nccl_version))
+            self._cache[key] = found
         return self._cache[key]
 
 
@@ -123,7 +126,7 @@ def _rounded(nbytes: float) -> int:
 
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
             placement: Placement) -> CollectiveCost:
-    fabric = placement.fabric(nodes, nccl_version)
+    fabric = placement.at(nodes, nccl_version)
     topo = fabric.topology
     devices, per_node = topo.devices(), placement.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)

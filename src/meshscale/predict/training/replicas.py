@@ -111,7 +111,7 @@ def parameter_server_s(nbytes: float, world: int, placement: Placement) -> float
     nodes = placement.nodes
     if nodes > 16:
         raise MeshscaleError("a parameter server is priced up to 16 nodes")
-    fabric = placement.fabric(nodes)
+    fabric = placement.at(nodes)
     per_node = min(world, placement.gpus_per_node) * nbytes / (host_bandwidth(fabric.topology) / nodes
                                                                * params.efficiency_of("pcie"))
     if nodes == 1:
