@@ -175,7 +175,9 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
         if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):
             continue
         positive = key in POSITIVE_KEYS.get(kind, ())
-        for item in value if isinstance(value, list) and key.endswith("times_s") else [value]:  # per-rank lists
+        # lists of one figure: per rank (..._times_s) or per repeated sample (sample_...)
+        listed = isinstance(value, list) and (key.endswith("times_s") or key.startswith("sample_"))
+        for item in value if listed else [value]:
             number(item, f"{where}.{key}", 0, MAX_FIGURE, lo_open=positive)
 
 

@@ -14,3 +14,19 @@ def test_every_kind_written_is_a_known_kind(tmp_path):
     assert written and written <= set(KINDS), sorted(written - set(KINDS))
     for kind in sorted(written):
         assert load_result(Result(kind, [], meta={}).save(tmp_path / f"{kind}.json")).kind == kind
+
+
+def test_a_figure_sampled_several_times_is_a_list_of_figures(tmp_path):
+    """bench's host copies keep each sample's rate (sample_bytes_per_s): a list of finite figures, each checked."""
+    import pytest
+
+    from meshscale.errors import MeshscaleError
+    from meshscale.results import Result, load_result
+
+    row = {"direction": "host->device", "memory": "pinned", "size_bytes": 1 << 20, "seconds": 1e-4,
+           "bandwidth_bytes_per_s": 1e10, "sample_bytes_per_s": [1e10, 1.1e10, 0.9e10]}
+    path = Result("bench-host-copy", [row]).save(tmp_path / "copies.json")
+    assert load_result(path).rows[0]["sample_bytes_per_s"] == [1e10, 1.1e10, 0.9e10]
+    bad = Result("bench-host-copy", [dict(row, sample_bytes_per_s=[1e10, "fast"])]).save(tmp_path / "bad.json")
+    with pytest.raises(MeshscaleError, match="sample_bytes_per_s"):
+        load_result(bad)
