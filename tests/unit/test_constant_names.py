@@ -1,6 +1,6 @@
 """Names that once meant different things in different modules (MAX_NODES 1,000,000 and 100,000; MODES and
-PRECISIONS with different members) are each bound at module level in one module. predict/ still binds its own MODES
-and PRECISIONS (issue 40: the predict rewrite takes them)."""
+PRECISIONS with different members) are each bound at module level in at most one module; each package names its
+own set for what it is (TRAIN_MODES, PREDICTED_MODES, STEP_PRECISIONS, ...)."""
 import ast
 from collections import defaultdict
 from pathlib import Path
@@ -9,7 +9,6 @@ import meshscale
 
 SRC = Path(meshscale.__file__).parent
 ONCE = ("MAX_NODES", "MODES", "PRECISIONS")
-LATER = {"predict"}  # packages whose own bindings issue 40's predict rewrite removes
 
 
 def _bindings() -> dict[str, list[str]]:
@@ -17,8 +16,6 @@ def _bindings() -> dict[str, list[str]]:
     where = defaultdict(list)
     for path in sorted(SRC.rglob("*.py")):
         module = path.relative_to(SRC)
-        if module.parts[0] in LATER:
-            continue
         for node in ast.parse(path.read_text()).body:
             targets = node.targets if isinstance(node, ast.Assign) else [getattr(node, "target", None)]
             for target in targets:

@@ -22,7 +22,7 @@ from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.gradient_tensors import GradientTensor
 
 WIRE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
-MODES = ("ddp", "allreduce", "ps-sync")  # `meshscale train`'s modes that this model times
+PREDICTED_MODES = ("ddp", "allreduce", "ps-sync")  # `meshscale train`'s modes that this model times
 
 
 def check_mode(mode: str) -> None:
@@ -30,7 +30,7 @@ def check_mode(mode: str) -> None:
     if mode == "ps-async":
         raise MeshscaleError("--mode ps-async is not modelled (its steps run on stale parameters without waiting "
                              "for the exchange); predict --mode ps-sync as the bound")
-    check_choice(mode, MODES, "mode")
+    check_choice(mode, PREDICTED_MODES, "mode")
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from pathlib import Path
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import TransformerConfig, is_transformer_model, load_model_config
-from meshscale.predict.frameworks import FRAMEWORKS, MODES
+from meshscale.predict.frameworks import FRAMEWORKS, PREDICTED_MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
 from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
 from meshscale.predict.training.comm import Placement
@@ -31,7 +31,7 @@ from meshscale.topology import Topology
 
 
 RESNETS = {"resnet18": 18, "resnet34": 34, "resnet50": 50, "resnet101": 101, "resnet152": 152}
-COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": MODES, "frameworks": tuple(FRAMEWORKS),
+COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": PREDICTED_MODES, "frameworks": tuple(FRAMEWORKS),
                    "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
 COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework", "links": "link"}
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshscale.errors import MeshscaleError
-from meshscale.predict.frameworks import MODES
+from meshscale.predict.frameworks import PREDICTED_MODES
 from meshscale.predict.request import COMPARE_KINDS, COMPARE_PRESETS, PredictRequest, Prepared, prepare, where_on
 from meshscale.predict.training.step import TrainingPrediction
 from meshscale.results import Result, load_result
@@ -87,10 +87,10 @@ def _prepared_variant(req: PredictRequest, variant: str, kind: str) -> Prepared:
         return prepare(req, link=variant)
     if kind == "framework":
         return prepare(req, exchange=(None, variant))
-    if variant in MODES:
+    if variant in PREDICTED_MODES:
         return prepare(req, exchange=(variant, None))
     if variant not in NCCL_ALGOS_COMPARED:
-        raise MeshscaleError(f"--compare {variant}: compare modes ({', '.join(MODES)}) or NCCL's algorithms "
+        raise MeshscaleError(f"--compare {variant}: compare modes ({', '.join(PREDICTED_MODES)}) or NCCL's algorithms "
                              f"({', '.join(NCCL_ALGOS_COMPARED)})")
     if req.mode == "ps-sync":
         raise MeshscaleError(f"--compare with algorithm {variant} compares all-reduces; use --mode ddp or allreduce")

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
 
-PRECISIONS = ("bf16", "fp16", "fp32")
+STEP_PRECISIONS = ("bf16", "fp16", "fp32")  # what the step model prices
 
 
 @dataclass(frozen=True)

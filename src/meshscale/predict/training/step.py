@@ -47,7 +47,7 @@ from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradient
 from meshscale.predict.profile import ComputeProfile
 from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
 from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
-from meshscale.predict.training.hardware import PRECISIONS, GpuSpec
+from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, resnet_params, resnet_tensor_numels, resnet_tensors,
@@ -326,18 +326,13 @@ class TrainingPrediction:
 
 def check_job(job: TrainingJob, world_size: int) -> None:
     """Refuse a job that cannot run, in one line naming the field."""
-    if job.precision not in PRECISIONS:
-        raise MeshscaleError(f"--precision {job.precision}: use one of {', '.join(PRECISIONS)}")
-    if job.selective_policy not in SELECTIVE_POLICIES:
-        raise MeshscaleError(f"selective_policy {job.selective_policy}: use one of {', '.join(SELECTIVE_POLICIES)}")
-    if job.rotary not in ROTARY_STYLES:
-        raise MeshscaleError(f"rotary {job.rotary}: use one of {', '.join(ROTARY_STYLES)}")
-    if job.sharding not in SHARDINGS:
-        raise MeshscaleError(f"sharding {job.sharding}: use one of {', '.join(SHARDINGS)}")
-    if job.attention not in ATTENTION_KERNELS:
-        raise MeshscaleError(f"--attention {job.attention}: use one of {', '.join(ATTENTION_KERNELS)}")
-    if job.checkpointing not in CHECKPOINTING:
-        raise MeshscaleError(f"--activation-checkpointing {job.checkpointing}: use one of {', '.join(CHECKPOINTING)}")
+    for name, value, choices in (("--precision", job.precision, STEP_PRECISIONS),
+                                 ("selective_policy", job.selective_policy, SELECTIVE_POLICIES),
+                                 ("rotary", job.rotary, ROTARY_STYLES), ("sharding", job.sharding, SHARDINGS),
+                                 ("--attention", job.attention, ATTENTION_KERNELS),
+                                 ("--activation-checkpointing", job.checkpointing, CHECKPOINTING)):
+        if value not in choices:
+            raise MeshscaleError(f"{name} {value}: use one of {', '.join(choices)}")
     if job.batch < 1:
         raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
     if job.model is None:
