@@ -131,8 +131,8 @@ def predict(options: dict,
             csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here",
                                                     callback=checked(output_file()))) -> None:
     """Predict training on a system or cluster (marked PREDICTED), by one step model: one layout on one GPU or
-    node count (--dp/--fsdp/--tp/--pp/--cp), a scaling sweep (a list of counts, or none: 1,2,4,8), variants
-    compared, --search for the best layout, or --from beside a measured `scale` run."""
+    node count (--dp/--fsdp/--tp/--pp/--cp), a scaling sweep (a list of counts, or none: powers of two up to a
+    node), variants compared, --search for the best layout, or --from beside a measured `scale` run."""
     from meshscale.predict.answer import answer, shape_of
 
     req = PredictRequest(**{path[0]: value for path, value in options.items()})

@@ -42,11 +42,12 @@ class PredictRequest:
     """A prediction as the command line (or a corpus row) states it: what trains, in which layout, where, how
     its replicas exchange gradients, and what calibrates it. Each option is declared here, once."""
 
-    model: Optional[str] = MODEL.field(None, "a model without per-layer kernels with its measured --profile")
+    model: Optional[str] = MODEL.field(None, "on devices without a datasheet (CPU workers) with its measured "
+                                                 "--profile")
     system: str = option("dgx1-p100", "--system", "-s", help="catalog system or file (a node for --nodes), or a "
                          "cluster file")
-    gpus: Optional[tuple[int, ...]] = option(None, "--gpus", help="GPU count; a list (1,2,4,8) sweeps (default "
-                                             "1,2,4,8); beyond one node, whole nodes", check=_COUNTS,
+    gpus: Optional[tuple[int, ...]] = option(None, "--gpus", help="GPU count; a list (1,2,4,8) sweeps (default: "
+                                             "powers of two up to one node); beyond one node, whole nodes", check=_COUNTS,
                                              parse=_counts, cli_type=str)
     nodes: Optional[tuple[int, ...]] = option(None, "--nodes", help="node count of a cluster; a list sweeps",
                                               check=_COUNTS, parse=_counts, cli_type=str)
