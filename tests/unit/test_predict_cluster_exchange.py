@@ -61,3 +61,20 @@ def test_nccl_picks_a_tree_at_scale_and_it_beats_the_forced_ring():
         assert not picked.chosen.startswith("ring") and ring.chosen.startswith("ring")
         gaps.append(ring.seconds / picked.seconds)
     assert gaps[1] > gaps[0] > 1
+
+
+def test_a_dimensions_groups_share_the_nodes_nics():
+    """Every group of a layout dimension runs at once: a group of one GPU per node (FSDP under tp 8) drives that
+    GPU's own NIC, not all eight; the node's one group of eight drives them all. Without GPUDirect RDMA the
+    staging through host memory can only slow it."""
+    from meshscale.topology.cluster import NET_LINKS
+
+    nbytes = 64 << 20
+    one_nic_s = nbytes / 2 / NET_LINKS["ndr"].bandwidth_bytes_per_s   # each rank receives the other's half
+    placement = Placement.of("hgx-h100", 8, 2, "ndr", 8)
+    alone = collective_cost("all_gather", nbytes, [0, 8], placement).seconds
+    assert alone >= one_nic_s
+    whole = collective_cost("all_gather", nbytes * 8, list(range(16)), placement).seconds
+    assert whole < 8 * alone   # eight groups' bytes through eight NICs, not one
+    staged = collective_cost("all_gather", nbytes, [0, 8], Placement.of("hgx-h100", 8, 2, "ndr", 8, gpudirect=False))
+    assert staged.seconds >= alone

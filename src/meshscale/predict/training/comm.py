@@ -68,16 +68,37 @@ class Placement:
             text += f" ({self.nodes} nodes, {cluster.nics}x {cluster.link.upper()} per node)"
         return text
 
-    def at(self, nodes: int, nccl_version: str | None = None) -> Fabric:
+    @property
+    def switched(self) -> bool:
+        """Whether the node's GPUs are all alike to each other (an NVSwitch joins them)."""
+        return bool(self.at(1).topology.nodes_of("nvswitch"))
+
+    def at(self, nodes: int, nccl_version: str | None = None, nics: int | None = None) -> Fabric:
         """The fabric of ``nodes`` of these nodes (one: the node alone), with NCCL of version ``nccl_version``
-        (a framework's own) where given; built once per count and version."""
-        key = ("fabric", nodes, nccl_version)
+        (a framework's own) where given, and ``nics`` of each node's ports (a group's share) where given; built
+        once per count, version and share."""
+        key = ("fabric", nodes, nccl_version, nics)
         if key not in self._cache:
             found = self.fabric.at_nodes(nodes) if self.fabric.cluster is not None else self.fabric
+            if nics is not None and nics != found.cluster.nics:
+                found = _with_nics(found, nics)
             if nccl_version and nccl_version != found.nccl.version:
                 found = replace(found, nccl=replace(found.nccl, version=nccl_version))
             self._cache[key] = found
         return self._cache[key]
+
+
+def _with_nics(fabric: Fabric, nics: int) -> Fabric:
+    """``fabric``'s cluster with ``nics`` ports per node (a group's share of them), its switches sized for that;
+    the whole fabric where a cluster file pins a shape that many ports do not fill (its leaves, radix, levels)."""
+    from meshscale.errors import MeshscaleError
+    from meshscale.topology.cluster import cluster_topology
+
+    spec = replace(fabric.cluster, nics=nics)
+    try:
+        return Fabric(cluster_topology(spec), spec, fabric.params, fabric.network_fit, fabric.nccl, fabric.algo)
+    except MeshscaleError:
+        return fabric
 
 
 def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
@@ -127,6 +148,13 @@ def _rounded(nbytes: float) -> int:
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
             placement: Placement) -> CollectiveCost:
     fabric = placement.at(nodes, nccl_version)
+    if nodes > 1 and len(local) < placement.gpus_per_node and placement.switched:
+        # every group of the dimension runs at once, one per set of local GPUs: they share the node's NICs, each
+        # driving the ones nearest its GPUs (on an NVSwitch node every GPU is alike, so the group is priced on the
+        # node's first GPUs and their NICs)
+        groups = placement.gpus_per_node // len(local)
+        fabric = placement.at(nodes, nccl_version, max(1, fabric.cluster.nics // groups))
+        local = tuple(range(len(local)))
     topo = fabric.topology
     devices, per_node = topo.devices(), placement.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
