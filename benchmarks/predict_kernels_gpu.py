@@ -37,7 +37,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import config_from_fields, load_model_config
 from meshscale.predict.training.breakdown import predicted_categories
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import GpuSpec, gpu_spec, system_gpu
 from meshscale.predict.training.kernels import rates
 from meshscale.predict.training.step import TrainingJob, predict_step
@@ -101,7 +101,7 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
     measured = categorize(detailed, StepShapes(case.job.model is not None, case.vocab, case.ffn), device)
     r = rates(gpu, case.job.precision)
     predicted = {c.category: c for c in predicted_categories(case.job, r)}
-    prediction = predict_step(case.job, Placement.of("hgx-h100", 1), gpu)
+    prediction = predict_step(case.job, Allocation.of("hgx-h100", 1), gpu)
     rows = []
     for c in CATEGORIES:
         if c not in predicted and c not in measured.seconds:

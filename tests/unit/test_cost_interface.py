@@ -9,9 +9,9 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.auto import FlowCostModel
 from meshscale.simulate.cost import Call
-from meshscale.simulate.fabric import Fabric, collective_time_s, resolve_fabric
+from meshscale.simulate.fabric import Fabric, resolve_fabric
 from meshscale.simulate.nccl.cost_model import NcclCostModel
-from meshscale.simulate.nccl_env import NcclSettings, nccl_settings
+from meshscale.simulate.nccl_env import NcclSettings, nccl_settings, parse_nccl_env
 from meshscale.topology import load_system
 from meshscale.topology.cluster import system_or_cluster
 
@@ -75,30 +75,29 @@ def test_channels_gpudirect_and_oversubscription_each_move_the_price():
 def test_groups_on_a_cluster_tensor_parallel_inside_a_node_data_parallel_across():
     """A TP group of a node's 8 GPUs runs over NVLink; a DP group of one GPU per node over the network: slower
     for the same bytes."""
-    cluster = system_or_cluster("hgx-h100", 16, "ndr", 8)
-    tp = collective_time_s("all_reduce", 64 << 20, range(8), cluster)
-    dp = collective_time_s("all_reduce", 64 << 20, range(0, 128, 8), cluster)
+    fabric = Fabric(system_or_cluster("hgx-h100", 16, "ndr", 8))
+    tp = fabric.cost(Call("all_reduce", 64 << 20, tuple(range(8))))
+    dp = fabric.cost(Call("all_reduce", 64 << 20, tuple(range(0, 128, 8))))
     assert dp.time_s > tp.time_s
-    gathered = collective_time_s("all_gather", 64 << 20, range(0, 128, 8), cluster, ["NCCL_MAX_NCHANNELS=1"])
+    one = Fabric(fabric.topology, nccl=NcclSettings(parse_nccl_env(["NCCL_MAX_NCHANNELS=1"])))
+    gathered = one.cost(Call("all_gather", 64 << 20, tuple(range(0, 128, 8))))
     assert gathered.settings == ("NCCL_MAX_NCHANNELS=1",)
-    assert collective_time_s("all_reduce", 64 << 20, None, "dgx1-p100").call.ranks == tuple(range(8))
 
 
 def test_bad_input_is_one_line():
+    fabric = resolve_fabric("hgx-h100")
     with pytest.raises(MeshscaleError):
-        collective_time_s("allreduce", 1 << 20, None, "hgx-h100")
+        fabric.cost(Call("allreduce", 1 << 20, tuple(range(8))))
     with pytest.raises(MeshscaleError):
-        collective_time_s("all_reduce", 1 << 20, [0, 99], "hgx-h100")
+        fabric.cost(Call("all_reduce", 1 << 20, (0, 99)))
     with pytest.raises(MeshscaleError):
-        collective_time_s("all_reduce", 1 << 20, None, "hgx-h100", ["NCCL_NOPE=1"])
+        parse_nccl_env(["NCCL_NOPE=1"])
 
 
 def test_no_caller_prices_through_an_algorithm_string():
     """The string dispatch (``algorithm="nccl"|"auto"|name`` through predict_collective, or NCCL's model called
-    beside the interface) is gone: callers hold a `Fabric` and call ``fabric.cost``. predict/validate.py keeps
-    the transitional predict_collective until it is ported (remove it from ALLOWED then)."""
-    allowed = {"simulate/fabric.py", "simulate/__init__.py", "predict/validate.py",
-               "__init__.py"}  # the public API's sweep of the same name (a `sim_sweep` on a Fabric)
+    beside the interface) is gone: callers hold a `Fabric` and call ``fabric.cost``."""
+    allowed = {"__init__.py"}  # the public API's sweep of the same name (a `sim_sweep` on a Fabric)
     found = []
     for path in sorted(SRC.rglob("*.py")):
         name = path.relative_to(SRC).as_posix()

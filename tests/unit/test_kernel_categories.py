@@ -10,7 +10,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
 from meshscale.predict.training.breakdown import predicted_categories, step_kernel_list
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.kernels import kernel_seconds, rates, roofline_seconds
 from meshscale.train.kernel_categories import CATEGORIES
@@ -47,7 +47,7 @@ def _gpt_profile(tmp_path, gpu, scale: dict[str, float] | None = None, drop: tup
         job = replace(p.job, batch=b)
         per = {c.category: c.seconds * (scale or {}).get(c.category, 1.0) for c in predicted_categories(job, r)}
         extra = sum(per.values()) - sum(c.seconds for c in predicted_categories(job, r))
-        rows.append({"batch_per_rank": b, "step_time_s": predict_step(job, Placement.of("hgx-h100", 1), gpu).step_s
+        rows.append({"batch_per_rank": b, "step_time_s": predict_step(job, Allocation.of("hgx-h100", 1), gpu).step_s
                      + extra})
         cats = per
     cats = {c: s for c, s in cats.items() if c not in drop}
@@ -69,7 +69,7 @@ def test_a_profile_of_the_datasheet_itself_predicts_the_datasheet_on_its_own_gpu
     path, job = _gpt_profile(tmp_path, H100)
     p = _predict(path, "hgx-h100")
     assert p.compute_source.startswith("calibrated per kernel category on NVIDIA H100")
-    assert p.step_s == pytest.approx(predict_step(job, Placement.of("hgx-h100", 1), H100).step_s, rel=1e-3)
+    assert p.step_s == pytest.approx(predict_step(job, Allocation.of("hgx-h100", 1), H100).step_s, rel=1e-3)
 
 
 def test_time_beyond_the_roofline_moves_with_the_sms_and_the_roofline_with_its_resource(tmp_path):

@@ -9,7 +9,7 @@ from meshscale.predict.frameworks import FRAMEWORKS, buckets, resolve_framework
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, resnet50_tensors
 from meshscale.predict.profile import ComputeProfile, linear_profile, p100_resnet50_profile, profile_from_result
 from meshscale.predict.sweep import per_rank_batch
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.replicas import GradientExchange, exposed_exchange_s, parameter_server_s
 from meshscale.results import Result
 
@@ -93,7 +93,7 @@ def test_modes_as_train_names_them():
 def test_nvlink_faster_than_pcie_and_ps_slowest():
     nv = _rows()[0]["comm_s"]
     pcie = _rows(system="pcie-8gpu-2socket")[0]["comm_s"]
-    ps = parameter_server_s(4 * 25_557_032, 8, Placement.of("dgx1-p100", 8))
+    ps = parameter_server_s(4 * 25_557_032, 8, Allocation.of("dgx1-p100", 8))
     assert nv < pcie and nv < ps
 
 
@@ -138,14 +138,14 @@ def test_documented_profile_for_resnet50_on_p100():
 def test_exchange_passes_the_framework_nccl_version(monkeypatch):
     import meshscale.predict.training.comm as comm
     seen = []
-    real = comm.Placement.at
+    real = comm.Allocation.at
 
     def spy(self, nodes, nccl_version=None):
         found = real(self, nodes, nccl_version)
         seen.append(found.nccl.version)
         return found
 
-    monkeypatch.setattr(comm.Placement, "at", spy)
+    monkeypatch.setattr(comm.Allocation, "at", spy)
     _rows(framework="cntk-2016", gpus=(2,))
     assert seen and set(seen) == {"1.6"}
     _rows(gpus=(2,), batch=63)

@@ -4,23 +4,26 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.predict import PredictRequest, predict_rows
 from meshscale.predict.gradient_tensors import resnet50_gradients
-from meshscale.predict.training.comm import Placement, _rounded, collective_cost
+from meshscale.predict.training.comm import Allocation, _rounded, collective_cost
 from meshscale.predict.training.replicas import GradientExchange
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology.cluster import system_or_cluster
 
 
 @pytest.mark.parametrize("nccl_algo", [None, "ring", "tree"])
 def test_two_nodes_exchange_each_bucket_as_sim_on_the_cluster(nccl_algo):
-    placement = Placement.of("dgx1-p100", 8, 2, "edr", 4, nccl_algo=nccl_algo)
+    allocation = Allocation.of("dgx1-p100", 8, 2, "edr", 4, nccl_algo=nccl_algo)
     cluster = system_or_cluster("dgx1-p100", 2, "edr", 4)  # built as `sim --nodes 2` builds it
     ranks = [cluster.nodes[d].index for d in cluster.devices()]
     assert len(ranks) == 16
     buckets = GradientExchange("ddp").buckets(resnet50_gradients())
     assert len(buckets) > 1
     for b in buckets:  # priced at the size the cache rounds to (within 1.6%)
-        expected = predict_collective(cluster, "all_reduce", ranks, _rounded(b.nbytes), nccl_algo=nccl_algo).time_s
-        assert collective_cost("all_reduce", b.nbytes, list(range(16)), placement).seconds == pytest.approx(expected, rel=1e-9)
+        call = Call("all_reduce", _rounded(b.nbytes), tuple(ranks))
+        expected = Fabric(cluster, nccl=NcclSettings(algo=nccl_algo)).cost(call).time_s
+        assert collective_cost("all_reduce", b.nbytes, list(range(16)), allocation).seconds == pytest.approx(expected, rel=1e-9)
 
 
 def _sweep(link: str, nics: int, **kw) -> list[dict]:
@@ -55,8 +58,8 @@ def test_nccl_picks_a_tree_at_scale_and_it_beats_the_forced_ring():
     nbytes = 25 << 20
     for nodes in (8, 32):
         ranks = list(range(8 * nodes))
-        picked = collective_cost("all_reduce", nbytes, ranks, Placement.of("hgx-h100", 8, nodes, "ndr", 8))
-        ring = collective_cost("all_reduce", nbytes, ranks, Placement.of("hgx-h100", 8, nodes, "ndr", 8, nccl_algo="ring"))
+        picked = collective_cost("all_reduce", nbytes, ranks, Allocation.of("hgx-h100", 8, nodes, "ndr", 8))
+        ring = collective_cost("all_reduce", nbytes, ranks, Allocation.of("hgx-h100", 8, nodes, "ndr", 8, nccl_algo="ring"))
         assert picked.seconds <= ring.seconds
         assert not picked.chosen.startswith("ring") and ring.chosen.startswith("ring")
         gaps.append(ring.seconds / picked.seconds)
@@ -71,10 +74,10 @@ def test_a_dimensions_groups_share_the_nodes_nics():
 
     nbytes = 64 << 20
     one_nic_s = nbytes / 2 / NET_LINKS["ndr"].bandwidth_bytes_per_s   # each rank receives the other's half
-    placement = Placement.of("hgx-h100", 8, 2, "ndr", 8)
-    alone = collective_cost("all_gather", nbytes, [0, 8], placement).seconds
+    allocation = Allocation.of("hgx-h100", 8, 2, "ndr", 8)
+    alone = collective_cost("all_gather", nbytes, [0, 8], allocation).seconds
     assert alone >= one_nic_s
-    whole = collective_cost("all_gather", nbytes * 8, list(range(16)), placement).seconds
+    whole = collective_cost("all_gather", nbytes * 8, list(range(16)), allocation).seconds
     assert whole < 8 * alone   # eight groups' bytes through eight NICs, not one
-    staged = collective_cost("all_gather", nbytes, [0, 8], Placement.of("hgx-h100", 8, 2, "ndr", 8, gpudirect=False))
+    staged = collective_cost("all_gather", nbytes, [0, 8], Allocation.of("hgx-h100", 8, 2, "ndr", 8, gpudirect=False))
     assert staged.seconds >= alone

@@ -11,7 +11,7 @@ import pytest
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
 from meshscale.predict.training import kernels
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import system_gpu
 from meshscale.predict.training.kernels import host_seconds
 from meshscale.predict.training.step import TrainingJob, predict_step, step_kernels, synced_step_seconds
@@ -19,7 +19,7 @@ from meshscale.predict.training.workload import (TP_LINEAR_BACKWARD_DTENSOR_OPS,
                                                  transformer_layer)
 
 H100, _ = system_gpu("hgx-h100")
-TWO = Placement.of("hgx-h100", 2)
+TWO = Allocation.of("hgx-h100", 2)
 
 
 def _tp_job(tp: int, cuda_graph: bool = False) -> TrainingJob:

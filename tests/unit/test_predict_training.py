@@ -1,4 +1,4 @@
-"""The training step model: kernels from the model's shape, the roofline, collectives on the group's placement,
+"""The training step model: kernels from the model's shape, the roofline, collectives on the group's allocation,
 pipelines, calibration from a profile, the layout search, the published-run corpus and the CLI."""
 import json
 import math
@@ -9,7 +9,7 @@ import pytest
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
-from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
+from meshscale.predict.training.comm import CollectiveCost, Allocation, collective_cost, collective_seconds
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.predict.training.kernels import (HOST_SECONDS_PER_OP, KERNEL_FLOOR_S, attention_fraction, gemm,
                                                 host_seconds, kernel_seconds, quantization, rates)
@@ -20,8 +20,8 @@ from meshscale.predict.training.workload import resnet_step, transformer_layer
 from meshscale.results import Result
 
 H100, _ = system_gpu("hgx-h100")
-ONE = Placement.of("hgx-h100", 1)
-NODE = Placement.of("hgx-h100", 8)
+ONE = Allocation.of("hgx-h100", 1)
+NODE = Allocation.of("hgx-h100", 8)
 
 
 def _flops(kernels, kind):
@@ -174,7 +174,7 @@ def test_channels_last_is_faster_than_nchw_for_half_precision_resnets():
 def test_sdpa_runs_cudnns_attention_on_hopper_and_flashattention_2_on_ampere():
     a100, _ = system_gpu("dgx-a100")
     job = TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=8), 1, 8192, "bf16", "full")
-    a100_node = Placement.of("dgx-a100", 8)
+    a100_node = Allocation.of("dgx-a100", 8)
     rate = {(a, gpu.model): predict_step(replace(job, attention=a), NODE if gpu is H100 else a100_node,
                                          gpu).tokens_per_s_per_gpu
             for a in ("sdpa", "flash", "cudnn") for gpu in (H100, a100)}
@@ -207,16 +207,16 @@ def test_an_hgx_b200_trains_faster_than_an_hgx_h100_by_no_more_than_its_larger_p
     b200, per_node = system_gpu("hgx-b200")
     assert per_node == 8 and b200.family == "blackwell"
     job = TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=8), 2, 8192, "bf16", "selective")
-    b200_rate = predict_step(job, Placement.of("hgx-b200", 8), b200).tokens_per_s_per_gpu
+    b200_rate = predict_step(job, Allocation.of("hgx-b200", 8), b200).tokens_per_s_per_gpu
     h100_rate = predict_step(job, NODE, H100).tokens_per_s_per_gpu
     peaks = max(b200.matmul_flops("bf16") / H100.matmul_flops("bf16"),
                 b200.memory_bandwidth_bytes_per_s / H100.memory_bandwidth_bytes_per_s)
     assert 1.5 < b200_rate / h100_rate <= peaks
 
 
-# ---- placement and parallel dimensions -----------------------------------------------------------------------
+# ---- allocation and parallel dimensions -----------------------------------------------------------------------
 def test_a_group_spanning_nodes_costs_more_than_one_inside_a_node():
-    fabric = Placement.of("hgx-h100", 8, 2)
+    fabric = Allocation.of("hgx-h100", 8, 2)
     inside = collective_seconds("all_gather", 1 << 26, [0, 1], fabric)
     across = collective_seconds("all_gather", 1 << 26, [0, 8], fabric)
     assert 0 < inside < across
@@ -267,7 +267,7 @@ def test_a_layout_that_does_not_fit_says_so_with_what_it_needs():
 
 def test_bad_layouts_are_refused_in_one_line_naming_the_field():
     with pytest.raises(MeshscaleError, match="--tp 3"):
-        predict_step(TrainingJob(preset("llama3-8b"), ParallelLayout(tp=3, fsdp=1), 1, 2048), Placement.of("hgx-h100", 3), H100)
+        predict_step(TrainingJob(preset("llama3-8b"), ParallelLayout(tp=3, fsdp=1), 1, 2048), Allocation.of("hgx-h100", 3), H100)
     with pytest.raises(MeshscaleError, match="world has 8"):
         predict_step(TrainingJob(preset("llama3-8b"), ParallelLayout(fsdp=4), 1, 2048), NODE, H100)
     with pytest.raises(MeshscaleError, match="data parallel only"):
@@ -708,7 +708,7 @@ def test_torchtitans_own_selective_policy_keeps_less_and_its_published_oom_is_pr
     from meshscale.models.memory import activation_elements_per_token
 
     a100 = gpu_spec({"model": "NVIDIA A100-SXM4-80GB"})
-    nodes = Placement.of("dgx-a100", 8, 8, "hdr", 8)
+    nodes = Allocation.of("dgx-a100", 8, 8, "hdr", 8)
     llama = preset("llama2-70b")
 
     def fits(batch, checkpointing):

@@ -45,14 +45,17 @@ def _write(path: Path, rows: list[dict]) -> Path:
 
 
 class FakeModel:
-    """predict_collective stand-in: time = ``factor(size)`` x the time in ``truth``, and a record of every call."""
+    """price_call stand-in: time = ``factor(size)`` x the time in ``truth``, and a record of every call with the
+    NCCL settings its fabric was given."""
 
     def __init__(self, truth: dict[int, float], factor):
         self.truth, self.factor, self.calls = truth, factor, []
 
-    def __call__(self, topology, collective, ranks, nbytes, algorithm="auto", **nccl):
-        self.calls.append({"collective": collective, "ranks": list(ranks), "nbytes": nbytes, "algorithm": algorithm, **nccl})
-        return SimpleNamespace(time_s=self.truth[nbytes] * self.factor(nbytes), detail="fake")
+    def __call__(self, fabric, call):
+        threads = {"gpus_per_thread": fabric.nccl.gpus_per_thread} if fabric.nccl.gpus_per_thread != 1 else {}
+        self.calls.append({"collective": call.collective, "ranks": list(call.ranks), "nbytes": call.nbytes,
+                           "algorithm": fabric.algo, **fabric.nccl.given(), **threads})
+        return SimpleNamespace(time_s=self.truth[call.nbytes] * self.factor(call.nbytes), detail="fake")
 
 
 # ---- the shipped corpus ---------------------------------------------------------------------------------
@@ -149,7 +152,7 @@ TRUTH = {1024: 10e-6, 4096: 20e-6, 2097152: 100e-6, 8388608: 8388608 * 1.75 / 17
 
 def test_summary_math_and_what_the_model_is_asked(tmp_path, monkeypatch):
     model = FakeModel(TRUTH, lambda n: {1024: 1.2, 4096: 1 / 1.1, 2097152: 1.05, 8388608: 0.9}[n])
-    monkeypatch.setattr(validation, "predict_collective", model)
+    monkeypatch.setattr(validation, "price_call", model)
     result = validate_corpus(_small_corpus(tmp_path))
     assert result.kind == "validate" and result.predicted
     assert [round(r["error"], 6) for r in result.rows] == [0.2, 0.2, round(1 / 1.1 - 1, 6), 0.05, -0.1]
@@ -172,19 +175,19 @@ def test_summary_math_and_what_the_model_is_asked(tmp_path, monkeypatch):
     assert first == {"collective": "all_reduce", "ranks": [0, 1], "nbytes": 1024, "algorithm": "nccl",
                      "nccl_version": "2.28.9", "nvls": False, "gpus_per_thread": 2}
     assert forced["nccl_algo"] == "ring" and forced["proto"] == "LL" and "nvls" not in forced
-    assert a100["ranks"] == list(range(8)) and a100["nccl_version"] is None
+    assert a100["ranks"] == list(range(8)) and a100.get("nccl_version") is None
     assert "nvls" not in a100 and "gpus_per_thread" not in a100
 
 
 def test_within_bounds_passes_and_a_row_the_model_cannot_do_fails(tmp_path, monkeypatch):
-    monkeypatch.setattr(validation, "predict_collective", FakeModel(TRUTH, lambda n: 1.01))
+    monkeypatch.setattr(validation, "price_call", FakeModel(TRUTH, lambda n: 1.01))
     assert validate_corpus(_small_corpus(tmp_path)).meta["summary"]["passed"]
 
-    def refuses(topology, collective, ranks, nbytes, **kw):
-        if nbytes == 4096:
+    def refuses(fabric, call):
+        if call.nbytes == 4096:
             raise MeshscaleError("no algorithm applies")
-        return SimpleNamespace(time_s=TRUTH[nbytes], detail="")
-    monkeypatch.setattr(validation, "predict_collective", refuses)
+        return SimpleNamespace(time_s=TRUTH[call.nbytes], detail="")
+    monkeypatch.setattr(validation, "price_call", refuses)
     result = validate_corpus(_small_corpus(tmp_path))
     assert result.meta["summary"]["unpredicted"] == 1 and not result.meta["summary"]["passed"]
     assert result.rows[2]["ratio"] is None and result.rows[2]["problem"] == "no algorithm applies"
@@ -193,7 +196,7 @@ def test_within_bounds_passes_and_a_row_the_model_cannot_do_fails(tmp_path, monk
 def test_worst_row_beyond_twice_fails_even_when_the_geomeans_pass(tmp_path, monkeypatch):
     rows = [_row(size_bytes=str(1 << 20), time_us="100")] * 40 + [_row(size_bytes=str(1 << 21), time_us="100")]
     corpus = _write(tmp_path / "c.csv", rows)
-    monkeypatch.setattr(validation, "predict_collective",
+    monkeypatch.setattr(validation, "price_call",
                         FakeModel({1 << 20: 100e-6, 1 << 21: 100e-6}, lambda n: 1.0 if n == 1 << 20 else 2.1))
     summary = validate_corpus(corpus).meta["summary"]
     assert summary["groups"]["1 MiB and up"]["passed"] and summary["worst_times_off"] == pytest.approx(2.1)
@@ -203,7 +206,7 @@ def test_worst_row_beyond_twice_fails_even_when_the_geomeans_pass(tmp_path, monk
 # ---- the command -----------------------------------------------------------------------------------------
 def test_cli_system_filter_json_and_exit_codes(cli, tmp_path, monkeypatch):
     corpus = _small_corpus(tmp_path)
-    monkeypatch.setattr(validation, "predict_collective", FakeModel(TRUTH, lambda n: 1.01))
+    monkeypatch.setattr(validation, "price_call", FakeModel(TRUTH, lambda n: 1.01))
     out = tmp_path / "v.json"
     result = cli("validate", "--corpus", corpus, "--system", "dgx-a100", "--json", out)
     assert result.exit_code == 0, result.output
@@ -214,7 +217,7 @@ def test_cli_system_filter_json_and_exit_codes(cli, tmp_path, monkeypatch):
     assert saved["meta"]["filters"] == {"system": "dgx-a100", "collective": None}
     assert saved["meta"]["summary"]["passed"] is True
 
-    monkeypatch.setattr(validation, "predict_collective", FakeModel(TRUTH, lambda n: 1.5))
+    monkeypatch.setattr(validation, "price_call", FakeModel(TRUTH, lambda n: 1.5))
     result = cli("validate", "--corpus", corpus, "--collective", "all-reduce", "--all")
     assert result.exit_code == 1 and "outside the bounds" in result.stdout
     assert "every row of 5" in result.stdout
@@ -227,7 +230,7 @@ def test_default_listing_is_the_worst_rows_only(cli, tmp_path, monkeypatch):
     rows = [_row(size_bytes=str(1024 * k), time_us="10") for k in range(1, 15)]
     corpus = _write(tmp_path / "c.csv", rows)
     truth = {1024 * k: 10e-6 for k in range(1, 15)}
-    monkeypatch.setattr(validation, "predict_collective", FakeModel(truth, lambda n: 1 + n / 1024 / 100))
+    monkeypatch.setattr(validation, "price_call", FakeModel(truth, lambda n: 1 + n / 1024 / 100))
     result = cli("validate", "--corpus", corpus)
     assert "10 worst rows of 14" in result.stdout
     assert "+14.0%" in result.stdout and "+1.0%" not in result.stdout

@@ -4,7 +4,7 @@ the options that cannot change it refused, each in one line.
 The question decides the shape of the answer, never the model: one GPU or node count (or a layout's degrees)
 is one layout's step; a list of counts, a comparison or no count is a scaling sweep; ``search`` ranks every
 layout; ``measured`` lays the prediction beside a `scale` run. All of them are the step model on the same
-placements (`request.Prepared.at`), so a size gets the same figure in each.
+allocations (`request.Prepared.at`), so a size gets the same figure in each.
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """What `meshscale predict` asks, declared once (`PredictRequest`), and the one predictor that answers it.
 
-Every question is the step model (`training.step.predict_step`) on a `Placement`: one layout on one GPU count
+Every question is the step model (`training.step.predict_step`) on a `Allocation`: one layout on one GPU count
 (`predict_training`), a scaling sweep over GPU or node counts (`predict_rows`: the same model evaluated per size;
 data parallelism is the layout's dp degree), variants compared (systems, links, exchanges), every layout ranked
 (``search``), or a measured `scale` run beside its prediction. `validate --training` prices each corpus run through
@@ -21,7 +21,7 @@ from meshscale.models.transformer import TransformerConfig, is_transformer_model
 from meshscale.predict.frameworks import FRAMEWORKS, PREDICTED_MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
 from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec
 from meshscale.predict.training.replicas import GradientExchange
 from meshscale.predict.training.search import search_layouts
@@ -90,7 +90,7 @@ def default_network(node_system: str) -> tuple[str, int]:
 class Where:
     """A request's system resolved once: the `Fabric` (the node, or a cluster of it: its network, the links'
     calibration, NCCL's settings), the node every size is built of (possibly partitioned) and its GPU;
-    `placement` places a size on it."""
+    `allocation` places a size on it."""
 
     fabric: Fabric
     node: Topology
@@ -110,7 +110,7 @@ class Where:
     def notices(self) -> tuple[str, ...]:
         return self.fabric.notices
 
-    def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
+    def allocation(self, gpus: int | None = None, nodes: int | None = None) -> Allocation:
         """``gpus`` GPUs (more than a node's: whole nodes) or ``nodes`` whole nodes."""
         per_node = self.gpus_per_node
         world = gpus if gpus is not None else (nodes or 1) * per_node
@@ -125,7 +125,7 @@ class Where:
                                  "between them (--nodes, or --link/--nics) or give a cluster file")
         fabric = self.fabric if count > 1 or self.partition is None else replace(self.fabric, topology=self.node,
                                                                                   cluster=None)
-        return Placement(fabric, min(world, per_node), count)
+        return Allocation(fabric, min(world, per_node), count)
 
 
 def where_on(topology: Topology, params=None) -> Where:
@@ -229,7 +229,7 @@ def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfil
     if not profile.gpu_model:
         raise MeshscaleError(f"{req.profile}: the profile does not say which GPU measured it")
     gpu = gpu_spec({"model": profile.gpu_model})
-    one = Placement(Fabric(node), 1)   # one GPU: nothing to exchange
+    one = Allocation(Fabric(node), 1)   # one GPU: nothing to exchange
     single = replace(job, layout=ParallelLayout())
     categories = None
     if profile.kernel_categories:
@@ -296,22 +296,22 @@ class Prepared:
     nccl_algo: str | None
     measured: ComputeProfile | None = None   # the measured step on this GPU, where it stands (`_stands`)
 
-    def placement(self, gpus: int | None = None, nodes: int | None = None) -> Placement:
-        return self.where.placement(gpus, nodes)
+    def allocation(self, gpus: int | None = None, nodes: int | None = None) -> Allocation:
+        return self.where.allocation(gpus, nodes)
 
-    def at(self, placement: Placement, batch: int, layout: ParallelLayout | None = None) -> TrainingPrediction:
-        """The step of ``batch`` per data-parallel rank on ``placement`` (the request's layout, filled). A
+    def at(self, allocation: Allocation, batch: int, layout: ParallelLayout | None = None) -> TrainingPrediction:
+        """The step of ``batch`` per data-parallel rank on ``allocation`` (the request's layout, filled). A
         measured step of the whole model is the compute of replicas that each run the whole model, at the batches
         it measured; a layout that splits the model (FSDP shards, tensor, pipeline or context parallelism), or
         another batch, takes the kernels, calibrated by it."""
         fill = "fsdp" if self.job.model is not None and self.job.sharding != "none" else "dp"
-        layout = layout or layout_of(self.req, placement.world_size, fill)
+        layout = layout or layout_of(self.req, allocation.world_size, fill)
         job = replace(self.job, layout=layout, batch=batch)
         whole = layout.fsdp == layout.tp == layout.pp == layout.cp == 1
         inside = self.measured is not None and self.measured.batches[0] <= batch <= self.measured.batches[-1]
         if self.measured is not None and (not self.model.has_kernels or (whole and inside)):
             job = replace(job, measured=self.measured)
-        return predict_step(job, placement, self.where.gpu, self.calibration)
+        return predict_step(job, allocation, self.where.gpu, self.calibration)
 
 
 def prepare(req: PredictRequest, system: str | None = None, link: str | None = None,
@@ -405,8 +405,8 @@ def predict_training(req: PredictRequest, prepared: Prepared | None = None
         flag = "--gpus" if req.gpus else "--nodes"
         raise MeshscaleError(f"{flag} {','.join(map(str, counts))}: a layout runs on one count; give one number")
     prepared = prepared or prepare(req)
-    placement = prepared.placement(req.gpus[0] if req.gpus else None, req.nodes[0] if req.nodes else None)
+    allocation = prepared.allocation(req.gpus[0] if req.gpus else None, req.nodes[0] if req.nodes else None)
     if req.search:
-        return search_layouts(prepared.job, placement, prepared.where.gpu,
-                              req.global_batch or placement.world_size, prepared.calibration), prepared.where.gpu
-    return [prepared.at(placement, prepared.job.batch)], prepared.where.gpu
+        return search_layouts(prepared.job, allocation, prepared.where.gpu,
+                              req.global_batch or allocation.world_size, prepared.calibration), prepared.where.gpu
+    return [prepared.at(allocation, prepared.job.batch)], prepared.where.gpu

@@ -51,10 +51,10 @@ def sweep_row(p: TrainingPrediction, baseline_samples_per_s: float, weak: bool) 
     efficiency, and the step's compute and communication (total and exposed)."""
     exposed = p.tp_s + p.cp_s + p.pp_s + p.sharding_s + p.replica_s
     speedup = p.samples_per_s / baseline_samples_per_s
-    return {"world_size": p.placement.world_size, "nodes": p.placement.nodes, "mode": "weak" if weak else "strong",
+    return {"world_size": p.allocation.world_size, "nodes": p.allocation.nodes, "mode": "weak" if weak else "strong",
             "batch_per_rank": p.job.batch, "global_batch": p.job.samples_per_step, "step_time_s": p.step_s,
             "compute_s": p.compute_s, "comm_s": p.exchange_s or exposed, "comm_exposed_s": exposed,
-            "throughput_samples_per_s": p.samples_per_s, "speedup": speedup, "efficiency": speedup / p.placement.world_size,
+            "throughput_samples_per_s": p.samples_per_s, "speedup": speedup, "efficiency": speedup / p.allocation.world_size,
             "comm_share": exposed / p.step_s, "nccl_algo": p.nccl_algo, "layout": p.job.layout.describe()}
 
 
@@ -62,11 +62,11 @@ def sweep(prepared: Prepared, counts: list[int], by_nodes: bool) -> list[dict]:
     """Rows for each GPU count (or node count) of ``prepared``'s request."""
     req = prepared.req
     amount = prepared.job.batch if req.weak else req.global_batch
-    base = prepared.at(prepared.placement(gpus=1), amount)
+    base = prepared.at(prepared.allocation(gpus=1), amount)
     rows = []
     for n in counts:
-        placement = prepared.placement(nodes=n) if by_nodes else prepared.placement(gpus=n)
-        p = prepared.at(placement, per_rank_batch(placement.world_size, amount, req.weak))
+        allocation = prepared.allocation(nodes=n) if by_nodes else prepared.allocation(gpus=n)
+        p = prepared.at(allocation, per_rank_batch(allocation.world_size, amount, req.weak))
         rows.append(dict(sweep_row(p, base.samples_per_s, req.weak), system=prepared.where.node_system,
                          **(_network(prepared.where) if by_nodes else {})))
     return rows
@@ -162,7 +162,7 @@ def compare_scale(measured: Result, prepared: Prepared) -> list[dict]:
         except (KeyError, TypeError, ValueError):
             raise MeshscaleError("a scale row lacks world_size, batch_per_rank or throughput_samples_per_s; "
                                  "give a file `meshscale scale --json` wrote") from None
-        pred = prepared.at(prepared.placement(gpus=world), batch).samples_per_s
+        pred = prepared.at(prepared.allocation(gpus=world), batch).samples_per_s
         rows.append({"world_size": world, "mode": row.get("mode", ""), "batch_per_rank": batch,
                      "global_batch": world * batch, "measured_samples_per_s": meas,
                      "predicted_samples_per_s": pred, "error": pred / meas - 1,

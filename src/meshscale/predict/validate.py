@@ -22,7 +22,9 @@ from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.predict.corpus_check import CORPORA, SIZE_CLASSES, error, validation_result
 from meshscale.results import Result
-from meshscale.simulate import predict_collective
+from meshscale.simulate.cost import Call, Prediction
+from meshscale.simulate.fabric import Fabric
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology import Topology
 from meshscale.topology.catalog import load_system, system_names
 
@@ -166,18 +168,18 @@ def load_corpus(path: str | Path | None = None, multi_node: bool = False) -> lis
 
 
 def _predict_time_s(m: Measurement, topology: Topology, algorithm: str) -> tuple[float, str]:
-    ranks = [topology.nodes[d].index for d in topology.devices()[:m.gpus]]
-    nccl: dict[str, Any] = {"nccl_version": m.nccl_version or None}
-    if m.algo:  # only what NCCL was forced to do: otherwise the model makes NCCL's own choice
-        nccl["nccl_algo"] = m.algo.lower()
-    if m.proto:
-        nccl["proto"] = m.proto
-    if m.nvls == "off":
-        nccl["nvls"] = False
-    if m.gpus_per_thread:
-        nccl["gpus_per_thread"] = m.gpus_per_thread
-    result = predict_collective(topology, m.collective, ranks, m.size_bytes, algorithm=algorithm, **nccl)
+    ranks = tuple(topology.nodes[d].index for d in topology.devices()[:m.gpus])
+    # only what NCCL was forced to do: otherwise the model makes NCCL's own choice
+    settings = NcclSettings(version=m.nccl_version or None, algo=m.algo.lower() if m.algo else None,
+                            proto=m.proto or None, nvls=False if m.nvls == "off" else None,
+                            gpus_per_thread=m.gpus_per_thread or 1)
+    result = price_call(Fabric(topology, nccl=settings, algo=algorithm), Call(m.collective, m.size_bytes, ranks))
     return result.time_s, str(getattr(result, "detail", "") or "")
+
+
+def price_call(fabric: Fabric, call: Call) -> Prediction:
+    """One corpus row's call priced on its fabric (`Fabric.cost`, as sim prices it)."""
+    return fabric.cost(call)
 
 
 def validate(measurements: list[Measurement], algorithm: str = "nccl", corpus: str | Path | None = None,

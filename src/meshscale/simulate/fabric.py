@@ -8,18 +8,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Optional, Sequence
+from typing import Optional
 
-from meshscale.collectives.kinds import kind
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, load_result
 from meshscale.simulate.cost import Call, CostModel, Prediction
 from meshscale.simulate.link_fit import NetworkFit, calibrated
 from meshscale.simulate.models import check_algo, cost_model
-from meshscale.simulate.nccl_env import NcclEnv, NcclSettings, parse_nccl_env
+from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology
-from meshscale.topology.cluster import ClusterSpec, cluster_spec, cluster_topology, spec_topology, system_or_cluster
+from meshscale.topology.cluster import ClusterSpec, cluster_spec, cluster_topology, spec_topology
 from meshscale.topology.discover import discover
 from meshscale.topology.schema import require_devices
 
@@ -143,26 +142,3 @@ def resolve_fabric(system: str | Topology | None, cluster: Optional[dict] = None
     notices = ([fit.source] if fit else []) + ([notice] if notice else [])
     return Fabric(measured.topology if measured else topology, spec, measured.params if measured else None,
                   fit, nccl or NcclSettings(), algo, tuple(notices))
-
-
-def collective_time_s(collective: str, nbytes: int, group: Sequence[int] | None, fabric: Topology | str,
-                      nccl_env: NcclEnv | Sequence[str] | None = None, *, nccl_version: str | None = None,
-                      root: int = 0) -> Prediction:
-    """NCCL's prediction of ``collective`` of ``nbytes`` (nccl-tests' size) over the device indices ``group`` of
-    ``fabric`` (a catalog name or file, or a `Topology`; None: every device), in ``nccl_env`` (`NcclEnv` or
-    KEY=VALUE strings). Kept for predict/training/comm.py until it prices through `Fabric.at_nodes(n).cost`."""
-    topo = require_devices(system_or_cluster(fabric)) if isinstance(fabric, str) else fabric
-    ranks = tuple(group) if group is not None else tuple(topo.nodes[d].index for d in topo.devices())
-    env = nccl_env if isinstance(nccl_env, NcclEnv) else parse_nccl_env(list(nccl_env or ()))
-    return Fabric(topo, nccl=NcclSettings(env, nccl_version)).cost(Call(kind(collective).name, int(nbytes), ranks, root))
-
-
-def predict_collective(topology: Topology, collective: str, ranks: list[int], nbytes: int, algorithm: str = "nccl",
-                       params: SimParams | None = None, root: int = 0, *, nccl_version: str | None = None,
-                       nccl_algo: str | None = None, proto: str | None = None, nvls: bool | None = None,
-                       gpus_per_thread: int = 1) -> Prediction:
-    """Transitional, for predict/validate.py alone until it resolves a `Fabric` (a guard test keeps every other
-    caller away): ``Fabric.cost`` of the call with these settings."""
-    settings = NcclSettings(version=nccl_version, algo=nccl_algo, proto=proto, nvls=nvls,
-                            gpus_per_thread=gpus_per_thread)
-    return Fabric(topology, params=params, nccl=settings, algo=algorithm).cost(Call(collective, nbytes, tuple(ranks), root))

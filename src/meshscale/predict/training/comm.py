@@ -1,8 +1,8 @@
 """The one place a training prediction prices a collective: `collective_cost` (and `collective_seconds`, its
-time), on a `Placement`: where the job's ranks run, the network that joins its nodes, the links' calibration and
+time), on a `Allocation`: where the job's ranks run, the network that joins its nodes, the links' calibration and
 NCCL's settings, as `predict`'s options and a corpus row state them. Every call is priced by `Fabric.cost` (the
 one cost interface: NCCL's model, NCCL's own choice of algorithm and protocol unless one is forced) on the
-group's placement: inside one node, on the node's topology; across nodes, on the cluster of that many nodes.
+group's allocation: inside one node, on the node's topology; across nodes, on the cluster of that many nodes.
 
 A group of a layout is placed by its global ranks: rank r sits on node r // gpus_per_node, local GPU
 r % gpus_per_node (the layout's rank order puts tp innermost, so tp groups fill a node first). Each group is
@@ -26,11 +26,11 @@ TRAINING_COLLECTIVES = ("all_gather", "reduce_scatter", "all_reduce", "send_recv
 
 
 @dataclass(frozen=True, eq=False)
-class Placement:
+class Allocation:
     """Where a job's ranks run: ``nodes`` nodes of ``gpus_per_node`` GPUs of ``fabric`` (the node system, or a
     cluster of it: the network between nodes, the links' calibration and NCCL's settings, as `resolve_fabric`
     resolved them once). Every collective of the job is priced on it (`Fabric.at_nodes`, `Fabric.cost`) and
-    cached per placement."""
+    cached per allocation."""
 
     fabric: Fabric
     gpus_per_node: int
@@ -40,7 +40,7 @@ class Placement:
     @classmethod
     def of(cls, system: str, gpus_per_node: int, nodes: int = 1, link: str = "ndr", nics: int = 8, *,
            gpudirect: bool = True, network: str = "fat-tree", oversubscription: float = 1.0,
-           nccl_env: NcclEnv = DEFAULT_ENV, nccl_algo: str | None = None) -> Placement:
+           nccl_env: NcclEnv = DEFAULT_ENV, nccl_algo: str | None = None) -> Allocation:
         """``nodes`` nodes of catalog system ``system``, a cluster of them on these network options when more than
         one."""
         from meshscale.simulate.fabric import resolve_fabric
@@ -119,11 +119,11 @@ class CollectiveCost:
     chosen: str = ""
 
 
-def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Placement,
+def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Allocation,
                     nccl_version: str | None = None) -> CollectiveCost:
     """Time and channels of ``collective`` of ``nbytes`` (the nccl-tests size: the whole gathered / reduced
     buffer; the message for send_recv) among global ``ranks`` placed on ``fabric`` (by NCCL ``nccl_version``:
-    a framework's own, else the placement's)."""
+    a framework's own, else the allocation's)."""
     if len(ranks) < 2 or nbytes <= 0:
         return CollectiveCost(0.0)
     local, nodes = group_shape(ranks, fabric.gpus_per_node)
@@ -135,7 +135,7 @@ def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Pl
     return found
 
 
-def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Placement) -> float:
+def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Allocation) -> float:
     """Seconds for ``collective`` (see `collective_cost`)."""
     return collective_cost(collective, nbytes, ranks, fabric).seconds
 
@@ -146,17 +146,17 @@ def _rounded(nbytes: float) -> int:
 
 
 def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nccl_version: str | None,
-            placement: Placement) -> CollectiveCost:
-    fabric = placement.at(nodes, nccl_version)
-    if nodes > 1 and len(local) < placement.gpus_per_node and placement.switched:
+            allocation: Allocation) -> CollectiveCost:
+    fabric = allocation.at(nodes, nccl_version)
+    if nodes > 1 and len(local) < allocation.gpus_per_node and allocation.switched:
         # every group of the dimension runs at once, one per set of local GPUs: they share the node's NICs, each
         # driving the ones nearest its GPUs (on an NVSwitch node every GPU is alike, so the group is priced on the
         # node's first GPUs and their NICs)
-        groups = placement.gpus_per_node // len(local)
-        fabric = placement.at(nodes, nccl_version, max(1, fabric.cluster.nics // groups))
+        groups = allocation.gpus_per_node // len(local)
+        fabric = allocation.at(nodes, nccl_version, max(1, fabric.cluster.nics // groups))
         local = tuple(range(len(local)))
     topo = fabric.topology
-    devices, per_node = topo.devices(), placement.gpus_per_node
+    devices, per_node = topo.devices(), allocation.gpus_per_node
     if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
         ranks = [topo.nodes[devices[local[0]]].index,
                  topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]

@@ -7,7 +7,7 @@ DDP, a model timed by its measured profile):
   one push to a parameter server and its pull back after backward (mode ps-sync);
 - when each can start: once backward has completed its gradients (`meshscale.predict.gradient_tensors`: a
   layer's gradients are complete when backward has done the layers from the output down to it);
-- how long each takes: the all-reduce among the replicas priced on the placement (`comm.collective_cost`, by the
+- how long each takes: the all-reduce among the replicas priced on the allocation (`comm.collective_cost`, by the
   framework's NCCL), the parameter server through its host's PCIe and its node's NICs;
 - what stays exposed: exchanges run one at a time, each from when its gradients are complete; what the rest of
   backward covers hides (`exposed_exchange_s`).
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.predict.frameworks import FRAMEWORKS, WIRE_BYTES, Bucket, Framework, resolve_framework
 from meshscale.predict.gradient_tensors import GradientTensor
-from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost
+from meshscale.predict.training.comm import CollectiveCost, Allocation, collective_cost
 
 PS_WIRE = "fp32"  # a parameter server receives the gradients as they are
 
@@ -86,33 +86,33 @@ def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], b
 
 
 def replica_exchange(exchange: GradientExchange, gradients: list[GradientTensor], group: list[int],
-                     placement: Placement, backward_s: float, compute_s: float) -> ReplicaCost:
-    """The step's gradient exchange among the replicas ``group`` (global ranks) on ``placement``, after
+                     allocation: Allocation, backward_s: float, compute_s: float) -> ReplicaCost:
+    """The step's gradient exchange among the replicas ``group`` (global ranks) on ``allocation``, after
     ``backward_s`` of backward ending ``compute_s`` of compute."""
     if len(group) < 2:
         return ReplicaCost((), 0.0)
     buckets = exchange.buckets(gradients)
     if exchange.spec is None:
-        costs = [CollectiveCost(parameter_server_s(b.nbytes, len(group), placement)) for b in buckets]
+        costs = [CollectiveCost(parameter_server_s(b.nbytes, len(group), allocation)) for b in buckets]
     else:
         version = exchange.spec.nccl_version
-        costs = [collective_cost("all_reduce", b.nbytes, group, placement, version) for b in buckets]
+        costs = [collective_cost("all_reduce", b.nbytes, group, allocation, version) for b in buckets]
     exposed = exposed_exchange_s([c.seconds for c in costs], [b.ready_share for b in buckets], backward_s, compute_s)
     largest = max(range(len(buckets)), key=lambda i: buckets[i].nbytes)
     return ReplicaCost(tuple(costs), exposed, costs[largest].chosen)
 
 
-def parameter_server_s(nbytes: float, world: int, placement: Placement) -> float:
+def parameter_server_s(nbytes: float, world: int, allocation: Allocation) -> float:
     """Push to one parameter server and pull back: every GPU's ``nbytes`` through the server's links (its
     host's PCIe on one node; across nodes also the server node's NICs)."""
     from meshscale.simulate.params import SimParams
 
-    params = placement.params or SimParams()
-    nodes = placement.nodes
+    params = allocation.params or SimParams()
+    nodes = allocation.nodes
     if nodes > 16:
         raise MeshscaleError("a parameter server is priced up to 16 nodes")
-    fabric = placement.at(nodes)
-    per_node = min(world, placement.gpus_per_node) * nbytes / (host_bandwidth(fabric.topology) / nodes
+    fabric = allocation.at(nodes)
+    per_node = min(world, allocation.gpus_per_node) * nbytes / (host_bandwidth(fabric.topology) / nodes
                                                                * params.efficiency_of("pcie"))
     if nodes == 1:
         return 2 * (per_node + params.message_latency_of("pcie"))

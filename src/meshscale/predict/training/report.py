@@ -24,8 +24,8 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
     """One prediction as a row of plain values (Result kind predict); ``synced``: with the step as a loop that
     syncs the device every step measures it (`train`'s timed mode)."""
     job, mem = p.job, p.memory
-    row = {"model": job.name, "layout": job.layout.describe(), "world_size": p.placement.world_size,
-           "nodes": p.placement.nodes, **{k: v for k, v in job.layout.degrees().items()},
+    row = {"model": job.name, "layout": job.layout.describe(), "world_size": p.allocation.world_size,
+           "nodes": p.allocation.nodes, **{k: v for k, v in job.layout.degrees().items()},
            "pp_schedule": job.layout.pp_schedule, "micro_batches": job.layout.micro_batches,
            "batch_per_rank": job.batch, "global_batch": job.samples_per_step, "seq_len": job.seq_len,
            "precision": job.precision, "activation_checkpointing": job.checkpointing,
@@ -49,8 +49,8 @@ def training_result(predictions: list[TrainingPrediction], search: bool = False)
     first = predictions[0]
     # one layout: also the step as `train`'s timed mode measures it (a search ranks steady throughput only)
     return Result("predict", [prediction_row(p, synced=not search) for p in predictions], True,
-                  {"training": True, "search": search, "model": first.job.name, "system": first.placement.system,
-                   "placement": first.placement.describe(), "compute_source": first.compute_source,
+                  {"training": True, "search": search, "model": first.job.name, "system": first.allocation.system,
+                   "allocation": first.allocation.describe(), "compute_source": first.compute_source,
                    "gpu": first.gpu.model})
 
 
@@ -62,7 +62,7 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
     shape = f"seq {job.seq_len}, {job.precision}" if tokens else f"{job.precision}"
     if tokens and job.attention != "sdpa":
         shape += f", {job.attention} attention"
-    title = (f"{job.name} on {first.placement.describe()}, {shape}"
+    title = (f"{job.name} on {first.allocation.describe()}, {shape}"
              + (", every layout ranked" if search else "") + " - PREDICTED")
     table = Table(title=title)
     cols = (["#"] if search else []) + ["layout", "ckpt", "batch/rank", "tokens/s/GPU" if tokens else "samples/s",

@@ -12,7 +12,7 @@ from dataclasses import replace
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout
-from meshscale.predict.training.comm import Placement
+from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import GpuSpec
 from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, check_job, predict_step
 
@@ -57,16 +57,16 @@ def candidate_layouts(job: TrainingJob, world: int, gpus_per_node: int, global_b
     return jobs
 
 
-def search_layouts(job: TrainingJob, placement: Placement, gpu: GpuSpec, global_batch: int,
+def search_layouts(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, global_batch: int,
                    calibration: Calibration | None = None) -> list[TrainingPrediction]:
     """Every candidate predicted: those that fit first, fastest first, then those that do not, smallest
     memory first."""
     if job.model is None:
         raise MeshscaleError("--search ranks transformer layouts; a ResNet trains data parallel only")
-    found = [predict_step(j, placement, gpu, calibration)
-             for j in candidate_layouts(job, placement.world_size, placement.gpus_per_node, global_batch)]
+    found = [predict_step(j, allocation, gpu, calibration)
+             for j in candidate_layouts(job, allocation.world_size, allocation.gpus_per_node, global_batch)]
     if not found:
-        raise MeshscaleError(f"no layout of {job.name} runs on {placement.world_size} GPUs at a global batch of "
+        raise MeshscaleError(f"no layout of {job.name} runs on {allocation.world_size} GPUs at a global batch of "
                              f"{global_batch}; try a global batch that the GPU count divides")
     fits = sorted((p for p in found if p.fits), key=lambda p: -p.tokens_per_s_per_gpu)
     over = sorted((p for p in found if not p.fits), key=lambda p: p.memory.total_bytes)

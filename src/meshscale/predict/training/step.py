@@ -45,7 +45,7 @@ from meshscale.models.memory import MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
 from meshscale.predict.profile import ComputeProfile
-from meshscale.predict.training.comm import CollectiveCost, Placement, collective_cost, collective_seconds
+from meshscale.predict.training.comm import CollectiveCost, Allocation, collective_cost, collective_seconds
 from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
 from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
@@ -269,7 +269,7 @@ class TrainingPrediction:
     """One predicted step of one layout (seconds per step, per rank on the slowest pipeline stage)."""
 
     job: TrainingJob
-    placement: Placement
+    allocation: Allocation
     gpu: GpuSpec
     compute_source: str
     step_s: float
@@ -296,14 +296,14 @@ class TrainingPrediction:
 
     @property
     def tokens_per_s_per_gpu(self) -> float:
-        return self.samples_per_s * max(1, self.job.seq_len) / self.placement.world_size
+        return self.samples_per_s * max(1, self.job.seq_len) / self.allocation.world_size
 
     @property
     def mfu(self) -> float:
         if self.job.measured is not None or not self.gpu.fp32_flops:
             return 0.0
         peak = self.gpu.matmul_flops(self.job.precision)
-        return self.samples_per_s * self.job.model_flops_per_sample() / self.placement.world_size / peak
+        return self.samples_per_s * self.job.model_flops_per_sample() / self.allocation.world_size / peak
 
     @property
     def fits(self) -> bool:
@@ -357,18 +357,18 @@ def check_job(job: TrainingJob, world_size: int) -> None:
         raise MeshscaleError(f"--batch {job.batch}: must be divisible by --micro-batches {job.layout.micro_batches}")
 
 
-def predict_step(job: TrainingJob, placement: Placement, gpu: GpuSpec,
+def predict_step(job: TrainingJob, allocation: Allocation, gpu: GpuSpec,
                  calibration: Calibration | None = None) -> TrainingPrediction:
-    """Predict one step of ``job`` on ``placement``'s GPUs."""
-    check_job(job, placement.world_size)
+    """Predict one step of ``job`` on ``allocation``'s GPUs."""
+    check_job(job, allocation.world_size)
     if job.measured is not None:   # timed by its measured step: no kernels, no rates
-        found = _replicated(job, placement, gpu, None, f"measured step: {job.measured.source or 'profile'}")
+        found = _replicated(job, allocation, gpu, None, f"measured step: {job.measured.source or 'profile'}")
         return found
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
     source = calibration.describe(gpu.model) if calibration else f"datasheet roofline ({gpu.model})"
-    found = _replicated(job, placement, gpu, r, source) if job.model is None else _transformer(job, placement, gpu, r, source)
+    found = _replicated(job, allocation, gpu, r, source) if job.model is None else _transformer(job, allocation, gpu, r, source)
     found.rates = r
     if calibration and calibration.host_s:
         found.host_s = calibration.host_s
@@ -443,14 +443,14 @@ def _passes_of(job: TrainingJob, r: Rates) -> tuple[tuple[float, float, float], 
     return (forward, backward, optimizer), wait_f + wait_b + wait_o
 
 
-def _replicated(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+def _replicated(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
     """A ResNet, or a model timed by its measured step: data parallel only, its replicas exchanging gradients
     as the framework does (`replicas.replica_exchange`), overlapped with backward where it overlaps."""
     (forward, backward, optimizer), launch = _passes_of(job, r)
     compute = forward + backward + optimizer
     group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
-    found = replica_exchange(job.exchange, job.gradients(), group, placement, backward, forward + backward)
-    p = _with_replicas(TrainingPrediction(job, placement, gpu, source, compute, compute, launch_s=launch,
+    found = replica_exchange(job.exchange, job.gradients(), group, allocation, backward, forward + backward)
+    p = _with_replicas(TrainingPrediction(job, allocation, gpu, source, compute, compute, launch_s=launch,
                                           host_ops=0 if job.cuda_graph or job.measured is not None
                                           else step_kernels(job).host_ops()), found, backward, gpu)
     if job.measured is not None and len(group) > 1:   # what one rank's measured step did not do
@@ -469,7 +469,7 @@ def _with_replicas(p: TrainingPrediction, found: ReplicaCost, backward_s: float,
     return p
 
 
-def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
+def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rates, source: str) -> TrainingPrediction:
     model, layout = job.model, job.layout
     e = element_bytes(job.precision)
     m = layout.micro_batches
@@ -480,7 +480,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     layer_b, wait_lb = _pass_seconds(layer.backward + layer.recompute, r, job)
 
     def cost(name: str, nbytes: float, dim: str) -> CollectiveCost:
-        return collective_cost(name, nbytes, layout.group_of(dim), placement) if getattr(layout, dim) > 1 \
+        return collective_cost(name, nbytes, layout.group_of(dim), allocation) if getattr(layout, dim) > 1 \
             else CollectiveCost(0.0)
 
     def coll(name: str, nbytes: float, dim: str) -> float:
@@ -492,7 +492,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     kv = tokens * layout.cp * 2 * model.kv_dim / layout.tp * e
     cp_f = coll("all_gather", kv, "cp")
     cp_b = cp_f * (2 if job.checkpointing == "full" else 1) + coll("reduce_scatter", kv, "cp")
-    hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], placement) \
+    hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], allocation) \
         if layout.pp > 1 else 0.0
 
     (ends_f, wait_ef), (ends_b, wait_eb) = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
@@ -530,7 +530,7 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
                              checkpointing=job.checkpointing, selective_policy=job.selective_policy)
-    found = TrainingPrediction(job, placement, gpu, source, step, compute,
+    found = TrainingPrediction(job, allocation, gpu, source, step, compute,
                                tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                                pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
                                contention_s=contention, launch_s=launch, memory=memory,
@@ -539,6 +539,6 @@ def _transformer(job: TrainingJob, placement: Placement, gpu: GpuSpec, r: Rates,
         return found
     # the last micro-batch's backward exchanges the accumulated gradients; the optimizer waits for it
     backward = stage_layers * layer_b + ends_b
-    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), placement, backward,
+    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), allocation, backward,
                                 pipeline)
     return _with_replicas(found, exchange, backward, gpu)

@@ -92,7 +92,7 @@ def validate_training(path: str | Path | None = None) -> Result:
         predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
         ratio = predicted / run.measured
         rows.append({"row": run.row, "source": run.source, "model": p.job.name, "gpu": gpu.model,
-                     "family": gpu.family, "world_size": p.placement.world_size,
+                     "family": gpu.family, "world_size": p.allocation.world_size,
                      "layout": p.job.layout.describe(), "seq_len": p.job.seq_len, "precision": p.job.precision,
                      "activation_checkpointing": p.job.checkpointing, "metric": run.metric,
                      "measured": run.measured, "predicted": predicted, "error": error(ratio), "ratio": ratio,
