@@ -143,6 +143,8 @@ def predict(options: dict,
         raise MeshscaleError("--plot draws a sweep (a list of --gpus or --nodes counts)")
     with progress(f"predicting {req.model or 'the measured run'}"):
         found = answer(req)
+    for line in found.notices:
+        typer.echo(line, err=True)
     if kind in ("layout", "search"):
         _print_layouts(found.predictions, kind == "search", top or 15, json_out, csv_path)
         return

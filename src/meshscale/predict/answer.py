@@ -33,6 +33,7 @@ class Answer:
     info: SweepInfo | None = None
     measured: Result | None = None
     gpu: GpuSpec | None = None
+    notices: list[str] = field(default_factory=list)   # lines said under the answer
 
 
 def shape_of(req: PredictRequest) -> str:
@@ -102,6 +103,22 @@ def answer(req: PredictRequest) -> Answer:
             req = replace(req, gpus=(prepared.where.gpus_per_node if total <= 1 else total,))
             prepared = replace(prepared, req=req)
         predictions, gpu = predict_training(req, prepared)
-        return Answer(kind, predictions=predictions, gpu=gpu)
+        return Answer(kind, predictions=predictions, gpu=gpu,
+                      notices=network_notices(req, predictions[0].allocation.nodes, prepared))
     rows, info, measured = predict_rows(req, None if req.compare else prepared)
-    return Answer(kind, rows=rows, info=info, measured=measured)
+    return Answer(kind, rows=rows, info=info, measured=measured,
+                  notices=network_notices(req, max(r["nodes"] for r in rows), prepared))
+
+
+def network_notices(req: PredictRequest, nodes: int, prepared: Prepared) -> list[str]:
+    """What a network option did not change, said plainly: an oversubscribed tree slows only traffic that
+    climbs above the leaf switches, and a job of nodes that share one leaf sends none there."""
+    cluster = prepared.where.fabric.cluster
+    if not req.oversubscription or cluster is None or nodes < 2:
+        return []
+    per_leaf = prepared.where.fabric.at_nodes(nodes).topology.cluster.nodes_per_leaf
+    if nodes > per_leaf:
+        return []
+    return [f"--oversubscription {req.oversubscription:g}: the {nodes} nodes share one leaf switch ({per_leaf} "
+            "nodes per leaf), so no traffic climbs to the oversubscribed links; more nodes than a leaf holds "
+            "would cross them"]
