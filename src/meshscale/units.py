@@ -33,6 +33,15 @@ def format_bytes(n: float) -> str:
     return f"{int(n)}B"
 
 
+def format_count(n: float) -> str:
+    """Short decimal number: 1000 -> '1K', 2.5e6 -> '2.5M', 100 -> '100', 0.01 -> '0.01' (plain text, for
+    axis ticks)."""
+    for suffix, factor in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
 def gbps(bytes_per_s: float) -> float:
     """Bytes per second to decimal GB/s."""
     return bytes_per_s / GB
