@@ -11,16 +11,18 @@ import functools
 import io
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import matplotlib
 import numpy as np
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
+from matplotlib.ticker import FixedLocator, LogFormatter, NullLocator
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result
 from meshscale.safe_io import atomic_write
-from meshscale.units import format_bytes, gbps
+from meshscale.units import format_bytes, format_count, gbps
 
 # text kept as text in SVG (small, searchable pages); a fixed hash salt so the same figure gives the same bytes
 # and no mathtext: names and labels come from files and options, where a "$" is a dollar sign, not TeX
@@ -56,6 +58,33 @@ class Grid:
     fmt: str = "{:.1f}"
     low_is_good: bool = False
     bound: float | None = None  # the colour scale's top (a line rate); None: the largest value
+
+
+class PlainLogFormatter(LogFormatter):
+    """matplotlib's choice of which log ticks to label (decades; some minor ticks when the axis spans little
+    more than one), each label plain text from ``label``."""
+
+    def __init__(self, label: Callable[[float], str], base: float, minor: bool):
+        super().__init__(base=base, labelOnlyBase=not minor)
+        self.label = label
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self.label(x) if super().__call__(x, pos) else ""
+
+
+def log_axis(ax: Axes, which: str, label: Callable[[float], str] = format_count, base: float = 10,
+             ticks: list[float] | None = None) -> None:
+    """Make ``ax``'s ``which`` ("x" or "y") axis logarithmic with plain-text tick labels (``label``: 10, 100, 1K;
+    `format_bytes` for sizes), at ``ticks`` alone where given. matplotlib's own log labels are mathtext
+    ($\\mathdefault{10^{1}}$), which RC's text.parse_math=False would print literally: every log axis goes
+    through here."""
+    getattr(ax, f"set_{which}scale")("log", base=base)
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    if ticks is not None:
+        axis.set_major_locator(FixedLocator(ticks))
+        axis.set_minor_locator(NullLocator())
+    axis.set_major_formatter(PlainLogFormatter(label, base, minor=False))
+    axis.set_minor_formatter(PlainLogFormatter(label, base, minor=True))
 
 
 def styled(fn):
@@ -239,13 +268,10 @@ def busbw_chart(title: str, series: list[Series]) -> Figure:
     ax = fig.add_subplot()
     for s in series:
         ax.plot(s.x, [gbps(v) for v in s.y], label=s.label, **STYLES.get(s.style, {}))
-    ax.set_xscale("log", base=2)
     sizes = sorted({x for s in series for x in s.x})
-    ticks = sizes[:: max(1, len(sizes) // 8)]
-    ax.set_xticks(ticks, [format_bytes(t) for t in ticks])
+    log_axis(ax, "x", format_bytes, base=2, ticks=sizes[:: max(1, len(sizes) // 8)])
     if any(gbps(v) > 0 for s in series for v in s.y):
-        ax.set_yscale("log")
-    ax.minorticks_off()
+        log_axis(ax, "y")
     ax.set_xlabel("message size")
     ax.set_ylabel("bus bandwidth, GB/s")
     ax.set_title(title)

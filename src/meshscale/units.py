@@ -33,6 +33,27 @@ def format_bytes(n: float) -> str:
     return f"{int(n)}B"
 
 
+def format_count(n: float) -> str:
+    """Short decimal number: 1000 -> '1K', 2.5e6 -> '2.5M', 100 -> '100', 0.01 -> '0.01' (plain text, for
+    axis ticks)."""
+    for suffix, factor in (("G", 1e9), ("M", 1e6), ("K", 1e3)):
+        if abs(n) >= factor:
+            return f"{n / factor:.3g}{suffix}"
+    return f"{n:.3g}"
+
+
+def format_rate(per_s: float, what: str = "bytes") -> str:
+    """A rate with its unit. Bytes in decimal units, as disks, NICs and nccl-tests quote them (262.4e6 ->
+    '262.4 MB/s', 2e9 -> '2.0 GB/s'); anything else counted whole: format_rate(1234.5, "samples") -> '1,234
+    samples/s'."""
+    if what != "bytes":
+        return f"{per_s:,.0f} {what}/s"
+    for suffix, factor in (("TB/s", 1e12), ("GB/s", GB), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if per_s >= factor:
+            return f"{per_s / factor:.1f} {suffix}"
+    return f"{per_s:.0f} B/s"
+
+
 def gbps(bytes_per_s: float) -> float:
     """Bytes per second to decimal GB/s."""
     return bytes_per_s / GB

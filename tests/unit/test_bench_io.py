@@ -169,3 +169,29 @@ def test_a_stuck_reader_ends_at_the_timeout_and_is_killed():
     with pytest.raises(MeshscaleError, match="longer than 0.5 s"):
         io._run(_stuck, [(), ()], 0.5, "the test pass")
     assert time.monotonic() - start < 10
+
+
+def test_format_rate_gives_decimal_byte_units_and_counted_rates():
+    from meshscale.units import format_rate
+    for per_s in (512.0, 4.5e3, 262.4e6, 2e9, 3.2e12):
+        number, unit = format_rate(per_s).split()
+        factor = {"B/s": 1, "kB/s": 1e3, "MB/s": 1e6, "GB/s": 1e9, "TB/s": 1e12}[unit]
+        assert 1 <= float(number) < 1000 or unit == "TB/s"
+        assert float(number) * factor == pytest.approx(per_s, rel=0.01)  # decimal units, not binary
+    assert format_rate(1234.5, "samples") == "1,234 samples/s"
+
+
+def test_every_rate_bench_io_prints_carries_its_unit(images):
+    import re
+    from io import StringIO
+
+    from rich.console import Console
+
+    from meshscale.bench.tables import io_table
+    report = _report(images, demand_per_s=100.0, memory_bytes=1000)  # every line: demand, limit, cache
+    console = Console(width=200, record=True, file=StringIO())
+    console.print(io_table(report))
+    text = console.export_text() + "\n".join(io.report_lines(report))
+    assert not re.search(r"\d[KMGT]/s", text)  # no unitless binary rate such as 262.4M/s
+    assert re.search(r"\d (k|M|G)?B/s", text) and re.search(r"\d samples/s", text) and re.search(r"\d files/s", text)
+    assert "GPU demand: 100 samples/s = " in text

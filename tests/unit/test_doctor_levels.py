@@ -76,3 +76,15 @@ def test_level3_adds_the_pairs_and_no_gpu_says_so(tmp_path):
 def test_a_level_out_of_range_is_an_error(tmp_path):
     with pytest.raises(MeshscaleError, match="--level 4"):
         run_levels(4, fake_env(tmp_path))
+
+
+@pytest.mark.parametrize("statuses, code", [(("pass", "warn", "info"), 0), (("pass", "warn", "fail"), 1)])
+def test_the_cli_ends_with_the_summary_and_exits_1_only_on_a_failure(cli, monkeypatch, statuses, code):
+    from meshscale.app import doctor, doctor_levels
+    from meshscale.app.doctor_env import Check
+
+    checks = [Check(s, f"check{i}", "said") for i, s in enumerate(statuses)]
+    monkeypatch.setattr(doctor_levels, "run_levels", lambda level: checks)
+    run = cli("doctor")
+    assert run.exit_code == code
+    assert run.stdout.strip().splitlines()[-1] == doctor.summary(checks)

@@ -93,6 +93,41 @@ def test_busbw_chart_has_log_size_and_log_bandwidth_axes():
     assert (ax.get_xscale(), ax.get_yscale()) == ("log", "log")
 
 
+def svg_texts(svg: str) -> list[str]:
+    """The text of every <text> element of an SVG (RC keeps text as text)."""
+    import re
+    return [re.sub(r"<[^>]+>", "", t) for t in re.findall(r"<text\b[^>]*>(.*?)</text>", svg, re.S)]
+
+
+def test_log_axes_label_their_ticks_in_plain_text():
+    sizes = [2 ** k for k in range(10, 31, 2)]
+    fig = plots.busbw_chart("all_reduce", [plots.Series("measured", sizes, [1e7 * 3 ** k for k in range(len(sizes))])])
+    labels = [t for t in svg_texts(plots.to_svg(fig, "p")) if t.strip()]
+    assert len(labels) > 10  # the ticks, the axis labels, the title and the legend are there as text
+    assert not [t for t in labels if "mathdefault" in t or "$" in t]
+    assert "1K" in labels and "1G" in labels  # sizes in bytes
+    assert {"0.1", "1", "10", "100", "1K"} & set(labels)  # GB/s decades as plain numbers
+
+
+def test_a_log_axis_within_one_decade_still_labels_its_ticks():
+    sizes = [2 ** k for k in range(10, 31, 4)]
+    gbps = [5.0 + 0.1 * k for k in range(len(sizes))]  # no decade inside the axis: minor ticks carry the labels
+    fig = plots.busbw_chart("all_reduce", [plots.Series("measured", sizes, [v * 1e9 for v in gbps])])
+    fig.canvas.draw()  # tick labels are decided when the figure is drawn
+    labels = [t.get_text() for t in fig.axes[0].yaxis.get_ticklabels(which="both") if t.get_text()]
+    assert labels and all(float(t) for t in labels)  # plain numbers, each parses
+
+
+def test_every_log_axis_goes_through_log_axis():
+    # a log scale set elsewhere gets matplotlib's mathtext labels back
+    import re
+    src = Path(plots.__file__).parent
+    found = [f"{path.relative_to(src)}: {line.strip()}" for path in src.rglob("*.py")
+             for line in path.read_text().splitlines()
+             if re.search(r"set_[xy]scale\(|loglog\(|semilog[xy]\(", line) and "getattr(ax" not in line]
+    assert found == []
+
+
 def test_heatmap_colour_scale_starts_at_zero_and_reaches_the_bound():
     matrix = np.array([[np.nan, 27.59], [27.62, np.nan]])
     fig = plots.heatmaps([plots.Grid("P2P copy: GB/s", matrix, ["GPU0", "GPU1"], "GB/s")])

@@ -16,6 +16,20 @@ GIB = 1 << 30
 VERSIONS = {"torch": "2.11.0", "cuda": "12.8", "nccl": "2.28.9", "cuda_devices": 8, "gloo": True}
 
 
+class FakeTime:
+    """A clock only `sleep` moves: doctor's watch of the error counters takes no real time."""
+
+    def __init__(self):
+        self.now, self.slept = 0.0, []
+
+    def clock(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
 def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memlock=-1, ib=False, versions=VERSIONS, vm=False):
     net = tmp_path / "net"
     for name, state in (("lo", "unknown"), ("eth0", "up"), ("ib0", "up")):
@@ -36,7 +50,12 @@ def fake_env(tmp_path: Path, nvml=None, shm_bytes=16 * GIB, environ=None, memloc
     return DoctorEnv(cpuinfo=cpuinfo, environ=environ or {}, nvml=nvml, nvml_error="" if nvml else "NVMLError_LibraryNotFound",
                      net_dir=net, ib_dir=ib_dir, statvfs=statvfs, memlock_bytes=lambda: memlock,
                      versions=lambda: dict(versions), sys_root=tmp_path, proc_modules=modules,
-                     cpu_affinity=lambda: set(range(8)))
+                     cpu_affinity=lambda: set(range(8)), **_fake_time())
+
+
+def _fake_time() -> dict:
+    time = FakeTime()
+    return {"clock": time.clock, "sleep": time.sleep}
 
 
 def by_name(checks):

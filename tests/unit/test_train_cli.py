@@ -85,4 +85,30 @@ def test_scale_sweeps_counts_with_its_own_defaults(monkeypatch):
         main()
     cfg, worlds, weak, batch = started.value.args[0]
     assert (worlds, weak, batch, cfg.device) == ([1, 2], True, 6, "cpu")
-    assert (cfg.steps, cfg.timing_warmup, cfg.ps.max_staleness) == (30, 10, 2)
+    assert (cfg.steps, cfg.ps.max_staleness) == (30, 2)
+
+
+def test_train_and_scale_share_one_timing_warm_up_default(monkeypatch):
+    from meshscale.train import runner, scale
+    from meshscale.train.config import TrainConfig
+    _capture(monkeypatch, scale, "scale")
+    monkeypatch.setattr(sys, "argv", ["meshscale", "scale", "--cpus", "1", "--weak", "--batch", "6",
+                                      "--steps", str(TrainConfig().timing_warmup + 1)])
+    with pytest.raises(_Started) as started:
+        main()
+    assert started.value.args[0][0].timing_warmup == TrainConfig().timing_warmup
+    _capture(monkeypatch, runner, "train")
+    monkeypatch.setattr(sys, "argv", ["meshscale", "train", "--cpus", "1"])
+    with pytest.raises(_Started) as started:
+        main()
+    assert started.value.args[0][0].timing_warmup == TrainConfig().timing_warmup
+
+
+@pytest.mark.parametrize("argv", [["train", "--steps", "5", "--timing-warmup", "5"],
+                                  ["scale", "--cpus", "1", "--weak", "--batch", "4", "--steps", "3"],
+                                  ["scale", "--cpus", "2", "--model", "llama-tiny", "--layouts", "fsdp2", "--steps", "4",
+                                   "--timing-warmup", "6"]])
+def test_a_warm_up_not_below_steps_is_one_line(argv, cli):
+    run = cli(*argv)
+    err = run.stderr.strip()
+    assert run.exit_code == 2 and "--timing-warmup" in err and "leaves none of the" in err and "\n" not in err

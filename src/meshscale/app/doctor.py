@@ -403,3 +403,14 @@ def run_doctor(env: DoctorEnv | None = None) -> list[Check]:
         except Exception as exc:
             out.append(Check("warn", check.__name__.removeprefix("check_"), f"could not run ({type(exc).__name__}: {exc})"))
     return out
+
+
+def summary(checks: list[Check]) -> str:
+    """The closing line: how many checks passed, warned and failed (and were info)."""
+    count = {status: sum(c.status == status for c in checks) for status in ("pass", "warn", "fail", "info")}
+
+    def said(n: int, word: str) -> str:
+        return f"{n} {word}{'' if n == 1 else 's'}"
+
+    return (f"doctor: {count['pass']} passed, {said(count['warn'], 'warning')}, {said(count['fail'], 'failure')}, "
+            f"{count['info']} info")

@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+# Seconds doctor watches the corrected-error counters, per level: level 3 watches DCGM's own health-watch window
+# (one minute); a longer watch resolves lower rates (one PCIe replay in 1 s reads as 60 per minute).
+COUNTER_INTERVAL_S = {1: 1.0, 2: 5.0, 3: 60.0}
+
 
 @dataclass
 class Check:
@@ -69,6 +73,8 @@ class DoctorEnv:
     versions: Callable[[], dict[str, Any]] = _versions
     kernel_log: Callable[[], str] = lambda: ""  # the kernel ring buffer (XID lines); real() reads dmesg
     sleep: Callable[[float], None] = time.sleep  # between two reads of the error counters
+    clock: Callable[[], float] = time.monotonic  # times that wait: a counter's rate is its growth over it
+    counter_interval_s: float = COUNTER_INTERVAL_S[1]  # the wait; `run_levels` sets its level's
 
     @classmethod
     def real(cls) -> "DoctorEnv":

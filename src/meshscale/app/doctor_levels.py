@@ -9,6 +9,9 @@ lines of their own; where it is not, meshscale does levels 2 and 3 itself:
 - level 3: `bench p2p` between every GPU pair against each route's line rate, and a 256 MiB all_reduce against
   NCCL's cost model on this machine.
 
+Every level watches the corrected-error counters for its own `COUNTER_INTERVAL_S` (1 s, 5 s, DCGM's minute) and
+judges their rates (`health.py`).
+
 Each figure is judged by the report's share rule (`share_verdict`: at least 70 % of the bound is healthy, under
 50 % a fault); the bounds are datasheet and link-table figures, never a measurement of this machine."""
 from __future__ import annotations
@@ -21,7 +24,7 @@ from typing import Any, Callable
 
 from meshscale.errors import MeshscaleError
 from meshscale.app.doctor import run_doctor
-from meshscale.app.doctor_env import Check, DoctorEnv, nvml_gpus
+from meshscale.app.doctor_env import COUNTER_INTERVAL_S, Check, DoctorEnv, nvml_gpus
 from meshscale.report.verdicts import share_verdict
 
 LEVELS = (1, 2, 3)
@@ -59,6 +62,7 @@ def run_levels(level: int, env: DoctorEnv | None = None, which: Callable[[str], 
         raise MeshscaleError(f"--level {level}: use 1 (configuration and counters), 2 (+ memory and bandwidth per "
                              "GPU) or 3 (+ every GPU pair and a collective sweep)")
     env = env or DoctorEnv.real()
+    env.counter_interval_s = COUNTER_INTERVAL_S[level]
     checks = run_doctor(env)
     dcgmi = which("dcgmi")
     if dcgmi:

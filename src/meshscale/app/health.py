@@ -5,25 +5,22 @@ Sources (docs/references.md): NVIDIA's "XID Errors" guide (what each XID means),
 Management" guide (ECC, page retirement, row remapping: a pending retirement/remap needs a GPU reset, a failed
 remap an RMA), the NVML API reference (counter and throttle-reason encodings) and DCGM's user guide (health
 watches and `dcgmi diag`). Counters that NVML does not support on a GPU (row remapping before Ampere, page
-retirement after it) give no line. Link error counters are read twice, `COUNTER_INTERVAL_S` apart, only where one
-is non-zero: a count that grows while doctor watches is a live fault, a fixed one a past event."""
+retirement after it) give no line. Link error counters (NVLink CRC, replay and recovery; PCIe replays) are judged
+as DCGM judges them, by rate: read twice, the level's `COUNTER_INTERVAL_S` apart, against the limits of DCGM's
+hardware-limits header (`CounterRule`); their counts since boot are info lines, past events."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable
 
 from meshscale.app.doctor_env import Check, DoctorEnv, nvml_gpus as gpus, nvml_text
-
-COUNTER_INTERVAL_S = 0.5
 
 # nvmlDeviceGetTotalEccErrors(handle, error type, counter type)
 ECC_CORRECTED, ECC_UNCORRECTED = 0, 1
 ECC_VOLATILE, ECC_AGGREGATE = 0, 1
 # nvmlDeviceGetRetiredPages causes: pages retired after multiple single-bit errors, after a double-bit error
 RETIRED_SINGLE_BIT, RETIRED_DOUBLE_BIT = 0, 1
-# nvmlDeviceGetNvLinkErrorCounter counters, and the verdict when the count grows while doctor watches
-NVLINK_COUNTERS = {0: ("replay", "warn"), 1: ("recovery", "fail"), 2: ("CRC flit", "fail"), 3: ("CRC data", "fail")}
 # nvmlClocksEventReasons bits (formerly ...ClocksThrottleReasons): (meaning, status)
 THROTTLE_REASONS = {
     0x4: ("software power cap (drawing its power limit; normal at full load)", "info"),
@@ -58,6 +55,57 @@ XID_FIX = ("see NVIDIA's XID guide for the code; reset the GPU (`nvidia-smi -r`)
            "if it recurs (a fail code that repeats means RMA)")
 _XID_LINE = re.compile(r"NVRM: Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
 _STATUS_ORDER = ("pass", "info", "warn", "fail")
+
+
+@dataclass(frozen=True)
+class CounterRule:
+    """How DCGM's health watch (DcgmHealthWatch.cpp) judges one corrected-error counter: its growth over the
+    watch, as a rate per ``unit_s`` seconds, or with ``unit_s`` None as a count within the watch, against the
+    limit of DCGM's hardware-limits header (`DCGM_LIMITS_HEADER`) named by ``source``."""
+
+    counter: str
+    limit: float
+    unit_s: float | None
+    source: str
+    over: str  # the status at the limit (or above it)
+    under: str  # the status of growth below the limit
+    strict: bool = False  # DCGM compares with > (True) or >= (False)
+
+    def rate(self, grew: int, seconds: float) -> float:
+        """Growth per unit. A watch shorter than the unit gives a lower bound: the unit around it holds at least
+        ``grew`` (one PCIe replay seen in 1 s is at least 1 per minute, not 60)."""
+        return float(grew) if self.unit_s is None else grew * self.unit_s / max(seconds, self.unit_s)
+
+    def status(self, grew: int, seconds: float) -> str:
+        if grew <= 0:
+            return "pass"
+        rate = self.rate(grew, seconds)
+        return self.over if (rate > self.limit if self.strict else rate >= self.limit) else self.under
+
+    def _unit(self) -> str:
+        return {None: " in the watch", 1: "/s", 60: "/min"}[self.unit_s]
+
+    def reading(self, grew: int, seconds: float) -> str:
+        if self.unit_s is None:
+            return f"+{grew} in {seconds:.1f} s"
+        said = "at least " if seconds < self.unit_s else ""
+        return f"+{grew} in {seconds:.1f} s = {said}{self.rate(grew, seconds):.3g}{self._unit()}"
+
+    def threshold(self) -> str:
+        return (f"{self.over} at {'>' if self.strict else '>='} {self.limit:g}{self._unit()} per {self.source}, "
+                f"DCGM's {DCGM_LIMITS_HEADER}")
+
+
+DCGM_LIMITS_HEADER = "DcgmGPUHardwareLimits.h"
+# "RM has informed us that CRC errors only matter at rates of 100+ per second"; growth below it warns
+NVLINK_CRC_RULE = CounterRule("CRC", 100.0, 1, "DCGM_LIMIT_MAX_NVLINK_CRC_ERROR", "fail", "warn")
+# "Replay and recovery errors are failures, not warnings": any within the watch
+NVLINK_ERROR_RULE = CounterRule("replay/recovery", 1, None, "DCGM_LIMIT_MAX_NVLINK_ERROR", "fail", "fail")
+# "8 replays per minute is the maximum recommended by RM"; DCGM warns above it
+PCIE_REPLAY_RULE = CounterRule("PCIe replays", 8, 60, "DCGM_LIMIT_MAX_PCIREPLAY_RATE", "warn", "pass", strict=True)
+# nvmlDeviceGetNvLinkErrorCounter's counters and their rules
+NVLINK_RULES = {0: replace(NVLINK_ERROR_RULE, counter="replay"), 1: replace(NVLINK_ERROR_RULE, counter="recovery"),
+                2: replace(NVLINK_CRC_RULE, counter="CRC flit"), 3: replace(NVLINK_CRC_RULE, counter="CRC data")}
 
 
 @dataclass(frozen=True)
@@ -179,63 +227,86 @@ def _nvlink_counts(env: DoctorEnv, handle) -> dict[tuple[int, int], int]:
     """{(link, counter): count} of every link NVML answers for."""
     counts = {}
     for link in range(int(getattr(env.nvml, "NVML_NVLINK_MAX_LINKS", 18))):
-        for counter in NVLINK_COUNTERS:
+        for counter in NVLINK_RULES:
             value = _call(env.nvml.nvmlDeviceGetNvLinkErrorCounter, handle, link, counter)
             if value is not None:
                 counts[link, counter] = int(value)
     return counts
 
 
+def _read_counters(env: DoctorEnv, listed) -> dict[int, tuple[dict, int | None]]:
+    """{gpu: ({(link, counter): count}, PCIe replays or None)}."""
+    return {i: (_nvlink_counts(env, h), _call(env.nvml.nvmlDeviceGetPcieReplayCounter, h)) for i, h, _ in listed}
+
+
 def check_link_errors(env: DoctorEnv) -> list[Check]:
-    """NVLink replay/recovery/CRC counters per link and the PCIe replay counter, each read twice where non-zero."""
+    """NVLink replay/recovery/CRC counters per link and the PCIe replay counter, judged as DCGM's health watch
+    judges them: by their growth while doctor watches (``env.counter_interval_s``, timed by ``env.clock``), each
+    verdict with its DCGM limit. Their counts since the driver loaded are info lines: past events, not a rate."""
     if env.nvml is None:
         return []
-    nvml = env.nvml
     listed = gpus(env)
-    first = {i: (_nvlink_counts(env, h), _call(nvml.nvmlDeviceGetPcieReplayCounter, h)) for i, h, _ in listed}
-    if any(any(links.values()) or pcie for links, pcie in first.values()):
-        env.sleep(COUNTER_INTERVAL_S)
-        second = {i: (_nvlink_counts(env, h), _call(nvml.nvmlDeviceGetPcieReplayCounter, h)) for i, h, _ in listed}
-    else:
-        second = first
+    started = env.clock()
+    first = _read_counters(env, listed)
+    if not any(links or pcie is not None for links, pcie in first.values()):
+        return []  # no GPU supports either counter: nothing to watch
+    env.sleep(env.counter_interval_s)
+    # Both reads walk the counters in the same order, so each counter's window is the time between the reads' starts.
+    seconds = max(env.clock() - started, 1e-9)
+    second = _read_counters(env, listed)
     out = []
     for i, _, _ in listed:
         (links0, pcie0), (links1, pcie1) = first[i], second[i]
-        out += _nvlink_lines(i, links0, links1)
-        if pcie1 is None:
-            continue
-        if pcie1 > (pcie0 or 0):
-            out.append(Check("fail", f"pcie-replay GPU{i}", f"PCIe replay counter {pcie1}, up {pcie1 - pcie0} in "
-                             f"{COUNTER_INTERVAL_S:g} s: the link is retransmitting now",
-                             "reseat the card and riser, check the slot; a replaying link loses bandwidth to every copy"))
-        elif pcie1:
-            out.append(Check("warn", f"pcie-replay GPU{i}", f"PCIe replay counter {pcie1} since boot (not growing now)",
-                             "watch it under load (`nvidia-smi -q | grep -i replay`); if it grows, reseat the card"))
-        else:
-            out.append(Check("pass", f"pcie-replay GPU{i}", "no PCIe replays"))
+        if links1:
+            out += _nvlink_lines(i, links0, links1, seconds)
+        if pcie1 is not None:
+            out += _pcie_replay_lines(i, pcie0 or 0, pcie1, seconds)
     return out
 
 
-def _nvlink_lines(gpu: int, before: dict, after: dict) -> list[Check]:
-    if not after:
+def _since_boot(name: str, counts: list[str]) -> list[Check]:
+    """The info line of counts since the driver loaded (none when every count is zero)."""
+    if not counts:
         return []
-    bad = []
+    more = f" (+{len(counts) - 6} more)" if len(counts) > 6 else ""
+    return [Check("info", f"{name} since boot", "; ".join(counts[:6]) + more + ": counts since the driver loaded, "
+                  "past events, not judged (DCGM judges the rate: the line above)",
+                  "rerun doctor while a job runs to see whether they grow under load")]
+
+
+def _nvlink_lines(gpu: int, before: dict, after: dict, seconds: float) -> list[Check]:
+    grown = []
     for (link, counter), value in sorted(after.items()):
-        name, rising_status = NVLINK_COUNTERS[counter]
+        rule = NVLINK_RULES[counter]
         grew = value - before.get((link, counter), value)
         if grew > 0:
-            bad.append((rising_status, f"link {link} {name} {value} (up {grew} in {COUNTER_INTERVAL_S:g} s)"))
-        elif value:
-            bad.append(("warn", f"link {link} {name} {value}"))
-    if not bad:
+            grown.append((rule.status(grew, seconds), f"link {link} {rule.counter} {rule.reading(grew, seconds)} "
+                          f"({rule.threshold()})"))
+    counts = [f"link {link} {NVLINK_RULES[c].counter} {v}" for (link, c), v in sorted(after.items()) if v]
+    name = f"nvlink-errors GPU{gpu}"
+    if not grown:
         links = len({link for link, _ in after})
-        return [Check("pass", f"nvlink-errors GPU{gpu}", f"no replay, recovery or CRC errors on {links} link(s)")]
-    status = _worst(s for s, _ in bad)
-    fix = ("a link with growing CRC/recovery errors corrupts or stalls traffic: drain the node, reseat the GPU "
-           "baseboard/cables, check the fabric manager log, RMA if it persists" if status == "fail" else
-           "counts since the driver loaded: reset them (`nvidia-smi nvlink -e`) and watch whether they grow")
-    return [Check(status, f"nvlink-errors GPU{gpu}", "; ".join(text for _, text in bad[:6])
-                  + (f" (+{len(bad) - 6} more)" if len(bad) > 6 else ""), fix)]
+        line = Check("pass", name, f"no replay, recovery or CRC counter grew in {seconds:.1f} s on {links} link(s) "
+                     f"(CRC {NVLINK_CRC_RULE.threshold()}; replay/recovery {NVLINK_ERROR_RULE.threshold()})")
+        return [line] + _since_boot(name, counts)
+    status = _worst(s for s, _ in grown)
+    fix = ("a link with CRC errors at DCGM's rate, or replaying/recovering, corrupts or stalls traffic: drain the "
+           "node, reseat the GPU baseboard/cables, check the fabric manager log, RMA if it persists"
+           if status == "fail" else "CRC errors below DCGM's limit: rerun doctor (a longer --level watches longer) "
+           "and watch whether the rate climbs")
+    message = "; ".join(text for _, text in grown[:6]) + (f" (+{len(grown) - 6} more)" if len(grown) > 6 else "")
+    return [Check(status, name, message, fix if status != "pass" else "")] + _since_boot(name, counts)
+
+
+def _pcie_replay_lines(gpu: int, before: int, after: int, seconds: float) -> list[Check]:
+    name = f"pcie-replay GPU{gpu}"
+    grew = after - before
+    status = PCIE_REPLAY_RULE.status(grew, seconds)
+    now = PCIE_REPLAY_RULE.reading(grew, seconds) if grew > 0 else f"none in {seconds:.1f} s"
+    line = Check(status, name, f"PCIe replays {now} ({PCIE_REPLAY_RULE.threshold()})",
+                 "reseat the card and riser, check the slot; a replaying link loses bandwidth to every copy"
+                 if status != "pass" else "")
+    return [line] + _since_boot(name, [f"PCIe replay counter {after}"] if after else [])
 
 
 def check_throttle(env: DoctorEnv) -> list[Check]:

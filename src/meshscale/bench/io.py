@@ -391,7 +391,7 @@ def io_result(report: IoReport):
 
 def report_lines(report: IoReport) -> list[str]:
     """The verdict in words: which stage limits, by how much, and the cache the data set needs."""
-    from meshscale.units import format_bytes
+    from meshscale.units import format_bytes, format_rate
 
     d = report.data
     rates = report.rates()
@@ -401,28 +401,28 @@ def report_lines(report: IoReport) -> list[str]:
              f"({format_bytes(report.memory_bytes)}): later epochs read from "
              f"{'the page cache (cached pass)' if report.fits_in_memory else 'storage (first pass)'}"]
     if report.demand:
-        lines.append(f"GPU demand: {report.demand.samples_per_s:,.0f} samples/s = "
-                     f"{format_bytes(report.demand.samples_per_s * d.bytes_per_sample)}/s ({report.demand.source})")
+        lines.append(f"GPU demand: {format_rate(report.demand.samples_per_s, 'samples')} = "
+                     f"{format_rate(report.demand.samples_per_s * d.bytes_per_sample)} ({report.demand.source})")
     limit = report.limit
     if len(rates) > 1:
         others = sorted((v, k) for k, v in rates.items() if k != limit)
-        lines.append(f"limit: {limit} ({rates[limit]:,.0f} samples/s; next {others[0][1]} at {others[0][0]:,.0f}, "
-                     f"{others[0][0] / rates[limit]:.1f}x)")
+        lines.append(f"limit: {limit} ({format_rate(rates[limit], 'samples')}; next {others[0][1]} at "
+                     f"{format_rate(others[0][0], 'samples')}, {others[0][0] / rates[limit]:.1f}x)")
         if limit != "GPUs" and report.demand:
             lines.append(f"  the GPUs would wait for data: {limit} delivers {rates[limit] / rates['GPUs']:.0%} "
                          f"of the demand")
         if limit == "decoding" and report.demand:  # decoding is per-core work: it scales with the processes
             per_process = report.decode.samples_per_s / report.decode.readers
-            lines.append(f"  at {per_process:,.0f} samples/s per decoding process, the demand needs "
+            lines.append(f"  at {format_rate(per_process, 'samples')} per decoding process, the demand needs "
                          f"{math.ceil(rates['GPUs'] / per_process)} processes (cores) decoding")
     cache = report.cache()
     if cache and cache.needed:
         staged = ("larger than a DGX-1's 7.6 TB SSD cache: staged through it during each epoch, so the source itself "
                   "must deliver" if cache.staged_on_dgx1 else "it fits a DGX-1's 7.6 TB SSD cache, which must stream")
         lines.append(f"local cache (DGX-1 whitepaper rule): the whole working set, {format_bytes(cache.cache_bytes)}, "
-                     f"on local SSD reading at least {format_bytes(cache.read_bytes_per_s)}/s; {staged} "
-                     f"{format_bytes(cache.read_bytes_per_s)}/s ({'within' if cache.dgx1_keeps_up else 'beyond'} "
-                     "the DGX-1's 2 GB/s)")
+                     f"on local SSD reading at least {format_rate(cache.read_bytes_per_s)}; {staged} "
+                     f"{format_rate(cache.read_bytes_per_s)} ({'within' if cache.dgx1_keeps_up else 'beyond'} "
+                     f"the DGX-1's {format_rate(DGX1_CACHE_READ_BYTES_PER_S)})")
     elif cache:
         lines.append("local cache: none needed, the data set fits in memory (the page cache serves every epoch "
                      "after the first)")

@@ -225,21 +225,22 @@ def closing_lines(result: Result) -> list[str]:
 
 def io_table(report) -> Table:
     """`bench io`'s rates side by side (an `IoReport`): each read pass, decoding and the GPUs' demand, in
-    samples/s and bytes/s."""
-    from meshscale.units import format_bytes
+    samples/s and bytes/s (`format_rate`, each figure with its unit)."""
+    from meshscale.units import format_rate
 
     table = Table(title=f"input pipeline of {report.data.root} ({report.data.kind})")
-    for c in ("stage", "processes", "seconds", "files/s", "read/s", "samples/s"):
+    for c in ("stage", "processes", "seconds", "files", "read", "samples"):
         table.add_column(c, justify="left" if c == "stage" else "right")
     for p in (report.first, report.cached):
         table.add_row(f"read, {p.label} pass" + ("" if p.label != "first" or p.evicted else " (not evicted)"),
-                      str(p.readers), f"{p.seconds:.3f}", f"{p.files_per_s:,.0f}", f"{format_bytes(p.bytes_per_s)}/s",
-                      f"{report.storage_samples_per_s(p):,.0f}")
+                      str(p.readers), f"{p.seconds:.3f}", format_rate(p.files_per_s, "files"), format_rate(p.bytes_per_s),
+                      format_rate(report.storage_samples_per_s(p), "samples"))
     if report.decode:
         d = report.decode
-        table.add_row(f"decode to {d.what}", str(d.readers), f"{d.seconds:.3f}", "-", "-", f"{d.samples_per_s:,.0f}")
+        table.add_row(f"decode to {d.what}", str(d.readers), f"{d.seconds:.3f}", "-", "-",
+                      format_rate(d.samples_per_s, "samples"))
     if report.demand:
         need = report.demand.samples_per_s * report.data.bytes_per_sample
         table.add_row("GPUs" + (" (PREDICTED)" if report.demand.predicted else " (measured)"), "-", "-", "-",
-                      f"{format_bytes(need)}/s", f"{report.demand.samples_per_s:,.0f}")
+                      format_rate(need), format_rate(report.demand.samples_per_s, "samples"))
     return table

@@ -72,10 +72,13 @@ def compare(a: Path = typer.Argument(..., help="the reference run (result JSON)"
 
 def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also save the checks as a result JSON", callback=checked(output_file())),
            level: int = typer.Option(1, "--level", help="1 configuration and error counters; 2 + memory and PCIe copies "
-                                     "per GPU; 3 + every GPU pair and an all_reduce (dcgmi diag -r LEVEL where installed)",
+                                     "per GPU; 3 + every GPU pair and an all_reduce (dcgmi diag -r LEVEL where installed); "
+                                     "each watches the error counters' rates for 1, 5 or 60 s",
                                      callback=checked(Range(1, 3, integer=True)))) -> None:
     """Check the driver, GPUs, NVLink, P2P, PCIe, /dev/shm, memlock, NCCL knobs, network, versions and the GPUs'
-    error and health counters; --level 2 and 3 also measure."""
+    error and health counters (corrected errors by rate, DCGM's limits); --level 2 and 3 also measure.
+    Exit 0: no failure (warnings and info lines allowed); 1: at least one FAIL line; 2: bad input."""
+    from meshscale.app.doctor import summary
     from meshscale.app.doctor_levels import run_levels
     checks = run_levels(level)
     console = text_console()
@@ -86,6 +89,7 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
     if json_path:
         from meshscale.results import measured
         console.print(f"wrote {measured('doctor', [vars(c) for c in checks]).save(json_path)}")
+    console.print(summary(checks), highlight=False)
     if any(c.status == "fail" for c in checks):
         sys.exit(1)  # typer.Exit would be swallowed by main()'s standalone_mode=False
 

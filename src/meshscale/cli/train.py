@@ -21,8 +21,9 @@ from meshscale.cli.declared import with_declared
 from meshscale.train.config import config_from_options, option_fields
 from meshscale.units import parse_ints
 
-# a sweep runs every configuration afresh: shorter runs, a longer timing warm-up, and no batch until --weak asks
-SCALE_DEFAULTS = {("steps",): 30, ("timing_warmup",): 10, ("batch_per_rank",): None}
+# a sweep runs every configuration afresh: shorter runs, and no batch until --weak asks; the timing warm-up is
+# train's (one default, so that a --steps that suits train suits scale)
+SCALE_DEFAULTS = {("steps",): 30, ("batch_per_rank",): None}
 
 
 def with_config_options(command: str) -> Callable[[Callable], Callable]:

@@ -41,6 +41,13 @@ def check_ps_servers(cfg: TrainConfig) -> None:
                              f"worker left: use 1..{max(1, cfg.world - 1)} with {cfg.world} ranks")
 
 
+def check_warmup(cfg: TrainConfig) -> None:
+    """A timing warm-up of --steps or more leaves no step to time: train, scale and scale --layouts refuse it."""
+    if cfg.timing_warmup >= cfg.steps:
+        raise MeshscaleError(f"--timing-warmup {cfg.timing_warmup} leaves none of the {cfg.steps} steps to time; "
+                             f"give --steps more than {cfg.timing_warmup} or a shorter --timing-warmup")
+
+
 def validate(cfg: TrainConfig) -> None:
     """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
@@ -56,9 +63,7 @@ def validate(cfg: TrainConfig) -> None:
         check_graphable(cfg.mode, cfg.device, cfg.speed.precision, cfg.speed.compile)
     if cfg.checkpoint.resume and not cfg.checkpoint.dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
-    if cfg.timing_warmup >= cfg.steps:
-        raise MeshscaleError(f"--timing-warmup {cfg.timing_warmup} leaves none of the {cfg.steps} steps to time; "
-                             f"give --steps more than {cfg.timing_warmup} or a shorter --timing-warmup")
+    check_warmup(cfg)
     if cfg.device == "cuda":
         check_gpus(cfg.world)
     spec, _ = resolve(cfg)  # unknown model, missing data folder, bad token file

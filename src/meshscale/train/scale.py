@@ -24,7 +24,7 @@ from meshscale.results import Result, measured
 from meshscale.topology import Topology, to_dict
 from meshscale.train.config import CheckpointOptions, TrainConfig
 from meshscale.train.loop import train_worker
-from meshscale.train.runner import check_rank_config, run, summarize, validate
+from meshscale.train.runner import check_rank_config, check_warmup, run, summarize, validate
 
 ROW_KEYS = ("world_size", "mode", "batch_per_rank", "global_batch", "step_time_s", "compute_s", "comm_s", "data_s",
             "comm_share")
@@ -189,6 +189,7 @@ def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCa
     """The same transformer, batch per data-parallel rank and options under each layout (its world size the
     product of its degrees): one row each, in fresh processes."""
     from meshscale.train.parallel.plan import check_layout_run
+    check_warmup(cfg)
     configs = []
     for degrees in layouts:
         c = replace(cfg, layout=replace(cfg.layout, **{k: degrees.get(k, 1) for k in ("dp", "fsdp", "tp", "pp", "cp")}),
