@@ -75,14 +75,32 @@ def main() -> None:
         print(f"meshscale: error: {exc.strerror or exc}{where}{hint.get(exc.errno, '')}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # usage errors arrive here in non-standalone mode (click's, or typer's vendored copy)
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `meshscale` or group: its help, as -h shows it
+                exc.show()
+                sys.exit(exc.exit_code)
+            print(f"meshscale: error: {one_line(usage_error_line(exc))}", file=sys.stderr)
+            sys.exit(2)
         if type(exc).__name__ == "Abort":
             sys.exit(130)
         raise
     if isinstance(code, int) and code:  # typer.Exit(n) comes back as the return value here
         sys.exit(code)
+
+
+def usage_error_line(exc: Exception) -> str:
+    """The parser's complaint (an unknown command or option, a missing or extra argument, a bad value) as
+    meshscale's one line: the command it was in, the complaint, and where the command's options are listed,
+    in place of click's usage block."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:  # the option parser's own complaints (an option without its value) come without a command
+        return exc.format_message()
+    words = []
+    while ctx.parent is not None:  # the root's name is argv[0]; the user typed `meshscale`
+        words.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    where = f"{' '.join(words)}: " if words else ""
+    return f"{where}{exc.format_message()} ('{' '.join(['meshscale', *words])} -h' lists what it takes)"
 
 
 def one_line(text: str) -> str:
