@@ -14,7 +14,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import typer  # noqa: E402
 
 from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train, validate  # noqa: E402
-from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.errors import MeshscaleError, WorkerError, one_line  # noqa: E402
 from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
@@ -101,12 +101,6 @@ def usage_error_line(exc: Exception) -> str:
         ctx = ctx.parent
     where = f"{' '.join(words)}: " if words else ""
     return f"{where}{exc.format_message()} ('{' '.join(['meshscale', *words])} -h' lists what it takes)"
-
-
-def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name, a NUL) shown escaped: one line whatever the
-    input it quotes."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
 
 
 def _stop_writing_stdout() -> None:
