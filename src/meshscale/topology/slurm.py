@@ -19,6 +19,7 @@ import re
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError, one_line
+from meshscale.units import is_digits
 
 KINDS = ("tree", "block")
 MAX_NAME_CHARS = 64  # Slurm's HOST_NAME_MAX check on SwitchName
@@ -86,7 +87,7 @@ def expand_hostlist(text: str) -> list[str]:
         prefix, ranges, suffix = m.groups()
         for r in ranges.split(","):
             lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
+            if not is_digits(lo) or (hi and not is_digits(hi)):
                 raise MeshscaleError(f"hostlist {text!r}: {r!r} is not a number or a range a-b")
             width = len(lo) if lo.startswith("0") else 0
             for i in range(int(lo), int(hi or lo) + 1):
