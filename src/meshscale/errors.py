@@ -21,3 +21,9 @@ def check_choice(value, choices, what: str) -> None:
     """Raise the one-line 'unknown <what> <value>; use one of ...' error unless ``value`` is in ``choices``."""
     if value not in choices:
         raise MeshscaleError(f"unknown {what} {value!r}; use one of {', '.join(map(str, choices))}")
+
+
+def one_line(text: str) -> str:
+    """``text`` with control characters (a newline in a file name, a NUL) shown escaped: one line whatever the
+    input it quotes."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)

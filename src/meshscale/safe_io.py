@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from meshscale.errors import MeshscaleError
+from meshscale.units import is_digits
 
 MAX_TEXT_BYTES = 64 << 20   # system and result files are kilobytes to a few megabytes
 _NO_OUTPUT_UNDER = (Path("/proc"), Path("/sys"), Path("/dev"))
@@ -382,7 +383,7 @@ def remove_stale_scratch(kind: str) -> int:
     for path in Path(tempfile.gettempdir()).glob(f"{_SCRATCH_PREFIX}{kind}-*"):
         owner = path.name[len(_SCRATCH_PREFIX) + len(kind) + 1:].split("-", 1)[0]
         try:
-            stale = (not process_alive(int(owner))) if owner.isdigit() else _age_s(path) > 3600
+            stale = (not process_alive(int(owner))) if is_digits(owner) else _age_s(path) > 3600
             if not stale or path.is_symlink() or path.stat().st_uid != os.getuid():
                 continue
             if path.is_dir():

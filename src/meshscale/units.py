@@ -9,6 +9,15 @@ _SIZE_SUFFIX = {"": 1, "B": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 
 _SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?)(?:I?B)?\s*$", re.IGNORECASE)
 
 GB = 1e9  # bandwidths are decimal GB/s, as nvidia-smi and nccl-tests report them
+# ASCII digits only, and fewer than the 4,300 int() reads by default (sys.get_int_max_str_digits)
+_DIGITS = re.compile(r"[0-9]{1,4000}")
+
+
+def is_digits(text) -> bool:
+    """True for a string of ASCII digits 0-9 that int() reads: the gate before int(). ``str.isdigit()`` is none:
+    it takes '²' (and int() raises on it), and no limit on length. A sign is the caller's to strip
+    (``text.removeprefix("-")``: one sign, never several)."""
+    return isinstance(text, str) and _DIGITS.fullmatch(text) is not None
 
 
 def parse_bytes(text: str | int) -> int:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable
 
 from meshscale.errors import MeshscaleError
 from meshscale.safe_io import read_text
+from meshscale.units import is_digits
 
 MAX_NESTING = 32            # the deepest a system or result file legitimately nests is about 5
 MAX_CPU_RANKS_PER_CORE = 8
@@ -107,7 +108,7 @@ def text(value: Any, where: str, max_chars: int = 4096) -> str:
 def count_list(text_value: Any, where: str, lo: int = 1, hi: int | None = None) -> list[int]:
     """A comma-separated list of distinct whole counts such as ``1,2,4`` (a sweep: no value twice)."""
     parts = [p.strip() for p in str(text_value).split(",")]
-    if not text_value or not all(p.lstrip("+").isdigit() for p in parts):
+    if not text_value or not all(is_digits(p.removeprefix("+")) for p in parts):
         raise MeshscaleError(f"{where}: {_show(text_value)} is not a comma-separated list of whole numbers, e.g. 1,2,4")
     values = [number(int(p), where, lo, hi, integer=True) for p in parts]
     twice = sorted({v for v in values if values.count(v) > 1})

@@ -257,7 +257,7 @@ BAD_COMMANDS = {"none": [], "unknown": ["nosuch"], "itself": ["launch", "--stand
 TRAIN_COMMAND = ["train", "--steps", "2", "--timing-warmup", "1"]
 
 
-def _launch_refused(cli, sandbox, monkeypatch, *args, usage_ok: bool = False):
+def _launch_refused(cli, sandbox, monkeypatch, *args):
     import tempfile
     tmp = sandbox / "tmp"
     tmp.mkdir()
@@ -265,7 +265,7 @@ def _launch_refused(cli, sandbox, monkeypatch, *args, usage_ok: bool = False):
     before = _listing(sandbox)
     start = time.monotonic()
     result = cli("launch", *args)
-    assert_refused(result, before, sandbox, typer_usage_ok=usage_ok)
+    assert_refused(result, before, sandbox)
     assert time.monotonic() - start < CASE_WALL_S
 
 
@@ -296,7 +296,7 @@ def test_a_word_before_the_separator_is_refused(cli, sandbox, monkeypatch):
 
 @pytest.mark.timeout(CASE_TIMEOUT_S)
 def test_an_unknown_option_of_the_ranks_command_is_one_usage_error(cli, sandbox, monkeypatch):
-    _launch_refused(cli, sandbox, monkeypatch, "--standalone", "--", "train", "--no-such-option", usage_ok=True)
+    _launch_refused(cli, sandbox, monkeypatch, "--standalone", "--", "train", "--no-such-option")
 
 
 # ---- hostile result files ---------------------------------------------------------------------------------

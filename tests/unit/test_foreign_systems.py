@@ -61,6 +61,18 @@ GPU2    PIX     PIX      X      0-15            0
     assert seen.levels[(0, 1)] == LEVELS["PIX"] and seen.gpus[0].nvlinks_to_gpus == {1: 12}
 
 
+@pytest.mark.parametrize("count", ["²", "①", "٣", "9" * 5001])
+def test_an_nvlink_count_of_other_than_ascii_digits_is_refused_in_one_line(cli, tmp_path, count):
+    path = tmp_path / "topo.txt"
+    path.write_text(f"""        GPU0    GPU1    CPU Affinity    NUMA Affinity
+GPU0     X      NV{count}    0-15            0
+GPU1    NV{count}     X      0-15            0
+""")
+    run = cli("topo", "--system", str(path))
+    assert run.exit_code == 2 and re.fullmatch(r"meshscale: error: [^\n]+\n", run.stderr), run.stderr
+    assert "unknown relation" in run.stderr
+
+
 @pytest.mark.parametrize("content, suffix", [("<html><body>hello</body></html>", ".xml"), ("<system><cpu/>", ".xml"),
                                              ("GPU0 X NV1\nGPU1 NV1\n", ".txt"), ("hello\n", ".txt")])
 def test_files_that_are_not_a_dump_or_topo_text_are_refused_in_one_line(cli, tmp_path, content, suffix):

@@ -52,6 +52,41 @@ def test_bad_hf_config_names_the_field(tmp_path, change, field):
     assert field in str(err.value) or field.replace("num_hidden_layers", "layers") in str(err.value)
 
 
+# values whose bool() or str() would pass for something else: "false" and [false] are true, ["gpt2"] a llama
+@pytest.mark.parametrize("change,field", [({"tie_word_embeddings": "false"}, "tie_word_embeddings"),
+                                          ({"tie_word_embeddings": [False]}, "tie_word_embeddings"),
+                                          ({"tie_word_embeddings": 0}, "tie_word_embeddings"),
+                                          ({"tie_word_embeddings": {}}, "tie_word_embeddings"),
+                                          ({"model_type": ["gpt2"]}, "model_type"),
+                                          ({"model_type": 2}, "model_type"),
+                                          ({"rope_theta": "10000"}, "rope_theta"),
+                                          ({"rope_theta": True}, "rope_theta"),
+                                          ({"num_hidden_layers": True}, "num_hidden_layers"),
+                                          ({"vocab_size": [32000]}, "vocab_size")])
+def test_a_field_of_the_wrong_kind_is_refused_in_one_line_naming_it(tmp_path, change, field):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**_hf_llama(preset("llama-tiny")), **change}))
+    with pytest.raises(MeshscaleError, match=field) as err:
+        load_model_config(str(path))
+    assert "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_a_boolean_is_read_as_written(tmp_path, tie):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**_hf_llama(preset("llama-tiny")), "tie_word_embeddings": tie}))
+    assert load_model_config(str(path)).tie_embeddings is tie
+
+
+def test_a_preset_field_of_the_wrong_kind_is_refused():
+    from meshscale.models.transformer import config_from_fields
+    good = {"layers": 2, "d_model": 64, "heads": 4, "ffn_dim": 128, "vocab_size": 100, "max_seq_len": 32}
+    assert config_from_fields("x", good, "preset x").tie_embeddings is False
+    for change in ({"tie_embeddings": "no"}, {"style": ["gpt2"]}, {"published_params": "many"}, {"source": 3}):
+        with pytest.raises(MeshscaleError, match=f"preset x: {next(iter(change))}"):
+            config_from_fields("x", {**good, **change}, "preset x")
+
+
 def test_missing_hf_field(tmp_path):
     data = _hf_llama(preset("llama-tiny"))
     del data["vocab_size"]

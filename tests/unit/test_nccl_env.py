@@ -31,6 +31,23 @@ def test_bad_settings_are_one_line_errors(pair, message):
         parse_nccl_env([pair])
 
 
+# digits str.isdigit() takes and int() refuses ('²', '①'), or reads though no one types them ('٣'); a number int()
+# refuses for its length
+NOT_ASCII_DIGITS = ["²", "①", "٣", "1²", "𝟙", "+2", "2.0", "9" * 5001]
+
+
+@pytest.mark.parametrize("value", NOT_ASCII_DIGITS)
+def test_a_count_of_other_than_ascii_digits_is_one_line(value):
+    with pytest.raises(MeshscaleError, match="whole number from 1 to"):
+        parse_nccl_env([f"NCCL_MAX_NCHANNELS={value}"])
+
+
+def test_sim_refuses_a_superscript_channel_count_in_one_line(cli):
+    bad = cli("sim", "all_reduce", "-s", "dgx1-v100", "--nccl-env", "NCCL_MAX_NCHANNELS=²")
+    assert bad.exit_code == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("meshscale: error:")
+    assert "NCCL_MAX_NCHANNELS" in bad.stderr
+
+
 def test_a_key_given_twice_and_too_many_socket_streams_are_refused():
     with pytest.raises(MeshscaleError, match="twice"):
         parse_nccl_env(["NCCL_MAX_NCHANNELS=2", "NCCL_MAX_NCHANNELS=4"])

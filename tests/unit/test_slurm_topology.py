@@ -8,9 +8,9 @@ import pytest
 
 from meshscale.errors import MeshscaleError
 from meshscale.topology.cluster import build_cluster, cluster_spec, plan_cluster
-from meshscale.topology.slurm import (SlurmBlock, SlurmSwitch, SlurmTopology, check, compress_hostlist, expand_hostlist,
-                                      node_names, parse_topology_conf, parse_topology_yaml, slurm_topology,
-                                      topology_conf, topology_yaml)
+from meshscale.topology.slurm import (MAX_NAME_CHARS, SlurmBlock, SlurmSwitch, SlurmTopology, check, check_name,
+                                      compress_hostlist, expand_hostlist, node_names, parse_topology_conf,
+                                      parse_topology_yaml, slurm_topology, topology_conf, topology_yaml)
 
 # the examples of topology.conf(5), as Slurm documents them
 MAN_PAGE_TREE = """
@@ -115,6 +115,58 @@ def test_a_name_slurm_cannot_take_is_refused():
         check(SlurmTopology("tree", (SlurmSwitch("s" * 65, ("a",)),)))
     with pytest.raises(MeshscaleError, match="two blocks"):
         check(SlurmTopology("block", blocks=(SlurmBlock("b0", ("a",)), SlurmBlock("b1", ("a",))), block_sizes=(1,)))
+
+
+# what a hostile --slurm-nodes (or a name in a file read back) tries: a line of its own, a key, a comment, a hostlist
+HOSTILE_NAMES = {"newline": "x\nSwitchName=evil Nodes=ALL", "cr": "x\rSwitchName=evil", "space": "node x",
+                 "equals": "node=x", "hash": "node#x", "brackets": "node[1-2]", "comma": "a,b", "tab": "node\tx",
+                 "unicode": "nöde", "line separator": "node\u2028x", "digit first": "1node", "empty": "",
+                 "too long": "n" * (MAX_NAME_CHARS + 1), "not text": 7}
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES.values(), ids=HOSTILE_NAMES.keys())
+def test_a_name_outside_slurms_hostlist_grammar_is_refused_in_one_line(name):
+    with pytest.raises(MeshscaleError, match="a Slurm name is letters, digits") as info:
+        check_name(name, "node")
+    assert "\n" not in str(info.value) and "\r" not in str(info.value) and "\u2028" not in str(info.value)
+
+
+@pytest.mark.parametrize("name", HOSTILE_NAMES.values(), ids=HOSTILE_NAMES.keys())
+def test_every_name_of_a_topology_goes_through_the_grammar(name):
+    plan = plan_cluster(cluster_spec("dgx1-p100", 8))
+    with pytest.raises(MeshscaleError, match="a Slurm name is"):
+        slurm_topology(plan, "tree", name)
+    for bad in (SlurmTopology("tree", (SlurmSwitch(name, ("a1",)),)), SlurmTopology("tree", (SlurmSwitch("s0", (name,)),)),
+                SlurmTopology("block", blocks=(SlurmBlock(name, ("a1",)),), block_sizes=(1,)),
+                SlurmTopology("block", blocks=(SlurmBlock("b0", (name,)),), block_sizes=(1,))):
+        with pytest.raises(MeshscaleError, match="a Slurm name is"):
+            check(bad)
+
+
+def test_a_hostile_prefix_writes_nothing(cli, tmp_path):
+    out = tmp_path / "topology.conf"
+    r = cli("cluster", "--system", "dgx1-p100", "--nodes", "8", "--slurm-topology", "tree", "--slurm-file", out,
+            "--slurm-nodes", HOSTILE_NAMES["newline"])
+    assert r.exit_code == 2 and r.stderr.count("\n") == 1 and "--slurm-nodes" in r.stderr and not out.exists()
+
+
+@pytest.mark.parametrize("prefix", ["gpu", "g-p_u.x", "n" * (MAX_NAME_CHARS - 3)])
+def test_a_valid_prefix_names_every_node_and_nothing_else(prefix):
+    plan = plan_cluster(cluster_spec("dgx1-p100", 124))
+    for kind in ("tree", "block"):
+        topo = slurm_topology(plan, kind, prefix)
+        default = slurm_topology(plan, kind)
+        renamed = topology_conf(default).replace("Nodes=node[", f"Nodes={prefix}[")
+        assert topology_conf(topo) == renamed  # the prefix is the one change
+        assert parse_topology_conf(topology_conf(topo)) == topo == parse_topology_yaml(topology_yaml(topo))
+
+
+def test_notes_are_comments_of_one_line():
+    topo = SlurmTopology("block", blocks=(SlurmBlock("b0", ("a1",)),), block_sizes=(1,),
+                         notes=("x\nBlockName=evil Nodes=a1",))
+    for text in (topology_conf(topo), topology_yaml(topo)):
+        assert not any(line.startswith("BlockName=evil") for line in text.splitlines())
+    assert parse_topology_conf(topology_conf(topo)) == topo == parse_topology_yaml(topology_yaml(topo))
 
 
 def test_cluster_writes_the_file_and_refuses_what_slurm_cannot_express(cli, tmp_path):

@@ -17,6 +17,7 @@ from meshscale.topology.nvml_discovery import cpu_list, mask_cpus
 from meshscale.topology.nics import (RELATIONS, gpu_pci_path, infiniband_ports, interface_names, pci_relation,
                                      read_sysfs)
 from meshscale.errors import MeshscaleError
+from meshscale.units import is_digits
 
 P2P_STATUS = {1: "chipset not supported", 2: "GPU not supported", 3: "IOH topology not supported",
               4: "disabled by registry key", 5: "not supported", 6: "unknown"}
@@ -263,7 +264,7 @@ def check_network(env: DoctorEnv) -> list[Check]:
     described = []
     for n in names:
         speed = read_sysfs(env.net_dir / n / "speed", "?")
-        speed = f", {int(speed) / 1000:g} Gb/s" if speed.lstrip("-").isdigit() and int(speed) > 0 else ""
+        speed = f", {int(speed) / 1000:g} Gb/s" if is_digits(speed.removeprefix("-")) and int(speed) > 0 else ""
         described.append(f"{n} ({read_sysfs(env.net_dir / n / 'operstate', '?')}{speed})")
     out = [Check("info", "network", f"interfaces: {', '.join(described) or 'none besides lo'}")]
     ib = ib_devices(env)
@@ -348,7 +349,7 @@ def check_numa_binding(env: DoctorEnv) -> list[Check]:
         return [Check("info", "numa-binding", "no GPU: rank-to-NUMA binding does not apply")]
     gpus = {i: handle for i, handle, _ in nvml_gpus(env)}
     words = max(1, -(-(os.cpu_count() or 1) // 64))
-    visible = [int(x) for x in env.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if x.strip().isdigit()]
+    visible = [int(x) for x in env.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if is_digits(x.strip())]
     if "LOCAL_RANK" not in env.environ:
         return [Check("info", "numa-binding", "not a launched rank (no LOCAL_RANK): bind each rank to its GPU's CPUs",
                       "under torchrun, run each rank with `numactl --cpunodebind=N --membind=N` of its GPU's NUMA node")]

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 
 from meshscale.errors import MeshscaleError
 from meshscale.results import Result, measured
+from meshscale.units import is_digits
 
 DIRECTIONS = ("host->device", "device->host")
 MEMORIES = ("pinned", "pageable")
@@ -80,7 +81,7 @@ def parse_cpu_list(text: str | None) -> list[int]:
     cpus: list[int] = []
     for part in (text or "").split(","):
         lo, _, hi = part.strip().partition("-")
-        if not lo.isdigit() or hi and not hi.isdigit():
+        if not is_digits(lo) or hi and not is_digits(hi):
             return []
         cpus += list(range(int(lo), int(hi or lo) + 1))
     return cpus

@@ -14,7 +14,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import typer  # noqa: E402
 
 from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train, validate  # noqa: E402
-from meshscale.errors import MeshscaleError, WorkerError  # noqa: E402
+from meshscale.errors import MeshscaleError, WorkerError, one_line  # noqa: E402
 from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
@@ -75,9 +75,12 @@ def main() -> None:
         print(f"meshscale: error: {exc.strerror or exc}{where}{hint.get(exc.errno, '')}", file=sys.stderr)
         sys.exit(2)
     except Exception as exc:  # usage errors arrive here in non-standalone mode (click's, or typer's vendored copy)
-        if callable(getattr(exc, "show", None)) and isinstance(getattr(exc, "exit_code", None), int):
-            exc.show()
-            sys.exit(exc.exit_code)
+        if callable(getattr(exc, "format_message", None)) and isinstance(getattr(exc, "exit_code", None), int):
+            if type(exc).__name__ == "NoArgsIsHelpError":  # a bare `meshscale` or group: its help, as -h shows it
+                exc.show()
+                sys.exit(exc.exit_code)
+            print(f"meshscale: error: {one_line(usage_error_line(exc))}", file=sys.stderr)
+            sys.exit(2)
         if type(exc).__name__ == "Abort":
             sys.exit(130)
         raise
@@ -85,10 +88,19 @@ def main() -> None:
         sys.exit(code)
 
 
-def one_line(text: str) -> str:
-    """``text`` with control characters (a newline in a file name, a NUL) shown escaped: one line whatever the
-    input it quotes."""
-    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in text)
+def usage_error_line(exc: Exception) -> str:
+    """The parser's complaint (an unknown command or option, a missing or extra argument, a bad value) as
+    meshscale's one line: the command it was in, the complaint, and where the command's options are listed,
+    in place of click's usage block."""
+    ctx = getattr(exc, "ctx", None)
+    if ctx is None:  # the option parser's own complaints (an option without its value) come without a command
+        return exc.format_message()
+    words = []
+    while ctx.parent is not None:  # the root's name is argv[0]; the user typed `meshscale`
+        words.insert(0, ctx.info_name)
+        ctx = ctx.parent
+    where = f"{' '.join(words)}: " if words else ""
+    return f"{where}{exc.format_message()} ('{' '.join(['meshscale', *words])} -h' lists what it takes)"
 
 
 def _stop_writing_stdout() -> None:

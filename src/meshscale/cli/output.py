@@ -17,6 +17,8 @@ from rich import box
 from rich.console import Console
 from rich.table import Column, Table
 
+from meshscale.units import is_digits
+
 
 # a rule under the headers and spaces between columns, all ASCII: a stated width is a width in bytes for awk/cut
 PLAIN = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
@@ -24,7 +26,7 @@ PLAIN = box.Box("    \n    \n -- \n    \n    \n    \n    \n    \n", ascii=True)
 
 def columns_set() -> bool:
     """True when the user stated a width (COLUMNS), which holds into a pipe too."""
-    return os.environ.get("COLUMNS", "").strip().isdigit()
+    return is_digits(os.environ.get("COLUMNS", "").strip())
 
 
 def text_console() -> Console:

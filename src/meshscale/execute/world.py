@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshscale.errors import MeshscaleError
+from meshscale.units import is_digits
 
 DEFAULT_CPU_WORKERS = 2
 
@@ -93,12 +94,12 @@ def tell_launcher(line: str) -> bool:
 
 
 def _count(text: str | None) -> int:
-    return int(text) if text and text.strip().isdigit() else 0
+    return int(text) if text and is_digits(text.strip()) else 0
 
 
 def _whole(name: str, text: str, lo: int, hi: int) -> int:
     value = text.strip()
-    if not value.isdigit() or not lo <= int(value) <= hi:
+    if not is_digits(value) or not lo <= int(value) <= hi:
         raise MeshscaleError(f"{name}={text[:40]!r} is not a whole number in {lo}..{hi}; check the launcher's "
                              "variables")
     return int(value)

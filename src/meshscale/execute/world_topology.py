@@ -17,6 +17,7 @@ from meshscale.topology import Topology, subset
 from meshscale.topology.discover import cpu_topology, discover
 from meshscale.topology.multinode import HostReport, hostname, join_hosts
 from meshscale.topology.nics import discover_ports
+from meshscale.units import is_digits
 
 
 def spans_hosts() -> bool:
@@ -80,6 +81,6 @@ def visible_indices(cuda_visible_devices: str | None, indices: list[int]) -> lis
     """The nvidia-smi indices of CUDA devices 0, 1, ...: CUDA_VISIBLE_DEVICES when it lists numbers, else all
     of them in order (UUID lists are not mapped: the bound then assumes the first GPUs)."""
     listed = [x.strip() for x in (cuda_visible_devices or "").split(",") if x.strip()]
-    if listed and all(x.isdigit() and int(x) in indices for x in listed):
+    if listed and all(is_digits(x) and int(x) in indices for x in listed):
         return [int(x) for x in listed]
     return indices

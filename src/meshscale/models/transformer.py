@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from meshscale.errors import MeshscaleError
-from meshscale.validation import load_structured, number
+from meshscale.validation import load_structured, number, typed
 
 STYLES = ("llama", "gpt2")
 _PRESETS = Path(__file__).with_name("presets.yaml")
@@ -135,16 +135,17 @@ def config_from_fields(name: str, fields: dict, where: str, labels: dict[str, st
         raise MeshscaleError(f"{where}: missing field {missing[0]}")
     ints = {k: _positive(fields[k], f"{where}: {labels.get(k, k)}") for k in
             ("layers", "d_model", "heads", "ffn_dim", "vocab_size", "max_seq_len")}
-    kv = _positive(fields.get("kv_heads", ints["heads"]), f"{where}: {labels.get('kv_heads', 'kv_heads')}")
-    style = str(fields.get("style", "llama"))
-    tie = fields.get("tie_embeddings", style == "gpt2")
-    if not isinstance(tie, bool):
-        raise MeshscaleError(f"{where}: tie_embeddings must be true or false")
-    theta = float(number(fields.get("rope_theta", 10000.0), f"{where}: rope_theta", 0, 1e12, lo_open=True))
+    label = lambda key: f"{where}: {labels.get(key, key)}"  # noqa: E731
+    kv = _positive(fields.get("kv_heads", ints["heads"]), label("kv_heads"))
+    # every other field of its own kind: "false" or [false] is no boolean (bool() of either is true)
+    style = typed(fields.get("style", "llama"), label("style"), (str,), "a string")
+    tie = typed(fields.get("tie_embeddings", style == "gpt2"), label("tie_embeddings"), (bool,), "true or false")
+    theta = float(number(fields.get("rope_theta", 10000.0), label("rope_theta"), 0, 1e12, lo_open=True))
     published = fields.get("published_params")
+    published = None if published is None else int(number(published, label("published_params"), 1, integer=True))
+    source = typed(fields.get("source", ""), label("source"), (str,), "a string")
     return _check(TransformerConfig(name=name, kv_heads=kv, style=style, tie_embeddings=tie, rope_theta=theta,
-                                    published_params=int(published) if published else None,
-                                    source=str(fields.get("source", "")), **ints), where)
+                                    published_params=published, source=source, **ints), where)
 
 
 @lru_cache(maxsize=1)
@@ -181,13 +182,14 @@ def from_hf_config(path: str | Path) -> TransformerConfig:
     data = load_structured(path, "model config.json")
     if not isinstance(data, dict):
         raise MeshscaleError(f"{path}: expected a JSON object (a Hugging Face config.json)")
-    model_type = str(data.get("model_type", "llama"))
+    data = {k: v for k, v in data.items() if v is not None}  # a null field is an absent one
+    model_type = typed(data.get("model_type", "llama"), f"{path}: model_type", (str,), "a string")
     style = "gpt2" if model_type == "gpt2" else "llama"
     fields: dict[str, Any] = {"style": style}
     labels: dict[str, str] = {}
     for field_name, keys in _HF_KEYS.items():
         for key in keys:
-            if key in data and data[key] is not None:
+            if key in data:
                 fields[field_name], labels[field_name] = data[key], key
                 break
     if style == "gpt2" and "ffn_dim" not in fields and "d_model" in fields:
@@ -195,9 +197,9 @@ def from_hf_config(path: str | Path) -> TransformerConfig:
     missing = [k for k in ("layers", "d_model", "heads", "ffn_dim", "vocab_size", "max_seq_len") if k not in fields]
     if missing:
         raise MeshscaleError(f"{path}: missing field {_HF_KEYS[missing[0]][0]} ({missing[0]})")
-    fields["tie_embeddings"] = bool(data.get("tie_word_embeddings", style == "gpt2"))
-    if "rope_theta" in data:
-        fields["rope_theta"] = data["rope_theta"]
+    for field_name, key in (("tie_embeddings", "tie_word_embeddings"), ("rope_theta", "rope_theta")):
+        if key in data:  # checked with the rest, named as the file spells it
+            fields[field_name], labels[field_name] = data[key], key
     return config_from_fields(Path(path).stem if Path(path).stem != "config" else Path(path).resolve().parent.name
                               or "config", fields, str(path), labels)
 

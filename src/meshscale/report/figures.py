@@ -20,7 +20,7 @@ from meshscale.topology.model import Topology
 from meshscale.topology.queries import pair_bandwidth
 from meshscale.topology.text import relation_matrix, summary
 from meshscale.topology.schema import from_dict
-from meshscale.units import format_bytes, gbps
+from meshscale.units import format_bytes, gbps, is_digits
 
 SERIES_KEYS = ("system", "interconnect", "variant", "label")  # row keys that split a scaling result into series
 
@@ -46,7 +46,7 @@ def topology_section(topo: Topology) -> Section:
 def _device(topo: Topology | None, x: Any) -> tuple[str | None, str]:
     """(node name in ``topo`` or None, display label) of a P2P row's src/dst: an index or a name (gpu3, worker1)."""
     label = rank_label(x, topo.device_kind if topo is not None else None)
-    if isinstance(x, str) and not x.isdigit():
+    if isinstance(x, str) and not is_digits(x):
         return (x if topo is not None and x in topo.nodes else None), label
     name = None
     if topo is not None:

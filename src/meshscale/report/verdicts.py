@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from meshscale.report.expected import MODEL_MARGIN, SIZE_CLASSES, SPREAD, Expected
 from meshscale.topology.model import Topology
+from meshscale.units import is_digits
 
 # Share of the line-rate bound a healthy system reaches: nccl-tests on NVLink machines report 80-90 % busbw
 # of the link rate (nccl-tests on 4x H200 here: 355 of 394 GB/s), PCIe systems about 70-80 %.
@@ -264,7 +265,7 @@ def rank_label(device: Any, kind: str | None = None) -> str:
     or "worker1" for a CPU worker process. ``device`` is an index (a GPU unless ``kind`` is "worker") or a node
     name such as gpu3 or worker1."""
     text = str(device)
-    if text.isdigit():
+    if is_digits(text):
         return f"{'worker' if kind == 'worker' else 'GPU'}{int(text)}"
     if re.fullmatch(r"gpu\d+", text):
         return f"GPU{int(text[3:])}"

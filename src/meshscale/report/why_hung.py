@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
+from meshscale.units import is_digits
 
 SUPPORTED_MAJOR = 2  # dump format versions 2.x carry collective_seq_id and pg_config (older ones do not)
 NEEDED_KEYS = ("version", "pg_config", "entries")
@@ -118,7 +119,7 @@ def read_dump(path: Path) -> dict:
         raise MeshscaleError(f"{path}: missing {', '.join(missing)}: not a Flight Recorder dump of a torch this "
                              "reader knows (format 2.x)")
     version = str(dump["version"])
-    if not version.split(".")[0].isdigit() or int(version.split(".")[0]) != SUPPORTED_MAJOR:
+    if not is_digits(version.split(".")[0]) or int(version.split(".")[0]) != SUPPORTED_MAJOR:
         raise MeshscaleError(f"{path}: Flight Recorder format {version}; why-hung reads format {SUPPORTED_MAJOR}.x "
                              "(torch 2.5 and later)")
     for entry in dump["entries"]:

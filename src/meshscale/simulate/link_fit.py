@@ -33,6 +33,7 @@ from meshscale.simulate.params import SimParams
 from meshscale.topology import Topology, route
 from meshscale.topology.cluster import ClusterSpec, build_cluster, plan_cluster
 from meshscale.topology.nvml_discovery import model_facts
+from meshscale.units import is_digits
 
 
 def measured_on(result: Result) -> str:
@@ -134,7 +135,7 @@ def _fit_latency(samples: dict[str, list[tuple[float, float]]], latency: dict[st
 def _device(topo: Topology, name) -> str | None:
     """A row's src/dst as a device name: an index (int or digits) or a node name (on a cluster, a name of one node
     is its first node's: a bench p2p ran inside one node); None for 'host' and the like."""
-    if isinstance(name, int) or (isinstance(name, str) and name.isdigit()):
+    if isinstance(name, int) or is_digits(name):
         try:
             return topo.device(int(name))
         except MeshscaleError:

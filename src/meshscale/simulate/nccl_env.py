@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
+from meshscale.units import is_digits
 
 # path types nearest first, as NCCL_P2P_LEVEL names them (LOC: P2P nowhere; NVL: NVLink only)
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
@@ -85,7 +86,7 @@ def _bool(key: str, value: str) -> bool:
 
 
 def _count(key: str, value: str, hi: int) -> int:
-    if not value.isdigit() or not 1 <= int(value) <= hi:
+    if not is_digits(value) or not 1 <= int(value) <= hi:
         raise MeshscaleError(f"{key}={value}: use a whole number from 1 to {hi}")
     return int(value)
 

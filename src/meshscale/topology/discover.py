@@ -9,6 +9,7 @@ from meshscale.errors import MeshscaleError
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.topology.multinode import hostname
 from meshscale.topology.nvml_discovery import NoGPU, nvml_topology
+from meshscale.units import is_digits
 
 # Shared-memory copy rate assumed for CPU workers until `bench p2p` measures it (a modest DDR4 memcpy).
 ASSUMED_SHM_BYTES_PER_S = 10e9
@@ -42,7 +43,7 @@ def cpu_topology(workers: int | None = None) -> Topology:
 
 def _numa_nodes() -> int:
     try:
-        return max(1, len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node") and d[4:].isdigit()]))
+        return max(1, len([d for d in os.listdir("/sys/devices/system/node") if d.startswith("node") and is_digits(d[4:])]))
     except OSError:
         return 1
 

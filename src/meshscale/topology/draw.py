@@ -22,6 +22,7 @@ import meshscale.plots as plots
 from meshscale.errors import MeshscaleError
 from meshscale.topology.cluster import ClusterPlan
 from meshscale.topology.model import DEVICE_KINDS, Topology
+from meshscale.units import is_digits
 
 NODE_STYLE = {  # kind -> (face colour, edge colour)
     "gpu": ("#e3f2c1", "#4d7a00"), "worker": ("#e3f2c1", "#4d7a00"), "cpu": ("#cfe2f3", "#1f4e79"),
@@ -230,7 +231,7 @@ def _spread(xs: list[float]) -> list[float]:
 
 
 def _natural(name: str) -> tuple:
-    digits = "".join(c for c in name if c.isdigit())
+    digits = "".join(c for c in name if is_digits(c))
     return (name.rstrip("0123456789"), int(digits) if digits else -1, name)
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from meshscale.errors import TopologyError
 import meshscale.topology.links as calc
+from meshscale.units import is_digits
 
 
 @dataclass(frozen=True)
@@ -50,7 +51,7 @@ def net_link(name: str) -> NetLink:
     fabric (NCCL's IB transport), on switches of `STATED_RADIX` ports."""
     if name.lower() in NET_LINKS:
         return NET_LINKS[name.lower()]
-    if not any(ch.isdigit() for ch in name):
+    if not any(is_digits(ch) for ch in name):
         raise TopologyError(f"unknown network link {name!r}; use one of {', '.join(NET_LINKS)} "
                             "or a stated rate such as 25GB/s,5us") from None
     bytes_per_s, latency_s = calc.parse_network_rate(name)

@@ -28,6 +28,7 @@ from types import SimpleNamespace
 
 from meshscale.errors import TopologyError
 from meshscale.topology.model import Topology
+from meshscale.units import is_digits
 
 # NVML's common-ancestor levels (nvmlGpuTopologyLevel_t), as nvml_discovery reads them
 LEVELS = {"PIX": 10, "PXB": 20, "PHB": 30, "NODE": 40, "SYS": 50}
@@ -160,7 +161,7 @@ def _sm_model(sm: int, has_nvlink: bool) -> str:
 def _pcie(pci) -> tuple[int, int] | None:
     speed = re.match(r"\s*([\d.]+)\s*GT/s", pci.get("link_speed") or "")
     width = pci.get("link_width")
-    if not speed or not (width or "").isdigit():
+    if not speed or not is_digits(width):
         return None
     generation = PCIE_GT_S.get(float(speed.group(1)))
     return (generation, int(width)) if generation else None
@@ -210,7 +211,7 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
         raise TopologyError(f"{source}: rows {sorted(rows)} do not match the columns {gpu_labels}")
     gpus, assumed = [], []
     for i, (cells, rest) in sorted(rows.items()):
-        numa = int(rest[1]) if len(rest) > 1 and rest[1].isdigit() else None
+        numa = int(rest[1]) if len(rest) > 1 and is_digits(rest[1]) else None
         gpus.append(SeenGPU(i, f"gpu{i}", names.get(str(i), "").strip() or "NVIDIA GPU", numa,
                             rest[0] if rest and rest[0] != "N/A" else None))
     if len(names) < len(gpus):
@@ -222,7 +223,7 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
             relation = cells[f"GPU{j}"]
             if i == j:
                 continue
-            if relation.startswith("NV") and relation[2:].isdigit():
+            if relation.startswith("NV") and is_digits(relation[2:]):
                 nvlinked[(min(i, j), max(i, j))] = int(relation[2:])
             elif relation in LEVELS:
                 known[(min(i, j), max(i, j))] = LEVELS[relation]

@@ -12,6 +12,8 @@ import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from meshscale.units import is_digits
+
 # nvidia-smi's PCIe relations, nearest first
 RELATIONS = ("PIX", "PXB", "PHB", "NODE", "SYS")
 _BUS_ID = re.compile(r"^[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-9a-fA-F]$")
@@ -78,7 +80,7 @@ def ethernet_ports(net_dir: Path, ib_dir: Path | None = None) -> list[Port]:
         if path and path[-1] in ib_buses:
             continue
         speed = read_sysfs(iface / "speed")
-        mbits = int(speed) if speed.lstrip("-").isdigit() else -1
+        mbits = int(speed) if is_digits(speed.removeprefix("-")) else -1
         out.append(Port(iface.name, "ethernet", read_sysfs(iface / "operstate"), mbits / 1000 if mbits > 0 else None,
                         numa, path))
     return out
@@ -116,7 +118,7 @@ def _pci(device: Path) -> tuple[int | None, tuple[str, ...]]:
         return None, ()
     path = tuple(p for p in resolved.parts if _BUS_ID.match(p) or p.startswith("pci"))
     numa = read_sysfs(device / "numa_node")
-    numa_node = int(numa) if numa.lstrip("-").isdigit() and int(numa) >= 0 else None
+    numa_node = int(numa) if is_digits(numa) else None
     return numa_node, path if any(_BUS_ID.match(p) for p in path) else ()
 
 

@@ -18,10 +18,16 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
+from meshscale.units import is_digits
 
 KINDS = ("tree", "block")
 MAX_NAME_CHARS = 64  # Slurm's HOST_NAME_MAX check on SwitchName
+# a name in Slurm's hostlist syntax holds none of its separators (',', '[', ']', '=', blanks, '#'): nothing a name
+# carries can add a key, a name or a line to the file it is written into
+NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9._-]*")
+NAME_RULE = (f"letters, digits, '-', '_' and '.', starting with a letter, at most {MAX_NAME_CHARS} characters "
+             "(a name in Slurm's hostlist syntax)")
 LEVEL_NAMES = {1: "leaf", 2: "spine", 3: "core"}
 
 
@@ -55,7 +61,18 @@ class SlurmTopology:
         return {s.name: s.switches for s in self.switches if s.switches}
 
 
-# ---- hostlists ------------------------------------------------------------------------------------------------
+# ---- names and hostlists -----------------------------------------------------------------------------------------
+
+def check_name(name, what: str) -> str:
+    """``name`` if Slurm's hostlist syntax takes it as a switch, block or node name (or a node-name prefix);
+    else the one-line error naming the rule. Every name written into a topology file, or read from one, passes
+    here."""
+    if not isinstance(name, str) or len(name) > MAX_NAME_CHARS or not NAME_PATTERN.fullmatch(name):
+        shown = repr(name)  # escapes what would break the line
+        shown = shown if len(shown) <= 2 * MAX_NAME_CHARS else f"{shown[:2 * MAX_NAME_CHARS]}..."
+        raise MeshscaleError(f"{what} {shown}: a Slurm name is {NAME_RULE}")
+    return name
+
 
 def expand_hostlist(text: str) -> list[str]:
     """``node[01-03,07],gpu5`` -> node01 node02 node03 node07 gpu5 (Slurm's hostlist expression)."""
@@ -70,7 +87,7 @@ def expand_hostlist(text: str) -> list[str]:
         prefix, ranges, suffix = m.groups()
         for r in ranges.split(","):
             lo, _, hi = r.partition("-")
-            if not lo.isdigit() or (hi and not hi.isdigit()):
+            if not is_digits(lo) or (hi and not is_digits(hi)):
                 raise MeshscaleError(f"hostlist {text!r}: {r!r} is not a number or a range a-b")
             width = len(lo) if lo.startswith("0") else 0
             for i in range(int(lo), int(hi or lo) + 1):
@@ -136,6 +153,7 @@ def slurm_topology(plan, kind: str, node_prefix: str = "node") -> SlurmTopology:
     from meshscale.topology.cluster import build_cluster
 
     check_choice(kind, KINDS, "Slurm topology")
+    check_name(node_prefix, "the node-name prefix (--slurm-nodes)")
     hosts = node_names(plan.spec.nodes, node_prefix)
     on_leaf: dict[int, list[str]] = {}
     for k, host in enumerate(hosts):
@@ -195,17 +213,18 @@ def _blocks(plan, hosts: list[str]) -> SlurmTopology:
 
 def check(topo: SlurmTopology) -> SlurmTopology:
     """The rules Slurm's topology plugins enforce (a one-line error naming the first one broken)."""
+    for part in (*topo.switches, *topo.blocks):
+        check_name(part.name, "switch" if isinstance(part, SlurmSwitch) else "block")
+        for node in part.nodes:
+            check_name(node, f"node of {part.name}")
     if topo.kind == "tree":
-        names = [s.name for s in topo.switches]
-        if not names:
+        if not topo.switches:
             raise MeshscaleError("a topology/tree file needs at least one SwitchName line")
         seen = set()
         for s in topo.switches:
             if s.name in seen:
                 raise MeshscaleError(f"switch {s.name} is defined twice")
             seen.add(s.name)
-            if len(s.name) > MAX_NAME_CHARS:
-                raise MeshscaleError(f"switch name {s.name[:20]}... is longer than {MAX_NAME_CHARS} characters")
             if s.nodes and s.switches:
                 raise MeshscaleError(f"switch {s.name} has both child switches and nodes")
         for s in topo.switches:
@@ -244,7 +263,7 @@ def check(topo: SlurmTopology) -> SlurmTopology:
 
 def topology_conf(topo: SlurmTopology) -> str:
     """``topo`` in topology.conf syntax."""
-    lines = [f"# Slurm topology/{topo.kind} configuration written by meshscale"] + [f"# {n}" for n in topo.notes]
+    lines = [f"# Slurm topology/{topo.kind} configuration written by meshscale"] + [f"# {one_line(n)}" for n in topo.notes]
     if topo.kind == "tree":
         lines += [f"SwitchName={s.name} " + (f"Nodes={compress_hostlist(s.nodes)}" if s.nodes
                                              else f"Switches={compress_hostlist(s.switches)}") for s in topo.switches]
@@ -264,7 +283,8 @@ def topology_yaml(topo: SlurmTopology, name: str = "meshscale") -> str:
     else:
         body = {"block": {"block_sizes": list(topo.block_sizes),
                           "blocks": [{"block": b.name, "nodes": compress_hostlist(b.nodes)} for b in topo.blocks]}}
-    head = "".join(f"# {n}\n" for n in (f"Slurm topology/{topo.kind} configuration written by meshscale", *topo.notes))
+    head = "".join(f"# {one_line(n)}\n" for n in (f"Slurm topology/{topo.kind} configuration written by meshscale",
+                                                   *topo.notes))
     return head + yaml.safe_dump([{"topology": name, "cluster_default": True, **body}], sort_keys=False)
 
 

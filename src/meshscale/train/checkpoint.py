@@ -22,6 +22,7 @@ import torch
 
 from meshscale.errors import MeshscaleError
 from meshscale.safe_io import atomic_write, read_bytes, read_text
+from meshscale.units import is_digits
 
 KEEP = 2  # complete checkpoints kept on disk
 
@@ -57,7 +58,7 @@ def latest_step(directory: str | Path) -> int | None:
     if not marker.is_file():
         return None
     text = read_bytes(marker, "checkpoint marker", 4096).decode("utf-8", errors="replace").strip()
-    if not text.isdigit():
+    if not is_digits(text):
         raise MeshscaleError(f"{marker} should hold a step number, not {text[:40]!r}; remove it or choose another "
                              "checkpoint directory")
     return int(text)
