@@ -107,7 +107,7 @@ def answer(req: PredictRequest) -> Answer:
                       notices=network_notices(req, predictions[0].allocation.nodes, prepared))
     rows, info, measured = predict_rows(req, None if req.compare else prepared)
     return Answer(kind, rows=rows, info=info, measured=measured,
-                  notices=network_notices(req, max(r["nodes"] for r in rows), prepared))
+                  notices=network_notices(req, max((r.get("nodes") or 1 for r in rows), default=1), prepared))
 
 
 def network_notices(req: PredictRequest, nodes: int, prepared: Prepared) -> list[str]:
