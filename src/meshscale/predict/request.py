@@ -1,14 +1,13 @@
-"""What `meshscale predict` asks, declared once (`PredictRequest`), and the one predictor that answers it.
-
-Every question is the step model (`training.step.predict_step`) on a `Allocation`: one layout on one GPU count
-(`predict_training`), a scaling sweep over GPU or node counts (`predict_rows`: the same model evaluated per size;
-data parallelism is the layout's dp degree), variants compared (systems, links, exchanges), every layout ranked
-(``search``), or a measured `scale` run beside its prediction. `validate --training` prices each corpus run through
-`predict_training` too, so a run gets one figure whichever way it is asked.
+"""The one predictor of `meshscale predict`: a `PredictRequest` (predict/question.py) resolved once (`prepare`:
+the model, the `Fabric` it runs on, its compute's calibration or measured step) and answered by the step model
+(`training.step.predict_step`) on an `Allocation` of that fabric per size: one layout (`predict_training`), a
+scaling sweep (`sweep.predict_rows`: data parallelism is the layout's dp degree), variants, every layout ranked
+(``search``) or a measured `scale` run beside (`predict.answer` picks which). `validate --training` prices each
+corpus run through `predict_training` too, so a run gets one figure whichever way it is asked.
 
 The compute: the per-layer kernels on the GPU's datasheet roofline, calibrated by a measured profile when one is
-given (or documented for the model on that GPU family); a model without per-layer kernels, or devices without a
-datasheet (CPU workers), is timed by its measured profile, which it then needs.
+given (or documented for the model on that GPU family); where the measured step stands for the job (`_stands`),
+or on devices without a datasheet (CPU workers), the measured step itself.
 """
 from __future__ import annotations
 
@@ -31,15 +30,16 @@ from meshscale.topology import Topology
 
 
 RESNETS = {"resnet18": 18, "resnet34": 34, "resnet50": 50, "resnet101": 101, "resnet152": 152}
-COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": PREDICTED_MODES, "frameworks": tuple(FRAMEWORKS),
-                   "links": ("edr", "10gbe"), "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
+COMPARE_PRESETS = {"algorithms": ("nccl", "ring", "tree", "ps-sync"), "modes": PREDICTED_MODES,
+                   "frameworks": tuple(FRAMEWORKS), "links": ("edr", "10gbe"),
+                   "nvlink-pcie": ("dgx1-p100", "pcie-8gpu-2socket")}
 COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "framework", "links": "link"}
 
 
 @dataclass(frozen=True)
 class Model:
-    """What trains, resolved: a transformer shape or a ResNet depth (per-layer kernels), or a registry model
-    timed by its measured step."""
+    """What trains, resolved: a transformer shape, a ResNet depth or train's small CNN (per-layer kernels each);
+    a model the step model has no kernels for is timed by its measured step."""
 
     name: str
     transformer: TransformerConfig | None = None

@@ -50,7 +50,7 @@ from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, r
 from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
-from meshscale.models.images import (RESNET_BLOCKS, resnet_params, resnet_tensor_numels, resnet_tensors,
+from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, RESNET_BLOCKS, resnet_params, resnet_tensor_numels, resnet_tensors,
                                      small_cnn_tensor_numels)
 from meshscale.predict.training.workload import (ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
@@ -254,14 +254,16 @@ class TrainingJob:
         return resnet_params(self.resnet_depth) if self.resnet_depth else self.measured_params
 
     def model_flops_per_sample(self) -> float:
-        """Training FLOPs per sample as MFU counts them (transformers: PaLM's 6N + attention per token)."""
+        """Training FLOPs per sample as MFU counts them, from the model registry's one count per family
+        (transformers: PaLM's 6N + attention per token; image models: 3 x 2 x their multiply-adds)."""
         if self.measured is not None:
             return 0.0
-        if self.small_cnn:
-            return small_cnn_step(1, autocast=False).flops()
         if self.model:
             return self.model.training_flops_per_token(self.seq_len) * self.seq_len
-        return resnet_step(self.resnet_depth, 1, image=self.image, autocast=False).flops()
+        from meshscale.models.registry import resnet_size, small_cnn_size
+        if self.small_cnn:
+            return small_cnn_size("small-cnn", 3, SMALL_CNN_IMAGE, SMALL_CNN_IMAGE, SMALL_CNN_CLASSES)[1]
+        return resnet_size(f"resnet{self.resnet_depth}", 3, self.image, self.image, 1000)[1]
 
 
 @dataclass
