@@ -50,8 +50,8 @@ from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, r
 from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
-from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, RESNET_BLOCKS, resnet_params, resnet_tensor_numels, resnet_tensors,
-                                     small_cnn_tensor_numels)
+from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
+                                     resnet_tensor_numels, resnet_tensors, small_cnn_tensor_numels)
 from meshscale.predict.training.workload import (ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,
                                                  accumulation_kernels, ddp_bucket_copies, element_bytes,
                                                  fsdp2_reduce_kernels, fsdp2_unshard_kernels, optimizer_kernels,
