@@ -4,10 +4,11 @@ The width is the terminal's, or COLUMNS where it is set (piped or not). Figures 
 meshscale table, and a figure is never cut: a number cut in two is worse than a wide line. A table wider than
 the width is fitted, in this order, until it fits (`fit_table`): a lighter frame; headers on two lines; columns
 holding one value in every row said once under the table; label columns left out, the widest first, and named
-under the table. A column that tells the rows apart (the first, and any the table's maker names) is never left out:
-it folds instead, so that every row keeps its identity. Into a pipe at a stated COLUMNS the frame is plain ASCII, so that the width holds in bytes
-too. Where the figures alone are wider than the width, the table prints wide rather than cut one. Into a pipe
-with no COLUMNS, tables and text print at their natural width (one line per row, whole for grep).
+under the table. A column that tells the rows apart (the first, and any the table's maker names) is never left
+out: it folds instead, so that every row keeps its identity. Into a pipe at a stated COLUMNS the frame is plain
+ASCII, so that the width holds in bytes too. Where the figures and the rows' identity alone are wider than the
+width, the table prints wide rather than cut a figure or lose a row's name. Into a pipe with no COLUMNS, tables
+and text print at their natural width (one line per row, whole for grep).
 """
 from __future__ import annotations
 
