@@ -151,3 +151,51 @@ def test_sources_are_named_by_title_not_internal_labels(cli, args):
     out = cli(*args)
     assert out.exit_code == 0, out.output
     assert not INTERNAL.search(out.output), INTERNAL.search(out.output)
+
+
+def _layout_cells(text: str) -> list[str]:
+    """The layout column of a --search table, each row's folded lines joined: the text under "layout" up to
+    "ckpt", for the lines from one ranked row (its "#") to the next."""
+    lines = text.splitlines()
+    header = next(i for i, line in enumerate(lines) if re.search(r"\blayout\b.*\bckpt\b", line))
+    start, end = lines[header].index("layout"), lines[header].index("ckpt")
+    cells: list[list[str]] = []
+    for line in lines[header + 2:]:
+        rank, layout = line[:start].strip(), line[start:end].strip()
+        if not (rank.isdigit() or not rank and layout):
+            break  # the lines under the table
+        if rank:
+            cells.append([])
+        cells[-1].append(layout)
+    return [" ".join(parts) for parts in cells]
+
+
+@pytest.mark.parametrize("columns", ["80", "60"])
+def test_a_narrow_search_table_keeps_every_rows_layout(cli, monkeypatch, tmp_path, columns):
+    monkeypatch.setenv("COLUMNS", columns)
+    out = tmp_path / "search.json"
+    run = cli("predict", "--model", "llama3-70b", "--system", "hgx-h100", "--gpus", "64", "--search", "--top", "6",
+              "--json", out)
+    assert run.exit_code == 0, run.output
+    rows = json.loads(out.read_text())["rows"][:6]
+    assert _layout_cells(run.stdout) == [row["layout"] for row in rows], run.stdout
+    assert "left out" in run.stdout and "layout" not in run.stdout.split("left out")[1].split("\n")[0]
+
+
+def test_fit_table_folds_the_columns_named_as_identity_and_leaves_out_the_others():
+    from rich.console import Console
+    from rich.table import Table
+    from meshscale.cli.output import fit_table
+    table = Table()
+    for name, justify in (("n", "right"), ("name", "left"), ("kind", "left"), ("time us", "right"), ("note", "left")):
+        table.add_column(name, justify=justify)
+    for i in range(3):
+        table.add_row(str(i), f"a long name of many words {i}", f"kind {i} of many words", f"{1234.5 * i:.1f}",
+                      f"a long note of many words, number {i}")
+    console = Console(width=200, file=open("/dev/null", "w"), force_terminal=True)
+    for width in (60, 40, 20):
+        fitted = fit_table(table, width, console, identity=("name", "kind"))
+        kept = [str(c.header).replace("\n", " ") for c in fitted.columns]
+        assert {"n", "name", "kind", "time us"} <= set(kept) and "note" not in kept
+    kept = [str(c.header) for c in fit_table(table, 20, console).columns]  # unnamed: only the first is kept
+    assert "name" not in kept and "n" in kept

@@ -84,3 +84,27 @@ def test_every_training_corpus_run_is_priced_by_predict_as_validate_prices_it():
         p = found.predictions[0]
         figure = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
         assert figure == by_row[run.row]["predicted"], run.row
+
+
+def test_the_names_help_lists_are_the_models_and_presets_train_and_predict_know():
+    from meshscale.models.registry import MODELS
+    from meshscale.models.transformer import preset_names
+    from meshscale.options import MODEL_NAMES, PRESET_NAMES
+    assert MODEL_NAMES == tuple(MODELS) and PRESET_NAMES == tuple(preset_names())
+
+
+def test_predict_help_names_the_models(cli, monkeypatch):
+    from meshscale.options import MODEL_NAMES, PRESET_NAMES
+    monkeypatch.setenv("COLUMNS", "80")
+    run = cli("predict", "-h")
+    assert run.exit_code == 0, run.output
+    words = {word.strip(",()") for word in run.stdout.replace("│", " ").split()}
+    assert {"llama3-8b", "resnet50"} <= words and set(MODEL_NAMES + PRESET_NAMES) <= words
+
+
+@pytest.mark.parametrize("more", [(), ("--search",), ("--search", "--fsdp", "8")])
+def test_a_mistyped_model_is_named_unknown_with_the_close_name_in_one_line(cli, more):
+    run = cli("predict", "--model", "llama3-8bb", "--system", "hgx-h100", "--gpus", "8", *more)
+    assert run.exit_code == 2
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    assert "unknown model 'llama3-8bb' (did you mean llama3-8b?)" in run.stderr

@@ -4,14 +4,17 @@ The width is the terminal's, or COLUMNS where it is set (piped or not). Figures 
 meshscale table, and a figure is never cut: a number cut in two is worse than a wide line. A table wider than
 the width is fitted, in this order, until it fits (`fit_table`): a lighter frame; headers on two lines; columns
 holding one value in every row said once under the table; label columns left out, the widest first, and named
-under the table. Into a pipe at a stated COLUMNS the frame is plain ASCII, so that the width holds in bytes
-too. Where the figures alone are wider than the width, the table prints wide rather than cut one. Into a pipe
-with no COLUMNS, tables and text print at their natural width (one line per row, whole for grep).
+under the table. A column that tells the rows apart (the first, and any the table's maker names) is never left
+out: it folds instead, so that every row keeps its identity. Into a pipe at a stated COLUMNS the frame is plain
+ASCII, so that the width holds in bytes too. Where the figures and the rows' identity alone are wider than the
+width, the table prints wide rather than cut a figure or lose a row's name. Into a pipe with no COLUMNS, tables
+and text print at their natural width (one line per row, whole for grep).
 """
 from __future__ import annotations
 
 import copy
 import os
+from collections.abc import Collection
 
 from rich import box
 from rich.console import Console
@@ -76,9 +79,20 @@ def keep_figures_whole(table: Table) -> Table:
     return table
 
 
-def _width(table: Table, console: Console) -> int:
-    """The width ``table`` takes with no label folded (one line per row)."""
-    return console.measure(table, options=console.options.update_width(10_000)).maximum
+def _width(table: Table, console: Console, folded: frozenset[str] = frozenset()) -> int:
+    """The width ``table`` takes with no label folded (one line per row) but the label columns headed ``folded``,
+    which count at their narrowest (their longest word)."""
+    wide = console.options.update_width(10_000)
+    if folded:
+        table = copy.copy(table)
+        table.columns = [copy.copy(c) for c in table.columns]
+        for column in table.columns:
+            if _header(column) in folded and not _is_figure(column):
+                narrowest = Table(column.header, box=None, show_header=True, show_edge=False, pad_edge=False)
+                for cell in _cells(column):
+                    narrowest.add_row(cell)
+                column.max_width = console.measure(narrowest, options=wide).minimum
+    return console.measure(table, options=wide).maximum
 
 
 def _cells(column: Column) -> list:
@@ -111,9 +125,10 @@ def _widest_first(columns: list[Column]) -> list[Column]:
     return sorted(columns, key=lambda c: -max((len(str(x)) for x in [c.header, *_cells(c)]), default=0))
 
 
-def fit_table(table: Table, width: int, console: Console) -> Table:
+def fit_table(table: Table, width: int, console: Console, identity: Collection[str] = ()) -> Table:
     """``table`` fitted to ``width`` columns without cutting a figure (the steps are in the module's docstring),
-    each step taken only as far as it must; the table itself when it fits already."""
+    each step taken only as far as it must; the table itself when it fits already. The first column and those
+    headed ``identity`` tell the rows apart: they are never left out, and fold where they must."""
     plain = not console.is_terminal  # into a pipe at a stated width: the plain frame, fitting or not
     if _width(table, console) <= width and not plain:
         return table
@@ -125,8 +140,10 @@ def fit_table(table: Table, width: int, console: Console) -> Table:
                 ([f"left out at {width} columns: {', '.join(left_out)}"] if left_out else [])
         return _rebuilt(table, columns, notes, **frame)
 
+    keep = frozenset([_header(columns[0])] if columns else []) | frozenset(identity)
+
     def fits() -> bool:
-        return _width(current(), console) <= width
+        return _width(current(), console, keep) <= width
 
     if fits():
         return current()
@@ -140,7 +157,7 @@ def fit_table(table: Table, width: int, console: Console) -> Table:
             return current()
         constants[_header(column)] = str(_cells(column)[0])
         columns = [c for c in columns if c is not column]
-    for column in _widest_first([c for c in columns[1:] if not _is_figure(c)]):
+    for column in _widest_first([c for c in columns if not _is_figure(c) and _header(c) not in keep]):
         if fits():
             return current()
         left_out.append(_header(column))
@@ -161,12 +178,13 @@ def table_console(table: Table, console: Console | None = None) -> Console:
                    no_color=console.no_color)
 
 
-def print_tables(*tables: Table, console: Console | None = None) -> None:
-    """Print each table fitted to the width with its figures whole (see `fit_table`, `table_console`)."""
+def print_tables(*tables: Table, console: Console | None = None, identity: Collection[str] = ()) -> None:
+    """Print each table fitted to the width with its figures whole (see `fit_table`, `table_console`); the
+    columns headed ``identity`` tell its rows apart, and are never left out."""
     for table in tables:
         console_now = console or text_console()
         if console_now.is_terminal or columns_set():
-            table = fit_table(keep_figures_whole(table), console_now.width, console_now)
+            table = fit_table(keep_figures_whole(table), console_now.width, console_now, identity)
         table_console(table, console_now).print(table)
 
 

@@ -91,7 +91,7 @@ def _print(rows: list[dict], title: str, compare: bool) -> None:
                  f"{r['speedup']:.2f}", f"{r['efficiency']:.0%}", f"{r['compute_s'] * 1e3:.1f}", f"{r['comm_s'] * 1e3:.1f}",
                  f"{r['comm_exposed_s'] * 1e3:.1f}", f"{r['comm_share']:.0%}", r.get("nccl_algo") or "-"]
         table.add_row(*([r.get("variant", "")] if compare else []) + cells)
-    print_tables(table)
+    print_tables(table, identity=("variant", "GPUs"))
 
 
 def _print_beside(rows: list[dict], model: str) -> None:
@@ -169,11 +169,11 @@ def predict(options: dict,
 
 
 def _print_layouts(predictions, search: bool, top: int, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
-    from meshscale.predict.training.report import layout_table, training_result
+    from meshscale.predict.training.report import LAYOUT_IDENTITY, layout_table, training_result
 
     table, lines = layout_table(predictions[:top] if search else predictions, search=search,
                                 hidden=len(predictions) - top if search else 0)
-    print_tables(table)
+    print_tables(table, identity=LAYOUT_IDENTITY)
     for line in lines:
         typer.echo(line)
     if json_out or csv_path:

@@ -111,5 +111,8 @@ def get_model(name: str, seq_len: int | None = None) -> ModelSpec:
     try:
         return MODELS[name]
     except KeyError:
-        raise MeshscaleError(f"unknown model {name!r}; choose one of {', '.join([*MODELS, *preset_names()])}, "
-                             "or a config.json file") from None
+        import difflib
+        known = [*MODELS, *preset_names()]
+        close = difflib.get_close_matches(name, known, n=1)
+        raise MeshscaleError(f"unknown model {name!r}" + (f" (did you mean {close[0]}?)" if close else "")
+                             + f"; choose one of {', '.join(known)}, or a config.json file") from None

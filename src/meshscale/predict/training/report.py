@@ -54,6 +54,10 @@ def training_result(predictions: list[TrainingPrediction], search: bool = False)
                    "gpu": first.gpu.model})
 
 
+# the columns that tell the layout table's rows apart: a narrow terminal folds them rather than leave them out
+LAYOUT_IDENTITY = ("layout", "ckpt")
+
+
 def layout_table(predictions: list[TrainingPrediction], search: bool = False, hidden: int = 0) -> tuple[Table, list[str]]:
     """The table and the lines under it (what wins and why, what does not fit)."""
     first = predictions[0]
