@@ -4,6 +4,7 @@ give ranks that failed alike one line; the folders of launchers killed outright 
 import json
 import os
 import signal
+import tempfile
 
 import pytest
 
@@ -130,3 +131,34 @@ def test_launch_without_anything_to_run_is_one_line(cli):
     result = cli("launch")
     assert result.exit_code == 2 and "meshscale launch --standalone" in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.fixture
+def agent(monkeypatch):
+    """torchrun's agent replaced: the commands it would have run on the ranks, none started."""
+    from meshscale.execute import elastic
+    started = []
+    monkeypatch.setattr(elastic, "run_launch", lambda plan, host: started.append(plan.entrypoint_args) or [])
+    return started
+
+
+@pytest.mark.parametrize("command, message", [
+    (["train", "--model", "no-such-model"], "unknown model 'no-such-model'"),
+    (["train", "--model", "small-cnn", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["train", "--model", "small-cnn", "--steps", "3", "--timing-warmup", "3"], "--timing-warmup 3"),
+    (["scale", "--model", "no-such-model", "--strong", "--global-batch", "8"], "unknown model 'no-such-model'"),
+])
+def test_launch_refuses_a_bad_command_before_any_rank_starts(cli, agent, tmp_path, monkeypatch, command, message):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = cli("launch", "--standalone", "--nproc-per-node", "2", "--", *command)
+    lines = result.stderr.strip().splitlines()
+    assert result.exit_code == 2 and len(lines) == 1 and message in lines[0], lines
+    assert agent == [] and list(tmp_path.iterdir()) == []  # no rank, and no log folder for them
+
+
+def test_launch_starts_a_good_command(cli, agent, tmp_path, monkeypatch):
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    result = cli("launch", "--standalone", "--nproc-per-node", "2", "--", "train", "--model", "small-cnn")
+    assert result.exit_code == 0, result.output
+    [args] = agent
+    assert args[-4:] == ["meshscale", "train", "--model", "small-cnn"]

@@ -19,6 +19,18 @@ def typer_parameter(f: OptionField, default: Any) -> inspect.Parameter:
                              annotation=Optional[f.type] if default is None else f.type)
 
 
+def declared_values(fields: list[OptionField], values: dict[str, Any]) -> tuple[dict[tuple[str, ...], Any],
+                                                                             dict[str, Any]]:
+    """A command's parsed parameters (by name) split into the declared fields' values, keyed by path and parsed as
+    each declares, and the command's own parameters."""
+    own = dict(values)
+    options = {}
+    for f in fields:
+        value = own.pop(f.name)
+        options[f.path] = f.parse(value) if f.parse and value is not None else value
+    return options, own
+
+
 def with_declared(fields: list[OptionField], defaults: dict[tuple[str, ...], Any] | None = None
                   ) -> Callable[[Callable], Callable]:
     """Give ``fn(options, **own)`` every field of ``fields`` as a typer option beside its own parameters; ``fn``
@@ -30,11 +42,8 @@ def with_declared(fields: list[OptionField], defaults: dict[tuple[str, ...], Any
         own = [p for name, p in inspect.signature(fn, eval_str=True).parameters.items() if name != "options"]
 
         def run(**values: Any) -> None:
-            options = {}
-            for f in fields:
-                value = values.pop(f.name)
-                options[f.path] = f.parse(value) if f.parse and value is not None else value
-            fn(options, **values)
+            options, own = declared_values(fields, values)
+            fn(options, **own)
         run.__signature__ = inspect.Signature([typer_parameter(f, defaults.get(f.path, f.default)) for f in fields]
                                               + [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own])
         run.__name__, run.__doc__ = fn.__name__, fn.__doc__

@@ -45,15 +45,19 @@ def launch(ctx: typer.Context) -> None:
 
 
 def _check_command(ctx: typer.Context, command: list[str]) -> None:
-    """The ranks' command parsed here first, as each rank will parse it: a bad option is one error before any
-    rank starts, not one per rank."""
+    """The ranks' command parsed here first, as each rank will parse it (and train's and scale's configuration
+    checked as each rank will check it): a bad option is one error before any rank starts, not one per rank."""
     group = ctx.parent.command if ctx.parent else None
     sub = group.get_command(ctx.parent, command[0]) if group is not None and command[0] != "launch" else None
     if sub is None:
         raise MeshscaleError(f"launch: {command[0]!r} is not a meshscale command; e.g. meshscale launch "
                              "--standalone --nproc-per-node 2 -- train --steps 10")
-    with sub.make_context(command[0], list(command[1:]), parent=ctx.parent):
-        pass
+    from meshscale.cli.train import CHECKS_BEFORE_RANKS
+
+    with sub.make_context(command[0], list(command[1:]), parent=ctx.parent) as parsed:
+        check = CHECKS_BEFORE_RANKS.get(command[0])
+        if check is not None:  # beyond the options' own checks: the model, the data, the values together
+            check(command[0], dict(parsed.params))
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, text_console, write_result_files
 from meshscale.cli.checks import CPU_COUNT, GLOBAL_BATCH, GPU_COUNT, MAX_BATCH, checked, counts, cpu_counts, output_file
 from meshscale.errors import MeshscaleError
-from meshscale.cli.declared import with_declared
+from meshscale.cli.declared import declared_values, with_declared
 from meshscale.train.config import config_from_options, option_fields
 from meshscale.units import parse_ints
 
@@ -26,11 +26,36 @@ from meshscale.units import parse_ints
 SCALE_DEFAULTS = {("steps",): 30, ("batch_per_rank",): None}
 
 
+def _config_fields(command: str) -> list:
+    return [f for f in option_fields() if command == "train" or not f.train_only]
+
+
 def with_config_options(command: str) -> Callable[[Callable], Callable]:
     """Give ``fn(options, **own)`` every TrainConfig option (declared once, in train/config.py) as a typer option
     beside its own; ``fn`` receives their values as ``options``, keyed by their path in TrainConfig."""
-    fields = [f for f in option_fields() if command == "train" or not f.train_only]
-    return with_declared(fields, SCALE_DEFAULTS if command == "scale" else None)
+    return with_declared(_config_fields(command), SCALE_DEFAULTS if command == "scale" else None)
+
+
+def check_before_ranks(command: str, params: dict) -> None:
+    """`meshscale launch -- train|scale ...`: what each rank would check of its options before training, checked
+    once in the launcher from the parsed ``params``, so that a bad model or value is one line before any rank
+    starts. The world is torchrun's, made later: its checks (size, layout, GPU memory) stay with the ranks."""
+    from meshscale.execute.world import gpu_count
+    from meshscale.train.runner import validate_options
+
+    options, own = declared_values(_config_fields(command), params)
+    if command == "train":
+        _check_resume(options)
+    # the ranks' device, as `train.runner.run` resolves it under torchrun: GPUs where there are any, unless --cpus
+    device = "cpu" if own.get("cpus") is not None or not gpu_count() else "cuda"
+    batch = options[("batch_per_rank",)] or own.get("global_batch") or 1
+    cfg = config_from_options({**options, ("batch_per_rank",): batch}, device=device)
+    _check_extras(cfg)
+    validate_options(cfg)
+
+
+# the commands whose options `meshscale launch` checks beyond parsing them
+CHECKS_BEFORE_RANKS = {"train": check_before_ranks, "scale": check_before_ranks}
 
 
 def _check_resume(options: dict) -> None:

@@ -30,7 +30,7 @@ import torch
 import torch.distributed as dist
 
 from meshscale.errors import Interrupted, MeshscaleError, WorkerError  # noqa: F401 (raised here, imported from here)
-from meshscale.execute.world import Launcher, in_torchrun, launcher  # noqa: F401 (in_torchrun: imported from here)
+from meshscale.execute.world import Launcher, in_torchrun, launcher, oversubscription  # noqa: F401 (in_torchrun: imported from here)
 from meshscale.safe_io import process_alive
 from meshscale.topology.multinode import hostname
 
@@ -256,6 +256,7 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
             raise MeshscaleError(f"asked for {world_size} GPUs but this machine has {have}")
         start_method = start_method or "spawn"  # CUDA cannot be used in a forked child
         os.environ.update(NCCL_SAFETY_ENV)
+    _warn_once(oversubscription(world_size, backend))
     ctx = mp.get_context(start_method or "forkserver")
     if ctx.get_start_method() == "forkserver":
         # Fork from a clean single-threaded server that already imported torch: fast (about 0.1 s a rank) and
@@ -307,6 +308,15 @@ def launch(fn: Callable[..., Any], world_size: int, args: tuple = (), backend: s
 
 
 _STOPPED = "was stopped (SIGSTOP or a debugger)"
+_WARNED: set[str] = set()  # a sweep or a repeated benchmark launches many times: each warning once per process
+
+
+def _warn_once(line: str) -> None:
+    """Every command's ranks start here, after the command checked its input: a warning printed here never
+    stands before a bad-input error (one line, exit 2)."""
+    if line and line not in _WARNED:
+        _WARNED.add(line)
+        print(line, file=sys.stderr, flush=True)
 
 
 def _cause(procs: list, outputs: dict, errors: dict) -> tuple[int, str]:

@@ -118,6 +118,25 @@ def check_gpus(count: int) -> None:
         raise MeshscaleError(f"--gpus {count}: this machine has {have} GPU{'' if have == 1 else 's'}; {fix}")
 
 
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity mask where the OS keeps one (taskset or a container's cpuset
+    narrows it below the machine's count), else os.cpu_count()."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def oversubscription(workers: int, backend: str) -> str:
+    """The warning for ``workers`` CPU worker processes beyond the cores this process may use ("" when they fit).
+    Not an error: the run works, but the workers take turns on the cores and every measured time includes it."""
+    cores = usable_cores()
+    if backend != "gloo" or workers <= cores:
+        return ""
+    return (f"meshscale: warning: {workers} CPU worker processes (--cpus {workers}) share {cores} "
+            f"core{'s' if cores > 1 else ''}; they take turns, and the timings will show it")
+
+
 def resolve_world(gpus: int | None, cpus: int | None, default: World | None = None) -> World:
     """``--gpus N`` (NCCL) or ``--cpus N`` (Gloo); with neither, ``default`` if given, else all GPUs if any,
     else `DEFAULT_CPU_WORKERS` CPU workers. Under torchrun the launcher's WORLD_SIZE wins and the backend

@@ -101,8 +101,10 @@ def resolve_topology(system: Optional[str], workers: Optional[int] = None, **clu
     return topology, notice
 
 
-def _resolve(system: Optional[str], workers: Optional[int], cluster: dict) -> tuple[Topology, str, ClusterSpec | None]:
-    """`resolve_topology` and the `ClusterSpec` it built the topology from (None for one system or this machine)."""
+def _resolve(system: Optional[str], workers: Optional[int], cluster: dict,
+             algo: Optional[str] = None) -> tuple[Topology, str, ClusterSpec | None]:
+    """`resolve_topology` and the `ClusterSpec` it built the topology from (None for one system or this machine);
+    ``algo``, the model of a predicting command, adds the CPU host's hint to this machine's notice."""
     if system:  # a file in another tool's format says what it had to assume (the GPU model, link speeds)
         spec = cluster_spec(system, **cluster)
         topology = spec_topology(system, spec)
@@ -111,7 +113,15 @@ def _resolve(system: Optional[str], workers: Optional[int], cluster: dict) -> tu
     if given:
         raise MeshscaleError(f"{', '.join(given)} describe a cluster of a node system; add --system NAME|FILE")
     found = discover(workers)
-    return found.topology, found.notice, None
+    hint = found.cpu_only and algo is not None
+    return found.topology, _cpu_host_hint(found.notice, algo) if hint else found.notice, None
+
+
+def _cpu_host_hint(notice: str, algo: str) -> str:
+    """Without --system on a machine without GPUs the prediction is of its CPU workers, which someone asking about
+    GPUs does not expect: the discovery notice names the two ways to what they may want, in the same one line."""
+    schedules = "" if algo == "auto" else "--algo auto models meshscale's schedules on them, "
+    return f"{notice}; {schedules}--system NAME (e.g. hgx-h200) predicts a GPU system"
 
 
 def _result(given: Result | Path | None) -> Result | None:
@@ -134,7 +144,7 @@ def resolve_fabric(system: str | Topology | None, cluster: Optional[dict] = None
             raise MeshscaleError("cluster options describe a cluster of a named system, not of a topology in hand")
         topology, notice, spec = system, "", None
     else:
-        topology, notice, spec = _resolve(system, workers, options)  # a cluster file read once
+        topology, notice, spec = _resolve(system, workers, options, algo)  # a cluster file read once
     require_devices(topology)
     p2p, bench = _result(p2p), _result(bench)
     measured = calibrated(topology, p2p, bench) if p2p is not None or bench is not None else None

@@ -22,6 +22,7 @@ class Discovery:
 
     topology: Topology
     notice: str = ""
+    cpu_only: bool = False  # no GPU: the topology is this machine's CPU worker processes
 
 
 def cpu_topology(workers: int | None = None) -> Topology:
@@ -56,7 +57,7 @@ def discover(workers: int | None = None, nvml=None) -> Discovery:
     except NoGPU as reason:
         topo = cpu_topology(workers)
         notice = f"no NVIDIA GPU found ({reason}): using {len(topo.devices())} CPU workers over Gloo and the simulator"
-        return Discovery(topo, notice)
+        return Discovery(topo, notice, cpu_only=True)
     except MeshscaleError:
         raise
     except Exception as exc:  # an NVML answer discovery did not expect: one line, never a traceback

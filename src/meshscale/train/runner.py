@@ -48,8 +48,9 @@ def check_warmup(cfg: TrainConfig) -> None:
                              f"give --steps more than {cfg.timing_warmup} or a shorter --timing-warmup")
 
 
-def validate(cfg: TrainConfig) -> None:
-    """Everything that can be checked before ranks start: model, data, mode, precision, devices."""
+def validate_options(cfg: TrainConfig) -> None:
+    """The checks that need no world (its size, the layout over it): model, data, mode, precision, device. Also
+    what `meshscale launch` checks before torchrun makes the world."""
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
         raise MeshscaleError("world size, batch and steps must be at least 1")
     check_choice(cfg.mode, TRAIN_MODES, "mode")
@@ -58,17 +59,22 @@ def validate(cfg: TrainConfig) -> None:
     check_choice(cfg.device, DEVICES, "device")
     if cfg.speed.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
-    check_ps_servers(cfg)
     if cfg.speed.cuda_graph:
         check_graphable(cfg.mode, cfg.device, cfg.speed.precision, cfg.speed.compile)
     if cfg.checkpoint.resume and not cfg.checkpoint.dir:
         raise MeshscaleError("--resume needs --checkpoint-dir")
     check_warmup(cfg)
-    if cfg.device == "cuda":
-        check_gpus(cfg.world)
     spec, _ = resolve(cfg)  # unknown model, missing data folder, bad token file
     if cfg.eval_data:  # refused now, not after the training
         open_data(cfg.eval_data, spec.input_kind, spec.input_shape, spec.num_classes)
+
+
+def validate(cfg: TrainConfig) -> None:
+    """Everything that can be checked before ranks start: `validate_options`, then the world's devices and layout."""
+    validate_options(cfg)
+    check_ps_servers(cfg)
+    if cfg.device == "cuda":
+        check_gpus(cfg.world)
     if cfg.is_transformer:
         layout = check_layout_run(cfg)
         if cfg.device == "cuda":
