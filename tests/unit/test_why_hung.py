@@ -2,9 +2,11 @@
 documented format (NCCL's started/completed states, a mismatch), NCCL logs, and bad input (exit 2, one line)."""
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import pickle
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -115,12 +117,124 @@ def test_nccl_log_lines(tmp_path):
 @pytest.mark.parametrize("make, said", [
     (lambda d: d.mkdir(), "no Flight Recorder dump"),
     (lambda d: write_dumps(d, {0: [entry(1)]}, version="1.5"), "format 1.5"),
-    (lambda d: write_dumps(d, {0: [{"collective_seq_id": 1}]}), "an entry lacks profiling_name"),
+    (lambda d: write_dumps(d, {0: [{"collective_seq_id": 1}]}), "entries[0]: lacks profiling_name"),
     (lambda d: (write_dumps(d, {0: [entry(1)], 1: [entry(1)]}),
                 (d / "nccl_trace_rank_1").write_bytes((d / "nccl_trace_rank_1").read_bytes()[:40])), "truncated"),
-    (lambda d: (d.mkdir(), (d / "trace_0").write_bytes(pickle.dumps(Path("x")))), "which no Flight Recorder dump does"),
+    (lambda d: (d.mkdir(), (d / "trace_0").write_bytes(pickle.dumps(Path("x")))), "which no Flight Recorder dump holds"),
 ])
 def test_bad_dump_directories_are_one_line_and_exit_2(tmp_path, cli, make, said):
     make(tmp_path / "d")
     result = cli("why-hung", tmp_path / "d")
     assert result.exit_code == 2 and said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+
+
+def write_json(directory: Path, dump) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "trace_0.json").write_text(dump if isinstance(dump, str) else json.dumps(dump))
+    return directory
+
+
+def dump_with(**fields) -> dict:
+    dump = {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}},
+            "entries": [entry(1)]}
+    for key, value in fields.items():
+        if key in dump:
+            dump[key] = value
+        else:
+            dump["entries"][0][key] = value
+    return dump
+
+
+def seq_literal(literal: str) -> str:
+    """A dump whose sequence id is ``literal`` as JSON text (what json.dumps would not write)."""
+    return json.dumps(dump_with(collective_seq_id=12345)).replace("12345", literal)
+
+
+HOSTILE_DUMPS = {  # each field of the typed reader given the wrong type or range: one line naming it
+    "entries an int": (dump_with(entries=7), "entries"),
+    "entries null": (dump_with(entries=None), "entries"),
+    "an entry a string": (dump_with(entries=["x"]), "entries[0]"),
+    "seq a string": (dump_with(collective_seq_id="3"), "collective_seq_id"),
+    "seq NaN": (seq_literal("NaN"), "NaN"),
+    "seq infinity": (seq_literal("1e999"), "collective_seq_id"),
+    "seq a fraction": (seq_literal("2.5"), "collective_seq_id"),
+    "seq a list": (dump_with(collective_seq_id=[1]), "collective_seq_id"),
+    "seq negative": (dump_with(collective_seq_id=-1), "collective_seq_id"),
+    "seq 2**70": (dump_with(collective_seq_id=2**70), "collective_seq_id"),
+    "state unknown": (dump_with(state="done"), "state"),
+    "sizes a dict": (dump_with(input_sizes={"a": 1}), "input_sizes"),
+    "pg_config a list": (dump_with(pg_config=[1, 2]), "pg_config"),
+    "a group a list": (dump_with(pg_config={"0": [0, 1]}), "pg_config"),
+    "ranks huge": (dump_with(pg_config={"0": {"name": "0", "ranks": "[99999999999]"}}), "ranks"),
+    "process group a dict": (dump_with(process_group={"a": 1}), "process_group"),
+    "op a number": (dump_with(profiling_name=3), "profiling_name"),
+    "version 5001 digits": (dump_with(version="9" * 5001), "version"),
+    "version a number": (dump_with(version=2.1), "version"),
+    "deep JSON": ('{"version": "2.10", "pg_config": {}, "entries": ' + "[" * 100000 + "]" * 100000 + "}",
+                  "nested too deeply"),
+    "a huge integer": ('{"version": "2.10", "pg_config": {}, "entries": [' + "9" * 5001 + "]}", "not valid JSON"),
+}
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("name", HOSTILE_DUMPS)
+def test_hostile_dump_fields_are_one_line_naming_the_field(tmp_path, cli, name):
+    dump, field_name = HOSTILE_DUMPS[name]
+    started = time.monotonic()
+    result = cli("why-hung", write_json(tmp_path / "d", dump))
+    assert result.exit_code == 2 and field_name in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert time.monotonic() - started < 15
+
+
+def test_a_pickle_is_parsed_never_unpickled(tmp_path, cli, monkeypatch):
+    """A pickle that would run code when unpickled is refused by its opcode, and pickle's loader never runs."""
+    monkeypatch.setattr(pickle, "loads", None)
+    monkeypatch.setattr(pickle, "Unpickler", None)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "trace_0").write_bytes(b"cos\nsystem\n(S'echo hi'\ntR.")
+    result = cli("why-hung", d)
+    assert result.exit_code == 2 and "opcode GLOBAL" in result.stderr and result.stderr.count("\n") == 1
+    write_dumps(tmp_path / "ok", {0: [entry(1)], 1: [entry(1)]}, ranks="[0, 1]")
+    assert why_hung(tmp_path / "ok").groups[0].waiting == [0, 1]
+
+
+def test_a_self_referencing_pickle_is_one_line(tmp_path, cli):
+    cyclic: list = []
+    cyclic.append(cyclic)
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "trace_0").write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "entries": cyclic}))
+    result = cli("why-hung", d)
+    assert result.exit_code == 2 and "entries[0]: expected a mapping" in result.stderr and result.stderr.count("\n") == 1
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("log, said", [
+    ("/dev/zero", "a device"),
+    ("fifo", "a named pipe"),
+    ("huge", "1 to"),
+])
+def test_bad_nccl_logs_are_one_line_unread(tmp_path, cli, log, said):
+    write_dumps(tmp_path / "d", {0: [entry(1)]}, ranks="[0]")
+    if log == "fifo":
+        log = tmp_path / "fifo"
+        os.mkfifo(log)
+    elif log == "huge":
+        log = tmp_path / "huge.log"
+        log.write_text("n:1:2 [0] NCCL INFO comm 0xabc rank 0 nranks 999999999999 cudaDev 0 - Init COMPLETE\n")
+    started = time.monotonic()
+    result = cli("why-hung", tmp_path / "d", "--nccl-log", log)
+    assert result.exit_code == 2 and said in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert time.monotonic() - started < 15
+
+
+def test_text_from_the_files_is_printed_escaped(tmp_path, cli):
+    """A terminal escape sequence (screen clear, window title) or rich markup in a dump or log prints as text."""
+    evil = "nccl:all_reduce\x1b[2J\x1b]0;owned\x07[/bold]"
+    write_dumps(tmp_path, {0: [entry(1, op=evil)], 1: [entry(1, op=evil)]}, ranks="[0, 1]")
+    (tmp_path / "job.log").write_text("h:1:2 [0] NCCL WARN bad \x1b[31mred\x1b[0m\n")
+    result = cli("why-hung", tmp_path)
+    assert result.exit_code == 0, result.stderr
+    assert "\x1b" not in result.stdout and "\x07" not in result.stdout
+    assert "\\x1b[2J" in result.stdout and "[/bold]" in result.stdout and "\\x1b[31mred" in result.stdout

@@ -24,7 +24,7 @@ def why_hung(directory: Path = typer.Argument(..., help="directory of Flight Rec
     report = explain(directory, nccl_log or [])
     console = text_console()
     for line in report.lines():
-        console.print(line)
+        console.print(line, markup=False)  # text from the dumps: a [tag] in an op name is text, not markup
 
 
 def pairs(

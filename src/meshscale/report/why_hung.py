@@ -17,23 +17,21 @@ one not yet completed on some rank, or a call that differs between ranks at the 
 (another op or other sizes: a mismatch), is named instead."""
 from __future__ import annotations
 
-import io
 import json
-import pickle
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from meshscale.errors import MeshscaleError
-from meshscale.units import is_digits
+from meshscale.errors import MeshscaleError, one_line
+from meshscale.report.fr_dump import MAX_RANKS, Dump, read_dump
+from meshscale.safe_io import read_bytes
 
-SUPPORTED_MAJOR = 2  # dump format versions 2.x carry collective_seq_id and pg_config (older ones do not)
-NEEDED_KEYS = ("version", "pg_config", "entries")
-NEEDED_ENTRY_KEYS = ("collective_seq_id", "profiling_name", "process_group", "state")
-_RANK_SUFFIX = re.compile(r"(\d+)(\.json)?$")
+MAX_LOG_BYTES = 256 << 20  # NCCL_DEBUG=INFO of a large job's launch is tens of MB; read at most this much
+_RANK_SUFFIX = re.compile(r"(\d{1,7})(\.json)?$")
 _NCCL_LINE = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN) (?P<text>.*)$")
-_NCCL_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>\d+) nranks (?P<nranks>\d+) .*Init COMPLETE")
+_NCCL_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>[0-9]{1,12}) nranks (?P<nranks>[0-9]{1,12}) .*Init "
+                        "COMPLETE")
 
 
 @dataclass
@@ -87,7 +85,8 @@ class HangReport:
     completion_known: bool
 
     def lines(self) -> list[str]:
-        """The verdict, one finding a line."""
+        """The verdict, one finding a line; text from the files (names, ops, NCCL lines) with control characters
+        escaped, so that none reaches the terminal."""
         out = []
         for g in self.groups:
             out += _group_lines(g, self.completion_known)
@@ -95,38 +94,7 @@ class HangReport:
             out += [f"NCCL: {line}" for line in self.nccl.incomplete_init + self.nccl.warnings]
             if not (self.nccl.incomplete_init or self.nccl.warnings):
                 out.append(f"NCCL: every communicator in {', '.join(self.nccl.files)} finished init; no WARN line")
-        return out
-
-
-class _DumpUnpickler(pickle.Unpickler):
-    """Plain data only: a Flight Recorder dump holds dicts, lists, strings and numbers, never objects."""
-
-    def find_class(self, module: str, name: str):
-        raise pickle.UnpicklingError(f"it refers to {module}.{name}, which no Flight Recorder dump does")
-
-
-def read_dump(path: Path) -> dict:
-    """One rank's dump (pickle or JSON), checked for the keys why-hung reads; MeshscaleError naming the file."""
-    raw = path.read_bytes()
-    try:
-        dump = json.loads(raw) if raw[:1] in (b"{", b"[") else _DumpUnpickler(io.BytesIO(raw)).load()
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError, UnicodeDecodeError) as exc:
-        raise MeshscaleError(f"{path}: truncated or not a Flight Recorder dump ({type(exc).__name__}: {exc})") from None
-    if not isinstance(dump, dict):
-        raise MeshscaleError(f"{path}: not a Flight Recorder dump (a {type(dump).__name__}, not a dict)")
-    missing = [k for k in NEEDED_KEYS if k not in dump]
-    if missing:
-        raise MeshscaleError(f"{path}: missing {', '.join(missing)}: not a Flight Recorder dump of a torch this "
-                             "reader knows (format 2.x)")
-    version = str(dump["version"])
-    if not is_digits(version.split(".")[0]) or int(version.split(".")[0]) != SUPPORTED_MAJOR:
-        raise MeshscaleError(f"{path}: Flight Recorder format {version}; why-hung reads format {SUPPORTED_MAJOR}.x "
-                             "(torch 2.5 and later)")
-    for entry in dump["entries"]:
-        gone = [k for k in NEEDED_ENTRY_KEYS if k not in entry]
-        if gone:
-            raise MeshscaleError(f"{path}: an entry lacks {', '.join(gone)} (format {version} from another torch?)")
-    return dump
+        return [one_line(line) for line in out]
 
 
 def find_dumps(directory: Path) -> dict[int, Path]:
@@ -138,6 +106,8 @@ def find_dumps(directory: Path) -> dict[int, Path]:
         match = _RANK_SUFFIX.search(path.name)
         if path.is_file() and match and not path.name.endswith((".log", ".txt")):
             rank = int(match.group(1))
+            if rank >= MAX_RANKS:
+                raise MeshscaleError(f"{one_line(path.name)}: rank {rank} in the file name; ranks are below {MAX_RANKS}")
             if rank in found:
                 raise MeshscaleError(f"{directory}: two dumps for rank {rank} ({found[rank].name}, {path.name}); "
                                      "keep one run's dumps per directory")
@@ -149,39 +119,21 @@ def find_dumps(directory: Path) -> dict[int, Path]:
     return found
 
 
-def _group_of(entry: dict) -> tuple[str, str]:
-    """(name as pg_config keys it, label for the reader) of an entry's process group."""
-    group = entry["process_group"]
-    name, desc = (str(group[0]), str(group[1])) if isinstance(group, (list, tuple)) and len(group) > 1 else (str(group), "")
-    return name, f"{name} ({desc})" if desc else name
-
-
-def _group_ranks(dump: dict, name: str) -> list[int]:
-    """The ranks of process group ``name`` as the dump's pg_config lists them ([] where it does not)."""
-    config = dump["pg_config"].get(name) or next(
-        (c for c in dump["pg_config"].values() if isinstance(c, dict) and c.get("name") == name), {})
-    ranks = config.get("ranks", "[]") if isinstance(config, dict) else "[]"
-    try:
-        return sorted(int(r) for r in (json.loads(ranks) if isinstance(ranks, str) else ranks))
-    except (ValueError, TypeError):
-        return []
-
-
-def explain(dumps: dict[int, dict], files: dict[int, Path], nccl: NcclLog | None = None) -> HangReport:
+def explain(dumps: dict[int, Dump], files: dict[int, Path], nccl: NcclLog | None = None) -> HangReport:
     """The verdict of every process group seen in the dumps."""
     calls: dict[str, dict[int, list[Call]]] = defaultdict(lambda: defaultdict(list))
     members: dict[str, set[int]] = defaultdict(set)
     completion_known = False
     for rank, dump in dumps.items():
-        for entry in dump["entries"]:
-            if entry.get("is_p2p"):
+        for entry in dump.entries:
+            if entry.p2p:
                 continue
-            name, key = _group_of(entry)
-            calls[key][rank].append(Call(int(entry["collective_seq_id"]), str(entry["profiling_name"]),
-                                         entry.get("input_sizes", []), str(entry["state"])))
-            completion_known |= entry["state"] in ("started", "completed")
+            key = f"{entry.group} ({entry.group_desc})" if entry.group_desc else entry.group
+            calls[key][rank].append(Call(entry.seq, entry.op, entry.sizes, entry.state))
+            completion_known |= entry.state in ("started", "completed")
             # the default group spans every rank, also one that dumped no collective (Gloo's pg_config keys it "")
-            members[key] |= set(_group_ranks(dump, name)) | {rank} | (set(dumps) if key.endswith("(default_pg)") else set())
+            members[key] |= (set(dump.group_ranks.get(entry.group, [])) | {rank}
+                             | (set(dumps) if entry.group_desc == "default_pg" else set()))
     groups = [_judge(key, sorted(members[key]), calls[key], files, completion_known) for key in sorted(calls)]
     return HangReport(groups, nccl, completion_known)
 
@@ -256,11 +208,7 @@ def read_nccl_logs(paths: list[Path]) -> NcclLog | None:
     inits: dict[str, tuple[int, set[int]]] = {}
     warnings = []
     for path in paths:
-        try:
-            text = path.read_text(errors="replace")
-        except OSError as exc:
-            raise MeshscaleError(f"{path}: cannot read the NCCL log ({exc.strerror})") from None
-        for line in text.splitlines():
+        for line in _log_text(path).splitlines():
             m = _NCCL_LINE.match(line.strip())
             if not m:
                 continue
@@ -268,7 +216,7 @@ def read_nccl_logs(paths: list[Path]) -> NcclLog | None:
                 warnings.append(f"WARN on {m['host']} pid {m['pid']} GPU {m['dev']}: {m['text']}")
             init = _NCCL_INIT.search(m["text"])
             if init:
-                nranks, done = inits.get(init["comm"], (int(init["nranks"]), set()))
+                nranks, done = inits.get(init["comm"], (_rank_count(init, path), set()))
                 done.add(int(init["rank"]))
                 inits[init["comm"]] = (nranks, done)
     incomplete = [f"communicator {comm}: ranks {sorted(set(range(n)) - done)} never printed Init COMPLETE "
@@ -276,10 +224,24 @@ def read_nccl_logs(paths: list[Path]) -> NcclLog | None:
     return NcclLog([p.name for p in paths], incomplete, warnings)
 
 
+def _log_text(path: Path) -> str:
+    """An NCCL log's text: a regular file of at most MAX_LOG_BYTES (a pipe or device is refused unread)."""
+    return read_bytes(path, "NCCL log", MAX_LOG_BYTES).decode("utf-8", errors="replace")
+
+
+def _rank_count(init: re.Match, path: Path) -> int:
+    """The communicator's rank count an Init COMPLETE line announces, checked before any work grows with it."""
+    nranks, rank = int(init["nranks"]), int(init["rank"])
+    if not 0 < nranks <= MAX_RANKS or rank >= nranks:
+        raise MeshscaleError(f"{one_line(str(path))}: an Init COMPLETE line of rank {rank} of {nranks} ranks; a "
+                             f"communicator has 1 to {MAX_RANKS} ranks, each below the count")
+    return nranks
+
+
 def nccl_logs_in(directory: Path) -> list[Path]:
     """Text files of DIR (*.log, *.txt) that hold NCCL lines."""
     return [p for p in sorted(directory.iterdir()) if p.is_file() and p.suffix in (".log", ".txt")
-            and " NCCL " in p.read_text(errors="replace")]
+            and " NCCL " in _log_text(p)]
 
 
 def why_hung(directory: Path, nccl_logs: list[Path] | None = None) -> HangReport:
