@@ -560,3 +560,56 @@ def test_another_models_checkpoint_is_one_line(cli, sandbox):
     result = refused(cli, sandbox, "train", "--model", "gpt-tiny", "--steps", "4", "--timing-warmup", "1", "--batch",
                      "2", "--checkpoint-dir", folder, "--resume")
     assert "another model" in result.stderr
+
+
+# ---- Flight Recorder dumps and NCCL logs (why-hung) ---------------------------------------------------------
+WHY_HUNG_VALUES = {"null": None, "text": "two", "list": [1], "mapping": {"a": 1}, "huge": 1e300, "negative": -1,
+                   "true": True, "5001 digits": "9" * 5001, "escape": "\x1b[2J\x1b]0;t\x07"}
+# (where, key): values the reader takes there; every other value is refused in one line naming the field
+WHY_HUNG_FIELDS = {("dump", "version"): (), ("dump", "pg_config"): (), ("dump", "entries"): (),
+                   ("entry", "collective_seq_id"): (), ("entry", "profiling_name"): ("text", "escape"),
+                   ("entry", "process_group"): ("text", "escape"), ("entry", "state"): (),
+                   ("entry", "input_sizes"): (), ("entry", "is_p2p"): ("true",), ("group", "ranks"): ("list",)}
+WHY_HUNG_CASES = [(w, k, v) for (w, k) in WHY_HUNG_FIELDS for v in WHY_HUNG_VALUES]
+
+
+def _good_dump() -> dict:
+    entry = {"process_group": ["0", "default_pg"], "collective_seq_id": 1, "profiling_name": "nccl:all_reduce",
+             "input_sizes": [[8]], "state": "completed", "is_p2p": False}
+    return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg", "ranks": "[0]"}},
+            "entries": [entry]}
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("where,key,value", WHY_HUNG_CASES, ids=lambda x: str(x).replace(" ", "-"))
+def test_why_hung_dump_fields(cli, sandbox, where, key, value):
+    dump = _good_dump()
+    target = {"dump": dump, "entry": dump["entries"][0], "group": dump["pg_config"]["0"]}[where]
+    target[key] = WHY_HUNG_VALUES[value]
+    folder = sandbox.parent / "dumps"
+    folder.mkdir()
+    for name, data in (("trace_0.json", json.dumps(dump).encode()), ("trace_1", pickle.dumps(dump))):
+        (folder / name).write_bytes(data)
+        if value in WHY_HUNG_FIELDS[(where, key)]:
+            result = cli("why-hung", folder)
+            assert result.exit_code == 0 and "\x1b" not in result.stdout, result.output
+        else:
+            result = refused(cli, sandbox, "why-hung", folder)
+            assert key in result.stderr
+        (folder / name).unlink()
+
+
+@pytest.mark.timeout(CASE_TIMEOUT_S)
+@pytest.mark.parametrize("kind", sorted(set(SPECIAL_PATHS) - {"missing"}))
+@pytest.mark.parametrize("role", ["dump", "nccl log"])
+def test_why_hung_special_files_are_refused_unread(cli, sandbox, kind, role):
+    folder = sandbox.parent / "dumps"
+    folder.mkdir()
+    (folder / "trace_0.json").write_text(json.dumps(_good_dump()))
+    path = SPECIAL_PATHS[kind](sandbox.parent, ".log")
+    if role == "nccl log":
+        refused(cli, sandbox, "why-hung", folder, "--nccl-log", path)
+    elif path.parent == sandbox.parent and not path.name.startswith(("two", "x" * 300)):
+        path.rename(folder / "trace_1.json")  # a pipe, link or folder where a rank's dump belongs
+        result = cli("why-hung", folder)
+        assert result.exit_code in (0, 2) and result.stderr.count("\n") <= 1, result.output

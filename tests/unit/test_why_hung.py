@@ -206,7 +206,8 @@ def test_a_self_referencing_pickle_is_one_line(tmp_path, cli):
     d.mkdir()
     (d / "trace_0").write_bytes(pickle.dumps({"version": "2.10", "pg_config": {}, "entries": cyclic}))
     result = cli("why-hung", d)
-    assert result.exit_code == 2 and "entries[0]: expected a mapping" in result.stderr and result.stderr.count("\n") == 1
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert "entries[0]: expected a mapping" in result.stderr  # the cycle meets the entry's type check
 
 
 @pytest.mark.timeout(30)

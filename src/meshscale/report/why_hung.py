@@ -30,8 +30,8 @@ from meshscale.safe_io import read_bytes
 MAX_LOG_BYTES = 256 << 20  # NCCL_DEBUG=INFO of a large job's launch is tens of MB; read at most this much
 _RANK_SUFFIX = re.compile(r"(\d{1,7})(\.json)?$")
 _NCCL_LINE = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN) (?P<text>.*)$")
-_NCCL_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>[0-9]{1,12}) nranks (?P<nranks>[0-9]{1,12}) .*Init "
-                        "COMPLETE")
+_NCCL_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>[0-9]{1,12}) "
+                        r"nranks (?P<nranks>[0-9]{1,12}) .*Init COMPLETE")
 
 
 @dataclass
@@ -107,7 +107,8 @@ def find_dumps(directory: Path) -> dict[int, Path]:
         if path.is_file() and match and not path.name.endswith((".log", ".txt")):
             rank = int(match.group(1))
             if rank >= MAX_RANKS:
-                raise MeshscaleError(f"{one_line(path.name)}: rank {rank} in the file name; ranks are below {MAX_RANKS}")
+                raise MeshscaleError(f"{one_line(path.name)}: rank {rank} in the file name; ranks are below "
+                                     f"{MAX_RANKS}")
             if rank in found:
                 raise MeshscaleError(f"{directory}: two dumps for rank {rank} ({found[rank].name}, {path.name}); "
                                      "keep one run's dumps per directory")
