@@ -239,3 +239,11 @@ def test_text_from_the_files_is_printed_escaped(tmp_path, cli):
     assert result.exit_code == 0, result.stderr
     assert "\x1b" not in result.stdout and "\x07" not in result.stdout
     assert "\\x1b[2J" in result.stdout and "[/bold]" in result.stdout and "\\x1b[31mred" in result.stdout
+
+
+def test_no_unpickling_comes_back():
+    """Guard: dumps are parsed by opcode (report/fr_dump.py); nothing under src/ unpickles a file again."""
+    src = Path(__file__).resolve().parents[2] / "src" / "meshscale"
+    found = [str(p) for p in src.rglob("*.py") if any(
+        word in p.read_text() for word in ("pickle.load", "pickle.Unpickler", "Unpickler("))]
+    assert found == []
