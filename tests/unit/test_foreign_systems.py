@@ -6,7 +6,8 @@ import time
 import pytest
 
 from meshscale.topology import from_dict, load_system, system_names, to_dict
-from meshscale.topology.limits import MAX_MACHINE_GPUS, MAX_NVLINKS_PER_GPU, MAX_XML_DEPTH, MAX_XML_ELEMENTS
+from meshscale.topology.limits import (MAX_CPU_MASK_DIGITS, MAX_MACHINE_GPUS, MAX_NVLINKS_PER_GPU, MAX_XML_DEPTH,
+                                       MAX_XML_ELEMENTS)
 from meshscale.topology.foreign import (GPU_CLASS, LEVELS, load_foreign, read_nccl_xml, read_topo_text, to_nccl_xml,
                                         to_topo_text)
 from meshscale.topology.text import relation_matrix
@@ -209,3 +210,9 @@ def test_topo_text_with_a_self_link_or_a_repeated_row_is_refused_in_one_line(cli
                                      ("place", "--gpus", "2")])
 def test_every_command_taking_a_system_refuses_a_hostile_dump_in_one_line(cli, tmp_path, command):
     _refused(cli, tmp_path, _xml_gpus(1000), ".xml", str(MAX_MACHINE_GPUS), command=command)
+
+
+def test_a_cpu_mask_past_the_limit_is_refused_in_one_line(cli, tmp_path):
+    mask = "f" * (MAX_CPU_MASK_DIGITS + 1)
+    _refused(cli, tmp_path, _xml_gpus(2).replace('numaid="0"', f'numaid="0" affinity="{mask}"'), ".xml",
+             "affinity", str(MAX_CPU_MASK_DIGITS))

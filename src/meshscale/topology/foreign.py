@@ -168,7 +168,8 @@ def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
         index = _int(gpu.get("dev", gpu.get("rank")), f"{source}: <gpu dev>")
         bus = pci.get("busid", f"gpu{index}").upper()
         if bus in bus_of or index in bus_of.values():
-            raise TopologyError(f"{source}: <gpu dev={index}> (bus {bus[:40]}) appears twice; a dump names each GPU once")
+            raise TopologyError(f"{source}: <gpu dev={index}> (bus {bus[:40]}) appears twice; a dump names each "
+                                "GPU once")
         bus_of[bus] = index
         sm = _int(gpu.get("sm", "0"), f"{source}: <gpu sm>")
         has_nvlink = gpu.find("nvlink") is not None
@@ -184,7 +185,8 @@ def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
     levels = {}
     for a, b in itertools.combinations(sorted(paths), 2):
         levels[(a, b)] = _tree_level(paths[a], paths[b])
-    return _checked_sighting(Sighting("NCCL topology dump", sorted(seen, key=lambda g: g.index), levels, assumed), source)
+    sighting = Sighting("NCCL topology dump", sorted(seen, key=lambda g: g.index), levels, assumed)
+    return _checked_sighting(sighting, source)
 
 
 def _xml_nvlinks(gpu: ET.Element, g: SeenGPU, bus_of: dict[str, int], source: str) -> None:
@@ -197,7 +199,8 @@ def _xml_nvlinks(gpu: ET.Element, g: SeenGPU, bus_of: dict[str, int], source: st
         if target == g.bus_id:
             raise TopologyError(f"{where} targets the GPU itself ({target[:40]}); a link joins two devices")
         if target in targets:
-            raise TopologyError(f"{where} names target {target[:40]} twice; a dump gives each target once, with its count")
+            raise TopologyError(f"{where} names target {target[:40]} twice; a dump gives each target once, "
+                                "with its count")
         targets.add(target)
         if link.get("tclass") == GPU_CLASS and target in bus_of:
             g.nvlinks_to_gpus[bus_of[target]] = count
@@ -221,7 +224,8 @@ def _checked_sighting(sighting: Sighting, source: str) -> Sighting:
     has more NVLinks than the limit (the checks common to both formats)."""
     gpus = sighting.gpus
     if [g.index for g in gpus] != list(range(len(gpus))):
-        raise TopologyError(f"{source}: GPUs are numbered {[g.index for g in gpus][:8]}; number them 0 to {len(gpus) - 1}")
+        raise TopologyError(f"{source}: GPUs are numbered {[g.index for g in gpus][:8]}; number them 0 to "
+                            f"{len(gpus) - 1}")
     for g in gpus:
         total = sum(g.nvlinks_to_gpus.values()) + sum(g.nvlinks_to_switches.values())
         if total > MAX_NVLINKS_PER_GPU:
