@@ -1,11 +1,14 @@
 """Every catalog system written as NCCL's topology dump and as `nvidia-smi topo -m` text reads back with the
 same GPU matrix (the oracle: the catalog's own matrix); files that are neither are refused in one line."""
 import re
+import time
 
 import pytest
 
 from meshscale.topology import from_dict, load_system, system_names, to_dict
-from meshscale.topology.foreign import (LEVELS, load_foreign, read_nccl_xml, read_topo_text, to_nccl_xml,
+from meshscale.topology.limits import (MAX_CPU_MASK_DIGITS, MAX_MACHINE_GPUS, MAX_NVLINKS_PER_GPU, MAX_XML_DEPTH,
+                                       MAX_XML_ELEMENTS)
+from meshscale.topology.foreign import (GPU_CLASS, LEVELS, load_foreign, read_nccl_xml, read_topo_text, to_nccl_xml,
                                         to_topo_text)
 from meshscale.topology.text import relation_matrix
 
@@ -96,3 +99,120 @@ def test_topo_of_an_nccl_dump_prints_the_catalog_s_gpu_matrix(cli, tmp_path, nam
     assert [row[0] for row in rows] == [f"GPU{i}" for i in range(n)]
     assert [row[1:1 + n] for row in rows] == _gpu_block(catalog)
     assert "GPU model from the compute capability" in run.stderr  # what the dump lacked, stated
+
+
+# ---- hostile files: XML read safely, counts bounded, contradictions refused --------------------------------
+def _dump(catalog: str = "dgx1-v100") -> str:
+    return to_nccl_xml(load_system(catalog))
+
+
+def _refused(cli, tmp_path, content: str, suffix: str, *phrases: str, command: tuple = ("topo",)) -> None:
+    """``command... --system FILE`` refuses the file in one line naming ``phrases``, within two seconds."""
+    path = tmp_path / f"machine{suffix}"
+    path.write_text(content)
+    started = time.monotonic()
+    run = cli(*command, "--system", str(path))
+    assert time.monotonic() - started < 2
+    assert run.exit_code == 2 and re.fullmatch(r"meshscale: error: [^\n]+\n", run.stderr), run.stderr
+    assert str(path) in run.stderr and all(p in run.stderr for p in phrases), run.stderr
+
+
+_LAUGHS = ('<?xml version="1.0"?><!DOCTYPE system [<!ENTITY a "lol">'
+           + "".join(f'<!ENTITY {chr(98 + k)} "{("&" + chr(97 + k) + ";") * 10}">' for k in range(9))
+           + ']><system>&j;</system>')
+
+
+@pytest.mark.parametrize("content, phrase", [
+    (_LAUGHS, "DOCTYPE"),                                                                         # billion laughs
+    ('<!DOCTYPE system [<!ENTITY x SYSTEM "file:///etc/passwd">]><system>&x;</system>', "DOCTYPE"),  # external
+    ('<!DOCTYPE system SYSTEM "http://example.com/evil.dtd"><system/>', "DOCTYPE"),                # external DTD
+    ('<!DOCTYPE system [<!ENTITY % p SYSTEM "file:///etc/passwd"> %p;]><system/>', "DOCTYPE"),     # parameter
+    ('<system><!ENTITY x "y"></system>', "ENTITY"),
+    ("<system>&x;</system>", "entity reference"),
+    ('<?xml version="1.0" encoding="utf-16"?><system/>', "encoding"),
+])
+def test_xml_with_a_dtd_an_entity_or_another_encoding_is_refused_in_one_line(cli, tmp_path, content, phrase):
+    _refused(cli, tmp_path, content, ".xml", phrase)
+
+
+def test_xml_nesting_past_the_depth_limit_is_refused_in_one_line(cli, tmp_path):
+    deep = 10_000
+    assert deep > MAX_XML_DEPTH
+    _refused(cli, tmp_path, "<system>" + "<pci>" * deep + "</pci>" * deep + "</system>", ".xml", str(MAX_XML_DEPTH))
+
+
+def test_xml_with_more_elements_than_the_limit_is_refused_in_one_line(cli, tmp_path):
+    dump = _dump()
+    many = dump.replace("</system>", "<x/>" * (MAX_XML_ELEMENTS + 1) + "</system>")
+    _refused(cli, tmp_path, many, ".xml", str(MAX_XML_ELEMENTS))
+
+
+def _xml_gpus(n: int, nvlinks: str = "") -> str:
+    pcis = "".join(f'<pci busid="0000:{k:04x}:00.0" class="{GPU_CLASS}"><gpu dev="{k}" sm="70">{nvlinks.format(k=k)}'
+                   "</gpu></pci>" for k in range(n))
+    return f'<system version="1"><cpu numaid="0">{pcis}</cpu></system>'
+
+
+def _text_gpus(n: int, relation=lambda i, j: "PIX") -> str:
+    header = "     " + " ".join(f"GPU{j}" for j in range(n)) + " CPU Affinity NUMA Affinity\n"
+    return header + "".join(f"GPU{i} " + " ".join("X" if i == j else relation(i, j) for j in range(n)) + " 0-7 0\n"
+                            for i in range(n))
+
+
+@pytest.mark.parametrize("fmt", ["xml", "text"])
+def test_more_gpus_than_a_machine_has_are_refused_in_one_line(cli, tmp_path, fmt):
+    n = max(1000, MAX_MACHINE_GPUS + 1)
+    content = _xml_gpus(n) if fmt == "xml" else _text_gpus(n)
+    _refused(cli, tmp_path, content, f".{'xml' if fmt == 'xml' else 'txt'}", f"{n} GPUs", str(MAX_MACHINE_GPUS))
+
+
+@pytest.mark.parametrize("count", [0, -1, 100_000, MAX_NVLINKS_PER_GPU + 1])
+def test_an_nvlink_count_out_of_range_is_refused_in_one_line(cli, tmp_path, count):
+    link = f'<nvlink target="0000:{{k:04x}}:00.0" count="{count}" tclass="{GPU_CLASS}"/>'
+    peer = _xml_gpus(2, link).replace('target="0000:0000:00.0"', 'target="0000:0001:00.0"', 1)
+    peer = peer.replace('<gpu dev="1" sm="70"><nvlink target="0000:0001:00.0"',
+                        '<gpu dev="1" sm="70"><nvlink target="0000:0000:00.0"')
+    _refused(cli, tmp_path, peer, ".xml", "NVLink count", str(MAX_NVLINKS_PER_GPU))
+    if count >= 0:  # topo -m has no sign: NV-1 is an unknown relation (test above)
+        _refused(cli, tmp_path, _text_gpus(2, lambda i, j: f"NV{count}"), ".txt", "NVLink count")
+
+
+@pytest.mark.parametrize("case, phrase", [
+    ("self", "itself"), ("duplicate", "twice"), ("one-sided", "must agree"), ("switches", "NVLinks (the limit"),
+    ("same dev", "appears twice"), ("gap", "number them"),
+])
+def test_xml_links_and_gpus_that_contradict_themselves_are_refused_in_one_line(cli, tmp_path, case, phrase):
+    def nv(target: int, count: int = 2, tclass: str = GPU_CLASS) -> str:
+        return f'<nvlink target="0000:{target:04x}:00.0" count="{count}" tclass="{tclass}"/>'
+    gpu0 = {"self": nv(0), "duplicate": nv(1) + nv(1), "one-sided": nv(1, 2), "same dev": "", "gap": "",
+            "switches": "".join(nv(0xc0 + s, MAX_NVLINKS_PER_GPU // 2, "0x068000") for s in range(3))}[case]
+    gpu1 = {"one-sided": nv(0, 4), "duplicate": nv(0) + nv(0)}.get(case, "")
+    content = _xml_gpus(2, "{k}").replace(">0</gpu>", f">{gpu0}</gpu>").replace(">1</gpu>", f">{gpu1}</gpu>")
+    content = content.replace('dev="1"', {"same dev": 'dev="0"', "gap": 'dev="5"'}.get(case, 'dev="1"'))
+    _refused(cli, tmp_path, content, ".xml", phrase)
+
+
+@pytest.mark.parametrize("relation, phrase", [
+    (lambda i, j: "NV2" if i < j else "PIX", "must agree"),          # mismatched ends
+    (lambda i, j: "NV2" if (i, j) == (0, 1) else "PIX", "must agree"),
+])
+def test_topo_text_whose_ends_disagree_is_refused_in_one_line(cli, tmp_path, relation, phrase):
+    _refused(cli, tmp_path, _text_gpus(3, relation), ".txt", phrase)
+
+
+def test_topo_text_with_a_self_link_or_a_repeated_row_is_refused_in_one_line(cli, tmp_path):
+    text = _text_gpus(2)
+    _refused(cli, tmp_path, text.replace("GPU1 PIX X", "GPU1 PIX NV2"), ".txt", "diagonal")
+    _refused(cli, tmp_path, text + text.splitlines()[2] + "\n", ".txt", "appears twice")
+
+
+@pytest.mark.parametrize("command", [("plan", "broadcast"), ("sim", "all_reduce"), ("predict", "--model", "resnet50"),
+                                     ("place", "--gpus", "2")])
+def test_every_command_taking_a_system_refuses_a_hostile_dump_in_one_line(cli, tmp_path, command):
+    _refused(cli, tmp_path, _xml_gpus(1000), ".xml", str(MAX_MACHINE_GPUS), command=command)
+
+
+def test_a_cpu_mask_past_the_limit_is_refused_in_one_line(cli, tmp_path):
+    mask = "f" * (MAX_CPU_MASK_DIGITS + 1)
+    _refused(cli, tmp_path, _xml_gpus(2).replace('numaid="0"', f'numaid="0" affinity="{mask}"'), ".xml",
+             "affinity", str(MAX_CPU_MASK_DIGITS))

@@ -16,6 +16,11 @@ What each format holds (NCCL 2.x ``graph/xml.cc`` dumps; nvidia-smi's topo -m le
   pair hides its PCIe relation (taken as the closest one the other pairs allow), and NVSwitches show only as
   NV# between every pair (more links per GPU than the model has: one switch node stands for all of them).
 NICs are not read from either (discovery reads them from sysfs); the GPU matrix is what round-trips.
+
+Both are hostile-file safe: the XML is read with no DTD and no entity (refused in the raw text, before any
+parsing) and with bounded depth and element count; every count the file gives (GPUs, NVLinks per pair and per
+GPU) is checked against topology/limits.py before any work that grows with it; a self, duplicate, negative or
+one-sided link is refused; and the built machine goes through the system file schema's checks, as YAML does.
 """
 from __future__ import annotations
 
@@ -26,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
-from meshscale.errors import TopologyError
+from meshscale.errors import MeshscaleError, TopologyError
+from meshscale.topology.limits import (MAX_CPU_MASK_DIGITS, MAX_MACHINE_GPUS, MAX_NICS, MAX_NVLINKS_PER_GPU,
+                                       MAX_XML_DEPTH, MAX_XML_ELEMENTS)
 from meshscale.topology.model import Topology
 from meshscale.units import is_digits
 
@@ -72,7 +79,8 @@ def is_foreign(path: Path) -> bool:
     if path.suffix.lower() in (".yaml", ".yml", ".json"):
         return False
     try:
-        head = path.read_text(errors="replace")[:4096]
+        with path.open("rb") as f:  # the head only: a huge file is refused by the bounded read later
+            head = f.read(4096).decode(errors="replace")
     except OSError:
         return False
     return bool(re.search(r"^\s*GPU0\b", head, re.M) or head.lstrip().startswith("<"))
@@ -80,21 +88,64 @@ def is_foreign(path: Path) -> bool:
 
 def load_foreign(path: str | Path) -> Topology:
     """A `Topology` from an NCCL topology dump or saved `nvidia-smi topo -m` text; a one-line error otherwise."""
+    from meshscale.safe_io import read_text
     path = Path(path)
-    try:
-        text = path.read_text(errors="replace")
-    except OSError as exc:
-        raise TopologyError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:  # a regular file, bounded in size, UTF-8
+        text = read_text(path, "system file")
+    except MeshscaleError as exc:
+        raise TopologyError(str(exc)) from None
     sighting = read_nccl_xml(text, str(path)) if text.lstrip().startswith("<") else read_topo_text(text, str(path))
-    return build(sighting, path.stem)
+    return build(sighting, path.stem, str(path))
 
 
 # ---- NCCL's XML ----------------------------------------------------------------------------------------
-def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
+# Refused in the raw text before parsing: any markup declaration (a DTD, internal or external, and entity
+# declarations: billion laughs, external entities), any entity reference but XML's five and character
+# references, and an encoding other than UTF-8 (the text is already decoded as UTF-8).
+_DECLARATION = re.compile(r"<!\s*(DOCTYPE|ENTITY|ELEMENT|ATTLIST|NOTATION)", re.I)
+_ENTITY_REF = re.compile(r"&(?!(?:amp|lt|gt|quot|apos|#[0-9]{1,7}|#x[0-9a-fA-F]{1,6});)")
+_ENCODING = re.compile(r"<\?xml[^>]*\bencoding\s*=\s*[\"']([^\"']*)[\"']")
+_CHUNK_CHARS = 1 << 16
+
+
+def _parse_xml(text: str, source: str) -> ET.Element:
+    """The root of ``text``, parsed with no DTD or entity, at most MAX_XML_DEPTH deep and MAX_XML_ELEMENTS
+    elements (counted as the parser goes, a chunk at a time, so a hostile file stops before its tree grows)."""
+    found = _DECLARATION.search(text)
+    if found:
+        raise TopologyError(f"{source}: XML with a <!{found.group(1).upper()} declaration is refused (meshscale reads "
+                            "no DTD or entity; an NCCL topology dump has none)")
+    if _ENTITY_REF.search(text):
+        raise TopologyError(f"{source}: XML with an entity reference is refused (meshscale reads no entity but "
+                            "&amp; &lt; &gt; &quot; &apos; and character references)")
+    encoding = _ENCODING.match(text.lstrip())
+    if encoding and encoding.group(1).lower().replace("_", "-") not in ("utf-8", "utf8", "us-ascii", "ascii"):
+        raise TopologyError(f"{source}: XML declares encoding {encoding.group(1)[:20]!r}; give it as UTF-8")
+    parser = ET.XMLPullParser(events=("start", "end"))
+    root, depth, count = None, 0, 0
     try:
-        root = ET.fromstring(text)
+        for start in range(0, len(text) + 1, _CHUNK_CHARS):
+            if start < len(text):
+                parser.feed(text[start:start + _CHUNK_CHARS])
+            else:
+                parser.close()
+            for event, element in parser.read_events():
+                depth += 1 if event == "start" else -1
+                count += event == "start"
+                root = element if root is None else root
+                if depth > MAX_XML_DEPTH:
+                    raise TopologyError(f"{source}: XML nests deeper than {MAX_XML_DEPTH} elements (the limit; an "
+                                        "NCCL topology dump is about ten deep)")
+                if count > MAX_XML_ELEMENTS:
+                    raise TopologyError(f"{source}: XML has more than {MAX_XML_ELEMENTS} elements (the limit; an "
+                                        "NCCL topology dump has a few hundred)")
     except ET.ParseError as exc:
         raise TopologyError(f"{source}: not an NCCL topology dump (XML: {exc})") from None
+    return root
+
+
+def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
+    root = _parse_xml(text, source)
     if root.tag != "system" or not root.findall(".//gpu"):
         raise TopologyError(f"{source}: not an NCCL topology dump (no <system> with <gpu> entries); write one "
                             "with NCCL_TOPO_DUMP_FILE=FILE.xml during any NCCL run")
@@ -110,33 +161,80 @@ def read_nccl_xml(text: str, source: str = "<xml>") -> Sighting:
                     gpus.append((child, gpu, cpu, list(bridges)))
                 walk(child, cpu, bridges + [child])
     walk(root, None, [])
+    _check_count(len(gpus), MAX_MACHINE_GPUS, "GPUs", source)
     bus_of = {}
     seen = []
     for pci, gpu, cpu, bridges in gpus:
         index = _int(gpu.get("dev", gpu.get("rank")), f"{source}: <gpu dev>")
         bus = pci.get("busid", f"gpu{index}").upper()
+        if bus in bus_of or index in bus_of.values():
+            raise TopologyError(f"{source}: <gpu dev={index}> (bus {bus[:40]}) appears twice; a dump names each "
+                                "GPU once")
         bus_of[bus] = index
         sm = _int(gpu.get("sm", "0"), f"{source}: <gpu sm>")
         has_nvlink = gpu.find("nvlink") is not None
         model = _sm_model(sm, has_nvlink)
         numa = _int(cpu.get("numaid"), f"{source}: <cpu numaid>") if cpu is not None and cpu.get("numaid") else None
-        seen.append(SeenGPU(index, bus, model, numa, _affinity(cpu.get("affinity")) if cpu is not None else None,
+        seen.append(SeenGPU(index, bus, model, numa, _affinity(cpu.get("affinity"), source) if cpu is not None else None,
                             _pcie(pci)))
         paths[index] = (id(cpu), bridges)
     assumed.append("GPU model from the compute capability in the dump (it names no model): "
                    + ", ".join(sorted({g.model for g in seen})))
     for (pci, gpu, _, _), g in zip(gpus, seen):
-        for link in gpu.findall("nvlink"):
-            count = _int(link.get("count", "1"), f"{source}: <nvlink count>")
-            target = (link.get("target") or "").upper()
-            if link.get("tclass") == GPU_CLASS and target in bus_of:
-                g.nvlinks_to_gpus[bus_of[target]] = g.nvlinks_to_gpus.get(bus_of[target], 0) + count
-            elif link.get("tclass") == NVSWITCH_CLASS:  # NCCL too joins every NVSwitch into one node
-                g.nvlinks_to_switches[ONE_SWITCH] = g.nvlinks_to_switches.get(ONE_SWITCH, 0) + count
+        _xml_nvlinks(gpu, g, bus_of, source)
     levels = {}
     for a, b in itertools.combinations(sorted(paths), 2):
         levels[(a, b)] = _tree_level(paths[a], paths[b])
-    return Sighting("NCCL topology dump", sorted(seen, key=lambda g: g.index), levels, assumed)
+    sighting = Sighting("NCCL topology dump", sorted(seen, key=lambda g: g.index), levels, assumed)
+    return _checked_sighting(sighting, source)
+
+
+def _xml_nvlinks(gpu: ET.Element, g: SeenGPU, bus_of: dict[str, int], source: str) -> None:
+    """The ``<nvlink>`` children of one GPU into ``g``: each target once, never the GPU itself, each count in range."""
+    targets = set()
+    for link in gpu.findall("nvlink"):
+        where = f"{source}: GPU{g.index} <nvlink>"
+        count = _nvlink_count(_int(link.get("count", "1"), f"{where} count"), where)
+        target = (link.get("target") or "").upper()
+        if target == g.bus_id:
+            raise TopologyError(f"{where} targets the GPU itself ({target[:40]}); a link joins two devices")
+        if target in targets:
+            raise TopologyError(f"{where} names target {target[:40]} twice; a dump gives each target once, "
+                                "with its count")
+        targets.add(target)
+        if link.get("tclass") == GPU_CLASS and target in bus_of:
+            g.nvlinks_to_gpus[bus_of[target]] = count
+        elif link.get("tclass") == NVSWITCH_CLASS:  # NCCL too joins every NVSwitch into one node
+            g.nvlinks_to_switches[ONE_SWITCH] = g.nvlinks_to_switches.get(ONE_SWITCH, 0) + count
+
+
+def _check_count(count: int, limit: int, what: str, source: str) -> None:
+    if count > limit:
+        raise TopologyError(f"{source}: {count} {what} is more than one machine has (the limit is {limit})")
+
+
+def _nvlink_count(count: int, where: str) -> int:
+    if not 1 <= count <= MAX_NVLINKS_PER_GPU:
+        raise TopologyError(f"{where}: NVLink count {count} is out of range (1 to {MAX_NVLINKS_PER_GPU}, the limit)")
+    return count
+
+
+def _checked_sighting(sighting: Sighting, source: str) -> Sighting:
+    """The sighting, once its GPUs are numbered 0..n-1, each GPU pair's NVLinks agree from both ends and no GPU
+    has more NVLinks than the limit (the checks common to both formats)."""
+    gpus = sighting.gpus
+    if [g.index for g in gpus] != list(range(len(gpus))):
+        raise TopologyError(f"{source}: GPUs are numbered {[g.index for g in gpus][:8]}; number them 0 to "
+                            f"{len(gpus) - 1}")
+    for g in gpus:
+        total = sum(g.nvlinks_to_gpus.values()) + sum(g.nvlinks_to_switches.values())
+        if total > MAX_NVLINKS_PER_GPU:
+            raise TopologyError(f"{source}: GPU{g.index} has {total} NVLinks (the limit is {MAX_NVLINKS_PER_GPU})")
+        for peer, n in g.nvlinks_to_gpus.items():
+            if gpus[peer].nvlinks_to_gpus.get(g.index) != n:
+                raise TopologyError(f"{source}: GPU{g.index} has {n} NVLinks to GPU{peer}, which has "
+                                    f"{gpus[peer].nvlinks_to_gpus.get(g.index, 0)} back; the two ends must agree")
+    return sighting
 
 
 def _tree_level(a: tuple[int, list], b: tuple[int, list]) -> int:
@@ -167,11 +265,14 @@ def _pcie(pci) -> tuple[int, int] | None:
     return (generation, int(width)) if generation else None
 
 
-def _affinity(mask: str | None) -> str | None:
+def _affinity(mask: str | None, source: str) -> str | None:
     """NCCL's hex CPU mask ('ffffffff,00000000', most significant word first) as a CPU list ('32-63')."""
     from meshscale.topology.nvml_discovery import cpu_list
     if not mask:
         return None
+    if len(mask) > MAX_CPU_MASK_DIGITS:
+        raise TopologyError(f"{source}: <cpu affinity> mask of {len(mask)} characters is longer than the limit "
+                            f"({MAX_CPU_MASK_DIGITS} hex digits)")
     try:
         value = int(mask.replace(",", ""), 16)
     except ValueError:
@@ -195,6 +296,8 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
                             "save it with `nvidia-smi -L; nvidia-smi topo -m` > FILE.txt")
     labels = [t for t in lines[header].split() if re.fullmatch(r"(GPU|NIC)\d+", t)]
     gpu_labels = [l for l in labels if l.startswith("GPU")]
+    _check_count(len(gpu_labels), MAX_MACHINE_GPUS, "GPUs", source)
+    _check_count(len(labels) - len(gpu_labels), MAX_NICS, "NICs", source)
     names = dict(re.findall(r"^GPU (\d+): (.+?)(?: \(UUID:.*)?$", text, re.M))
     rows = {}
     for line in lines[header + 1:]:
@@ -206,6 +309,8 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
         cells = words[1:1 + len(labels)]
         if len(cells) < len(labels):
             raise TopologyError(f"{source}: row {words[0]} has {len(cells)} relations for {len(labels)} columns")
+        if int(words[0][3:]) in rows:
+            raise TopologyError(f"{source}: row {words[0]} appears twice; nvidia-smi writes one row per GPU")
         rows[int(words[0][3:])] = (dict(zip(labels, cells)), words[1 + len(labels):])
     if sorted(rows) != list(range(len(gpu_labels))):
         raise TopologyError(f"{source}: rows {sorted(rows)} do not match the columns {gpu_labels}")
@@ -217,19 +322,7 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
     if len(names) < len(gpus):
         assumed.append("GPU model: add `nvidia-smi -L` lines to the file to name it; the model table's default "
                        "stands for the unnamed GPUs")
-    known, nvlinked = {}, {}
-    for i, (cells, _) in rows.items():
-        for j in range(len(gpus)):
-            relation = cells[f"GPU{j}"]
-            if i == j:
-                continue
-            if relation.startswith("NV") and is_digits(relation[2:]):
-                nvlinked[(min(i, j), max(i, j))] = int(relation[2:])
-            elif relation in LEVELS:
-                known[(min(i, j), max(i, j))] = LEVELS[relation]
-            else:
-                raise TopologyError(f"{source}: GPU{i} to GPU{j}: unknown relation {relation!r} "
-                                    f"(nvidia-smi writes X, NV#, {', '.join(LEVELS)})")
+    known, nvlinked = _relations(rows, source)
     levels = dict(known)
     for (i, j) in nvlinked:  # the closest level the pairs the text states allow (levels form a tree)
         bounds = [max(known[(min(i, k), max(i, k))], known[(min(j, k), max(j, k))]) for k in range(len(gpus))
@@ -239,7 +332,32 @@ def read_topo_text(text: str, source: str = "<text>") -> Sighting:
     if nvlinked:
         assumed.append("PCIe relation of NVLink pairs (the text shows only NV#): the closest the other pairs allow")
     _nvlinks_from_text(gpus, nvlinked, assumed)
-    return Sighting("nvidia-smi topo -m", gpus, levels, assumed)
+    return _checked_sighting(Sighting("nvidia-smi topo -m", gpus, levels, assumed), source)
+
+
+def _relations(rows: dict[int, tuple[dict, list]], source: str) -> tuple[dict, dict]:
+    """Each GPU pair's PCIe level or NVLink count, (i, j) with i < j, from a square, symmetric matrix: X on the
+    diagonal only, and the same relation read from either end."""
+    known, nvlinked = {}, {}
+    for i, (cells, _) in rows.items():
+        for j in range(len(rows)):
+            relation = cells[f"GPU{j}"]
+            if (relation == "X") != (i == j):
+                raise TopologyError(f"{source}: GPU{i} to GPU{j}: {relation!r}; nvidia-smi writes X on the diagonal "
+                                    "only (a GPU has no link to itself)")
+            if relation != rows[j][0][f"GPU{i}"]:
+                raise TopologyError(f"{source}: GPU{i} to GPU{j} is {relation!r} but GPU{j} to GPU{i} is "
+                                    f"{rows[j][0][f'GPU{i}']!r}; the two ends must agree")
+            if i >= j:
+                continue
+            if relation.startswith("NV") and is_digits(relation[2:]):
+                nvlinked[(i, j)] = _nvlink_count(int(relation[2:]), f"{source}: GPU{i} to GPU{j}")
+            elif relation in LEVELS:
+                known[(i, j)] = LEVELS[relation]
+            else:
+                raise TopologyError(f"{source}: GPU{i} to GPU{j}: unknown relation {relation!r} "
+                                    f"(nvidia-smi writes X, NV#, {', '.join(LEVELS)})")
+    return known, nvlinked
 
 
 def _nvlinks_from_text(gpus: list[SeenGPU], nvlinked: dict[tuple[int, int], int], assumed: list[str]) -> None:
@@ -309,7 +427,7 @@ def _stand_in(sighting: Sighting):
         by_bus=by_bus)
 
 
-def build(sighting: Sighting, name: str) -> Topology:
+def build(sighting: Sighting, name: str, source: str = "") -> Topology:
     """The `Topology` NVML discovery builds from what the sighting says; its notes say what was assumed."""
     from meshscale.topology.nvml_discovery import nvml_topology
     found = nvml_topology(_stand_in(sighting), sm_counts={})
@@ -327,7 +445,9 @@ def build(sighting: Sighting, name: str) -> Topology:
              "assumed": [*sighting.assumed, *pcie, *found.attrs.get("assumed", [])],
              "pcie_levels": found.attrs.get("pcie_levels", {})}
     title = f"{name}: {len(sighting.gpus)}x {', '.join(models)} (from {sighting.source})"
-    return Topology(name, found.nodes, found.links, title, attrs)
+    # the checks a system file's YAML gets (every field's type and range, links between distinct nodes)
+    from meshscale.topology.schema import from_dict, to_dict
+    return from_dict(to_dict(Topology(name, found.nodes, found.links, title, attrs)), source or name)
 
 
 # ---- writing the two formats (for tests and for users who want a dump of a catalog system) --------------
