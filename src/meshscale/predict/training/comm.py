@@ -89,12 +89,13 @@ class Allocation:
 
 
 def _with_nics(fabric: Fabric, nics: int) -> Fabric:
-    """``fabric``'s cluster with ``nics`` ports per node (a group's share of them), its switches sized for that;
-    the whole fabric where a cluster file pins a shape that many ports do not fill (its leaves, radix, levels)."""
+    """``fabric``'s cluster with ``nics`` ports per node (a group's share of them) on the same leaves (each leaf
+    keeps its nodes, so traffic climbs where the whole job's would), its switches sized for that share; the whole
+    fabric where a cluster file pins a shape that share cannot fill."""
     from meshscale.errors import MeshscaleError
     from meshscale.topology.cluster import cluster_topology
 
-    spec = replace(fabric.cluster, nics=nics)
+    spec = replace(fabric.cluster, nics=nics, nodes_per_leaf=fabric.topology.cluster.nodes_per_leaf)
     try:
         return Fabric(cluster_topology(spec), spec, fabric.params, fabric.network_fit, fabric.nccl, fabric.algo)
     except MeshscaleError:
