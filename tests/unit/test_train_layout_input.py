@@ -83,6 +83,18 @@ def test_layouts_list_parses_degrees():
     assert parse_layouts("fsdp4,tp2xfsdp2") == [{"fsdp": 4}, {"tp": 2, "fsdp": 2}]
 
 
+@pytest.mark.parametrize("text, message", [
+    ("fsdp1,fsdp1", "same layout"), ("fsdp1,tp1", "same layout"), ("tp2xfsdp2,fsdp2xtp2", "same layout"),
+    ("fsdp" + "9" * 5001, "not a layout"), ("fsdp100000", "not a layout"), ("fsdp0", "not a layout"),
+    (",".join(f"fsdp{n}" for n in range(1, 80)), "at most"), ("fsdp2\nx", "not a layout"),
+])
+def test_a_layout_list_is_bounded_and_names_each_layout_once(text, message):
+    from meshscale.errors import MeshscaleError
+    with pytest.raises(MeshscaleError, match=message) as found:
+        parse_layouts(text)
+    assert "\n" not in str(found.value)
+
+
 def test_comm_by_dimension_counts_each_mesh_group_per_step():
     from meshscale.models.layout import ParallelLayout
     from meshscale.train.parallel.comm import comm_by_dimension

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.memory import GIB, MemoryEstimate, training_memory
 from meshscale.models.registry import get_model
@@ -112,19 +112,33 @@ def layout_summary(cfg: TrainConfig, summary: dict[str, Any], layout: ParallelLa
     return out
 
 
+MAX_LAYOUTS = 64              # runs one --layouts asks for (each a training run of its own)
+MAX_LAYOUT_DEGREE = 1 << 16   # a degree no layout of a real machine exceeds (ranks of one run)
+
+
 def parse_layouts(text: str) -> list[dict[str, int]]:
     """``--layouts``: comma-separated layouts, each its degrees joined by ``x`` (``fsdp4,tp2xfsdp2,pp2xcp2``);
-    a dimension not named is 1."""
+    a dimension not named is 1. At most MAX_LAYOUTS of them, degrees up to MAX_LAYOUT_DEGREE, and no layout twice
+    (``fsdp1`` and ``tp1`` are the same one rank)."""
     from meshscale.models.layout import DIMENSIONS
-    out = []
-    for item in (part.strip() for part in text.split(",")):
+    items = [part.strip() for part in text.split(",")]
+    if len(items) > MAX_LAYOUTS:
+        raise MeshscaleError(f"--layouts: {len(items)} layouts; at most {MAX_LAYOUTS} in one sweep")
+    out, seen = [], {}
+    for item in items:
         degrees: dict[str, int] = {}
         for term in item.split("x") if item else [""]:
             name = term.rstrip("0123456789")
             number = term[len(name):]
-            if name not in DIMENSIONS or not number or int(number) < 1 or name in degrees:
-                raise MeshscaleError(f"--layouts {text}: {item!r} is not a layout; write each as degrees joined by "
-                                     f"x, e.g. fsdp4,tp2xfsdp2 (dimensions {', '.join(DIMENSIONS)})")
+            if name not in DIMENSIONS or not number or len(number) > 6 or not 1 <= int(number) <= MAX_LAYOUT_DEGREE \
+                    or name in degrees:
+                raise MeshscaleError(f"--layouts: {one_line(item)!r} is not a layout; write each as degrees (1 to "
+                                     f"{MAX_LAYOUT_DEGREE}) joined by x, e.g. fsdp4,tp2xfsdp2 (dimensions "
+                                     f"{', '.join(DIMENSIONS)})")
             degrees[name] = int(number)
+        key = tuple(sorted((k, v) for k, v in degrees.items() if v > 1))
+        if key in seen:
+            raise MeshscaleError(f"--layouts: {item!r} is the same layout as {seen[key]!r}; give each once")
+        seen[key] = item
         out.append(degrees)
     return out
