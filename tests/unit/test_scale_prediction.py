@@ -139,3 +139,18 @@ def test_a_run_over_hosts_joined_by_an_assumed_network_says_how_to_measure_it():
     assert "10 GbE assumed" in note and "measure it (`bench collective" in note and "--bench ar.json" in note
     _, note = predicted_beside(_scale(known, worlds=(1, 2)))
     assert "PREDICTED on" in note and "a guess" not in note
+
+
+def test_cpu_workers_take_their_measured_step_at_any_batch():
+    """A device without a datasheet has no roofline: its measured step is the compute at every batch, also one
+    the profile did not measure (the line through its points), never the kernels."""
+    from meshscale.predict.profile import ComputeProfile
+    from meshscale.predict.question import PredictRequest
+    from meshscale.predict.request import prepare, where_on
+
+    topo = cpu_topology(2)
+    profile = ComputeProfile([8, 16], [0.1, 0.18])
+    prepared = prepare(PredictRequest(model="resnet50", system=topo.name, profile=profile), where=where_on(topo))
+    for batch in (8, 64):
+        p = prepared.at(prepared.allocation(gpus=2), batch)
+        assert p.compute_s == pytest.approx(profile.step_time(batch)) and p.samples_per_s > 0

@@ -38,20 +38,14 @@ COMPARE_KINDS = {"algorithms": "exchange", "modes": "exchange", "frameworks": "f
 
 @dataclass(frozen=True)
 class Model:
-    """What trains, resolved: a transformer shape, a ResNet depth or train's small CNN (per-layer kernels each);
-    a model the step model has no kernels for is timed by its measured step."""
+    """What trains, resolved: a transformer shape, a ResNet depth or train's small CNN (per-layer kernels each)."""
 
     name: str
     transformer: TransformerConfig | None = None
     resnet_depth: int = 0
     autocast: bool = False
     ddp: bool = False           # train's own models: DDP, not FSDP2
-    params: int = 0             # a measured-only model's parameters
     small_cnn: bool = False     # train's small CNN
-
-    @property
-    def has_kernels(self) -> bool:
-        return self.transformer is not None or self.resnet_depth > 0 or self.small_cnn
 
 
 def resolve_model(req: PredictRequest, name: str) -> Model:
@@ -65,8 +59,7 @@ def resolve_model(req: PredictRequest, name: str) -> Model:
         return Model(name, resnet_depth=RESNETS[name], autocast=True, ddp=True)
     spec = MODELS.get(name)
     if spec is not None:   # train's own models train under torch.autocast and DDP
-        return Model(name, spec.transformer, autocast=True, ddp=True, params=spec.params,
-                     small_cnn=spec.family == "cnn")
+        return Model(name, spec.transformer, autocast=True, ddp=True, small_cnn=spec.family == "cnn")
     if is_transformer_model(name):
         return Model(name, load_model_config(name))
     get_model(name)   # the registry's one-line error, listing the known names
@@ -187,8 +180,7 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
     return TrainingJob(transformer, ParallelLayout(), batch, seq_len, req.precision, req.checkpointing,
                        model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
-                       sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
-                       measured_name=model.name if not model.has_kernels else "", measured_params=model.params)
+                       sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn)
 
 
 def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:
@@ -309,7 +301,7 @@ class Prepared:
         job = replace(self.job, layout=layout, batch=batch)
         whole = layout.fsdp == layout.tp == layout.pp == layout.cp == 1
         inside = self.measured is not None and self.measured.batches[0] <= batch <= self.measured.batches[-1]
-        if self.measured is not None and (not self.model.has_kernels or (whole and inside)):
+        if self.measured is not None and (self.where.gpu.sm_count == 0 or (whole and inside)):
             job = replace(job, measured=self.measured)
         return predict_step(job, allocation, self.where.gpu, self.calibration)
 
@@ -332,7 +324,7 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
     req = replace(req, model=name, precision=req.precision or (profile.precision if profile else None) or "fp32")
     job = base_job(req, model, where, batch)
     calibration, measured = None, None
-    kernels = model.has_kernels and where.gpu.sm_count > 0
+    kernels = where.gpu.sm_count > 0   # a device without a datasheet (CPU workers) has no roofline
     if kernels and profile is not None and _datasheet(profile.gpu_model):
         if isinstance(req.profile, Path):
             from meshscale.results import load_result
@@ -341,17 +333,13 @@ def prepare(req: PredictRequest, system: str | None = None, link: str | None = N
     if profile is not None and (not kernels or _stands(profile, where)):
         measured = _on_this_gpu(profile, where)
     elif not kernels:
-        why = "has no per-layer model" if not model.has_kernels else f"runs on {where.gpu.model}, which has no datasheet"
-        raise MeshscaleError(f"{name} {why}: give its measured step (--profile, from `meshscale train "
-                             "--profile-batches --json`)")
+        raise MeshscaleError(f"{name} runs on {where.gpu.model}, which has no datasheet: give its measured step "
+                             "(--profile, from `meshscale train --profile-batches --json`)")
     if where.partition is not None:
         factor, what = where.partition.step_time_factor, where.partition.describe()
         calibration = replace(calibration, factor=calibration.factor * factor) if calibration else \
             Calibration(factor, where.gpu.model)
         measured = measured.scaled(factor, what) if measured is not None else None
-    if not kernels:
-        job = replace(job, measured_name=name,
-                      measured_params=model.params or sum(g.elements for g in measured.gradients or ()))
     if profile is not None and profile.gradients:
         job = replace(job, measured_gradients=tuple(profile.gradients))
     return Prepared(req, model, where, job, calibration, nccl_algo, measured)

@@ -210,15 +210,11 @@ class TrainingJob:
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
     small_cnn: bool = False     # train's small CNN (its kernels: `workload.small_cnn_step`) in place of a ResNet
     exchange: GradientExchange = GradientExchange()   # replicas' gradient exchange (unsharded data parallelism)
-    measured: ComputeProfile | None = None   # a model without per-layer kernels: its measured step on this GPU
-    measured_name: str = ""                  # ... and its name
-    measured_params: int = 0                 # ... and its parameters
+    measured: ComputeProfile | None = None   # the step as measured on this GPU, where it stands for the kernels
     measured_gradients: tuple[GradientTensor, ...] | None = None   # when backward completed each, as a profile saw it
 
     @property
     def name(self) -> str:
-        if self.measured_name:
-            return self.measured_name
         if self.small_cnn:
             return "small-cnn"
         return self.model.name if self.model else f"resnet{self.resnet_depth}"
@@ -229,10 +225,6 @@ class TrainingJob:
         found = self.measured_gradients
         if self.small_cnn:
             return [GradientTensor(n) for n in small_cnn_tensor_numels()]
-        if self.model is None and not self.resnet_depth:
-            if found and sum(g.elements for g in found) == self.measured_params:
-                return list(found)
-            return [GradientTensor(self.measured_params)]
         if found and sum(g.elements for g in found) == self.params():
             return list(found)
         if self.model is None:
@@ -246,12 +238,12 @@ class TrainingJob:
         return self.batch * self.layout.data_parallel
 
     def params(self) -> int:
-        """The model's parameters (a measured-only model's as its registry says)."""
+        """The model's parameters."""
         if self.model is not None:
             return self.model.params()
         if self.small_cnn:
             return sum(small_cnn_tensor_numels())
-        return resnet_params(self.resnet_depth) if self.resnet_depth else self.measured_params
+        return resnet_params(self.resnet_depth)
 
     def model_flops_per_sample(self) -> float:
         """Training FLOPs per sample as MFU counts them, from the model registry's one count per family
