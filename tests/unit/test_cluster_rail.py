@@ -12,7 +12,7 @@ from meshscale.simulate.nccl_env import NcclSettings
 from meshscale.topology import route
 from meshscale.topology.cluster import ClusterSpec, build_cluster, describe, net_link, plan_cluster, system_or_cluster
 
-H100 = dict(node="hgx-h100", nics=8, link="ndr")
+H100 = dict(node="hgx-h100", nics=8, link="ndr", placement="packed")  # the leaves as built: the job is the cluster
 
 
 def _ranks(topo):

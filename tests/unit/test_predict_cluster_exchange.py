@@ -81,3 +81,62 @@ def test_a_dimensions_groups_share_the_nodes_nics():
     assert whole < 8 * alone   # eight groups' bytes through eight NICs, not one
     staged = collective_cost("all_gather", nbytes, [0, 8], Allocation.of("hgx-h100", 8, 2, "ndr", 8, gpudirect=False))
     assert staged.seconds >= alone
+
+
+def test_staged_copies_share_the_pcie_up_link_with_every_gpu_below_it():
+    """Without GPUDirect RDMA (the NICs on the CPUs' root ports) every GPU's traffic crosses its PCIe switch's
+    up-link to host memory, and every GPU below that switch stages at once: a NIC gets at most up-link / GPUs
+    below it."""
+    from meshscale.simulate.nccl.network import links_gbps, node_view
+    from meshscale.simulate.nccl.search import analyse
+    from meshscale.simulate.nccl.tables import constants
+    from meshscale.topology import route
+
+    for system, nics in (("hgx-h100", 8), ("dgx1-v100", 4)):
+        direct = analyse(system_or_cluster(system, nodes=2, link="ndr", nics=nics), list(range(16)))
+        cluster = system_or_cluster(system, nodes=2, link="ndr", nics=nics, gpudirect=False)
+        staged = analyse(cluster, list(range(16)))
+        assert staged.inter_gbps < direct.inter_gbps
+        node = node_view(cluster, 0)
+        for path in staged.nics:
+            to_host = route(node, path.gpu, next(iter(node.nodes_of("cpu")))).paths[0]
+            up = to_host.directed_links[1]       # GPU -> PCIe switch -> (up-link) -> CPU
+            below = [g for g in node.devices() if up[0] in {i for i, _ in route(node, g, to_host.nodes[-1]).paths[0].directed_links}]
+            rate = links_gbps(node, [up], constants(None))[up]
+            assert len(below) >= 2 and path.gbps <= rate / len(below) * (1 + 1e-9)
+
+
+def test_a_job_spread_over_busy_leaves_gets_one_kth_of_its_network():
+    """Spread over the leaves of a k:1 tree (a shared cluster), every node's traffic climbs through up-links
+    its busy neighbours share: 1/k of the node's rate; packed on one leaf, nothing climbs."""
+    from meshscale.simulate.nccl.search import analyse
+    from meshscale.topology.cluster import system_or_cluster
+
+    base = analyse(system_or_cluster("hgx-h100", nodes=2, link="ndr", nics=8), list(range(16))).inter_gbps
+    for k in (2.0, 4.0, 8.0):
+        spread = analyse(system_or_cluster("hgx-h100", nodes=2, link="ndr", nics=8, oversubscription=k),
+                         list(range(16))).inter_gbps
+        packed = analyse(system_or_cluster("hgx-h100", nodes=2, link="ndr", nics=8, oversubscription=k,
+                                           placement="packed"), list(range(16))).inter_gbps
+        assert spread == pytest.approx(base / k) and packed == base
+
+
+def test_the_two_node_llama_example_is_slower_for_each_network_handicap(cli, tmp_path):
+    """The layout model prices its collectives on the fabric the options describe: each handicap slows it."""
+    import json
+
+    base = ["--model", "llama3-8b", "--system", "hgx-h100", "--nodes", "2", "--link", "ndr", "--nics", "8",
+            "--tp", "8", "--fsdp", "2", "--batch", "1", "--seq-len", "8192", "--precision", "bf16"]
+
+    def tokens(*more) -> float:
+        out = tmp_path / "p.json"
+        run = cli("predict", *base, *more, "--json", out)
+        assert run.exit_code == 0, run.stderr
+        return json.loads(out.read_text())["rows"][0]["tokens_per_s_per_gpu"]
+
+    plain = tokens()
+    for more in (("--oversubscription", "4"), ("--no-gpudirect",), ("--nccl-env", "NCCL_MAX_NCHANNELS=1")):
+        assert tokens(*more) < plain * 0.995, more
+    assert tokens("--oversubscription", "4", "--placement", "packed") == plain
+    refused = cli("predict", *base, "--placement", "packed")
+    assert refused.exit_code == 2 and "not oversubscribed" in refused.stderr

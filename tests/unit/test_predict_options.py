@@ -17,7 +17,7 @@ BASES = {
 # changes the answer, or is refused, passes (a value can be what the model picks anyway: NCCL's own algorithm)
 VALUES = {
     "model": ["gpt-small"], "system": ["dgx1-v100"], "gpus": ["4"], "nodes": ["2"], "gpu": ["NVIDIA H200"],
-    "link": ["hdr"], "nics": ["4"], "gpudirect": [], "network": ["rail"], "oversubscription": ["4"],
+    "link": ["hdr"], "nics": ["4"], "gpudirect": [], "network": ["rail"], "oversubscription": ["4"], "placement": ["packed"],
     "batch": ["32"], "global_batch": ["128"], "seq_len": ["512"], "precision": ["fp16", "fp32"],
     "checkpointing": ["full"], "channels_last": [], "cuda_graph": [], "attention": ["flash"], "dp": ["2"],
     "fsdp": ["4"], "tp": ["2"], "pp": ["2"], "cp": ["2"], "pp_schedule": ["gpipe"], "micro_batches": ["2"],

@@ -15,7 +15,7 @@ from meshscale.cli.checks import (FACTOR, MAX_GPU_RANKS, NCCL_ENV_OPTION, ROOT, 
 from meshscale.safe_io import atomic_write
 from meshscale.validation import Range
 from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
-                                    OVERSUBSCRIPTION_OPTION, cluster_options)
+                                    OVERSUBSCRIPTION_OPTION, PLACEMENT_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
 from meshscale.errors import MeshscaleError
 from meshscale.units import gbps, parse_bytes, parse_ints
@@ -95,6 +95,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
          gpudirect: Optional[bool] = GPUDIRECT_OPTION,
          network: Optional[str] = NETWORK_OPTION,
          oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
+         placement: Optional[str] = PLACEMENT_OPTION,
          json_path: Optional[Path] = typer.Option(None, "--json", help="write the plan as a meshscale Result (kind plan)", callback=checked(output_file()))) -> None:
     """Choose meshscale's schedule for one collective and explain it (channels, predicted time and busbw,
     bottleneck, bound), beside what NCCL would pick and take."""
@@ -105,7 +106,7 @@ def plan(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     collective = schedulable(collective).name
     check_algo(algo, ALGOS[1:])  # plan always shows NCCL's pick beside meshscale's: --algo names the schedule
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
+                         oversubscription, placement), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
     p = make_plan(s.fabric, collective, s.ranks, parse_bytes(nbytes), root)
     print_text(format_plan(p))
     if schedule_json:
@@ -141,6 +142,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
         gpudirect: Optional[bool] = GPUDIRECT_OPTION,
         network: Optional[str] = NETWORK_OPTION,
         oversubscription: Optional[float] = OVERSUBSCRIPTION_OPTION,
+        placement: Optional[str] = PLACEMENT_OPTION,
         json_path: Optional[Path] = typer.Option(None, "--json", help="write the sweep (meshscale Result, kind sim)", callback=checked(output_file())),
         csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file()))) -> None:
     """Predicted sweep of one collective over sizes: the columns of `bench collective`, plus the algorithm chosen
@@ -154,7 +156,7 @@ def sim(collective: str = typer.Argument(..., help=", ".join(SCHEDULABLE)),
     collective = schedulable(collective).name
     check_algo(algo)
     s = resolve_scenario(system, devices, gpus, p2p, bench, cluster_options(nodes, link, nics, gpudirect, network,
-                         oversubscription), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
+                         oversubscription, placement), nccl_settings(nccl_algo, proto, nccl_version, nvls, nccl_env), algo)
     fabric, ranks = s.fabric, s.ranks
     topology, params = fabric.topology, fabric.params or SimParams()
     result = sim_sweep(fabric, collective, ranks, sweep_sizes(parse_bytes(min_bytes), parse_bytes(max_bytes), factor),

@@ -10,6 +10,7 @@ from rich.table import Table
 from meshscale.cli.output import print_tables, progress
 from meshscale.cli.checks import checked, output_file
 from meshscale.errors import MeshscaleError, check_choice
+from meshscale.topology.fabric import PLACEMENT_HELP
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.units import gbps
 from meshscale.safe_io import atomic_write
@@ -31,16 +32,17 @@ GPUDIRECT_OPTION = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDir
                                 "(default on; NCCL uses it only through PCIe switches)")
 NETWORK_OPTION = typer.Option(None, "--network", help=f"cluster network: {' or '.join(NETWORKS)} (default fat-tree; "
                               "rail: NIC k of every node on rail k's leaf switch)")
+PLACEMENT_OPTION = typer.Option(None, "--placement", help=PLACEMENT_HELP)
 OVERSUBSCRIPTION_OPTION = typer.Option(None, "--oversubscription", callback=checked(CLUSTER_RANGES["oversubscription"]),
                                        help="leaf down-links per up-link, k for k:1 (default 1, non-blocking)")
 
 
 def cluster_options(nodes: Optional[int] = None, link: Optional[str] = None, nics: Optional[int] = None,
                     gpudirect: Optional[bool] = None, network: Optional[str] = None,
-                    oversubscription: Optional[float] = None) -> dict:
+                    oversubscription: Optional[float] = None, placement: Optional[str] = None) -> dict:
     """The cluster options of a command line, by `cluster_spec`'s names (None: not given)."""
     return {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect, "network": network,
-            "oversubscription": oversubscription}
+            "oversubscription": oversubscription, "placement": placement}
 
 
 def resolve_system(system: Optional[str], workers: Optional[int] = None, **cluster):

@@ -18,7 +18,7 @@ from meshscale.predict.training.hardware import GpuSpec
 from meshscale.predict.training.step import TrainingPrediction
 from meshscale.results import Result
 
-CLUSTER_OPTIONS = ("link", "nics", "gpudirect", "network", "oversubscription")
+CLUSTER_OPTIONS = ("link", "nics", "gpudirect", "network", "oversubscription", "placement")
 EXCHANGE_OPTIONS = ("mode", "framework", "wire")
 SWEEP_OPTIONS = ("compare", "measured")
 
@@ -111,14 +111,20 @@ def answer(req: PredictRequest) -> Answer:
 
 
 def network_notices(req: PredictRequest, nodes: int, prepared: Prepared) -> list[str]:
-    """What a network option did not change, said plainly: an oversubscribed tree slows only traffic that
-    climbs above the leaf switches, and a job of nodes that share one leaf sends none there."""
+    """What the network's oversubscription did, said plainly: an oversubscribed tree slows only traffic that
+    climbs above the leaf switches; spread over busy leaves (the default) all of it climbs, packed on one leaf
+    none does."""
     cluster = prepared.where.fabric.cluster
-    if not req.oversubscription or cluster is None or nodes < 2:
+    if not req.oversubscription or req.oversubscription <= 1 or cluster is None or nodes < 2:
         return []
     per_leaf = prepared.where.fabric.at_nodes(nodes).topology.cluster.nodes_per_leaf
+    k = f"{req.oversubscription:g}"
+    if cluster.placement == "spread":
+        return [f"--oversubscription {k}: the {nodes} nodes are taken to sit on leaves of their own whose up-links "
+                f"busy neighbours share {k}:1 (--placement spread, a shared cluster); --placement packed puts "
+                f"{'them on one leaf' if nodes <= per_leaf else 'them on the fewest leaves'} ({per_leaf} nodes "
+                "per leaf)"]
     if nodes > per_leaf:
         return []
-    return [f"--oversubscription {req.oversubscription:g}: the {nodes} nodes share one leaf switch ({per_leaf} "
-            "nodes per leaf), so no traffic climbs to the oversubscribed links; more nodes than a leaf holds "
-            "would cross them"]
+    return [f"--oversubscription {k}: the {nodes} nodes share one leaf switch ({per_leaf} nodes per leaf, "
+            "--placement packed), so no traffic climbs to the oversubscribed links"]

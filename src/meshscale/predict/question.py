@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, List, Optional
 
 from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, FSDP, MICRO_BATCHES, MODE,
                                MODEL, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, option)
+from meshscale.topology.fabric import PLACEMENT_HELP
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.validation import Range, count_list
 
@@ -62,6 +63,7 @@ class PredictRequest:
     network: Optional[str] = option(None, "--network", help="cluster network: fat-tree (default) or rail")
     oversubscription: Optional[float] = option(None, "--oversubscription", help="leaf down-links per up-link, k "
                                                "for k:1 (default 1)", check=CLUSTER_RANGES["oversubscription"])
+    placement: Optional[str] = option(None, "--placement", help=PLACEMENT_HELP)
     batch: Optional[int] = BATCH.field(None, f"default {IMAGE_BATCH} images, {SEQUENCE_BATCH} sequence")
     global_batch: Optional[int] = option(None, "--global-batch", help="samples per step over all ranks: strong "
                                          "scaling over the sweep, or what --search splits",

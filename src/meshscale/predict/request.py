@@ -148,7 +148,7 @@ def resolve_where(req: PredictRequest, system: str, link: str | None, nccl_algo:
     spec = cluster_file_spec(system)
     node_system = spec.node if spec is not None else system
     options = {"link": link, "nics": req.nics, "gpudirect": req.gpudirect, "network": req.network,
-               "oversubscription": req.oversubscription}
+               "oversubscription": req.oversubscription, "placement": req.placement}
     if spec is None:
         own_link, own_nics = default_network(system)
         options["link"] = link or own_link

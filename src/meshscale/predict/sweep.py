@@ -131,7 +131,8 @@ def _network(where, full: bool = False) -> dict:
         return {}
     found = {"link": fit.link if fit else cluster.link, "nics": cluster.nics}
     if full:
-        found.update(gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
+        found.update(gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription,
+                     placement=cluster.placement)
     return found
 
 

@@ -247,7 +247,8 @@ def fit_network(topo: Topology, bench: Result, collective: str = "all_reduce"):
     node_bytes_per_s = 2 * (ranks - 1) / ranks / s_per_byte
     nics = cluster.nics
     spec = ClusterSpec(node=cluster.node, nodes=cluster.nodes, nics=nics, link=cluster.link, levels=cluster.levels,
-                       gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription)
+                       gpudirect=cluster.gpudirect, network=cluster.network, oversubscription=cluster.oversubscription,
+                       placement=cluster.placement)
     # NCCL's ring latency on the measured cluster, without the network's own latency beyond the reference one
     measured = build_cluster(plan_cluster(replace(spec, nodes=nodes)))
     s = analyse(measured, list(range(ranks)))

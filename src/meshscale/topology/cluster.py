@@ -31,7 +31,7 @@ from functools import lru_cache
 from meshscale.errors import TopologyError
 import meshscale.topology.links as calc
 from meshscale.topology.catalog import load_system
-from meshscale.topology.fabric import NET_LINKS, NETWORKS, STATED_RADIX, Cluster, NetLink, net_link  # noqa: F401
+from meshscale.topology.fabric import NET_LINKS, NETWORKS, PLACEMENTS, STATED_RADIX, Cluster, NetLink, net_link  # noqa: F401
 from meshscale.topology.schema import require_devices
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.topology.model import Link, Node, Topology
@@ -53,6 +53,7 @@ class ClusterSpec:
     oversubscription: float = 1.0
     gpudirect: bool = True
     network: str = "fat-tree"     # or "rail": a leaf per rail (and rail group)
+    placement: str = "spread"     # the job's nodes on an oversubscribed tree: spread over busy leaves, or packed
 
 
 @dataclass
@@ -105,7 +106,7 @@ class ClusterPlan:
         spec = self.spec
         return Cluster(spec.node, spec.nodes, spec.nics, self.net, spec.link, self.levels, self.nodes_per_leaf,
                        tuple(self.switches), self.latency_s, spec.network, spec.oversubscription, spec.gpudirect,
-                       self.radix)
+                       self.radix, spec.placement)
 
     def layout(self) -> str:
         """The network in words: "2-level fat tree", "rail-optimized, 8 rails, 2 levels"."""
@@ -210,6 +211,8 @@ def plan_cluster(spec: ClusterSpec) -> ClusterPlan:
         raise TopologyError(f"oversubscription {spec.oversubscription} is below 1; use 1 (non-blocking) or more")
     if spec.network not in NETWORKS:
         raise TopologyError(f"unknown network {spec.network!r}; use {' or '.join(NETWORKS)}")
+    if spec.placement not in PLACEMENTS:
+        raise TopologyError(f"unknown placement {spec.placement!r}; use {' or '.join(PLACEMENTS)}")
     node_topo = require_devices(load_system(spec.node))
     radix = spec.radix or net.radix
     if spec.network == "rail":
@@ -330,7 +333,7 @@ def build_cluster(plan: ClusterPlan) -> Topology:
 
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",
-                     "gpudirect", "network")
+                     "gpudirect", "network", "placement")
 
 
 def _checked_fields(entry: dict, path: str) -> dict:
@@ -346,6 +349,9 @@ def _checked_fields(entry: dict, path: str) -> dict:
         if "gpudirect" in fields and not isinstance(fields["gpudirect"], bool):
             raise MeshscaleError(f"{path}: cluster: gpudirect: {fields['gpudirect']!r} is not true or false; "
                                  "write gpudirect: true or gpudirect: false (unquoted)")
+        if "placement" in fields and fields["placement"] not in PLACEMENTS:
+            raise MeshscaleError(f"{path}: cluster: placement: unknown placement {fields['placement']!r}; use "
+                                 f"{' or '.join(PLACEMENTS)}")
         if "network" in fields and fields["network"] not in NETWORKS:
             raise MeshscaleError(f"{path}: cluster: network: unknown network {fields['network']!r}; use {' or '.join(NETWORKS)}")
     except TopologyError:
@@ -417,6 +423,12 @@ def cluster_spec(system: str, nodes: int | None = None, link: str | None = None,
                            nics=nics if nics is not None else default_nics(link or "edr"))
     for key, value in given.items():
         setattr(spec, key, value)
+    if shape.get("placement") is not None:
+        if spec.placement not in PLACEMENTS:
+            raise TopologyError(f"--placement {spec.placement}: unknown placement; use {' or '.join(PLACEMENTS)}")
+        if spec.oversubscription <= 1:
+            raise TopologyError(f"--placement {spec.placement}: the network is not oversubscribed (1:1), so where a "
+                                "job's nodes sit changes nothing; add --oversubscription K or drop it")
     return spec
 
 

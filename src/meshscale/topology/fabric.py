@@ -42,6 +42,12 @@ NET_LINKS = {
 
 STATED_RADIX = 64  # switch ports assumed for a network given by its rate alone
 NETWORKS = ("fat-tree", "rail")
+# where a job's nodes sit on an oversubscribed tree: each on a leaf of its own whose up-links the leaf's other
+# (busy) nodes share, as a shared cluster's scheduler may place them; or packed on the fewest leaves
+PLACEMENTS = ("spread", "packed")
+PLACEMENT_HELP = ("the job's nodes on an oversubscribed tree: spread (default: each on a leaf of its own, whose "
+                  "up-links the leaf's other busy nodes share k:1, as a shared cluster places them) or packed (the "
+                  "fewest leaves: topology-aware scheduling, or a cluster of your own)")
 
 
 def net_link(name: str) -> NetLink:
@@ -97,6 +103,7 @@ class Cluster:
     oversubscription: float = 1.0
     gpudirect: bool = True
     radix: int = 0
+    placement: str = "spread"      # a job's nodes on an oversubscribed tree (PLACEMENTS)
 
     @property
     def rails(self) -> int:

@@ -242,7 +242,7 @@ def _fabric(data: Any, source: str):
         real = [values[k] for k in ("latency_s", "oversubscription") if k in values]
         real += [net.bandwidth_bytes_per_s, net.nominal_gbits, net.switch_latency_s, net.system_latency_s,
                  net.whitepaper_encoding]
-        texts = [values[k] for k in ("node", "link", "network") if k in values] + [net.name, net.kind]
+        texts = [values[k] for k in ("node", "link", "network", "placement") if k in values] + [net.name, net.kind]
         if not (all(number(v, True) for v in whole) and all(number(v) for v in real)
                 and all(isinstance(t, str) for t in texts) and isinstance(values.get("gpudirect", True), bool)):
             raise ValueError

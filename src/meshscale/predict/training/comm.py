@@ -40,13 +40,13 @@ class Allocation:
     @classmethod
     def of(cls, system: str, gpus_per_node: int, nodes: int = 1, link: str = "ndr", nics: int = 8, *,
            gpudirect: bool = True, network: str = "fat-tree", oversubscription: float = 1.0,
-           nccl_env: NcclEnv = DEFAULT_ENV, nccl_algo: str | None = None) -> Allocation:
+           placement: str | None = None, nccl_env: NcclEnv = DEFAULT_ENV, nccl_algo: str | None = None) -> Allocation:
         """``nodes`` nodes of catalog system ``system``, a cluster of them on these network options when more than
         one."""
         from meshscale.simulate.fabric import resolve_fabric
 
         cluster = {"nodes": nodes, "link": link, "nics": nics, "gpudirect": gpudirect, "network": network,
-                   "oversubscription": oversubscription} if nodes > 1 else None
+                   "oversubscription": oversubscription, "placement": placement} if nodes > 1 else None
         return cls(resolve_fabric(system, cluster, nccl=NcclSettings(nccl_env, algo=nccl_algo)), gpus_per_node, nodes)
 
     @property

@@ -111,11 +111,26 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
                 rates.update(links_gbps(topo, leg.directed_links, c))
                 for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
                     uses[i] = uses.get(i, 0) + 1
-            gbps = min([port, *(rate / uses[i] for (i, _d), rate in rates.items())])
+            stagers = _staging_gpus(topo, host) if host else {}
+            gbps = min([port, *(rate / (uses[i] * max(1, stagers.get(i, 0))) for (i, _d), rate in rates.items())])
         if env.socket:
             gbps = env.socket_gbps(gbps)
         out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s))
     return out
+
+
+def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
+    """Link index -> how many of the node's GPUs cross it on their way to host memory. Without GPUDirect RDMA
+    every GPU of the node stages its traffic there at once (a layout dimension runs all its groups together, and
+    multi-node jobs take whole nodes), so a PCIe switch's up-link carries the copies of every GPU below it."""
+    key = ("meshscale.simulate.nccl.staging", host)
+    if key not in topo.route_cache:
+        count: dict[int, int] = {}
+        for gpu in topo.devices():
+            for i, _d in route(topo, gpu, host).paths[0].directed_links:
+                count[i] = count.get(i, 0) + 1
+        topo.route_cache[key] = count
+    return topo.route_cache[key]
 
 
 def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -> float:
@@ -125,7 +140,12 @@ def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -
     group) in a rail-optimized network. It leaves each such group once, with all of a node's traffic, each NIC's
     share through its leaf's up-links: a tree oversubscribed k:1 has 1/k as many up-links as down-links, so it
     slows the ring only where a leaf holds fewer than k nodes; a rail leaf carries one NIC's share of the ring,
-    so its up-links rarely bind. One group: nothing climbs."""
+    so its up-links rarely bind. One group: nothing climbs. A job spread over the leaves of an oversubscribed
+    tree (`Cluster.placement`, a shared cluster's busy leaves) gets 1/k of each node's rate: every node's traffic
+    to the others climbs, through up-links its leaf's other nodes keep busy."""
+    cluster = topo.cluster
+    if cluster is not None and cluster.placement == "spread" and cluster.oversubscription > 1 and len(nodes) > 1:
+        return node_gbps / cluster.oversubscription
     leaves = _leaves_by_node(topo)
     groups = {tuple(leaves.get(k, ())) for k in nodes}
     if () in groups or len(groups) < 2:
