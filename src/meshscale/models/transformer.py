@@ -37,6 +37,20 @@ class TransformerConfig:
     norm_eps: float = 1e-5
     published_params: int | None = None
     source: str = ""
+    # mixture-of-experts (0 experts: a dense model). A MoE layer replaces the MLP by `experts` routed experts of
+    # width `expert_ffn_dim` (0: ffn_dim), `experts_per_token` of them chosen per token by the router's scores
+    # (`router`: softmax or sigmoid), beside `shared_experts` that every token passes through; the first
+    # `dense_layers` layers keep a dense MLP of ffn_dim (DeepSeek's first_k_dense_replace).
+    experts: int = 0
+    experts_per_token: int = 0
+    expert_ffn_dim: int = 0
+    shared_experts: int = 0
+    dense_layers: int = 0
+    router: str = "softmax"
+
+    @property
+    def is_moe(self) -> bool:
+        return self.experts > 0
 
     @property
     def head_dim(self) -> int:
