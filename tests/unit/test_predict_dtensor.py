@@ -10,7 +10,7 @@ import pytest
 
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import preset
-from meshscale.predict.training import kernels
+from meshscale.predict.training import kernels, measured
 from meshscale.predict.training.comm import Allocation
 from meshscale.predict.training.hardware import system_gpu
 from meshscale.predict.training.kernels import host_seconds
@@ -48,7 +48,7 @@ def test_the_pass_model_sees_dtensor_dispatch_and_a_cuda_graph_pays_none(monkeyp
     eager = [predict_step(_tp_job(2), TWO, H100)]
     graphed = [predict_step(_tp_job(2, cuda_graph=True), TWO, H100)]
     for factor in (2, 4):
-        monkeypatch.setattr(kernels, "DTENSOR_HOST_SECONDS_PER_OP", 90e-6 * factor)
+        monkeypatch.setattr(measured, "host_costs", lambda f=factor: measured.HostCosts(10e-6, 90e-6 * f, 10e-6))
         eager.append(predict_step(_tp_job(2), TWO, H100))
         graphed.append(predict_step(_tp_job(2, cuda_graph=True), TWO, H100))
     steps = [p.step_s for p in eager]

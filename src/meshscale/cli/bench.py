@@ -202,6 +202,31 @@ def io(
     write_result_files(io_result(report), json_path, csv_path)
 
 
+@bench_app.command("kernels")
+def kernels(output: Path = typer.Option(..., "--output", help="where to write the atlas (JSON; meshscale ships "
+                                        "its own in models/atlas/)", callback=checked(output_file((".json",))))) -> None:
+    """Measure the kernel atlas on this GPU: matrix products over training's shapes, attention forward and backward,
+    the memory-bound kernels, a kernel's floor and eager PyTorch's host cost per op (plain and DTensor). The step
+    model prices GPUs of an atlas's family from it (`predict`)."""
+    import torch
+
+    from meshscale.bench.kernels import measure_atlas
+    from meshscale.safe_io import atomic_write
+    from meshscale.topology.nvml_discovery import model_facts
+
+    if not torch.cuda.is_available():
+        raise MeshscaleError("bench kernels measures a GPU's kernels, and this machine has none")
+    name = torch.cuda.get_device_name()
+    facts, known = model_facts(name)
+    if not known or not facts.get("bf16_flops"):
+        raise MeshscaleError(f"bench kernels: no datasheet for {name!r} in the GPU table (topology/gpu_models.yaml); "
+                             "add its bf16 peak and memory bandwidth first")
+    atlas = measure_atlas(float(facts["bf16_flops"]), float(facts["memory_bandwidth_bytes_per_s"]),
+                          "meshscale bench kernels", progress=lambda what: typer.echo(f"measuring {what}", err=True))
+    atomic_write(output, atlas.to_json())
+    typer.echo(f"wrote {output}: {len(atlas.gemm)} matrix products, {len(atlas.attention)} attention points on {name}")
+
+
 def register(app: typer.Typer) -> None:
     """Add the `bench` sub-app to the meshscale app."""
     app.add_typer(bench_app, name="bench")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from meshscale.errors import MeshscaleError
 from meshscale.predict.frameworks import PREDICTED_MODES
 from meshscale.predict.request import COMPARE_KINDS, COMPARE_PRESETS, PredictRequest, Prepared, prepare, where_on
+from meshscale.predict.training.measured import compute_source
 from meshscale.predict.training.step import TrainingPrediction
 from meshscale.results import Result, load_result
 
@@ -142,7 +143,7 @@ def sweep_info(prepared: Prepared) -> SweepInfo:
     measured = prepared.measured
     source = measured.source if measured is not None else (
         prepared.calibration.describe(prepared.where.gpu.model) if prepared.calibration
-        else f"datasheet roofline ({prepared.where.gpu.model})")
+        else compute_source(prepared.where.gpu, job.precision))
     notes = list(measured.notes) if measured is not None else []
     where = prepared.where
     network = _network(where, full=True) if req.nodes or where.max_nodes else {}

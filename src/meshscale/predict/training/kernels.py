@@ -1,5 +1,7 @@
 """The kernels of a training step and their time on one GPU: a roofline on the datasheet figures, with the
-achievable fractions GPU libraries document.
+achievable fractions GPU libraries document; on a GPU whose family has a measured kernel atlas
+(`meshscale.models.atlas`, `measured.py`), the atlas's measurements in place of the stated allowances below
+(GEMM_CEILING, HBM_FRACTION, KERNEL_FLOOR_S, the attention fractions, the host's cost per op).
 
 - A matrix multiplication (or a convolution as the implicit GEMM cuDNN runs) of M x K by K x N is split into
   output tiles of TILE x TILE, one thread block each, run in waves of one tile per SM: a partly filled last tile
@@ -225,6 +227,11 @@ class Rates:
     xu_per_s: float = 0.0           # reciprocals and conversions per second
     attention_kernel: str = "flash"  # flash, cudnn or triton (rates() resolves "sdpa")
     calibrated: "CategoryCalibration | None" = None  # a profile's measured categories, moved to this GPU
+    measured: "MeasuredKernels | None" = None        # the kernel atlas of this GPU's family, where one was measured
+    host_s_per_op: float = HOST_SECONDS_PER_OP       # eager PyTorch's host time per op (the atlas's, where shipped)
+    dtensor_host_s_per_op: float = DTENSOR_HOST_SECONDS_PER_OP
+    conv_host_s_per_op: float = HOST_SECONDS_PER_OP  # ... of a CNN's ops (cuDNN's convolutions, batch norms)
+    kernel_floor_s: float = KERNEL_FLOOR_S
 
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa") -> Rates:
@@ -235,10 +242,21 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: s
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     sm_clocks = gpu.sm_count * gpu.clock_hz
-    return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
-                 gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                 gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
-                 sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel)
+    found = Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
+                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
+                  gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
+                  sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel)
+    from meshscale.predict.training.measured import host_costs, measured_kernels
+
+    measured = measured_kernels(gpu, precision)
+    if measured is not None:
+        found = replace(found, measured=measured, bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s *
+                        measured.stream_fraction, kernel_floor_s=measured.eager_floor_s)
+    host = host_costs()
+    if host is not None:
+        found = replace(found, host_s_per_op=host.per_op_s, dtensor_host_s_per_op=host.dtensor_per_op_s,
+                        conv_host_s_per_op=host.conv_per_op_s)
+    return found
 
 
 def instruction_seconds(instructions: Instructions, r: Rates) -> float:
@@ -273,8 +291,14 @@ def attention_rate(kernel: Kernel, r: Rates) -> float:
     """The FLOP/s an attention kernel reaches: its kernel's documented rate for its head dimension, length and
     pass (it carries its sequence length as m, its head dimension as k, and n = 1 if backward)."""
     backward = kernel.n == 1
-    rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
-        if r.dense_flops else r.attention_flops
+    base = "flash" if r.attention_kernel == "triton" else r.attention_kernel   # triton: FlashAttention-2 slowed
+    measured = r.measured.attention_fraction(kernel.k, kernel.m, backward, base) \
+        if r.measured is not None and r.dense_flops else None
+    if measured is not None:
+        rate = r.dense_flops * measured
+    else:
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
+            if r.dense_flops else r.attention_flops
     if r.attention_kernel == "triton":
         rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
     return rate
@@ -291,17 +315,37 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
         peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        # cuDNN pads a convolution's channels to the vector width itself (the stem's 3 to 4 or 8; NVIDIA,
-        # "Convolutional Layers User's Guide", channels in and out); cuBLAS takes the rows as they are
-        staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, r.element_bytes)
-        share = quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * \
-            tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
+        share = gemm_share(kernel, peak, r) if kernel.kind == "conv" or r.measured is None else \
+            measured_gemm_share(kernel, peak, r)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         compute_s = kernel.flops / attention_rate(kernel, r)
     else:
         compute_s = instruction_seconds(kernel.instructions, r)
-    return kernel.count * max(compute_s, memory_s, KERNEL_FLOOR_S * launches_of(kernel)) * r.factor
+        if r.measured is not None:   # the measured copy curve at these bytes, times the category's own measured ratio
+            memory_s = r.measured.memory_seconds(kernel.bytes, category_of(kernel, True), r.bandwidth_bytes_per_s)
+    return kernel.count * max(compute_s, memory_s, r.kernel_floor_s * launches_of(kernel)) * r.factor
+
+
+def measured_gemm_share(kernel: Kernel, peak: float, r: Rates) -> float:
+    """A matrix product's share of ``peak`` (the datasheet's times the generation's ceiling) from the atlas: the
+    analytic shape's share times what the atlas measured beyond it (`MeasuredKernels.gemm_share`)."""
+    from meshscale.predict.training.measured import layout_of
+
+    layout = layout_of(kernel.name)
+    m, n, k = (kernel.n, kernel.m, kernel.k) if layout == "tn" else (kernel.m, kernel.n, kernel.k)
+    analytic = lambda a, b, c: gemm_share(Kernel("", "matmul", m=a, n=b, k=c), peak, r)  # noqa: E731
+    return r.measured.gemm_share(m, n, k, layout, analytic) * r.dense_flops / peak
+
+
+def gemm_share(kernel: Kernel, peak: float, r: Rates) -> float:
+    """The analytic share of ``peak`` a matrix product reaches: tile and wave quantization times the tiles'
+    main-loop share (the generation's measured ceiling is in ``peak``)."""
+    # cuDNN pads a convolution's channels to the vector width itself (the stem's 3 to 4 or 8; NVIDIA,
+    # "Convolutional Layers User's Guide", channels in and out); cuBLAS takes the rows as they are
+    staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, r.element_bytes)
+    return quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * \
+        tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
 
 
 def roofline_seconds(kernel: Kernel, r: Rates) -> float:
@@ -400,18 +444,21 @@ def bound_of(kernel: Kernel, r: Rates) -> str:
     """Which side of the roofline limits a kernel: compute, memory or launch."""
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     t = kernel_seconds(kernel, replace(r, factor=1.0)) / kernel.count
-    if t <= KERNEL_FLOOR_S * launches_of(kernel):
+    if t <= r.kernel_floor_s * launches_of(kernel):
         return "launch"
     return "memory" if memory_s >= t * (1 - 1e-9) else "compute"
 
 
-def issue_seconds(kernel: Kernel) -> float:
+def issue_seconds(kernel: Kernel, r: Rates | None = None) -> float:
     """What the host spends issuing one kernel's ops from eager PyTorch (x its count): plain ops through the
-    dispatcher, ops on DTensors through DTensor's dispatch as well."""
+    dispatcher, ops on DTensors through DTensor's dispatch as well (``r``'s measured costs, else the stated
+    allowances)."""
     plain = kernel.ops - kernel.dtensor_ops
-    return (HOST_SECONDS_PER_OP * plain + DTENSOR_HOST_SECONDS_PER_OP * kernel.dtensor_ops) * kernel.count
+    per_op, per_dtensor_op = (r.host_s_per_op, r.dtensor_host_s_per_op) if r is not None else \
+        (HOST_SECONDS_PER_OP, DTENSOR_HOST_SECONDS_PER_OP)
+    return (per_op * plain + per_dtensor_op * kernel.dtensor_ops) * kernel.count
 
 
-def host_seconds(kernels: list[Kernel]) -> float:
+def host_seconds(kernels: list[Kernel], r: Rates | None = None) -> float:
     """What the host spends issuing ``kernels`` from eager PyTorch (x their counts)."""
-    return sum(issue_seconds(k) for k in kernels)
+    return sum(issue_seconds(k, r) for k in kernels)

@@ -99,10 +99,10 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
             lines.append(f"synced every step: {rate}, {synced * 1e3:,.1f} ms/step (table: steady)")
         ops, above = host_bound_above(first)
         if above is not None and above < HOST_RISK_SECONDS_PER_OP:
-            lines.append(f"host: eager PyTorch issues {ops:,} ops a step per rank, priced at "
-                         f"{HOST_SECONDS_PER_OP * 1e6:.0f} us each; a host slower than {above * 1e6:.0f} us an op "
-                         "sets the pace instead (measured 25-80 us on VMs); a profile of this job on that machine "
-                         "(--profile) carries its host")
+            per_op = first.rates.host_s_per_op if first.rates is not None else HOST_SECONDS_PER_OP
+            lines.append(f"host: eager PyTorch issues {ops:,} ops a step per rank, priced at {per_op * 1e6:.0f} us "
+                         f"each; a host slower than {above * 1e6:.0f} us an op sets the pace instead; a profile of "
+                         "this job on that machine (--profile) carries its host")
         if not first.fits:
             lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
                          f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")

@@ -48,6 +48,7 @@ from meshscale.predict.profile import ComputeProfile
 from meshscale.predict.training.comm import CollectiveCost, Allocation, collective_cost, collective_seconds
 from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
 from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
+from meshscale.predict.training.measured import compute_source
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
@@ -361,7 +362,9 @@ def predict_step(job: TrainingJob, allocation: Allocation, gpu: GpuSpec,
     r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
-    source = calibration.describe(gpu.model) if calibration else f"datasheet roofline ({gpu.model})"
+    source = calibration.describe(gpu.model) if calibration else compute_source(gpu, job.precision)
+    if job.model is None:   # a CNN's ops (or a measured step's): the host cost of that op mix
+        r = replace(r, host_s_per_op=r.conv_host_s_per_op)
     found = _replicated(job, allocation, gpu, r, source) if job.model is None else _transformer(job, allocation, gpu, r, source)
     found.rates = r
     if calibration and calibration.host_s:
@@ -378,7 +381,7 @@ def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: Tra
     """A pass's time: its kernels, or the host's issuing of their ops where that is longer (eager only); and
     how much longer the host made it."""
     gpu = total_seconds(list(kernels), r)
-    host = 0.0 if job.cuda_graph else host_seconds(list(kernels))
+    host = 0.0 if job.cuda_graph else host_seconds(list(kernels), r)
     return max(gpu, host), max(0.0, host - gpu)
 
 
@@ -403,7 +406,7 @@ def synced_step_seconds(p: TrainingPrediction) -> float:
         return p.step_s
     host = gpu = gpu_total = host_total = 0.0
     for kernels, repeat in _issue_order(step_kernels(p.job)):
-        times = [(issue_seconds(k), kernel_seconds(k, p.rates)) for k in kernels]
+        times = [(issue_seconds(k, p.rates), kernel_seconds(k, p.rates)) for k in kernels]
         for _ in range(repeat):
             for issue_s, run_s in times:
                 host += issue_s
