@@ -93,7 +93,12 @@ MODEL = Declared(("--model",), f"what trains: {', '.join(MODEL_NAMES)}, a transf
                  f"({', '.join(PRESET_NAMES)}) or a Hugging Face config.json")
 BATCH = Declared(("--batch",), "samples per data-parallel rank per step (images; sequences for transformers)",
                  _range(1, 1 << 16))
-PRECISION = Declared(("--precision",), "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+PRECISION = Declared(("--precision",), "fp32, bf16 (autocast), fp16 (autocast + loss scaling) or fp8 (torchao's "
+                     "float8 linears, the rest in bf16; GPUs with fp8 tensor cores)")
+FP8_RECIPE = Declared(("--fp8-recipe",), "--precision fp8's scaling (torchao float8): tensorwise (one scale per "
+                      "tensor, float8 all-gather under FSDP) or rowwise (one per row, extra casts)")
+EP = Declared(("--ep",), "transformers with experts: expert-parallel degree (borrows the data-parallel ranks; "
+              "divides the experts)", _DEGREE)
 MODE = Declared(("--mode",), "how replicas exchange gradients: ddp, allreduce (fused buckets, as Horovod), ps-sync "
                 "or ps-async (parameter servers)")
 CHANNELS_LAST = Declared(("--channels-last",), "channels-last memory format (images)")

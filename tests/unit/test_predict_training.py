@@ -469,7 +469,7 @@ def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tm
     (["--model", "resnet50", "--system", "dgx1-v100", "--gpus", "1", "--precision", "bf16"], "--precision bf16"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "12"], "--gpus 12"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--seq-len", "100000"], "--seq-len 100000"),
-    (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--precision", "fp8"], "--precision fp8"),
+    (["--model", "llama3-8b", "--system", "dgx-a100", "--gpus", "8", "--precision", "fp8"], "--precision fp8"),
     (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--seq-len", "128"], "--seq-len"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--global-batch", "64"], "--global-batch"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--search", "--tp", "2"], "--search"),
