@@ -28,9 +28,10 @@ CAST_BYTES = {"tensorwise": {"input": (6, 0), "weight": (5, 3), "grad_output": (
               "rowwise": {"input": (5, 3), "weight": (3, 7), "grad_output": (0, 8)}}
 CAST_LAUNCHES = {"tensorwise": {"input": (3, 0), "weight": (3, 1), "grad_output": (0, 3)},
                  "rowwise": {"input": (1, 1), "weight": (1, 2), "grad_output": (0, 2)}}
-# linears torchtitan converts: every linear of a layer but the router (a few experts wide: torchao skips a linear
-# whose dimensions are not multiples of 16, and DeepSeek's is kept in high precision)
+# linears torchtitan converts: every linear of a layer but the router (kept in high precision), and of those only
+# the ones whose features are multiples of 16 (torchao's default filter: fp8 GEMMs take 16-byte aligned rows)
 NOT_CONVERTED = ("router",)
+FEATURE_MULTIPLE = 16
 
 
 def gathered_bytes(precision: str, recipe: str, param_bytes: int) -> float:
@@ -53,7 +54,7 @@ def to_fp8(forward: list[Kernel], recipe: str) -> tuple[list[Kernel], Kernel | N
     backward the backward's casts); None where no linear converts."""
     out, fwd_b, bwd_b, fwd_n = [], 0.0, 0.0, 0
     for k in forward:
-        if k.kind != "matmul" or k.name.startswith(NOT_CONVERTED):
+        if k.kind != "matmul" or k.name.startswith(NOT_CONVERTED) or k.n % FEATURE_MULTIPLE or k.k % FEATURE_MULTIPLE:
             out.append(k)
             continue
         out.append(replace(k, fp8=True, bytes=fp8_gemm_bytes(k.m, k.n, k.k) * k.groups))
