@@ -115,6 +115,7 @@ class PredictRequest:
     sharding: Optional[str] = None
     selective_policy: str = "matmuls"
     rotary: str = "pairs"
+    stages_per_rank: Optional[int] = None   # interleaved 1F1B's virtual stages per rank (default 2)
 
     @property
     def weak(self) -> bool:

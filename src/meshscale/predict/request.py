@@ -217,7 +217,8 @@ def layout_of(req: PredictRequest, world: int, fill: str) -> ParallelLayout:
         given[fill] = world // others
     micro = req.micro_batches or (given.get("pp", 1) if given.get("pp", 1) > 1 else 1)
     return ParallelLayout(**given, pp_schedule=req.pp_schedule, micro_batches=micro,
-                          stages_per_rank=2 if req.pp_schedule == "interleaved-1f1b" else 1, ep=req.ep or 1)
+                          stages_per_rank=(req.stages_per_rank or 2) if req.pp_schedule == "interleaved-1f1b" else 1,
+                          ep=req.ep or 1)
 
 
 def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfile, node: Topology) -> Calibration:

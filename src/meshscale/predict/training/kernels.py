@@ -17,10 +17,9 @@ achievable fractions GPU libraries document.
   ``groups`` products of m x k by k x n, each expert's own tokens: its tiles are quantized per expert (a few
   tokens per expert leave most of each 128-row tile empty) and its tile edges priced at the expert's own shape,
   while the waves fill the SMs with the tiles of all the experts together.
-- fp8 GEMMs (torchao's float8 linears; `Kernel.fp8`) run at the datasheet's fp8 tensor-core peak with the same
-  achievable fraction as bf16 (torchao's own float8 roofline, torchao/testing/training/roofline_utils.py, takes
-  one `pct_achievable_gemm_tops` for both), their operands one byte each; everything else stays at the bf16
-  rates.
+- fp8 GEMMs (torchao's float8 linears; `Kernel.fp8`) run at the datasheet's fp8 tensor-core peak times the
+  measured large-GEMM ceiling of fp8 (GEMM_CEILING_FP8, the same table's float8_e4m3fn rows: H100 SXM 70.9%, B200
+  SXM 76.3%), their operands one byte each; everything else stays at the bf16 rates.
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
@@ -55,6 +54,10 @@ TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper fo
 # measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
 GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
+# the same table's fp8 (float8_e4m3fn) rows, by the generation's GPU the bf16 row is taken from: H100 SXM 1402.6 of
+# 1979 TFLOP/s, B200 SXM 3432.5 of 4500 (ml-engineering's table as of 2026-08, torch 2.7); others the lower
+GEMM_CEILING_FP8 = {"hopper": 1402.6 / 1979, "blackwell": 3432.5 / 4500}
+GEMM_CEILING_FP8_OTHER = 1402.6 / 1979
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
 KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
 ISSUE_LANES_PER_SM = 128   # 4 warp schedulers x 1 warp instruction (32 threads) per clock (the whitepapers' SM)
@@ -266,7 +269,8 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: s
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     sm_clocks = gpu.sm_count * gpu.clock_hz
-    fp8 = gpu.matmul_flops("fp8") * ceiling if precision == "fp8" else 0.0
+    fp8 = gpu.matmul_flops("fp8") * GEMM_CEILING_FP8.get(gpu.family, GEMM_CEILING_FP8_OTHER) \
+        if precision == "fp8" else 0.0
     precision = "bf16" if precision == "fp8" else precision   # all but the fp8 GEMMs: bf16
     return Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
