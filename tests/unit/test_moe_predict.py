@@ -150,10 +150,3 @@ def test_search_ranks_layouts_with_expert_parallelism():
     assert eps == {1, 2, 4}
     assert {j.layout.ep for j in candidate_layouts(_job(preset("llama-tiny"), ParallelLayout(), seq_len=64),
                                                    8, 8, 8)} == {1}
-
-
-def test_train_refuses_experts_in_one_line_until_it_runs_them():
-    from meshscale.train.config import TrainConfig
-    from meshscale.train.parallel.plan import check_layout_run
-    with pytest.raises(MeshscaleError, match="train has no experts yet"):
-        check_layout_run(TrainConfig(model="moe-tiny", world=2))

@@ -30,9 +30,6 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     """Refuse, in one line, a layout run that cannot work: the layout's rules, the options that belong to the
     data-parallel modes, the precision, a tied head split across pipeline stages."""
     model = model_config(cfg)
-    if model.is_moe:   # the shared shape has experts; train builds them with --ep (issue 42's train work)
-        raise MeshscaleError(f"{cfg.model} is a mixture of experts ({model.experts} experts): train has no experts "
-                             "yet; `meshscale predict` prices it")
     if cfg.layout.checkpointing not in CHECKPOINTING:
         raise MeshscaleError(f"--activation-checkpointing {cfg.layout.checkpointing}: use one of "
                              f"{', '.join(CHECKPOINTING)}")
