@@ -86,12 +86,19 @@ _DEGREE = _range(1, 1 << 20)
 # (models/presets.yaml). Kept here because help is built without importing the models; a test holds them equal.
 MODEL_NAMES = ("resnet50", "resnet18", "small-cnn", "gpt-tiny", "gpt-small", "gpt-medium")
 PRESET_NAMES = ("llama-tiny", "llama-1b", "llama3-8b", "llama3-70b", "llama3-405b", "llama2-7b", "llama2-13b",
-                "llama2-70b", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b")
+                "llama2-70b", "gpt2-small", "gpt2-medium", "gpt2-large", "gpt2-xl", "gpt3-175b", "moe-tiny",
+                "mixtral-8x7b", "mixtral-8x22b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b",
+                "gpt-oss-20b")
 MODEL = Declared(("--model",), f"what trains: {', '.join(MODEL_NAMES)}, a transformer preset "
                  f"({', '.join(PRESET_NAMES)}) or a Hugging Face config.json")
 BATCH = Declared(("--batch",), "samples per data-parallel rank per step (images; sequences for transformers)",
                  _range(1, 1 << 16))
-PRECISION = Declared(("--precision",), "fp32, bf16 (autocast) or fp16 (autocast + loss scaling)")
+PRECISION = Declared(("--precision",), "fp32, bf16 (autocast), fp16 (autocast + loss scaling) or fp8 (torchao's "
+                     "float8 linears, the rest in bf16; GPUs with fp8 tensor cores)")
+FP8_RECIPE = Declared(("--fp8-recipe",), "--precision fp8's scaling (torchao float8): tensorwise (one scale per "
+                      "tensor, float8 all-gather under FSDP) or rowwise (one per row, extra casts)")
+EP = Declared(("--ep",), "transformers with experts: expert-parallel degree (borrows the data-parallel ranks; "
+              "divides the experts)", _DEGREE)
 MODE = Declared(("--mode",), "how replicas exchange gradients: ddp, allreduce (fused buckets, as Horovod), ps-sync "
                 "or ps-async (parameter servers)")
 CHANNELS_LAST = Declared(("--channels-last",), "channels-last memory format (images)")

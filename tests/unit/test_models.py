@@ -9,12 +9,29 @@ from meshscale.models.memory import activation_elements_per_token, training_memo
 from meshscale.models.transformer import load_model_config, preset, preset_names
 
 
+def _last_digit(published: int) -> int:
+    """One unit of the last digit a source prints (46.7B: 0.1B; an exact count: 1)."""
+    unit = 1
+    while published % (unit * 10) == 0:
+        unit *= 10
+    return unit
+
+
 @pytest.mark.parametrize("name", [n for n in preset_names() if preset(n).published_params])
 def test_preset_parameter_count_is_the_published_one(name):
+    # exact counts of the released weights, or a figure as rounded as its source prints it (GPT-3's 175.0B,
+    # Mixtral's 46.7B): within one unit of its last digit
     cfg = preset(name)
-    # GPT-3's paper rounds to 175.0B; every other source gives the exact count of the released weights
-    tolerance = 0.005 if "rounded" in cfg.source else 0.0
-    assert abs(cfg.params() / cfg.published_params - 1) <= tolerance
+    assert abs(cfg.params() - cfg.published_params) <= _last_digit(cfg.published_params)
+
+
+@pytest.mark.parametrize("name", [n for n in preset_names() if preset(n).published_active_params])
+def test_moe_preset_active_count_is_the_published_one(name):
+    # sources count a token's active parameters with the input embedding (Mistral, Qwen, DeepSeek) or without
+    # it (OpenAI's gpt-oss model card)
+    cfg = preset(name)
+    unit = _last_digit(cfg.published_active_params)
+    assert min(abs(cfg.active_params(e) - cfg.published_active_params) for e in (True, False)) <= unit
 
 
 def _hf_llama(cfg):

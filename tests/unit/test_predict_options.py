@@ -25,7 +25,7 @@ VALUES = {
     "p2p": [str(FIXTURES / "p2p_h200x2.json")], "bench": [str(FIXTURES / "bench_allreduce_h200x2.json")],
     "nccl_env": ["NCCL_MAX_NCHANNELS=1"], "nccl_algo": ["ring", "tree", "nvls"], "mode": ["ps-sync"], "framework": ["cntk-2016"],
     "wire": ["bf16"], "compare": ["frameworks"], "measured": [str(FIXTURES / "report/scale.json")],
-    "partition": ["3g.40gb"],
+    "partition": ["3g.40gb"], "ep": ["2"], "moe_imbalance": ["1.5"], "fp8_recipe": ["rowwise"],
 }
 FLAGS = {f.path[0]: f.flags[0] for f in option_fields(PredictRequest)}
 

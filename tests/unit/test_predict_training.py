@@ -287,10 +287,12 @@ def test_a_profile_calibrates_on_its_own_gpu_and_moves_each_kernel_by_its_own_bo
     from meshscale.predict.request import predict_training
 
     h200 = gpu_spec({"model": "NVIDIA H200"})
-    job = TrainingJob(None, ParallelLayout(), 64, resnet_depth=50, autocast=True, channels_last=True)
+    # a batch large enough that no pass waits on the host: every kernel moves by the factor
+    job = TrainingJob(None, ParallelLayout(), 256, resnet_depth=50, autocast=True, channels_last=True)
+    assert predict_step(job, ONE, H100).launch_s == 0
     on_h200 = predict_step(job, ONE, h200).step_s
-    path = _profile(tmp_path, "NVIDIA H200", [64], [1.25 * on_h200])
-    req = PredictRequest(model="resnet50", system="hgx-h100", gpus=(1,), batch=64, channels_last=True, profile=path,
+    path = _profile(tmp_path, "NVIDIA H200", [256], [1.25 * on_h200])
+    req = PredictRequest(model="resnet50", system="hgx-h100", gpus=(1,), batch=256, channels_last=True, profile=path,
                          precision="bf16")
     (p,), _ = predict_training(req)
     assert "calibrated on NVIDIA H200" in p.compute_source
@@ -436,7 +438,8 @@ def test_predict_says_how_slow_a_host_would_set_the_pace_of_a_small_eager_step(c
     small, big, graph = rows[64, False], rows[256, False], rows[64, True]
     assert small[0]["host_bound_above_s_per_op"] == pytest.approx(small[0]["step_time_s"] / small[0]["host_ops_per_step"])
     assert small[0]["host_ops_per_step"] == big[0]["host_ops_per_step"] > 100   # the ops do not grow with the batch
-    assert big[0]["host_bound_above_s_per_op"] > 3 * small[0]["host_bound_above_s_per_op"]
+    # four times the kernels; the smaller step sits near its host already, so less than four times the break-even
+    assert big[0]["host_bound_above_s_per_op"] > 2 * small[0]["host_bound_above_s_per_op"]
     assert "host: eager PyTorch issues" in small[1].replace("\n", " ") and "host: eager" not in big[1]
     assert graph[0]["host_ops_per_step"] == 0 and graph[0]["host_bound_above_s_per_op"] is None
     assert "host: eager" not in graph[1]
@@ -469,7 +472,7 @@ def test_predict_prints_and_writes_the_synced_step_beside_the_steady_one(cli, tm
     (["--model", "resnet50", "--system", "dgx1-v100", "--gpus", "1", "--precision", "bf16"], "--precision bf16"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "12"], "--gpus 12"),
     (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--seq-len", "100000"], "--seq-len 100000"),
-    (["--model", "llama3-8b", "--system", "hgx-h100", "--gpus", "8", "--precision", "fp8"], "--precision fp8"),
+    (["--model", "llama3-8b", "--system", "dgx-a100", "--gpus", "8", "--precision", "fp8"], "--precision fp8"),
     (["--model", "resnet50", "--system", "hgx-h100", "--gpus", "1", "--seq-len", "128"], "--seq-len"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--global-batch", "64"], "--global-batch"),
     (["--model", "llama-1b", "--system", "hgx-h100", "--gpus", "8", "--search", "--tp", "2"], "--search"),

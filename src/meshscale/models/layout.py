@@ -3,6 +3,11 @@
 Ranks are laid out as torchtitan's device mesh and Megatron-LM's default order lay them out, the fastest-varying
 dimension first: tensor (tp), context (cp), sharded data (fsdp), replicated data (dp), pipeline (pp). So a tp group
 is consecutive ranks (inside a node first), and pipeline stages are the farthest apart.
+
+Expert parallelism (ep) is no dimension of its own: as in torchtitan's device mesh, its groups borrow the
+data-parallel ranks, cp first, then fsdp, then dp (ep consecutive positions of the combined cp x fsdp x dp index).
+Each ep group holds every expert once (experts / ep per rank); the experts are then sharded over what is left of
+cp x fsdp (`expert_fsdp`, torchtitan's dp_shard_mod_ep) and replicated over the rest (`expert_dp`).
 """
 from __future__ import annotations
 
@@ -29,6 +34,7 @@ class ParallelLayout:
     pp_schedule: str = "1f1b"
     micro_batches: int = 1          # per step, per pipeline (>= pp for a pipeline to fill)
     stages_per_rank: int = 1        # interleaved-1f1b: virtual stages per rank
+    ep: int = 1                     # expert parallel: the experts split over ep of the data-parallel ranks
 
     @property
     def world_size(self) -> int:
@@ -42,8 +48,42 @@ class ParallelLayout:
     def degrees(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in DIMENSIONS}
 
+    @property
+    def borrowable(self) -> int:
+        """The data-parallel ranks an expert-parallel group borrows from: cp x fsdp x dp."""
+        return self.cp * self.fsdp * self.dp
+
+    @property
+    def expert_fsdp(self) -> int:
+        """Ranks each expert's parameters are sharded over: what ep leaves of cp x fsdp (1 where ep takes
+        them all and more)."""
+        return max(1, self.cp * self.fsdp // self.ep)
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard."""
+        return self.borrowable // (self.ep * self.expert_fsdp)
+
+    def expert_groups(self, rank: int = 0) -> dict[str, list[int]]:
+        """``rank``'s expert-parallel group ("ep"), the group its experts are sharded over ("expert_fsdp") and
+        their replicas ("expert_dp"), as global ranks: positions of the combined cp x fsdp x dp index."""
+        c = self.coordinates(rank)
+        base = {"tp": c["tp"], "pp": c["pp"]}
+        index = c["cp"] + self.cp * (c["fsdp"] + self.fsdp * c["dp"])
+
+        def at(i: int) -> int:
+            cp, rest = i % self.cp, i // self.cp
+            return self.rank_of({**base, "cp": cp, "fsdp": rest % self.fsdp, "dp": rest // self.fsdp})
+        start = index - index % self.ep
+        shard_span = self.ep * self.expert_fsdp
+        first = index - index % shard_span + index % self.ep
+        return {"ep": [at(start + i) for i in range(self.ep)],
+                "expert_fsdp": [at(first + i * self.ep) for i in range(self.expert_fsdp)],
+                "expert_dp": [at(index % shard_span + i * shard_span) for i in range(self.expert_dp)]}
+
     def describe(self) -> str:
         parts = [f"{name}{n}" for name, n in self.degrees().items() if n > 1]
+        parts += [f"ep{self.ep}"] if self.ep > 1 else []
         text = " ".join(parts) or "one rank"
         if self.pp > 1:
             text += f" ({self.pp_schedule}, {self.micro_batches} micro-batches)"
@@ -96,6 +136,7 @@ def check_layout(layout: ParallelLayout, world_size: int | None = None, model=No
                              "the product of --dp --fsdp --tp --pp --cp must equal the number of workers")
     if layout.micro_batches < 1:
         raise MeshscaleError(f"--micro-batches {layout.micro_batches}: must be >= 1")
+    check_ep(layout, model)
     if layout.pp > 1 and layout.micro_batches < layout.pp:
         raise MeshscaleError(f"--micro-batches {layout.micro_batches}: a pipeline of {layout.pp} stages needs at "
                              f"least {layout.pp} micro-batches")
@@ -120,3 +161,22 @@ def check_layout(layout: ParallelLayout, world_size: int | None = None, model=No
                 raise MeshscaleError(f"--seq-len {seq_len}: context parallelism of {layout.cp} splits the sequence "
                                      f"into {2 * layout.cp} chunks; use a multiple of {2 * layout.cp}")
     return layout
+
+
+def check_ep(layout: ParallelLayout, model=None) -> None:
+    """Refuse, in one line, an expert-parallel degree that cannot run: below 1, on a model without experts, not
+    dividing its experts, or not dividing (nor being divided by) the data-parallel ranks it borrows."""
+    ep = layout.ep
+    if not isinstance(ep, int) or ep < 1:
+        raise MeshscaleError(f"--ep {ep}: must be a whole number >= 1")
+    if ep == 1:
+        return
+    if model is not None and not model.is_moe:
+        raise MeshscaleError(f"--ep {ep}: {model.name} has no experts to split (a dense model)")
+    if model is not None and model.experts % ep:
+        raise MeshscaleError(f"--ep {ep}: must divide the model's {model.experts} experts")
+    shard = layout.cp * layout.fsdp
+    if layout.borrowable % ep or (shard % ep and ep % shard):
+        raise MeshscaleError(f"--ep {ep}: expert parallelism borrows the data-parallel ranks (cp {layout.cp} x fsdp "
+                             f"{layout.fsdp} x dp {layout.dp} = {layout.borrowable} of the GPUs): it must divide "
+                             f"them{' and divide or be divided by cp x fsdp' if layout.borrowable % ep == 0 else ''}")

@@ -28,6 +28,15 @@ With tensor parallelism (with sequence parallelism, as torchtitan applies it) an
 1/tp and 1/cp of them. The head and loss keep bf16 logits, fp32 log-probabilities and their fp32 gradient: 10 B per
 token per vocabulary entry (divided by tp with loss parallelism).
 
+Mixture of experts (a MoE layer's MLP replaced): the routed experts' parameters are split over the expert-parallel
+group (experts / ep per rank) and sharded over `ParallelLayout.expert_fsdp`, so each rank gathers only its own
+experts; the rest of the layer is sharded over fsdp as before. A MoE layer keeps, per token, instead of the
+MLP's: the router's fp32 logits (2 elements of bf16 per expert), and for each of the token's k routed copies its
+permuted input and its expert's output (d each: each tensor-parallel rank routes all its group's tokens),
+gate, up, SiLU and product (4 x expert width; selective: gate and up; torchtitan's policy: gate), the shared
+experts like an MLP of their width; the routed part x the load imbalance (the busiest rank's tokens over the
+mean). A model with dense layers keeps the mean over its layers.
+
 Pipelines: stage 0 holds the activations of min(micro-batches, stages) micro-batches under 1F1B, all of them under
 GPipe, and (1 + (pp - 1) / (pp x v)) x pp under interleaved 1F1B with v stages per rank (Narayanan et al. 2021).
 
@@ -36,7 +45,7 @@ allocator's reserve above the allocated peak (ALLOCATOR_RESERVE_FRACTION).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout
 from meshscale.models.transformer import TransformerConfig
@@ -98,6 +107,25 @@ def activation_elements_per_token(model: TransformerConfig, checkpointing: str,
     return 8 * d + 2 * f if checkpointing == "none" else 5 * d + 2 * f
 
 
+def moe_elements_per_token(model: TransformerConfig, checkpointing: str, selective_policy: str = "matmuls",
+                           tp: int = 1, imbalance: float = 1.0) -> float:
+    """Elements one layer of ``model`` keeps per token, the mean over its dense and MoE layers (see the module's
+    docstring), scaled so that x tokens / tp gives a tensor-parallel rank's share; a dense model's as
+    `activation_elements_per_token`."""
+    dense = activation_elements_per_token(model, checkpointing, selective_policy)
+    if not model.is_moe or checkpointing == "full":
+        return dense
+    f, k, fs = model.ffn_dim, model.experts_per_token, model.shared_ffn_dim * model.shared_experts
+    fe, d = model.routed_ffn_dim, model.d_model
+    torchtitan = checkpointing == "selective" and selective_policy == "torchtitan"
+    mlp = {"none": 4 * f, "selective": f if torchtitan else 2 * f}[checkpointing]
+    per_f = {"none": 4, "selective": 1 if torchtitan else 2}[checkpointing]
+    routed = k * (per_f * fe + 2 * d * tp) * imbalance
+    moe = dense - mlp + 2 * model.experts * tp + routed + per_f * fs
+    share = model.moe_share()
+    return (1 - share) * dense + share * moe
+
+
 def in_flight_micro_batches(layout: ParallelLayout, stage: int = 0) -> float:
     """Micro-batches whose activations stage ``stage`` holds at once."""
     m, pp = layout.micro_batches, layout.pp
@@ -119,19 +147,22 @@ def stage_layers(model: TransformerConfig, layout: ParallelLayout, stage: int) -
 
 def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: int, seq_len: int,
                     precision: str = "bf16", checkpointing: str = "none", loss_parallel: bool = False,
-                    stage: int | None = None, selective_policy: str = "matmuls") -> MemoryEstimate:
+                    stage: int | None = None, selective_policy: str = "matmuls",
+                    moe_imbalance: float = 1.0) -> MemoryEstimate:
     """Peak bytes of one rank. ``batch``: sequences per data-parallel rank per step (split into the layout's
-    micro-batches). ``stage``: a pipeline stage, or None for the worst one."""
+    micro-batches). ``stage``: a pipeline stage, or None for the worst one. ``moe_imbalance``: the busiest
+    rank's routed tokens over the mean (mixture-of-experts models)."""
     if stage is None:
         return max((training_memory(model, layout, batch=batch, seq_len=seq_len, precision=precision,
                                     checkpointing=checkpointing, loss_parallel=loss_parallel, stage=s,
-                                    selective_policy=selective_policy)
+                                    selective_policy=selective_policy, moe_imbalance=moe_imbalance)
                     for s in range(layout.pp)), key=lambda e: e.total_bytes)
     assert checkpointing in CHECKPOINTING and precision in MEMORY_PRECISIONS
     tp, cp, shards = layout.tp, layout.cp, layout.fsdp
     first, last = stage == 0, stage == layout.pp - 1
     layers = stage_layers(model, layout, stage)
-    layer_params = model.layer_params() / tp
+    experts = model.expert_layer_params() / tp            # a layer's routed experts, all of them
+    layer_params = model.layer_params() / tp - experts    # the rest of the layer, sharded by fsdp
     stage_params = layers * layer_params
     if first:
         stage_params += model.embedding_params() / tp
@@ -141,18 +172,23 @@ def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: 
             stage_params += model.vocab_size * model.d_model / tp
 
     compute_bytes = 2 if precision == "bf16" else 4
-    params = stage_params * 4 / shards
-    grads = stage_params * 4 / shards
-    optimizer = stage_params * 8 / shards
-    # two layers' parameters gathered, one layer's gradient unsharded (then cast to fp32 for the reduce)
-    gathered = layer_params * (2 * compute_bytes + (compute_bytes + 4 if precision == "bf16" else 4))
+    # this rank's share: the experts split over ep and sharded over expert_fsdp, the rest over fsdp
+    on_rank = stage_params / shards + layers * experts / (layout.ep * layout.expert_fsdp)
+    params, grads, optimizer = on_rank * 4, on_rank * 4, on_rank * 8
+    # two layers' parameters gathered (of the experts, this rank's), one layer's gradient unsharded (then cast to
+    # fp32 for the reduce)
+    gathered = (layer_params + experts / layout.ep) * (2 * compute_bytes +
+                                                       (compute_bytes + 4 if precision == "bf16" else 4))
 
     micro = max(1, batch // layout.micro_batches)
     tokens = micro * seq_len / cp
-    per_layer = activation_elements_per_token(model, checkpointing, selective_policy) * compute_bytes * tokens / tp
+    elements = moe_elements_per_token(model, checkpointing, selective_policy, tp, moe_imbalance)
+    per_layer = elements * compute_bytes * tokens / tp
     activations = per_layer * layers * in_flight_micro_batches(layout, stage)
     if checkpointing == "full":   # one layer's full set lives again while it is recomputed
-        activations += activation_elements_per_token(model, "none") * compute_bytes * tokens / tp
+        recomputed = replace(model, dense_layers=0, moe_every=1) if model.is_moe else model   # a MoE layer
+        activations += moe_elements_per_token(recomputed, "none", tp=tp, imbalance=moe_imbalance) * \
+            compute_bytes * tokens / tp
     logits = tokens * model.vocab_size * LOGIT_BYTES_PER_ELEMENT / (tp if loss_parallel else 1) if last else 0.0
     allocated = params + grads + optimizer + gathered + activations + logits
     allowance = CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * allocated

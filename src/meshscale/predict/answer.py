@@ -104,10 +104,19 @@ def answer(req: PredictRequest) -> Answer:
             prepared = replace(prepared, req=req)
         predictions, gpu = predict_training(req, prepared)
         return Answer(kind, predictions=predictions, gpu=gpu,
-                      notices=network_notices(req, predictions[0].allocation.nodes, prepared))
+                      notices=network_notices(req, predictions[0].allocation.nodes, prepared) + model_notices(prepared))
     rows, info, measured = predict_rows(req, None if req.compare else prepared)
     return Answer(kind, rows=rows, info=info, measured=measured,
-                  notices=network_notices(req, max((r.get("nodes") or 1 for r in rows), default=1), prepared))
+                  notices=network_notices(req, max((r.get("nodes") or 1 for r in rows), default=1), prepared)
+                  + model_notices(prepared))
+
+
+def model_notices(prepared: Prepared) -> list[str]:
+    """The config.json fields the model was read without, named on one line (never dropped silently)."""
+    shape = prepared.model.transformer
+    if shape is None or not shape.ignored:
+        return []
+    return [f"{prepared.req.model}: fields meshscale does not model: {'; '.join(shape.ignored)}"]
 
 
 def network_notices(req: PredictRequest, nodes: int, prepared: Prepared) -> list[str]:

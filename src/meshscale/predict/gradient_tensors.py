@@ -59,14 +59,15 @@ def resnet50_gradients(num_classes: int = 1000) -> list[GradientTensor]:
     return [t for layer in reversed(ready) for t in layer]
 
 
-def transformer_gradients(model) -> list[GradientTensor]:
+def transformer_gradients(model, ep: int = 1) -> list[GradientTensor]:
     """A transformer's gradient tensors in parameter order (the embedding, the layers, the final norm, an untied
     head) with their readiness in backward FLOPs, counted by the matrices each pass multiplies by (6N per token;
     attention's own FLOPs left out): backward runs the head first, then the layers from the last down, the
-    embedding last; a head tied to the embedding is complete with it, at the end."""
+    embedding last; a head tied to the embedding is complete with it, at the end. A mixture of experts' layers
+    hold the rank's experts (experts / ``ep``)."""
     from meshscale.predict.training.workload import end_tensor_numels, layer_tensor_numels
 
-    layer = layer_tensor_numels(model)
+    layer = layer_tensor_numels(model, ep)
     head_flops = model.vocab_size * model.d_model   # computed whether tied or not
     layer_flops = float(model.layer_params())
     total = head_flops + model.layers * layer_flops

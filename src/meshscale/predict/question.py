@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Optional
 
-from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, FSDP, MICRO_BATCHES, MODE,
-                               MODEL, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, option)
+from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, EP, FP8_RECIPE, FSDP,
+                               MICRO_BATCHES, MODE, MODEL, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, option)
 from meshscale.topology.fabric import PLACEMENT_HELP
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.validation import Range, count_list
@@ -81,6 +81,11 @@ class PredictRequest:
     tp: Optional[int] = TP.field(None)
     pp: Optional[int] = PP.field(None)
     cp: Optional[int] = CP.field(None)
+    ep: Optional[int] = EP.field(None)
+    moe_imbalance: Optional[float] = option(None, "--moe-imbalance", help="with --ep: the busiest expert-parallel "
+                                            "rank's routed tokens over the mean (default 1.0, balanced)",
+                                            check=Range(1, 1000, optional=True))
+    fp8_recipe: Optional[str] = FP8_RECIPE.field(None, "default tensorwise")
     pp_schedule: str = PP_SCHEDULE.field("1f1b")
     micro_batches: Optional[int] = MICRO_BATCHES.field(None)
     search: bool = option(False, "--search", help="rank every layout of the model on the GPUs at --global-batch")
@@ -110,6 +115,7 @@ class PredictRequest:
     sharding: Optional[str] = None
     selective_policy: str = "matmuls"
     rotary: str = "pairs"
+    stages_per_rank: Optional[int] = None   # interleaved 1F1B's virtual stages per rank (default 2)
 
     @property
     def weak(self) -> bool:

@@ -21,7 +21,8 @@ from meshscale.predict.frameworks import FRAMEWORKS, PREDICTED_MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
 from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
 from meshscale.predict.training.comm import Allocation
-from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec
+from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec, require_fp8
+from meshscale.predict.training.moe import DEFAULT_IMBALANCE
 from meshscale.predict.training.replicas import GradientExchange
 from meshscale.predict.training.search import search_layouts
 from meshscale.predict.training.step import Calibration, TrainingJob, TrainingPrediction, predict_step
@@ -177,10 +178,18 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
         raise MeshscaleError(f"--attention is for transformers; {model.name} has no attention")
     seq_len = req.seq_len or (min(transformer.max_seq_len, 2048) if transformer is not None else 0)
     sharding = req.sharding or ("none" if model.ddp else "fsdp2")
+    if req.precision == "fp8":
+        require_fp8(where.gpu)
+    elif req.fp8_recipe is not None:
+        raise MeshscaleError(f"--fp8-recipe {req.fp8_recipe} scales fp8's casts: add --precision fp8")
+    if (req.ep or req.moe_imbalance) and (transformer is None or not transformer.is_moe):
+        raise MeshscaleError(f"--{'ep' if req.ep else 'moe-imbalance'} is for models with experts; {model.name} has "
+                             "none")
     return TrainingJob(transformer, ParallelLayout(), batch, seq_len, req.precision, req.checkpointing,
                        model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
-                       sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn)
+                       sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
+                       moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise")
 
 
 def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:
@@ -208,7 +217,8 @@ def layout_of(req: PredictRequest, world: int, fill: str) -> ParallelLayout:
         given[fill] = world // others
     micro = req.micro_batches or (given.get("pp", 1) if given.get("pp", 1) > 1 else 1)
     return ParallelLayout(**given, pp_schedule=req.pp_schedule, micro_batches=micro,
-                          stages_per_rank=2 if req.pp_schedule == "interleaved-1f1b" else 1)
+                          stages_per_rank=(req.stages_per_rank or 2) if req.pp_schedule == "interleaved-1f1b" else 1,
+                          ep=req.ep or 1)
 
 
 def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfile, node: Topology) -> Calibration:

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
 
-STEP_PRECISIONS = ("bf16", "fp16", "fp32")  # what the step model prices
+STEP_PRECISIONS = ("bf16", "fp16", "fp32", "fp8")  # what the step model prices
 
 
 @dataclass(frozen=True)
@@ -21,6 +21,7 @@ class GpuSpec:
     tf32_flops: float | None
     bf16_flops: float | None
     fp16_flops: float | None
+    fp8_flops: float | None = None   # dense fp8 tensor-core peak (Hopper, Ada and later)
 
     @property
     def family(self) -> str:
@@ -55,11 +56,21 @@ class GpuSpec:
         (torch.backends.cudnn.allow_tf32 defaults to True), where the GPU has TF32."""
         if precision == "fp32":
             return (self.tf32_flops or self.fp32_flops) if conv else self.fp32_flops
+        if precision == "fp8":
+            require_fp8(self)
+            return float(self.fp8_flops)
         rate = self.bf16_flops if precision == "bf16" else self.fp16_flops
         if not rate:
             raise MeshscaleError(f"--precision {precision}: the {self.model} has no {precision} rate in the catalog "
                                  "(no tensor cores for it); use fp32" + (" or fp16" if self.fp16_flops else ""))
         return float(rate)
+
+
+def require_fp8(gpu: GpuSpec) -> None:
+    """Refuse, in one line, fp8 on a GPU (or device) without fp8 tensor cores (before Hopper and Ada)."""
+    if not gpu.fp8_flops:
+        raise MeshscaleError(f"--precision fp8: the {gpu.model} has no fp8 tensor cores (fp8 GEMMs need Hopper, Ada or "
+                             "later); use bf16")
 
 
 def gpu_spec(attrs: dict) -> GpuSpec:
@@ -79,7 +90,8 @@ def gpu_spec(attrs: dict) -> GpuSpec:
     def rate(key: str) -> float | None:
         return float(facts[key]) if facts.get(key) else None
     return GpuSpec(model, int(facts["sm_count"]), float(facts["memory_bandwidth_bytes_per_s"]), float(memory),
-                   float(facts["fp32_flops"]), rate("tf32_flops"), rate("bf16_flops"), rate("fp16_flops"))
+                   float(facts["fp32_flops"]), rate("tf32_flops"), rate("bf16_flops"), rate("fp16_flops"),
+                   rate("fp8_flops"))
 
 
 def system_gpu(system: str) -> tuple[GpuSpec, int]:

@@ -15,6 +15,13 @@ achievable fractions GPU libraries document; on a GPU whose family has a measure
   share of the HBM bandwidth (the pipeline's fill and the epilogue, which the tile's own main loop cannot hide):
   a short K (GPT-2 small's 768) leaves a GEMM well below the ceiling, a long one (8192) close to it
   (`tile_efficiency`).
+- A grouped GEMM (a mixture of experts' experts, `torch._grouped_mm`: one launch over every local expert) is
+  ``groups`` products of m x k by k x n, each expert's own tokens: its tiles are quantized per expert (a few
+  tokens per expert leave most of each 128-row tile empty) and its tile edges priced at the expert's own shape,
+  while the waves fill the SMs with the tiles of all the experts together.
+- fp8 GEMMs (torchao's float8 linears; `Kernel.fp8`) run at the datasheet's fp8 tensor-core peak times the
+  measured large-GEMM ceiling of fp8 (GEMM_CEILING_FP8, the same table's float8_e4m3fn rows: H100 SXM 70.9%, B200
+  SXM 76.3%), their operands one byte each; everything else stays at the bf16 rates.
 - Causal attention is FlashAttention's: forward 4 x tokens x (context / 2) x head_dim FLOPs per head, backward
   2.5 times that (five matrix products against two, FlashAttention-2 paper, section 3.1.2), at the fraction of
   peak its papers measure for the generation, and on Hopper for the head dimension and sequence length
@@ -49,6 +56,10 @@ TILE = 128                 # cuBLAS/CUTLASS output tile edge on Ampere/Hopper fo
 # measured large-GEMM fraction of the dense tensor-core peak per generation (MAMF table; see the docstring)
 GEMM_CEILING = {"ampere": 267.9 / 312, "hopper": 792.1 / 989}
 GEMM_CEILING_OTHER = 792.1 / 989   # generations the table has no row for: the lower of the two measured
+# the same table's fp8 (float8_e4m3fn) rows, by the generation's GPU the bf16 row is taken from: H100 SXM 1402.6 of
+# 1979 TFLOP/s, B200 SXM 3432.5 of 4500 (ml-engineering's table as of 2026-08, torch 2.7); others the lower
+GEMM_CEILING_FP8 = {"hopper": 1402.6 / 1979, "blackwell": 3432.5 / 4500}
+GEMM_CEILING_FP8_OTHER = 1402.6 / 1979
 HBM_FRACTION = 0.85        # streaming kernels' share of the datasheet HBM bandwidth (stated allowance)
 KERNEL_FLOOR_S = 5e-6      # a kernel's launch and tail on the GPU (stated allowance)
 ISSUE_LANES_PER_SM = 128   # 4 warp schedulers x 1 warp instruction (32 threads) per clock (the whitepapers' SM)
@@ -174,6 +185,8 @@ class Kernel:
     launches: int = 0               # kernels the GPU runs for it where they are not one per op (0: as launches_of)
     instructions: Instructions = NO_INSTRUCTIONS             # memory ops: their arithmetic, where priced
     backward_instructions: Instructions = NO_INSTRUCTIONS    # ... and their backward's
+    groups: int = 1                 # a grouped GEMM: this many m x k by k x n products in one launch
+    fp8: bool = False               # a GEMM of fp8 operands (torchao's float8 linears)
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -182,13 +195,31 @@ def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str 
     return Kernel(name, kind, 2.0 * m * n * k, float(element_bytes) * (m * k + k * n + m * n), m, n, k)
 
 
+def grouped_gemm(name: str, m: float, n: float, k: float, element_bytes: int, groups: int) -> Kernel:
+    """``groups`` products of M x K by K x N in one launch (an expert's M tokens each): 2MNK FLOPs and the three
+    operands of each once through HBM."""
+    one = gemm(name, m, n, k, element_bytes)
+    return replace(one, flops=one.flops * groups, bytes=one.bytes * groups, groups=max(1, int(groups)))
+
+
+def fp8_gemm_bytes(m: int, n: int, k: int) -> float:
+    """An fp8 GEMM's traffic: its two fp8 operands (one byte each), its bf16 output."""
+    return float(m * k + k * n) + 2.0 * m * n
+
+
 def gemm_backward(fwd: Kernel) -> list[Kernel]:
     """The two products of a GEMM's backward: the input gradient (M x N by N x K) and the weight gradient
-    (K x M by M x N)."""
-    e = fwd.bytes / (fwd.m * fwd.k + fwd.k * fwd.n + fwd.m * fwd.n)
-    wgrad = gemm(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m, e, fwd.kind)
+    (K x M by M x N); a grouped GEMM's per group, fp8 if its forward is."""
+    e = fwd.bytes / fwd.groups / (fwd.m * fwd.k + fwd.k * fwd.n + fwd.m * fwd.n)
+
+    def product(name: str, m: int, n: int, k: int) -> Kernel:
+        one = gemm(name, m, n, k, e, fwd.kind)
+        nbytes = fp8_gemm_bytes(m, n, k) if fwd.fp8 else one.bytes
+        return replace(one, flops=one.flops * fwd.groups, bytes=nbytes * fwd.groups, groups=fwd.groups,
+                       fp8=fwd.fp8, count=fwd.count)
+    wgrad = product(fwd.name + " wgrad", fwd.k, fwd.n, fwd.m)
     # a convolution's backward is one aten op (convolution_backward) launching both products
-    return [gemm(fwd.name + " dgrad", fwd.m, fwd.k, fwd.n, e, fwd.kind),
+    return [product(fwd.name + " dgrad", fwd.m, fwd.k, fwd.n),
             replace(wgrad, ops=0) if fwd.kind == "conv" else wgrad]
 
 
@@ -199,13 +230,15 @@ def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops
                   instructions=instructions, backward_instructions=backward_instructions, dtensor_ops=dtensor_ops)
 
 
-def quantization(m: int, n: int, k: int, sm_count: int) -> float:
-    """Useful share of the machine for an M x N output over K: tiles partly outside the matrix and a last wave
-    that does not fill every SM do work nobody asked for. Too few tiles to fill the SMs are split along K
-    (split-K / stream-K, as cuBLAS and CUTLASS do for small outputs), in chunks of at least one tile of K."""
+def quantization(m: int, n: int, k: int, sm_count: int, groups: int = 1) -> float:
+    """Useful share of the machine for an M x N output over K (``groups`` of them in one launch): tiles partly
+    outside the matrix and a last wave that does not fill every SM do work nobody asked for. Too few tiles to
+    fill the SMs are split along K (split-K / stream-K, as cuBLAS and CUTLASS do for small outputs), in chunks of
+    at least one tile of K."""
     tiles_m, tiles_n = ceil(m / TILE), ceil(n / TILE)
     tile = (m * n) / (tiles_m * tiles_n * TILE * TILE)
-    units = tiles_m * tiles_n * max(1, min(sm_count // (tiles_m * tiles_n), k // TILE))
+    tiles = tiles_m * tiles_n * groups
+    units = tiles * max(1, min(sm_count // tiles, k // TILE))
     wave = units / (ceil(units / sm_count) * sm_count)
     return tile * wave
 
@@ -227,6 +260,7 @@ class Rates:
     xu_per_s: float = 0.0           # reciprocals and conversions per second
     attention_kernel: str = "flash"  # flash, cudnn or triton (rates() resolves "sdpa")
     calibrated: "CategoryCalibration | None" = None  # a profile's measured categories, moved to this GPU
+    fp8_flops: float = 0.0          # what an fp8 GEMM reaches (--precision fp8; 0: none runs)
     measured: "MeasuredKernels | None" = None        # the kernel atlas of this GPU's family, where one was measured
     host_s_per_op: float = HOST_SECONDS_PER_OP       # eager PyTorch's host time per op (the atlas's, where shipped)
     dtensor_host_s_per_op: float = DTENSOR_HOST_SECONDS_PER_OP
@@ -242,10 +276,13 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: s
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
     sm_clocks = gpu.sm_count * gpu.clock_hz
+    fp8 = gpu.matmul_flops("fp8") * GEMM_CEILING_FP8.get(gpu.family, GEMM_CEILING_FP8_OTHER) \
+        if precision == "fp8" else 0.0
+    precision = "bf16" if precision == "fp8" else precision   # all but the fp8 GEMMs: bf16
     found = Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
                   gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
                   gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
-                  sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel)
+                  sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel, fp8_flops=fp8)
     from meshscale.predict.training.measured import host_costs, measured_kernels
 
     measured = measured_kernels(gpu, precision)
@@ -274,7 +311,8 @@ def aligned(m: int, n: int, k: int, element_bytes: int) -> bool:
     return all(d * element_bytes % ALIGN_BYTES == 0 for d in (m, n, k))
 
 
-def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged: bool = True) -> float:
+def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged: bool = True,
+                    element_bytes: int = 0) -> float:
     """Share of a tile's time spent in its main loop: 2 x TILE^2 x K FLOPs at the SM's share of ``peak_flops``,
     against that plus the first K-block's load (its two operand slices) and the finished tile's store (at most
     TILE x TILE, less where the matrix is thinner) at the SM's share of the bandwidth. Without asynchronous
@@ -283,7 +321,7 @@ def tile_efficiency(m: int, n: int, k: int, peak_flops: float, r: Rates, staged:
     tm, tn = min(m, TILE), min(n, TILE)
     main_s = 2.0 * TILE * TILE * k / (peak_flops / r.sm_count)
     loaded_k = min(k, TILE_K) if staged else k
-    edge_bytes = r.element_bytes * ((tm + tn) * loaded_k + tm * tn)
+    edge_bytes = (element_bytes or r.element_bytes) * ((tm + tn) * loaded_k + tm * tn)
     return main_s / (main_s + edge_bytes / (r.bandwidth_bytes_per_s / r.sm_count))
 
 
@@ -314,9 +352,10 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
         return r.calibrated.seconds(kernel, r) * r.factor
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     if kernel.kind in ("matmul", "conv"):
-        peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        share = gemm_share(kernel, peak, r) if kernel.kind == "conv" or r.measured is None else \
-            measured_gemm_share(kernel, peak, r)
+        peak, e = gemm_peak(kernel, r)
+        share = gemm_share(kernel, peak, r, e)
+        if kernel.kind == "matmul" and r.measured is not None and not (kernel.fp8 and r.fp8_flops):
+            share = measured_gemm_share(kernel, peak, r, share)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
         compute_s = kernel.flops / attention_rate(kernel, r)
@@ -327,25 +366,35 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     return kernel.count * max(compute_s, memory_s, r.kernel_floor_s * launches_of(kernel)) * r.factor
 
 
-def measured_gemm_share(kernel: Kernel, peak: float, r: Rates) -> float:
-    """A matrix product's share of ``peak`` (the datasheet's times the generation's ceiling) from the atlas: the
-    analytic shape's share times what the atlas measured beyond it (`MeasuredKernels.gemm_share`)."""
+def measured_gemm_share(kernel: Kernel, peak: float, r: Rates, own: float) -> float:
+    """A matrix product's share of ``peak`` (the datasheet's times the generation's ceiling) from the atlas: its
+    own analytic share ``own`` (a grouped product's tiles quantized per group) times what the atlas measured
+    beyond the analytic model around its shape (`MeasuredKernels.gemm_share`)."""
     from meshscale.predict.training.measured import layout_of
 
     layout = layout_of(kernel.name)
     m, n, k = (kernel.n, kernel.m, kernel.k) if layout == "tn" else (kernel.m, kernel.n, kernel.k)
     analytic = lambda a, b, c: gemm_share(Kernel("", "matmul", m=a, n=b, k=c), peak, r)  # noqa: E731
-    return r.measured.gemm_share(m, n, k, layout, analytic) * r.dense_flops / peak
+    return r.measured.gemm_share(m, n, k, layout, analytic, own) * r.dense_flops / peak
 
 
-def gemm_share(kernel: Kernel, peak: float, r: Rates) -> float:
-    """The analytic share of ``peak`` a matrix product reaches: tile and wave quantization times the tiles'
-    main-loop share (the generation's measured ceiling is in ``peak``)."""
+def gemm_share(kernel: Kernel, peak: float, r: Rates, element_bytes: int = 0) -> float:
+    """The analytic share of ``peak`` a matrix product reaches: tile and wave quantization (per group of a
+    grouped product) times the tiles' main-loop share (the generation's measured ceiling is in ``peak``)."""
+    e = element_bytes or r.element_bytes
     # cuDNN pads a convolution's channels to the vector width itself (the stem's 3 to 4 or 8; NVIDIA,
     # "Convolutional Layers User's Guide", channels in and out); cuBLAS takes the rows as they are
-    staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, r.element_bytes)
-    return quantization(kernel.m, kernel.n, kernel.k, r.sm_count) * \
-        tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged)
+    staged = kernel.kind == "conv" or aligned(kernel.m, kernel.n, kernel.k, e)
+    return quantization(kernel.m, kernel.n, kernel.k, r.sm_count, kernel.groups) * \
+        tile_efficiency(kernel.m, kernel.n, kernel.k, peak, r, staged, e)
+
+
+def gemm_peak(kernel: Kernel, r: Rates) -> tuple[float, int]:
+    """The achievable FLOP/s of a GEMM or convolution and its operands' element size: fp8's (one byte) for an fp8
+    GEMM on a GPU that runs them, else the precision's."""
+    if kernel.fp8 and r.fp8_flops:
+        return r.fp8_flops, 1
+    return (r.conv_flops if kernel.kind == "conv" else r.matmul_flops), r.element_bytes
 
 
 def roofline_seconds(kernel: Kernel, r: Rates) -> float:
@@ -358,14 +407,14 @@ def roofline_seconds(kernel: Kernel, r: Rates) -> float:
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     compute_s = 0.0
     if kernel.kind in ("matmul", "conv"):
-        peak = r.conv_flops if kernel.kind == "conv" else r.matmul_flops
-        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count))
+        peak = gemm_peak(kernel, r)[0]
+        compute_s = kernel.flops / (peak * quantization(kernel.m, kernel.n, kernel.k, r.sm_count, kernel.groups))
     elif kernel.kind == "attention":
         compute_s = kernel.flops / attention_rate(kernel, r)
     return kernel.count * max(compute_s, memory_s)
 
 
-_MLP = ("w1 (gate)", "w3 (up)", "w2 (down)", "fc out", "fc ")
+_MLP = ("w1 (gate)", "w3 (up)", "w2 (down)", "fc out", "fc ", "experts w", "shared w")
 _PROJECTIONS = ("wq", "wk", "wv", "qkv", "attention out")
 
 
@@ -396,7 +445,7 @@ def category_of(kernel: Kernel, transformer: bool) -> str:
         return "optimizer"
     if name.startswith("FSDP"):
         return "FSDP copies"
-    if name.startswith("DDP") or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
+    if name.startswith("DDP") or "permute" in name or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
         return "copies/casts"
     return "elementwise/activation"
 

@@ -48,8 +48,10 @@ class MeasuredKernels:
     def eager_floor_s(self) -> float:
         return self.atlas.eager_kernel_floor_s or self.atlas.kernel_floor_s
 
-    def gemm_share(self, m: int, n: int, k: int, layout: str, analytic: Callable[[int, int, int], float]) -> float:
-        """Share of this GPU's datasheet peak an M x N x K product of ``layout`` reaches (see the module)."""
+    def gemm_share(self, m: int, n: int, k: int, layout: str, analytic: Callable[[int, int, int], float],
+                   own: float | None = None) -> float:
+        """Share of this GPU's datasheet peak an M x N x K product of ``layout`` reaches (see the module): its own
+        analytic share (``own``, default ``analytic(m, n, k)``) times the measured / analytic ratio around it."""
         points = {(p.m, p.n, p.k): p.flops_per_s / self.atlas_peak_flops
                   for p in self.atlas.gemm_points(self.dtype) if p.layout == layout}
         if not points:
@@ -64,9 +66,8 @@ class MeasuredKernels:
                     if w and (m0, n0, k0) in points:
                         total += w
                         ratio += w * log2(points[(m0, n0, k0)] / max(analytic(m0, n0, k0), 1e-9))
-        if not total:
-            return analytic(m, n, k)
-        return analytic(m, n, k) * 2 ** (ratio / total)
+        own = analytic(m, n, k) if own is None else own
+        return own * 2 ** (ratio / total) if total else own
 
     def attention_fraction(self, head_dim: int, seq_len: int, backward: bool, kernel: str) -> float | None:
         """The measured share of the dense bf16 peak of ``kernel``'s causal attention (None: not measured)."""

@@ -33,7 +33,8 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
            "step_time_s": p.step_s, "compute_s": p.compute_s, "throughput_samples_per_s": p.samples_per_s,
            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if job.seq_len else None, "mfu": p.mfu,
            "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
-           "memory_capacity_bytes": p.gpu.memory_bytes}
+           "memory_capacity_bytes": p.gpu.memory_bytes,
+           "params": job.params(), "active_params": job.model.active_params() if job.model else job.params()}
     row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
     row["host_ops_per_step"], row["host_bound_above_s_per_op"] = host_bound_above(p)
     if synced:
@@ -58,6 +59,14 @@ def training_result(predictions: list[TrainingPrediction], search: bool = False)
 LAYOUT_IDENTITY = ("layout", "ckpt")
 
 
+def experts_line(model) -> str:
+    """A mixture of experts' size: its parameters, those a token passes through, its experts."""
+    shared = f" + {model.shared_experts} shared" if model.shared_experts else ""
+    return (f"{model.name}: {model.params() / 1e9:,.1f}B parameters, {model.active_params() / 1e9:,.1f}B active per "
+            f"token ({model.experts} experts{shared}, top {model.experts_per_token}, {model.moe_layer_count()} of "
+            f"{model.layers} layers)")
+
+
 def layout_table(predictions: list[TrainingPrediction], search: bool = False, hidden: int = 0) -> tuple[Table, list[str]]:
     """The table and the lines under it (what wins and why, what does not fit)."""
     first = predictions[0]
@@ -80,7 +89,7 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
         cells = [p.job.layout.describe(), p.job.checkpointing, str(p.job.batch), rate, f"{p.step_s * 1e3:,.1f}",
                  f"{p.mfu:.1%}", memory, fits, p.compute_source, p.why()]
         table.add_row(*([str(i)] if search else []) + cells)
-    lines = []
+    lines = [experts_line(job.model)] if job.model is not None and job.model.is_moe else []
     if search:
         fitting = [p for p in predictions if p.fits]
         if fitting:

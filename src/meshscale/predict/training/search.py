@@ -4,11 +4,14 @@ allow, each predicted, ranked by tokens per second among those that fit in memor
 Candidates: tp a divisor of the GPUs per node (a tp group spanning nodes is never faster than one inside),
 pp and cp powers of two, the rest of the world split between FSDP shards and replicas in powers of two, the
 three checkpointing policies, and for pipelines 1F1B and interleaved 1F1B (two virtual stages per rank) with
-one sequence per micro-batch. Layouts the model cannot run (heads, layers, sequence) are left out silently.
+one sequence per micro-batch; for a mixture of experts every expert-parallel degree that is a power of two
+dividing the experts and the data-parallel ranks it borrows. Layouts the model cannot run (heads, layers,
+sequence, experts) are left out silently.
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from itertools import product
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout
@@ -28,6 +31,14 @@ def _powers(limit: int) -> list[int]:
     return out
 
 
+def _expert_degrees(job: TrainingJob, borrowable: int) -> list[int]:
+    """Expert-parallel degrees to try: 1, and for a mixture of experts the powers of two dividing its experts and
+    the data-parallel ranks (`check_ep` leaves out the rest)."""
+    if job.model is None or not job.model.is_moe:
+        return [1]
+    return [n for n in _powers(min(job.model.experts, borrowable)) if job.model.experts % n == 0 and borrowable % n == 0]
+
+
 def candidate_layouts(job: TrainingJob, world: int, gpus_per_node: int, global_batch: int) -> list[TrainingJob]:
     """Every job of ``job``'s model and step shape on ``world`` GPUs at ``global_batch`` sequences per step that
     passes the layout's checks."""
@@ -44,9 +55,9 @@ def candidate_layouts(job: TrainingJob, world: int, gpus_per_node: int, global_b
                         continue
                     batch = global_batch // (dp * fsdp)
                     schedules = [("1f1b", 1), ("interleaved-1f1b", 2)] if pp > 1 else [("1f1b", 1)]
-                    for schedule, v in schedules:
+                    for (schedule, v), ep in product(schedules, _expert_degrees(job, dp * fsdp * cp)):
                         layout = ParallelLayout(dp=dp, fsdp=fsdp, tp=tp, pp=pp, cp=cp, pp_schedule=schedule,
-                                                micro_batches=batch if pp > 1 else 1, stages_per_rank=v)
+                                                micro_batches=batch if pp > 1 else 1, stages_per_rank=v, ep=ep)
                         for checkpointing in CHECKPOINTING:
                             candidate = replace(job, layout=layout, batch=batch, checkpointing=checkpointing)
                             try:

@@ -49,6 +49,9 @@ from meshscale.predict.training.comm import CollectiveCost, Allocation, collecti
 from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
 from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
 from meshscale.predict.training.measured import compute_source
+from meshscale.predict.training.fp8 import FP8_RECIPES, gathered_bytes
+from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
+                                            layer_params_on_rank, sharded_params_on_rank)
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
@@ -87,7 +90,7 @@ class StepKernels:
 
     def host_ops(self) -> int:
         """The aten ops eager PyTorch issues from the host for the step."""
-        return sum(k.ops * k.count for k in self.every())
+        return int(round(sum(k.ops * k.count for k in self.every())))
 
 
 def step_kernels(job: TrainingJob) -> StepKernels:
@@ -110,25 +113,27 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     tokens = job.batch // m * job.seq_len / layout.cp
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
                               checkpointing=job.checkpointing, autocast=job.autocast,
-                              selective_policy=job.selective_policy, rotary_style=job.rotary)
+                              selective_policy=job.selective_policy, rotary_style=job.rotary, ep=layout.ep,
+                              moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
-    stage_params = (stage_layers * model.layer_params() + ends_params) / layout.tp
-    # this rank's share of each tensor (FSDP shards dim 0, tensor parallelism splits the matrices)
+    # this rank's share of each tensor (FSDP shards dim 0, tensor parallelism splits the matrices; the routed
+    # experts split over ep)
+    on_rank = sharded_params_on_rank(model, layout, stage_layers, ends_params)
     shards = layout.tp * layout.fsdp
-    numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model) + end_tensor_numels(model)]
+    numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model, layout.ep) + end_tensor_numels(model)]
     dtensor_params = job.sharding == "fsdp2" or layout.tp > 1
-    per_step = optimizer_kernels(stage_params / layout.fsdp, "adamw", numels, dtensor_params) + \
-        (m - 1) * accumulation_kernels(stage_params / layout.fsdp)
+    per_step = optimizer_kernels(on_rank, "adamw", numels, dtensor_params) + (m - 1) * accumulation_kernels(on_rank)
     if job.sharding == "fsdp2":
-        param_bytes = 4 if job.autocast else element_bytes(job.precision)   # what FSDP2 gathers
-        unshard = fsdp2_unshard_kernels(model, model.layer_params() / layout.tp, layout.fsdp, param_bytes)
+        param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else element_bytes(job.precision))
+        gathered = layer_params_on_rank(model, layout.ep, layout.tp)
+        unshard = fsdp2_unshard_kernels(model, gathered, layout.fsdp, param_bytes)
         root = fsdp2_unshard_kernels(model, ends_params / layout.tp, layout.fsdp, param_bytes, tensors=2)
         ends = replace(ends, forward=ends.forward + tuple(root),       # the root stays gathered until backward
                        backward=ends.backward + tuple(fsdp2_reduce_kernels(ends_params / layout.tp, layout.fsdp)))
-        reduce = fsdp2_reduce_kernels(model.layer_params() / layout.tp, layout.fsdp)
+        reduce = fsdp2_reduce_kernels(gathered, layout.fsdp)
         if layout.pp == 1:       # resharded after forward: gathered again before backward
             layer = replace(layer, forward=layer.forward + tuple(unshard),
                             backward=layer.backward + tuple(unshard + reduce))
@@ -213,6 +218,8 @@ class TrainingJob:
     exchange: GradientExchange = GradientExchange()   # replicas' gradient exchange (unsharded data parallelism)
     measured: ComputeProfile | None = None   # the step as measured on this GPU, where it stands for the kernels
     measured_gradients: tuple[GradientTensor, ...] | None = None   # when backward completed each, as a profile saw it
+    moe_imbalance: float = DEFAULT_IMBALANCE   # mixture of experts: the busiest ep rank's routed tokens / the mean
+    fp8_recipe: str = "tensorwise"   # --precision fp8: torchao's float8 scaling (fp8.FP8_RECIPES)
 
     @property
     def name(self) -> str:
@@ -232,7 +239,7 @@ class TrainingJob:
             if self.resnet_depth == 50:
                 return resnet50_gradients()
             return [GradientTensor(n) for n in resnet_tensor_numels(self.resnet_depth)]
-        return transformer_gradients(self.model)
+        return transformer_gradients(self.model, self.layout.ep)
 
     @property
     def samples_per_step(self) -> int:
@@ -279,6 +286,7 @@ class TrainingPrediction:
     nccl_algo: str = ""         # what NCCL ran for the largest of those exchanges
     host_s: float = 0.0         # a calibration's fixed cost per step
     contention_s: float = 0.0   # compute slowed by the SMs overlapped collectives occupy
+    ep_s: float = 0.0           # expert parallelism's dispatch and combine all-to-alls (critical path)
     launch_s: float = 0.0       # passes the host took longer to issue than the GPU to run (part of compute_s)
     host_ops: int = 0           # aten ops eager PyTorch issues a step on the rank (0: a CUDA graph)
     memory: MemoryEstimate | None = None
@@ -297,7 +305,9 @@ class TrainingPrediction:
     def mfu(self) -> float:
         if self.job.measured is not None or not self.gpu.fp32_flops:
             return 0.0
-        peak = self.gpu.matmul_flops(self.job.precision)
+        # fp8 trains its linears on the fp8 tensor cores and the rest in bf16: MFU against the bf16 peak (torchtitan
+        # reports none for float8 runs; Megatron-Bridge gives model TFLOP/s, which this times the bf16 peak is)
+        peak = self.gpu.matmul_flops("bf16" if self.job.precision == "fp8" else self.job.precision)
         return self.samples_per_s * self.job.model_flops_per_sample() / self.allocation.world_size / peak
 
     @property
@@ -306,7 +316,8 @@ class TrainingPrediction:
 
     def exposed(self) -> dict[str, float]:
         """Seconds per step beyond the kernels' own time, by cause (host-bound ops are inside compute_s)."""
-        return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "pipeline send/recv": self.pp_s,
+        return {"tensor parallel": self.tp_s, "context parallel": self.cp_s, "expert all-to-all": self.ep_s,
+                "pipeline send/recv": self.pp_s,
                 "pipeline bubble": self.bubble_s, "FSDP gather/reduce": self.sharding_s,
                 "replica all-reduce": self.replica_s, "host per step": self.host_s,
                 "SMs held by NCCL": self.contention_s, "host-bound ops": self.launch_s}
@@ -325,9 +336,12 @@ def check_job(job: TrainingJob, world_size: int) -> None:
                                  ("selective_policy", job.selective_policy, SELECTIVE_POLICIES),
                                  ("rotary", job.rotary, ROTARY_STYLES), ("sharding", job.sharding, SHARDINGS),
                                  ("--attention", job.attention, ATTENTION_KERNELS),
-                                 ("--activation-checkpointing", job.checkpointing, CHECKPOINTING)):
+                                 ("--activation-checkpointing", job.checkpointing, CHECKPOINTING),
+                                 ("--fp8-recipe", job.fp8_recipe, FP8_RECIPES)):
         if value not in choices:
             raise MeshscaleError(f"{name} {value}: use one of {', '.join(choices)}")
+    if not job.moe_imbalance >= 1:
+        raise MeshscaleError(f"--moe-imbalance {job.moe_imbalance}: the busiest rank's tokens over the mean is at least 1")
     if job.batch < 1:
         raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
     if job.model is None:
@@ -491,21 +505,25 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     cp_b = cp_f * (2 if job.checkpointing == "full" else 1) + coll("reduce_scatter", kv, "cp")
     hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], allocation) \
         if layout.pp > 1 else 0.0
+    # expert parallelism: each MoE layer's dispatch and combine (and the token counts before the dispatch),
+    # again in backward and in a full recompute; by the share of MoE layers
+    a2a, splits = all_to_all_costs(model, layout, tokens, allocation, job.moe_imbalance, e)
+    ep_f = model.moe_share() * (2 * a2a.seconds + splits.seconds)
+    ep_b = model.moe_share() * 2 * a2a.seconds + (ep_f if job.checkpointing == "full" else 0.0)
 
     (ends_f, wait_ef), (ends_b, wait_eb) = _pass_seconds(ends.forward, r, job), _pass_seconds(ends.backward, r, job)
-    forward = stage_layers * (layer_f + tp_f + cp_f) + ends_f + hop
-    backward = stage_layers * (layer_b + tp_b + cp_b) + ends_b + hop
+    forward = stage_layers * (layer_f + tp_f + cp_f + ep_f) + ends_f + hop
+    backward = stage_layers * (layer_b + tp_b + cp_b + ep_b) + ends_b + hop
     v = layout.stages_per_rank if layout.pp_schedule == "interleaved-1f1b" else 1
     pipeline = (m + (layout.pp - 1) / v) * (forward + backward) if layout.pp > 1 else m * (forward + backward)
     bubble = pipeline - m * (forward + backward)
 
-    # FSDP2 and replicas, per layer of this stage over the whole step
-    layer_params = model.layer_params() / layout.tp
-    param_bytes = 4 if job.autocast else e                    # autocast keeps (and gathers) fp32 parameters
-    gather_c = cost("all_gather", layer_params * param_bytes, "fsdp")
-    reduce_c = cost("reduce_scatter", layer_params * 4, "fsdp")
+    # FSDP2 and replicas, per layer of this stage over the whole step (a mixture of experts' routed experts over
+    # their own groups, `moe.fsdp_layer_costs`); autocast keeps (and gathers) fp32 parameters, fp8's tensorwise
+    # recipe gathers its linears' weights in fp8
+    param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else e)
     ddp = job.sharding == "none" and layout.tp == layout.pp == layout.cp == 1   # whole replicas: DDP's buckets
-    replicate_c = CollectiveCost(0.0) if ddp else cost("all_reduce", layer_params * 4 / layout.fsdp, "dp")
+    gather_c, reduce_c, replicate_c = fsdp_layer_costs(model, layout, allocation, param_bytes, ddp)
     gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
     rounds = m if layout.pp == 1 else 1                       # gathers and reductions per layer per step
@@ -526,9 +544,11 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     step = pipeline + sharding + replica + optimizer + contention
     memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
                              precision="fp32" if job.precision == "fp32" else "bf16",
-                             checkpointing=job.checkpointing, selective_policy=job.selective_policy)
+                             checkpointing=job.checkpointing, selective_policy=job.selective_policy,
+                             moe_imbalance=job.moe_imbalance)
     found = TrainingPrediction(job, allocation, gpu, source, step, compute,
                                tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
+                               ep_s=m * stage_layers * (ep_f + ep_b),
                                pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
                                contention_s=contention, launch_s=launch, memory=memory,
                                host_ops=0 if job.cuda_graph else kernels.host_ops())

@@ -44,6 +44,9 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
             shape = config_from_fields(name, {**shapes[name], "max_seq_len": raw["seq_len"]}, f"{where}: shape {name}")
         given = dict(raw.get("layout") or {})
         schedule = str(given.pop("pp_schedule", "1f1b"))
+        virtual = given.pop("stages_per_rank", None)
+        moe = {"ep": int(given.pop("ep", 0)) or None, "moe_imbalance": raw.get("moe_imbalance"),
+               "fp8_recipe": raw.get("fp8_recipe"), "stages_per_rank": None if virtual is None else int(virtual)}
         gpus = int(raw["gpus"])
         degrees = {k: int(v) for k, v in given.items()} or {"dp": gpus}
         _, per_node = system_gpu(raw["system"])
@@ -56,7 +59,7 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
             attention=str(raw.get("attention", "sdpa")), **degrees, pp_schedule=schedule,
             micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
-            rotary=str(raw.get("rotary", "pairs")))
+            rotary=str(raw.get("rotary", "pairs")), **moe)
         (metric, value), = raw["measured"].items()
     except (KeyError, TypeError, ValueError) as e:
         raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None

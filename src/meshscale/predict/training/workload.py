@@ -25,7 +25,9 @@ from math import ceil
 from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_blocks, resnet_params,
                                      small_cnn_layers, small_cnn_tensor_numels)
 from meshscale.models.transformer import TransformerConfig
+from meshscale.predict.training.fp8 import to_fp8
 from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
+from meshscale.predict.training.moe import layer_params_on_rank, moe_mlp, shared_by
 
 # Optimizer traffic per parameter as PyTorch's default (foreach) implementations run it, one pass per foreach op:
 # AdamW: weight decay (mul_: 8 B), lerp_ of the first moment (12), mul_ and addcmul_ of the second (8 + 12), its
@@ -115,8 +117,9 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
-            backward.append(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches,
-                                      instructions=k.backward_instructions, dtensor_ops=k.dtensor_ops))
+            backward.append(replace(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches,
+                                              instructions=k.backward_instructions, dtensor_ops=k.dtensor_ops),
+                                    count=k.count))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
@@ -149,62 +152,113 @@ def rotary_op(style: str, e: int, elements: float) -> Kernel:
     return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15)
 
 
+def _projections(model: TransformerConfig, tokens: float, tp: int, e: int) -> list[Kernel]:
+    """The attention's input projections: q, k and v apart, as train's one transformer (train/transformer.py) and
+    torchtitan's Llama project them; under multi-head latent attention (torchtitan's DeepSeek-V3) the query and
+    key/value latents (replicated under tensor parallelism), their RMSNorms and their up-projections to the heads."""
+    d, kv = model.d_model, model.kv_dim
+    if not model.is_mla:
+        return [gemm("wq", tokens, model.q_dim / tp, d, e), gemm("wk", tokens, kv / tp, d, e),
+                gemm("wv", tokens, kv / tp, d, e)]
+    latent = model.kv_lora_rank + model.q_lora_rank
+    out = [gemm("wq_a", tokens, model.q_lora_rank, d, e),
+           gemm("wq_b", tokens, model.q_dim / tp, model.q_lora_rank, e)] if model.q_lora_rank else \
+        [gemm("wq", tokens, model.q_dim / tp, d, e)]
+    return out + [gemm("wkv_a", tokens, model.kv_lora_rank + model.qk_rope_head_dim, d, e),
+                  memory_op("latent norms", 2 * e * tokens * latent, LAYER_NORM_BACKWARD_ACCESSES * e * tokens * latent,
+                            ops=2),
+                  gemm("wkv_b", tokens, model.heads * (model.qk_nope_head_dim + model.v_head_dim) / tp,
+                       model.kv_lora_rank, e)]
+
+
+def _attention_widths(model: TransformerConfig) -> tuple[float, float]:
+    """(the width rotary turns per token: the queries' and keys' rotary parts; the width attention reads and
+    writes per token: Q, K, V and its output)."""
+    h, qk, v = model.heads, model.qk_head_dim, model.value_head_dim
+    if model.is_mla:   # the rotary part of every head's query and the one shared key
+        return h * model.qk_rope_head_dim + model.qk_rope_head_dim, h * (2 * qk + 2 * v)
+    return model.q_dim + model.kv_dim, model.q_dim + h * v + 2 * model.kv_dim
+
+
+def _ffn(model: TransformerConfig, tokens: float, tp: int, e: int, ep: int,
+         imbalance: float) -> tuple[list[Kernel], list[Kernel], list[Kernel]]:
+    """The MLP's kernels forward, those selective checkpointing recomputes, and GPT-2's bias gradients; of a
+    mixture of experts, its MoE kernels by the share of MoE layers and the dense MLP's by the rest."""
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
+    hidden = tokens * f / tp
+    if model.style == "llama":
+        act = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
+               memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
+        dense = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e), *act,
+                 gemm("w2 (down)", tokens, d, f / tp, e)]
+        bias_grads = []
+    else:
+        act = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden)]
+        dense = [gemm("fc", tokens, f / tp, d, e), *act, gemm("fc out", tokens, d, f / tp, e)]
+        # the biases' gradients: a sum over the tokens of each linear's output gradient (q, k, v, out, fc, fc out)
+        bias_grads = [memory_op("bias gradients", e * tokens * (3 * d + 2 * kv + f) / tp, ops=6)]
+    dense = [on_dtensor(k, tp) for k in dense]
+    if not model.is_moe:
+        return dense, act, bias_grads
+    share = model.moe_share()
+    forward, elementwise = moe_mlp(model, tokens, tp=tp, ep=ep, e=e, imbalance=imbalance)
+    forward = [on_dtensor(k, tp) for k in forward]
+    if share == 1:
+        return forward, elementwise, bias_grads
+    return (shared_by(dense, 1 - share) + shared_by(forward, share),
+            shared_by(act, 1 - share) + shared_by(elementwise, share), bias_grads)
+
+
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
-                      selective_policy: str = "matmuls", rotary_style: str = "pairs") -> PassKernels:
+                      selective_policy: str = "matmuls", rotary_style: str = "pairs", ep: int = 1,
+                      moe_imbalance: float = 1.0, fp8_recipe: str = "tensorwise") -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
     so the residual stream is fp32); otherwise (FSDP2 mixed precision) every activation is in the compute
     precision. Either way each weight's gradient is made in bf16 and cast to fp32 (for .grad or the
-    reduce-scatter)."""
+    reduce-scatter). A mixture of experts' MLP: `moe.moe_mlp` (``ep``, ``moe_imbalance``); fp8: the linears as
+    fp8 GEMMs with their casts (`fp8.to_fp8`, ``fp8_recipe``)."""
     e = element_bytes(precision)
     r = 4 if autocast else e                      # the residual stream and its norms
-    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
+    d = model.d_model
     sp_tokens = tokens / tp                       # sequence parallel: element-wise ops on 1/tp of the tokens
     x = sp_tokens * d                             # elements of one d-wide activation of this rank
     sequences = tokens * cp / seq_len
-    # causal attention per sequence: 4 x head_dim x seq (seq + 1) / 2 per head; this rank: its heads, its share
-    attention_flops = 4.0 * model.head_dim * (model.heads / tp) * seq_len * (seq_len + 1) / 2 * sequences / cp
-    attention_bytes = e * tokens * (2 * d + 2 * kv) / tp   # Q and O, K and V once through HBM
+    rotary_width, attention_width = _attention_widths(model)
+    # causal attention per sequence: 2 x (qk + v head widths) x seq (seq + 1) / 2 per head; this rank: its heads,
+    # its share
+    attention_flops = 2.0 * (model.qk_head_dim + model.value_head_dim) * (model.heads / tp) * seq_len * \
+        (seq_len + 1) / 2 * sequences / cp
+    attention_bytes = e * tokens * attention_width / tp   # Q and O, K and V once through HBM
     norm = on_dtensor(memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x), tp)
     # x (fp32) + y (bf16) -> x; backward: the branch's gradient cast to bf16 (autocast) and the two branches'
     # gradients summed where the residual forks
     add = memory_op("residual add", (2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
-    hidden = tokens * f / tp
-    if model.style == "llama":
-        mlp = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e)]
-        act_ops = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
-                   memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
-        rotary = [rotary_op(rotary_style, e, tokens * (d + kv) / tp)]
-        down = gemm("w2 (down)", tokens, d, f / tp, e)
-        bias_grads = []
-    else:
-        mlp = [gemm("fc", tokens, f / tp, d, e)]
-        act_ops = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden)]
-        rotary = []
-        down = gemm("fc out", tokens, d, f / tp, e)
-        # the biases' gradients: a sum over the tokens of each linear's output gradient (q, k, v, out, fc, fc out)
-        bias_grads = [memory_op("bias gradients", e * tokens * (3 * d + 2 * kv + f) / tp, ops=6)]
-    # q, k and v projected apart, as train's one transformer (train/transformer.py) and torchtitan's Llama do
-    qkv = [gemm("wq", tokens, d / tp, d, e), gemm("wk", tokens, kv / tp, d, e), gemm("wv", tokens, kv / tp, d, e)]
+    ffn, ffn_elementwise, bias_grads = _ffn(model, tokens, tp, e, ep, moe_imbalance)
+    rotary = [rotary_op(rotary_style, e, tokens * rotary_width / tp)] if model.style == "llama" else []
     casts = []
     if autocast and precision != "fp32":
         # each weight to bf16; the two norms' fp32 outputs to bf16 before the GEMMs they feed
         casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp, 0.0, ops=8),
                  memory_op("autocast input casts", 2 * 6.0 * x, 2 * 6.0 * x, ops=2)]
     # the attention kernel writes its output as (batch, seq, heads, head_dim), so the heads join as a view
-    grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * model.layer_params() / tp, ops=8)] \
+    grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * layer_params_on_rank(model, ep, tp), ops=8)] \
         if precision != "fp32" else []
     # on DTensors under tensor parallelism: the linears, autocast's casts of their weights and inputs, the norms
-    qkv, mlp, casts = ([on_dtensor(k, tp) for k in group] for group in (qkv, mlp, casts))
-    down = on_dtensor(down, tp)
+    qkv, casts = ([on_dtensor(k, tp) for k in group] for group in (_projections(model, tokens, tp, e), casts))
     redistributes = [dtensor_host("DTensor redistributes", TP_LAYER_REDISTRIBUTES)] if tp > 1 else []
+    out = gemm("attention out", tokens, d, model.heads * model.value_head_dim / tp, e)
     forward = [*casts, norm, *redistributes, *qkv, *rotary,
-               Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.head_dim),
-               on_dtensor(gemm("attention out", tokens, d, d / tp, e), tp), add, norm, *mlp, *act_ops, down, add]
-    return _passes(forward, [norm, *redistributes, *rotary, *act_ops, norm], checkpointing,
-                   grads + bias_grads, selective_policy)
+               Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.qk_head_dim),
+               on_dtensor(out, tp), add, norm, *ffn, add]
+    elementwise = [norm, *redistributes, *rotary, *ffn_elementwise, norm]
+    if precision == "fp8":
+        forward, fp8_casts = to_fp8(forward, fp8_recipe)
+        if fp8_casts is not None:
+            forward, elementwise = [fp8_casts, *forward], [fp8_casts, *elementwise]
+    return _passes(forward, elementwise, checkpointing, grads + bias_grads, selective_policy)
 
 
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
@@ -293,14 +347,20 @@ def optimizer_kernels(params_on_rank: float, optimizer: str = "adamw",
                       dtensor_ops=len(FOREACH_OPS[optimizer]) if dtensor else 0)]
 
 
-def layer_tensor_numels(model: TransformerConfig) -> list[int]:
-    """The sizes of one layer's parameter tensors: llama: two norms' weights and seven projections; GPT-2 (as
-    `train` builds it): the q, k, v and output projections and the two MLP matrices with their biases, two
-    LayerNorms' weights and biases."""
+def layer_tensor_numels(model: TransformerConfig, ep: int = 1) -> list[int]:
+    """The sizes of one layer's parameter tensors: llama: two norms' weights and the attention's projections, then
+    the MLP's three (a MoE layer: the router, the rank's experts as torchtitan's GroupedExperts holds them, three
+    tensors of experts / ep stacked, and the shared experts' three); GPT-2 (as `train` builds it): the q, k, v
+    and output projections and the two MLP matrices with their biases, two LayerNorms' weights and biases."""
     d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
-    if model.style == "llama":
-        return [d, d * d, d * kv, d * kv, d * d, d, d * f, d * f, f * d]
-    return [d, d, d * d, d, d * kv, kv, d * kv, kv, d * d, d, d, d, d * f, f, f * d, d]
+    if model.style != "llama":
+        return [d, d, d * d, d, d * kv, kv, d * kv, kv, d * d, d, d, d, d * f, f, f * d, d]
+    attention = [d, *(i * o for i, o in model.attention_matrices()), d]
+    if not model.is_moe:
+        return attention + [d * f, d * f, f * d]
+    fe, fs = model.routed_ffn_dim, model.shared_ffn_dim * model.shared_experts
+    experts = [model.experts // ep * d * fe] * 3
+    return attention + [model.router_params()] + experts + ([d * fs] * 3 if fs else [])
 
 
 def end_tensor_numels(model: TransformerConfig) -> list[int]:
