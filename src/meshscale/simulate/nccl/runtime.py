@@ -200,7 +200,7 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
     if chain:
         bw = chain_gbps(s, c, proto, share) * scale
         moved += tree_fill_bytes(s, c, proto, nbytes, nc)
-    elif nvls_algo and collective == "all_reduce":
+    elif nvls_algo and collective == "all_reduce" and s.n_nodes == 1:
         bw = nvls_traffic_gbps(s, c, algo, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, run=True) * scale
@@ -259,9 +259,10 @@ def block_ceiling_gbps(s: System, c: dict, collective: str, algo: str, blocks: i
 def call_floor_us(s: System, c: dict, collective: str) -> float:
     """The least time (us) one call of ``collective`` takes in a back-to-back loop: the CUDA launch and NCCL's
     per-call overhead (see the data file) on top of NCCL's cheapest latency for it (LL on the algorithm of fewest
-    steps: the ring in one node, the tree's log-depth across many). A separate term: NCCL's choice does not see it."""
-    lowest = min(latency_us(s, c, collective, a, "LL") for a in ("ring", "tree")
-                 if a == "ring" or enabled(s, c, collective, a, "LL", True))
+    steps: the ring in one node, the tree's log-depth across many; PAT's log-depth with one GPU per node, which has
+    only Simple). A separate term: NCCL's choice does not see it."""
+    lowest = min(latency_us(s, c, collective, a, p) for a, p in (("ring", "LL"), ("tree", "LL"), ("pat", "Simple"))
+                 if a == "ring" or enabled(s, c, collective, a, p, True))
     return float(data_file()["launch_overhead_us"]) + lowest
 
 
