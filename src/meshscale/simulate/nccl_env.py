@@ -56,6 +56,11 @@ class NcclEnv:
         return P2P_LEVELS.index(path_type) <= P2P_LEVELS.index(self.p2p_level) and self.p2p_level != "LOC"
 
     @property
+    def search_key(self) -> tuple:
+        """What changes the graphs NCCL's search finds (the transports); the channel counts are applied after it."""
+        return self.p2p_level, self.shm, self.socket, self.socket_streams
+
+    @property
     def system_key(self) -> tuple:
         """What changes what NCCL derives from the topology (its graphs, transports, channels)."""
         return self.p2p_level, self.shm, self.socket, self.socket_streams, self.max_channels, self.min_channels

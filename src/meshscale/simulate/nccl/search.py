@@ -46,6 +46,8 @@ class Graph:
         figures, e.g. 18 NVLinks x 20.6 = 370.8 on an H100 / H200, as NCCL prints it as the system's maxBw),
         not the search's speed step (12 channels x 30 = 360 there), which NCCL's estimate and choice keep.
         Measured on 2 H200, broadcast and reduce at 1 GiB run at 366-371 GB/s: above the speed step."""
+        if self.transport == "shm" and self.capacity_gbps:
+            return self.capacity_gbps  # host memory may carry less than NCCL's search, which does not see it, gave
         return max(self.capacity_gbps, self.total_gbps)
 
     @property
@@ -53,6 +55,8 @@ class Graph:
         """`link_gbps` of the chain a broadcast or reduce runs: the ring less the hop back into its first GPU,
         which carries nothing; where that hop shares a link with the others (a PCIe switch's up-link under the
         SHM transport), the chain's hops get the whole link."""
+        if self.transport == "shm" and self.chain_capacity_gbps:
+            return self.chain_capacity_gbps
         return max(self.chain_capacity_gbps, self.link_gbps)
 
 
@@ -381,7 +385,7 @@ def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEn
     (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
     inside a node; a cluster of thousands of the same node needs the search once)."""
     inside = node_view(topo, node_of(topo, local[0]))
-    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.system_key, several_nodes)
+    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.search_key, several_nodes)
     if key not in _NODE_GRAPHS:
         if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
             _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
