@@ -192,7 +192,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
     nc = channels_used(s, c, algo, proto, nbytes)
     # the share of the links the channels run carry: channels NCCL sheds for a small call leave theirs idle;
     # a communicator clamped to fewer channels (NCCL_MAX_NCHANNELS) leaves the links free and each block runs
-    # at its own ceiling (`block_ceiling_gbps`), NVLS's channels excepted (its bandwidth is per NVLS channel)
+    # at its own ceiling (a one-node ring: `ring_loop_gbps`; else `block_ceiling_gbps`), NVLS's channels excepted
+    # (its bandwidth is per NVLS channel)
     nvls_algo = algo in NVLS_ALGOS
     share = min(1.0, nc / (natural_channels if nvls_algo else comm_channels)(s, c, algo))
     moved = nbytes
