@@ -159,7 +159,8 @@ def test_older_nccl_credits_ring_ll_less_and_the_run_keeps_the_lines_rate():
 def test_an_ampere_gpu_reads_the_ampere_rows_of_nccls_tables():
     """NCCL indexes its per-channel ceilings by compute capability: an A100 (sm80) takes the Ampere row. Changing
     the Hopper row leaves an A100's predictions as they were; lowering the Ampere Simple ceiling below the links'
-    share slows the A100's send and its ring all-reduce."""
+    share slows the A100's send, and its ring all-reduce through the copy out of the receive buffer (a block's link
+    steps run at the search's per-channel speed, `block_link_gbps`)."""
     topo = load_system("dgx-a100")
     s = nccl.analyse(topo, list(range(8)), "2.18.5")
     c = nccl.constants("2.18.5")
@@ -178,4 +179,4 @@ def test_an_ampere_gpu_reads_the_ampere_rows_of_nccls_tables():
             def time_us(constants):
                 return runtime.predicted_us(s, constants, collective, "ring", "Simple", GIB, 1.0)[0]
         assert time_us(with_row("hopper", 1.0)) == time_us(c)
-        assert time_us(with_row("ampere", 4.0)) > 1.5 * time_us(c)
+        assert time_us(with_row("ampere", 4.0)) > (1.5 if collective == "send_recv" else 1.1) * time_us(c)

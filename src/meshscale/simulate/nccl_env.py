@@ -4,11 +4,13 @@ KEY=VALUE``), parsed and checked once, and what each one does to the model.
 What each setting changes, after NCCL's source (2.28) and its environment-variable documentation:
 - NCCL_MAX_NCHANNELS / NCCL_MIN_NCHANNELS: the channels (thread blocks) a communicator runs, clamped after the
   search has doubled them (connect.cc ncclTopoPostset). NCCL's tuning keeps the search graph's bandwidth, so its
-  choice does not move; a run on fewer channels moves each channel's share of the links and no more.
+  choice does not move; a run on fewer blocks than the graph's channels moves what each block does
+  (`runtime.block_link_gbps`) until the links are the limit.
 - NCCL_P2P_DISABLE=1, NCCL_P2P_LEVEL=LOC|NVL|PIX|PXB|PHB|SYS: GPU pairs whose path is farther than the level
   lose the P2P transport; paths.cc then routes them through the CPU next to the receiver (the SHM transport:
-  the sender's GPU writes into pinned host memory, the receiver's reads it, each over its own PCIe link);
-  with NCCL_SHM_DISABLE=1 as well, through the network (the NET transport and the node's NIC).
+  the sender's GPU writes into host memory on the receiver's side, the receiver's reads it, each over its own
+  PCIe links, the host's memory taking each byte twice); with NCCL_SHM_DISABLE=1 as well, through the network
+  (the NET transport and the node's NIC).
 - NCCL_SHM_DISABLE=1: no SHM transport (matters where P2P is not possible).
 - NCCL_NET=Socket or NCCL_IB_DISABLE=1: the socket transport between nodes: no GPUDirect RDMA (data staged in
   host memory), and a NIC carries what its streams move: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD streams
@@ -54,6 +56,11 @@ class NcclEnv:
         if self.p2p_level is None:
             return True
         return P2P_LEVELS.index(path_type) <= P2P_LEVELS.index(self.p2p_level) and self.p2p_level != "LOC"
+
+    @property
+    def search_key(self) -> tuple:
+        """What changes the graphs NCCL's search finds (the transports); the channel counts are applied after it."""
+        return self.p2p_level, self.shm, self.socket, self.socket_streams
 
     @property
     def system_key(self) -> tuple:

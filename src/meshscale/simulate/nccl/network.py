@@ -5,13 +5,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class
+from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class, host_memory_of
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
 from meshscale.topology.fabric import NET_LINKS
 from meshscale.topology.queries import path_class
 
 
+# A PCIe transaction as an SM's copies cause it (PCI Express Base Specification, Gen3 and later): 128 B of payload
+# (the SM's memory transaction; NVIDIA's sjeaugey in NVIDIA/nccl-tests #149: "SMs are limited to 128B payload
+# size") in a TLP that adds a 4 B framing token, a 16 B header (4 DW, 64-bit address) and a 4 B LCRC.
+PCIE_TLP_PAYLOAD_BYTES = 128
+PCIE_TLP_OVERHEAD_BYTES = 4 + 16 + 4
 REFERENCE_NET_LATENCY_S = 1.28e-6  # EDR InfiniBand, NIC to NIC over a two-level fat tree (3 switch hops)
 GDR_PATH_TYPES = ("PIX", "PXB")  # NCCL_NET_GDR_LEVEL's default: GPUDirect RDMA only through PCIe switches
 
@@ -40,6 +45,30 @@ def links_gbps(topo: Topology, directed: list, c: dict) -> dict:
         else:
             out[(i, d)] = pci_gbps(link, c) if link.kind == "pcie" else link.bandwidth_bytes_per_s / 1e9
     return out
+
+
+def host_run_gbps(link, nccl_gbps: float) -> float:
+    """GB/s a run moves over ``link`` on its way to or from host memory (the SHM transport), where NCCL's search
+    rates the link conservatively (PCIe Gen5 x16 at 48): a PCIe link's data rate after line encoding (the
+    topology's figure: 63 GB/s for Gen5 x16) times the share of each transaction that is payload (an SM's
+    128 B per write or read completion, `PCIE_TLP_PAYLOAD_BYTES`, against `PCIE_TLP_OVERHEAD_BYTES`); the CPUs'
+    link at the topology's figure; anything else at NCCL's rating."""
+    if link.kind == "pcie" and link.bandwidth_bytes_per_s:
+        payload = PCIE_TLP_PAYLOAD_BYTES / (PCIE_TLP_PAYLOAD_BYTES + PCIE_TLP_OVERHEAD_BYTES)
+        return link.bandwidth_bytes_per_s / 1e9 * payload
+    if link.kind in ("qpi", "upi") and link.bandwidth_bytes_per_s:
+        return link.bandwidth_bytes_per_s / 1e9
+    return nccl_gbps
+
+
+def host_memory_gbps(topo: Topology, cpu: str) -> float:
+    """GB/s the memory of ``cpu`` moves (its channels x transfer rate x 8 B, the CPU's datasheet): the node's own
+    ``memory_bandwidth_bytes_per_s`` where the system file gives it, else the CPU model's row of the data file's
+    ``host_memory`` table; 0 where neither knows it (the model then leaves host memory out)."""
+    attrs = topo.nodes[cpu].attrs
+    if attrs.get("memory_bandwidth_bytes_per_s"):
+        return float(attrs["memory_bandwidth_bytes_per_s"]) / 1e9
+    return host_memory_of(str(attrs.get("model", "")))
 
 
 def pci_gbps(link, c: dict) -> float:

@@ -116,6 +116,7 @@ def pair_gbps(topo: Topology, s: System, c: dict, a: str, b: str) -> float:
             s.pair_gbps[key] = s.inter_gbps
         else:
             capacity: dict = {}
-            p = pair_path(node_view(topo, node_of(topo, a)), a, b, c, s.sm, capacity, s.env)
-            s.pair_gbps[key] = min(capacity[k] / f for k, f in p.uses) if p else 0.1
+            run: dict = {}  # host-memory paths (SHM): the rates a run moves at, where NCCL's rating differs
+            p = pair_path(node_view(topo, node_of(topo, a)), a, b, c, s.sm, capacity, s.env, run)
+            s.pair_gbps[key] = min(run.get(k, capacity[k]) / f for k, f in p.uses + p.host_uses) if p else 0.1
     return s.pair_gbps[key]

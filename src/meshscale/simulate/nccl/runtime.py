@@ -105,15 +105,34 @@ def ring_loop_gbps(s: System, c: dict, collective: str, proto: str, blocks: int,
     n = s.n_ranks
     sends = ring_steps(collective, n)
     # NCCL's bus bandwidth, back from algorithm to bus, at the links' capacity rather than the search's speed
-    link = bus_bandwidth(s, c, collective, "ring", proto, share) * sends / n * s.ring.link_gbps / s.ring.total_gbps
+    capacity = s.ring.chain_gbps if collective in RING_ONLY else s.ring.link_gbps
+    link = bus_bandwidth(s, c, collective, "ring", proto, share) * sends / n * capacity / s.ring.total_gbps
     if proto == "LL128":
         per_block = arch_row(c["per_channel_max_ring_ll128_bw"], s)[index2(s)] / 2
     else:
-        per_block = p2p_channel_gbps(s, c)
+        per_block = block_link_gbps(s, c)
     link = min(link, blocks * per_block)
     if collective in RING_ONLY:
         return link
+    if s.ring.transport == "shm":
+        # the receive leg is a read of host memory over the receiver's own links, which the ring's load on them
+        # already counts: no step inside the GPU, and the steps keep both directions of the links busy
+        return link * n / sends
     return n / (sends / link + 1 / (blocks * p2p_local_copy_gbps(s, c)))
+
+
+def block_link_gbps(s: System, c: dict) -> float:
+    """GB/s one channel's block moves over the links with the Simple protocol when it, not the links, sets the
+    pace: the fastest speed NCCL's search lets one ring channel carry on this GPU generation (the top of its
+    intra-node speed ladder, search.cc: 60 GB/s on sm90, 40 before, 90 on sm100) over the two blocks the
+    communicator runs per graph channel (connect.cc doubles them): 30 GB/s on Hopper. A GPU's SMs, not its links:
+    the same for NVLink, PCIe and host memory (SHM). With every channel running, the links' share per block is
+    lower (370.8 GB/s over 24 blocks on an H100 / H200); a communicator clamped to fewer blocks
+    (NCCL_MAX_NCHANNELS) runs each at this rate, at least NCCL's per-channel Simple ceiling
+    (`p2p_channel_gbps`)."""
+    ladders = c["speed_ladder_intra"]
+    ladder = ladders.get("sm100" if s.sm >= 100 else "sm90" if s.sm >= 90 else "default", ladders["default"])
+    return max(ladder[0] / 2, p2p_channel_gbps(s, c))
 
 
 def nvls_loop_bytes(s: System, c: dict, nbytes: int, channels: int) -> int:
@@ -173,7 +192,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
     nc = channels_used(s, c, algo, proto, nbytes)
     # the share of the links the channels run carry: channels NCCL sheds for a small call leave theirs idle;
     # a communicator clamped to fewer channels (NCCL_MAX_NCHANNELS) leaves the links free and each block runs
-    # at its own ceiling (`block_ceiling_gbps`), NVLS's channels excepted (its bandwidth is per NVLS channel)
+    # at its own ceiling (a one-node ring: `ring_loop_gbps`; else `block_ceiling_gbps`), NVLS's channels excepted
+    # (its bandwidth is per NVLS channel)
     nvls_algo = algo in NVLS_ALGOS
     share = min(1.0, nc / (natural_channels if nvls_algo else comm_channels)(s, c, algo))
     moved = nbytes
@@ -181,7 +201,7 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
     if chain:
         bw = chain_gbps(s, c, proto, share) * scale
         moved += tree_fill_bytes(s, c, proto, nbytes, nc)
-    elif nvls_algo and collective == "all_reduce":
+    elif nvls_algo and collective == "all_reduce" and s.n_nodes == 1:
         bw = nvls_traffic_gbps(s, c, algo, share) * scale
     else:
         bw = bus_bandwidth(s, c, collective, algo, proto, share, run=True) * scale
@@ -191,7 +211,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         bw = ring_loop_gbps(s, c, collective, proto, nc, share) * scale
     if algo == "tree" and not chain:  # NCCL's own size correction stands for the pipeline of trees not modelled
         bw *= tree_size_factor(c, collective, proto, nbytes)
-    if not nvls_algo and comm_channels(s, c, algo) < natural_channels(s, c, algo):
+    ring_loop = algo == "ring" and proto != "LL" and s.n_nodes == 1  # its blocks' ceiling is in ring_loop_gbps
+    if not nvls_algo and not ring_loop and comm_channels(s, c, algo) < natural_channels(s, c, algo):
         bw = min(bw, block_ceiling_gbps(s, c, collective, algo, nc) * scale)
     if algo == "nvls" and collective == "all_reduce" and s.n_nodes == 1:
         # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
@@ -239,9 +260,10 @@ def block_ceiling_gbps(s: System, c: dict, collective: str, algo: str, blocks: i
 def call_floor_us(s: System, c: dict, collective: str) -> float:
     """The least time (us) one call of ``collective`` takes in a back-to-back loop: the CUDA launch and NCCL's
     per-call overhead (see the data file) on top of NCCL's cheapest latency for it (LL on the algorithm of fewest
-    steps: the ring in one node, the tree's log-depth across many). A separate term: NCCL's choice does not see it."""
-    lowest = min(latency_us(s, c, collective, a, "LL") for a in ("ring", "tree")
-                 if a == "ring" or enabled(s, c, collective, a, "LL", True))
+    steps: the ring in one node, the tree's log-depth across many; PAT's log-depth with one GPU per node, which has
+    only Simple). A separate term: NCCL's choice does not see it."""
+    lowest = min(latency_us(s, c, collective, a, p) for a, p in (("ring", "LL"), ("tree", "LL"), ("pat", "Simple"))
+                 if a == "ring" or enabled(s, c, collective, a, p, True))
     return float(data_file()["launch_overhead_us"]) + lowest
 
 

@@ -7,9 +7,9 @@ import math
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
-from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, links_gbps,
-                                             network_latency_s, network_paths, node_of, node_view,
-                                             port_gbps)
+from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, host_memory_gbps,
+                                             host_run_gbps, links_gbps, network_latency_s, network_paths, node_of,
+                                             node_view, port_gbps)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
@@ -29,6 +29,8 @@ class Graph:
     same_channels: bool = True
     orders: list[list[str]] = field(default_factory=list)
     capacity_gbps: float = 0.0
+    transport: str = "p2p"  # how its hops move data: p2p (NVLink, PCIe peer to peer), shm (host memory) or net
+    chain_capacity_gbps: float = 0.0  # the same, without each ring's closing hop (broadcast and reduce); 0: as above
 
     @property
     def link(self) -> str:
@@ -44,7 +46,18 @@ class Graph:
         figures, e.g. 18 NVLinks x 20.6 = 370.8 on an H100 / H200, as NCCL prints it as the system's maxBw),
         not the search's speed step (12 channels x 30 = 360 there), which NCCL's estimate and choice keep.
         Measured on 2 H200, broadcast and reduce at 1 GiB run at 366-371 GB/s: above the speed step."""
+        if self.transport == "shm" and self.capacity_gbps:
+            return self.capacity_gbps  # host memory may carry less than NCCL's search, which does not see it, gave
         return max(self.capacity_gbps, self.total_gbps)
+
+    @property
+    def chain_gbps(self) -> float:
+        """`link_gbps` of the chain a broadcast or reduce runs: the ring less the hop back into its first GPU,
+        which carries nothing; where that hop shares a link with the others (a PCIe switch's up-link under the
+        SHM transport), the chain's hops get the whole link."""
+        if self.transport == "shm" and self.chain_capacity_gbps:
+            return self.chain_capacity_gbps
+        return max(self.chain_capacity_gbps, self.link_gbps)
 
 
 @dataclass
@@ -84,18 +97,21 @@ class System:
 class _PairPath:
     path_type: str
     uses: list  # (resource key, consumption per unit of channel bandwidth)
+    transport: str = "p2p"
+    host_uses: list = field(default_factory=list)  # resources a run loads that NCCL's search does not see
 
 
 def pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict,
-               env: NcclEnv = DEFAULT_ENV) -> _PairPath | None:
-    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it. Where
-    ``env`` denies the P2P transport on that path, the SHM transport's path through host memory (or, SHM
-    disabled too, the network's)."""
+               env: NcclEnv = DEFAULT_ENV, run: dict | None = None) -> _PairPath | None:
+    """NCCL's view of the path a -> b inside a node: its type and the resources a channel consumes on it, their
+    capacity as NCCL rates them in ``capacity``. Where ``env`` denies the P2P transport on that path, the SHM
+    transport's path through host memory (or, SHM disabled too, the network's); ``run`` then receives the rates
+    a run moves bytes at where they differ from NCCL's (`host_run_gbps`)."""
     natural = _p2p_pair_path(topo, a, b, c, sm, capacity)
     if natural is None or env.p2p_allowed(natural.path_type):
         return natural
     if env.shm:
-        return _host_pair_path(topo, a, b, c, capacity)
+        return _host_pair_path(topo, a, b, c, capacity, {} if run is None else run)
     return _net_pair_path(topo, a, b, c, capacity, env)
 
 
@@ -141,10 +157,13 @@ def local_cpu(topo: Topology, gpu: str) -> str | None:
     return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
 
 
-def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict) -> _PairPath:
+def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, run: dict) -> _PairPath:
     """The SHM transport's path a -> b: paths.cc diverts a pair without P2P through the CPU next to the receiver
-    (addInterStep); a's GPU writes into pinned host memory over its PCIe links (and the CPUs' link, if a hangs
-    off the other CPU), b's reads it over its own. Type PHB, or SYS when it crosses between CPUs."""
+    (addInterStep), and shm.cc places the buffer there (NCCL_SHM_LOCALITY's default, the receiver's side): a's
+    GPU writes into that host memory over its PCIe links (and the CPUs' link, if a hangs off the other CPU),
+    b's reads it over its own, and the host's memory takes every byte twice (written, then read). Type PHB, or
+    SYS when it crosses between CPUs. ``run`` gets each resource's rate for a run (`host_run_gbps`); host
+    memory is a resource NCCL's search does not see."""
     host = local_cpu(topo, b)
     if host is None:
         raise MeshscaleError(f"{topo.name}: no CPU to stage {a} -> {b} through host memory (P2P disabled); "
@@ -154,9 +173,15 @@ def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict) -> 
     for leg in legs:
         for key, rate in links_gbps(topo, leg.directed_links, c).items():
             capacity[("link", *key)] = rate
+            run[("link", *key)] = host_run_gbps(topo.links[key[0]], rate)
             uses.append((("link", *key), 1.0))
+    host_uses = []
+    memory_gbps = host_memory_gbps(topo, host)
+    if memory_gbps:
+        run[("mem", host)] = memory_gbps
+        host_uses.append((("mem", host), 2.0))
     cpus = {x for leg in legs for x in leg.nodes if topo.nodes[x].kind in ("cpu", "host")}
-    return _PairPath("SYS" if len(cpus) >= 2 else "PHB", uses)
+    return _PairPath("SYS" if len(cpus) >= 2 else "PHB", uses, "shm", host_uses)
 
 
 def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env: NcclEnv) -> _PairPath:
@@ -170,7 +195,7 @@ def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env:
     nic = min(nics, key=lambda n: len(route(topo, a, n).paths[0].nodes))
     port = port_gbps(topo, nic)
     capacity[("nic", nic)] = env.socket_gbps(port) if env.socket else port
-    return _PairPath("SYS", [(("nic", nic), 1.0)])
+    return _PairPath("SYS", [(("nic", nic), 1.0)], "net")
 
 
 def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
@@ -268,11 +293,12 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
     if len(names) == 1:
         return Graph(1, 0.0)
     capacity: dict = {}
+    run: dict = {}  # resource -> GB/s a run moves where it differs from NCCL's rating (host-memory paths)
     paths = {}
     for a in names:
         for b in names:
             if a != b:
-                p = pair_path(topo, a, b, c, sm, capacity, env)
+                p = pair_path(topo, a, b, c, sm, capacity, env, run)
                 if p is not None:
                     paths[(a, b)] = p
     ladders = c["speed_ladder_intra"]
@@ -304,25 +330,41 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
             hops = [(u, v) for r in rings for u, v in zip(r, r[1:] + (r[:1] if closed else []))]
             worst = max((paths[h].path_type for h in hops), key=PATH_TYPES.index)
             same = all(r == rings[0] for r in rings)
-            load: dict = {}  # per unit of channel speed, summed over every hop of every ring
-            for hop in hops:
-                for k, f in paths[hop].uses:
-                    load[k] = load.get(k, 0.0) + f
-            capacity_gbps = nch * min(capacity[k] / x for k, x in load.items())
+            capacity_gbps, chain_gbps = _run_capacity(rings, paths, capacity, run, closed)
             if bw >= c["duplicate_min_bw"] and not (sm > 80 and bw < c["duplicate_sm90_max_bw"] and nch > 4):
                 dup = min(2 * nch, dup_limit)
                 bw, nch = bw / math.ceil(dup / nch), dup
-            return Graph(nch, bw, worst, same, rings, capacity_gbps)
+            return Graph(nch, bw, worst, same, rings, capacity_gbps, _transport(paths, hops), chain_gbps)
     hops = list(zip(names, names[1:] + (names[:1] if closed else [])))
     if all(h in paths for h in hops):
         # search.cc: no pattern at any speed of the ladder -> "falling back to simple order": one channel over the
         # GPUs in order, typed SYS, rated 0.1 GB/s for the tuning; a run moves what its paths carry
-        load = {}
-        for hop in hops:
-            for k, f in paths[hop].uses:
-                load[k] = load.get(k, 0.0) + f
-        return Graph(1, c["fallback_bw"], "SYS", True, [list(names)], min(capacity[k] / x for k, x in load.items()))
+        capacity_gbps, chain_gbps = _run_capacity([list(names)], paths, capacity, run, closed)
+        return Graph(1, c["fallback_bw"], "SYS", True, [list(names)], capacity_gbps, _transport(paths, hops),
+                     chain_gbps)
     raise MeshscaleError(f"{topo.name}: no ring joins devices {names}; check their links")
+
+
+def _transport(paths: dict, hops: list) -> str:
+    """The transport a graph's hops use: the farthest of them (net over shm over p2p)."""
+    kinds = {paths[h].transport for h in hops}
+    return "net" if "net" in kinds else "shm" if "shm" in kinds else "p2p"
+
+
+def _run_capacity(rings: list, paths: dict, capacity: dict, run: dict, closed: bool) -> tuple[float, float]:
+    """GB/s the channels ``rings`` carry at their links' capacity (each resource over its load, summed over every
+    hop of every ring, at the rate a run moves: ``run`` where given, NCCL's rating otherwise), and the same for
+    chains that leave out each ring's closing hop (broadcast, reduce); 0 for the chain where rings are not closed."""
+    def carried(hops: list) -> float:
+        load: dict = {}  # per unit of channel speed
+        for hop in hops:
+            for k, f in paths[hop].uses + paths[hop].host_uses:
+                load[k] = load.get(k, 0.0) + f
+        return len(rings) * min(run.get(k, capacity.get(k, 0.0)) / x for k, x in load.items()) if load else 0.0
+
+    ring_hops = [(u, v) for r in rings for u, v in zip(r, r[1:] + (r[:1] if closed else []))]
+    chain_hops = [(u, v) for r in rings for u, v in zip(r, r[1:])]
+    return carried(ring_hops), carried(chain_hops) if closed else 0.0
 
 
 _NODE_GRAPHS: dict = {}  # node type -> what NCCL's search finds inside it (see `_node_graphs`)
@@ -343,7 +385,7 @@ def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEn
     (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
     inside a node; a cluster of thousands of the same node needs the search once)."""
     inside = node_view(topo, node_of(topo, local[0]))
-    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.system_key, several_nodes)
+    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.search_key, several_nodes)
     if key not in _NODE_GRAPHS:
         if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
             _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))

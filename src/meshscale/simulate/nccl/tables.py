@@ -91,6 +91,12 @@ def cpu_class(model: str) -> str:
     return str(_first_match(data_file()["cpu_class"], model, data_file()["cpu_class_default"]))
 
 
+def host_memory_of(model: str) -> float:
+    """GB/s of a CPU's memory by its model name (the data file's ``host_memory`` rows: channels x MT/s x 8 B from
+    the CPU's datasheet); 0 for a CPU the table does not know."""
+    return float(_first_match(data_file()["host_memory"], model, 0.0))
+
+
 def normalize_algo(name: str | None) -> str | None:
     """NCCL_ALGO spellings (Ring, NVLS, NVLSTree, CollNetDirect...) -> meshscale's names; None stays None."""
     if name is None:

@@ -39,7 +39,7 @@ def enabled(s: System, c: dict, collective: str, algo: str, proto: str, nvls: bo
         return False
     if algo.startswith("collnet"):  # needs a network that reduces (SHARP); no catalog system has one
         return False
-    if algo == "pat" and (s.ppn != 1 or s.n_nodes < 2):
+    if algo == "pat" and (s.ppn != 1 or s.n_nodes < 2 or proto != "Simple"):  # ncclPatEnable; Simple only
         return False
     if algo == "tree" and s.n_ranks < 2:
         return False
@@ -68,19 +68,7 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     if s.n_nodes > 1:  # the network carries every channel once per node
         bw = min(bw, s.inter_gbps / g.channels)
     if algo in NVLS_ALGOS:
-        nch_nvls = c["nvls_channels"] * share
-        per_ch = nvls_channel_gbps(s, c, algo)
-        eff = c["nvls_efficiency"][s.arch]
-        if c["nvls_algbw_rule"] == "2.20":
-            return nch_nvls * per_ch * (5 / 6)
-        intra = per_ch * eff * (c["nvls_channels"] - 1) / c["nvls_channels"]
-        intra *= 2.0 if collective == "all_reduce" else (s.ppn - 1) / s.ppn
-        if algo == "nvls_tree":
-            intra = min(intra, arch_row(c["per_channel_max_nvls_tree_bw"], s)[i2] or intra)
-        bus = nch_nvls * intra
-        if collective in ("all_gather", "reduce_scatter"):
-            return bus
-        return bus * n / ring_steps(collective, n)
+        return nvls_bus_bandwidth(s, c, collective, algo, share)
     bus = nch * bw
     if c.get("sm80_bus_bw_cap") and s.sm == 80:
         bus = min(bus, c["sm80_bus_bw_cap"])
@@ -113,6 +101,48 @@ def ring_ll_factor(s: System, c: dict, collective: str) -> float:
     if isinstance(f, dict):
         return f["reducing_or_nodes"] if s.n_nodes > 1 or collective in ("all_reduce", "reduce") else f["other"]
     return float(f)
+
+
+def nvls_bus_bandwidth(s: System, c: dict, collective: str, algo: str, share: float = 1.0) -> float:
+    """NCCL's algorithm bandwidth (GB/s) of NVLS and NVLS-Tree (tuning.cc): per NVLS channel min(intraBw, interBw,
+    and for NVLS-Tree perChMaxNVLSTreeBw), intraBw = bwIntra x efficiency x (nCh-1)/nCh, x2 for all-reduce
+    (two operations pipelined) else x (ppn-1)/ppn; interBw = bwInter, x2 for NVLS-Tree on up to 2 nodes. One node:
+    the ring graph's bandwidth over NCCL's NVLS channels (`nvls_channel_gbps`); several: NCCL's NVLS graph, one
+    channel per head GPU and its NIC (`nvls_net_graph`). ``share``: that fraction of the channels."""
+    n, eff = s.n_ranks, c["nvls_efficiency"][s.arch]
+    if s.n_nodes > 1 and c["nvls_algbw_rule"] != "2.20":
+        nch, bw_intra, bw_inter = nvls_net_graph(s, c)
+    else:
+        nch, bw_intra = c["nvls_channels"], nvls_channel_gbps(s, c, algo)
+        bw_inter = bw_intra
+    if c["nvls_algbw_rule"] == "2.20":
+        return nch * share * bw_intra * (5 / 6)
+    intra = bw_intra * eff * (nch - 1) / nch
+    intra *= 2.0 if collective == "all_reduce" else (s.ppn - 1) / s.ppn
+    per_channel = min(intra, bw_inter * (2 if algo == "nvls_tree" and s.n_nodes <= 2 else 1))
+    if algo == "nvls_tree":
+        per_channel = min(per_channel, arch_row(c["per_channel_max_nvls_tree_bw"], s)[index2(s)] or per_channel)
+    bus = nch * share * per_channel
+    if collective in ("all_gather", "reduce_scatter"):
+        return bus
+    return bus * n / ring_steps(collective, n)
+
+
+def nvls_net_graph(s: System, c: dict) -> tuple[int, float, float]:
+    """NCCL's NVLS graph of a node on the network (search.cc, pattern NVLS): one channel per head GPU, each with a
+    NIC of its own (at most the node's GPUs, one channel per NIC); returns (channels, bwIntra, bwInter). Every
+    GPU pulls each channel through its NVLinks and the head twice (ncclTopoSearchTryNvls), so a GPU's links
+    carry (channels + 1) x bwIntra: bwIntra is the fastest speed of the inter-node ladder within that and the
+    NIC's path; the second pass raises bwInter alone while it stays below 2 x bwIntra and within the NIC."""
+    nics = sorted((p.gbps for p in s.nics), reverse=True)[:max(1, int(s.ppn))] or [c["net_bw_default"]]
+    nch = len(nics)
+    ladders = c["speed_ladder_inter"]
+    ladder = ladders.get("sm90" if s.sm >= 90 else "default", ladders["default"])
+    nic_gbps = min(nics)
+    fits = [x for x in ladder if x <= nic_gbps + 1e-9 and (nch + 1) * x <= s.ring.link_gbps + 1e-9]
+    bw_intra = fits[0] if fits else ladder[-1]
+    raised = [x for x in ladder if bw_intra <= x < 2 * bw_intra and x <= nic_gbps + 1e-9]
+    return nch, bw_intra, max(raised, default=bw_intra)
 
 
 def nvls_channel_gbps(s: System, c: dict, algo: str) -> float:
