@@ -7,7 +7,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, FSDP, MICRO_BATCHES, MODEL,
+from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, EP, FSDP, MICRO_BATCHES, MODEL,
                                MODE, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, OptionField, option)
 from meshscale.options import option_fields as _option_fields
 from meshscale.safe_io import check_output_file
@@ -94,6 +94,7 @@ class LayoutOptions:
     tp: int = TP.field(1)
     pp: int = PP.field(1)
     cp: int = CP.field(1)
+    ep: int = EP.field(1)
     pp_schedule: str = PP_SCHEDULE.field("1f1b")
     micro_batches: Optional[int] = MICRO_BATCHES.field(None)
     checkpointing: str = CHECKPOINTING.field("none")
@@ -102,14 +103,14 @@ class LayoutOptions:
 
     def parallel_layout(self) -> "ParallelLayout":
         from meshscale.models.layout import ParallelLayout
-        return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp,
+        return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep,
                               pp_schedule=self.pp_schedule, micro_batches=self.micro_batches or self.pp,
                               stages_per_rank=self.stages_per_rank)
 
     @property
     def given(self) -> bool:
         """Whether any degree was set (else a transformer run shards over all ranks)."""
-        return any(n > 1 for n in (self.dp, self.fsdp, self.tp, self.pp, self.cp))
+        return any(n > 1 for n in (self.dp, self.fsdp, self.tp, self.pp, self.cp, self.ep))
 
 
 @dataclass

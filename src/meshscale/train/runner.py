@@ -85,7 +85,7 @@ def validate(cfg: TrainConfig) -> None:
 
 def check_rank_config(cfg: TrainConfig) -> None:
     """`validate` for one rank of a world that may span nodes: only this rank's device is checked."""
-    one = replace(cfg.layout, dp=1, fsdp=1, tp=1, pp=1, cp=1, micro_batches=1)
+    one = replace(cfg.layout, dp=1, fsdp=1, tp=1, pp=1, cp=1, ep=1, micro_batches=1)
     validate(replace(cfg, world=1, ps=replace(cfg.ps, servers=0), layout=one))
     check_ps_servers(cfg)
     if cfg.is_transformer:

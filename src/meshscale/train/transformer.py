@@ -4,7 +4,8 @@ grouped-query attention, no biases) or GPT-2 style (LayerNorm, GELU MLP, learned
 Laid out as torchtitan lays out its Llama so that PyTorch's parallel engines apply by module name: layers in a
 ModuleDict keyed "0".."L-1" (a pipeline stage deletes the ones it does not own and keeps the names, so checkpoints
 of any layout share keys), ``attention.wq/wk/wv/wo`` and ``feed_forward.w1/w2/w3`` (tensor-parallel plans),
-``tok_embeddings``, ``norm``, ``output`` (``None`` on stages that do not hold them).
+``tok_embeddings``, ``norm``, ``output`` (``None`` on stages that do not hold them). A mixture-of-experts layer has
+``moe`` (train/moe.py) where a dense one has ``feed_forward``.
 
 Attention reads its heads from the projections' local widths, so a tensor-parallel rank computes its own heads.
 Context parallelism: each rank holds a slice of the sequence; ``attention_context`` (set by train/parallel)
@@ -20,6 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshscale.models.transformer import TransformerConfig
+from meshscale.train.moe import MoE, GroupedExperts, is_moe_layer
 
 # (k, v, positions of the local tokens) -> (k, v, positions of the keys) over the whole sequence: how a
 # context-parallel rank sees the other ranks' tokens; None: the local tokens are the whole sequence
@@ -97,15 +99,16 @@ def norm(cfg: TransformerConfig) -> nn.Module:
 
 
 class Block(nn.Module):
-    def __init__(self, cfg: TransformerConfig):
+    def __init__(self, cfg: TransformerConfig, layer: int = 0):
         super().__init__()
         self.attention_norm, self.ffn_norm = norm(cfg), norm(cfg)
         self.attention = Attention(cfg)
-        self.feed_forward = FeedForward(cfg)
+        self.moe: Optional[MoE] = MoE(cfg) if is_moe_layer(cfg, layer) else None
+        self.feed_forward: Optional[FeedForward] = FeedForward(cfg) if self.moe is None else None
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         x = x + self.attention(self.attention_norm(x), cos, sin, positions)
-        return x + self.feed_forward(self.ffn_norm(x))
+        return x + (self.moe if self.moe is not None else self.feed_forward)(self.ffn_norm(x))
 
 
 class Transformer(nn.Module):
@@ -118,7 +121,7 @@ class Transformer(nn.Module):
         self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embeddings: Optional[nn.Embedding] = \
             nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.style == "gpt2" else None
-        self.layers = nn.ModuleDict({str(i): Block(cfg) for i in range(cfg.layers)})
+        self.layers = nn.ModuleDict({str(i): Block(cfg, i) for i in range(cfg.layers)})
         self.norm: Optional[nn.Module] = norm(cfg)
         self.output: Optional[nn.Linear] = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -144,8 +147,11 @@ class Transformer(nn.Module):
 
 
 def _init(m: nn.Module) -> None:
-    """GPT-2's initialisation (normal, std 0.02; zero biases) for every layout alike."""
+    """GPT-2's initialisation (normal, std 0.02; zero biases) for every layout alike; experts' matrices too."""
     if isinstance(m, (nn.Linear, nn.Embedding)):
         nn.init.normal_(m.weight, std=0.02)
+    if isinstance(m, GroupedExperts):
+        for w in (m.w1, m.w2, m.w3):
+            nn.init.normal_(w, std=0.02)
     if isinstance(m, nn.Linear) and m.bias is not None:
         nn.init.zeros_(m.bias)

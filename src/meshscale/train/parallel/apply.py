@@ -1,5 +1,6 @@
-"""Applying a layout to a `Transformer`, in torchtitan's order: pipeline split, tensor/sequence parallel,
-context parallel, activation checkpointing, then FSDP2 per block and at the root."""
+"""Applying a layout to a `Transformer`, in torchtitan's order: pipeline split, tensor/sequence parallel, expert
+parallel, context parallel, activation checkpointing, then FSDP2 per block (a mixture of experts' parts on meshes of
+their own) and at the root."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.memory import stage_layers
-from meshscale.train.parallel.mesh import LayoutMesh
+from meshscale.train.parallel.mesh import EXPERT_DIMS, MOE_DIMS, LayoutMesh
 from meshscale.train.transformer import Transformer
 
 
@@ -53,7 +54,8 @@ def _as_layout(stages: int) -> ParallelLayout:
 def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
     """Megatron-style tensor parallelism with sequence parallelism, as torchtitan plans it: Q/K/V and the FFN's
     input projections split by columns, the output projections by rows; norms and the residual stream split
-    along the sequence; the head gathers the full logits on every tp rank."""
+    along the sequence; the head gathers the full logits on every tp rank. A mixture of experts takes the tp
+    rank's own tokens of the sequence (its parts are not split: `apply_experts`)."""
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
                                                    SequenceParallel, parallelize_module)
@@ -75,10 +77,48 @@ def apply_tensor_parallel(model: Transformer, tp_mesh: DeviceMesh) -> None:
             "attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
             "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
             "ffn_norm": SequenceParallel(),
-            "feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
-            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
-            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
+            # a mixture of experts takes the rank's own positions of the sequence as plain tensors
+            **(_mlp_plan() if block.moe is None else {"moe": PrepareModuleInput(
+                input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True)}),
         })
+
+
+def _mlp_plan() -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, PrepareModuleInput, RowwiseParallel
+    return {"feed_forward": PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)),
+            "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1))}
+
+
+# ---- mixture of experts --------------------------------------------------------------------------------------
+def apply_experts(model: Transformer, mesh: LayoutMesh) -> None:
+    """Each MoE layer's part of the layout. Expert parallelism: the routed experts split over the ep ranks
+    (DTensors sharded on dim 0 of the ep mesh, each rank keeping its own block of the identically built whole),
+    tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts added up
+    over them. Gradients: FSDP averages each part over its own mesh (`parallelize`); the factor that turns
+    that average into the data ranks' mean (dp x fsdp x ep x cp ranks; tp and ep ranks add their tokens' parts):
+    routed experts tp / ep, router and shared experts tp. The balance loss's gradient: cp on each of a
+    sequence's ranks, whose shares FSDP averages over the cp ranks (tp ranks' add up)."""
+    from torch.distributed.tensor import Shard, distribute_tensor
+    layout = mesh.layout
+    for block in model.layers.values():
+        moe = block.moe
+        if moe is None:
+            continue
+        if layout.ep > 1:
+            moe.ep_group = mesh["ep"].get_group()
+            for name in ("w1", "w2", "w3"):
+                whole = getattr(moe.experts, name).detach()
+                setattr(moe.experts, name, nn.Parameter(distribute_tensor(whole, mesh["ep"], [Shard(0)],
+                                                                          src_data_rank=None)))
+        if layout.cp * layout.tp > 1:
+            moe.sequence_group = mesh.flat(("cp", "tp")).get_group()
+        moe.aux_scale = float(layout.cp)
+        moe.experts.grad_scale = layout.tp / layout.ep
+        moe.router.grad_scale = float(layout.tp)
+        if moe.shared_experts is not None:
+            moe.shared_experts.grad_scale = float(layout.tp)
 
 
 # ---- context parallel ----------------------------------------------------------------------------------------
@@ -139,16 +179,26 @@ def apply_checkpointing(model: Transformer, policy: str) -> None:
 
 
 # ---- FSDP2 ---------------------------------------------------------------------------------------------------
-def apply_fsdp(model: nn.Module, mesh: DeviceMesh, bf16: bool, reshard_after_forward: bool = True) -> None:
+def apply_fsdp(model: nn.Module, mesh: LayoutMesh, bf16: bool, reshard_after_forward: bool = True) -> None:
     """fully_shard each block, then the root (embedding, norm, head); bf16 parameters and compute with fp32
-    gradient reduction when ``bf16`` (MixedPrecisionPolicy, as torchtitan trains)."""
+    gradient reduction when ``bf16`` (MixedPrecisionPolicy, as torchtitan trains). A MoE layer's routed experts
+    (under ep or tp) and its router and shared experts (under tp) first, each on its own mesh (`apply_experts`)."""
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
     policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 \
         else MixedPrecisionPolicy()
-    shard = partial(fully_shard, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    shard = partial(fully_shard, mp_policy=policy, reshard_after_forward=reshard_after_forward)
+    layout = mesh.layout
     for block in model.layers.values():
-        shard(block)
-    shard(model)
+        moe = getattr(block, "moe", None)
+        if moe is not None and (layout.ep > 1 or layout.tp > 1):
+            shard(moe.experts, mesh=mesh.fsdp_mesh(EXPERT_DIMS))
+        if moe is not None and layout.tp > 1:
+            rest = mesh.fsdp_mesh(MOE_DIMS if layout.ep > 1 else EXPERT_DIMS)
+            for part in (moe.router, moe.shared_experts):
+                if part is not None:
+                    shard(part, mesh=rest)
+        shard(block, mesh=mesh.sharding_mesh())
+    shard(model, mesh=mesh.sharding_mesh())
 
 
 def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointing: str, bf16: bool) -> list[Transformer]:
@@ -161,9 +211,10 @@ def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointin
     for part in parts:
         if layout.tp > 1:
             apply_tensor_parallel(part, mesh["tp"])
+        apply_experts(part, mesh)
         if layout.cp > 1:
             apply_context_parallel(part, mesh["cp"], seq_len)
         apply_checkpointing(part, checkpointing)
         # a pipeline runs each stage several times a step: keep its parameters gathered between micro-batches
-        apply_fsdp(part, mesh.sharding_mesh(), bf16, reshard_after_forward=layout.pp == 1)
+        apply_fsdp(part, mesh, bf16, reshard_after_forward=layout.pp == 1)
     return parts

@@ -17,9 +17,9 @@ from meshscale.models.layout import ParallelLayout
 # Each rank sets these before its process groups start (the recorder is configured once per process).
 FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "20000", "TORCH_NCCL_ENABLE_TIMING": "1"}
 
-# mesh group name -> the layout's dimension; "fsdp_cp" is FSDP2's shard group (fsdp ranks x cp ranks)
-_GROUP_DIMENSION = {"mesh_tp": "tp", "mesh_cp": "cp", "mesh_fsdp": "fsdp", "mesh_fsdp_cp": "fsdp", "mesh_dp": "dp",
-                    "mesh_pp": "pp"}
+# a mesh group is "mesh_" and its dimensions joined (train/parallel/mesh.py); one that starts with fsdp is an FSDP2
+# shard group (fsdp ranks x ep, cp or tp ranks: the dimension that shards parameters)
+_DIMENSION_NAMES = ("tp", "cp", "ep", "fsdp", "dp", "pp")
 _DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Char": 1,
                 "Bool": 1}
 
@@ -59,22 +59,36 @@ def whole_world_dimension(layout: ParallelLayout) -> str | None:
     """The dimension whose group is the whole world, if any: the device mesh then hands it the default group."""
     if layout.world_size == 1:
         return None
-    whole = [dim for dim, n in layout.degrees().items() if n == layout.world_size]
+    whole = [dim for dim, n in layout.degrees().items() if n == layout.world_size and dim != "ep"]
     if whole:
         return whole[0]
-    return "fsdp" if layout.fsdp * layout.cp == layout.world_size else None
+    return "fsdp" if layout.fsdp * layout.ep * layout.cp == layout.world_size else None
+
+
+def _is_all_to_all(entry: dict[str, Any]) -> bool:
+    return "all_to_all" in (entry.get("profiling_name") or "").replace("alltoall", "all_to_all")
 
 
 def entry_dimension(entry: dict[str, Any], layout: ParallelLayout) -> str | None:
     """The dimension whose group ran a recorder entry; None for groups outside the mesh (the loss's average, on a
-    group of its own) and for a dimension of one rank (its group moves nothing between ranks)."""
+    group of its own) and for a dimension of one rank (its group moves nothing between ranks). An all-to-all is
+    expert parallelism's, whichever group (the default one, when ep spans the world)."""
     group = entry.get("process_group") or ["", ""]
     name = group[1] if len(group) > 1 else ""
+    if layout.ep > 1 and _is_all_to_all(entry):
+        return "ep"
     if name == "default_pg":
         return whole_world_dimension(layout)
-    dim = _GROUP_DIMENSION.get(name)
-    ranks = layout.fsdp * layout.cp if name == "mesh_fsdp_cp" else layout.degrees().get(dim, 1)
-    return dim if ranks > 1 else None
+    dims = name.removeprefix("mesh_").split("_") if name.startswith("mesh_") else []
+    if not dims or any(d not in _DIMENSION_NAMES for d in dims):
+        return None
+    degrees = layout.degrees()
+    ranks = 1
+    for d in dims:
+        ranks *= degrees.get(d, 1)
+    if ranks == 1:
+        return None
+    return "fsdp" if dims[0] == "fsdp" else next(d for d in dims if degrees.get(d, 1) > 1)
 
 
 def comm_by_dimension(entries: list[dict[str, Any]], since_ns: int, steps: int,
