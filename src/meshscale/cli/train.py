@@ -117,6 +117,8 @@ def train(
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
         for dim, c in (s.get("comm_by_dimension") or {}).items():
             table.add_row(f"{dim} communication / step", _dimension_cell(c))
+        for label, cell in _moe_rows(s.get("moe")):
+            table.add_row(label, cell)
         print_tables(table)
     if cfg.logging.trace and Path(cfg.logging.trace).exists():
         typer.echo(f"wrote {cfg.logging.trace} (rank 0's steps: open it in https://ui.perfetto.dev or chrome://tracing)")
@@ -232,6 +234,18 @@ _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error"
            "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
            "peak_rss_bytes": "peak RSS GiB (a CPU worker)",
            "memory_needed_bytes": "needed GiB (model arithmetic)"}
+
+
+def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:
+    """A mixture of experts' figures per step: token slots per expert over the layers (fewest to most, the most
+    loaded over the mean in the worst layer), the balance loss, the experts' GEMM (the all-to-all is ep's row)."""
+    if not moe:
+        return []
+    loads = [n for counts in moe["tokens_per_expert"].values() for n in counts]
+    worst = moe["expert_load_max_over_mean"]
+    return [("tokens per expert / step", f"{min(loads):.0f} to {max(loads):.0f} over {len(moe['tokens_per_expert'])} "
+             f"MoE layers" + (f" (max/mean {worst:.2f}; dropless)" if worst else " (dropless)")),
+            ("MoE balance loss", f"{moe['aux_loss']:.4g}"), ("experts GEMM", str(moe["experts_gemm"]))]
 
 
 def _dimension_cell(c: dict) -> str:

@@ -75,6 +75,8 @@ class SpeedOptions:
     """Precision, memory format and compilation."""
 
     precision: str = PRECISION.field("fp32")
+    fp8_recipe: Optional[str] = option(None, "--fp8-recipe", help="--precision fp8: tensorwise (default; FSDP2 "
+                                       "all-gathers the float8 weights) or rowwise (torchao's recipes)")
     channels_last: bool = CHANNELS_LAST.field(False)
     compile: Optional[str] = option(None, "--compile", help="torch.compile mode: default, reduce-overhead "
                                     "(CUDA graphs), max-autotune")
@@ -142,6 +144,7 @@ class DebugOptions:
     verify_sync: bool = False        # after every step, compare every rank's parameters with rank 0's
     return_params: bool = False      # rank 0 returns the final flat parameters
     fault_step: Optional[int] = None  # fault injection: the last rank exits abruptly at this step
+    fp8_emulate: bool = False        # --precision fp8 by torchao's emulation of the fp8 GEMMs (on CPUs)
 
 
 @dataclass

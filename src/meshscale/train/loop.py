@@ -20,6 +20,7 @@ from meshscale.train.build import build
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import open_data
 from meshscale.train.exchange import flat_params
+from meshscale.train.moe import moe_counters
 from meshscale.train.graphed import EAGER_STEPS
 from meshscale.train.parallel.breakdown import StepProfile
 from meshscale.train.parallel.comm import comm_by_dimension, recorded_entries
@@ -213,6 +214,7 @@ def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Wind
         "params": t.spec.params, "flops_per_sample": t.spec.flops_per_sample}
     if t.layout is not None:
         summary.update(layout=t.layout.describe(), **peak_memory(ctx.device))
+        summary["moe"] = moe_counters(t.exchange.parts, steps)
         summary["breakdown"] = asdict(run.profiled.result) if run.profiled.result else None
         counted_from = max(window.first_step, cfg.steps - COMM_STEPS)  # the flight recorder keeps the latest ops
         if counted_from in run.started_ns:

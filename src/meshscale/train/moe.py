@@ -240,3 +240,42 @@ class MoE(nn.Module):
             self.aux_sum = self.aux_sum.to(aux.device) + aux.detach() * self.aux_scale
             self.forwards += 1
         return aux
+
+
+# ---- what a run reports --------------------------------------------------------------------------------------
+def moe_counters(modules: list[nn.Module], steps: int) -> dict[str, Any] | None:
+    """This rank's mixture-of-experts figures per step, over ``steps`` steps: by layer, the token slots its own
+    tokens routed to each expert (the ranks' sum is the batch's); the balance loss as this rank's backward took
+    it, summed over its layers; the experts' kernel. None without MoE layers."""
+    routed: dict[str, list[float]] = {}
+    aux, kernel = 0.0, None
+    for module in modules:
+        for name, block in module.layers.items():
+            moe = getattr(block, "moe", None)
+            if moe is None:
+                continue
+            routed[name] = (moe.routed / max(steps, 1)).tolist()
+            aux += moe.aux_sum.item() / max(moe.forwards, 1)
+            kernel = moe.experts.kernel or kernel
+    return {"tokens_per_expert": routed, "aux_loss": aux, "experts_gemm": kernel} if routed else None
+
+
+def moe_summary(ranks: list[dict[str, Any] | None], loss_ranks: int, ep_comm: dict[str, Any] | None) -> dict[str, Any]:
+    """The run's mixture-of-experts figures per step from every rank's `moe_counters`: token slots per expert by
+    layer (the ranks' sum), the most loaded expert over the mean (worst layer; 1: balanced), the balance loss
+    (its shares summed and averaged as the loss is, over ``loss_ranks``: dp x fsdp x ep x cp), nothing dropped
+    (dropless), and expert parallelism's all-to-all bytes and seconds per step on a rank (``ep_comm``: the
+    dimension's communication as the flight recorder and profiler measured it)."""
+    ranks = [r for r in ranks if r]
+    layers: dict[str, list[float]] = {}
+    for r in ranks:
+        for name, counts in r["tokens_per_expert"].items():
+            layers[name] = [a + b for a, b in zip(layers.get(name, [0.0] * len(counts)), counts)]
+    imbalance = max((max(c) / (sum(c) / len(c)) for c in layers.values() if sum(c) > 0), default=None)
+    ep_comm = ep_comm or {}
+    return {"tokens_per_expert": dict(sorted(layers.items(), key=lambda kv: int(kv[0]))),
+            "expert_load_max_over_mean": imbalance, "dropped_tokens": 0,
+            "aux_loss": sum(r["aux_loss"] for r in ranks) / loss_ranks,
+            "experts_gemm": next((r["experts_gemm"] for r in ranks if r["experts_gemm"]), None),
+            "all_to_all_bytes": ep_comm.get("bytes"), "all_to_all_s": ep_comm.get("seconds"),
+            "all_to_all_exposed_s": ep_comm.get("exposed_seconds")}

@@ -15,13 +15,14 @@ from meshscale.train.data import open_data
 from meshscale.train.exchange import WIRE_DTYPES
 from meshscale.train.graphed import check_graphable
 from meshscale.train.loop import train_worker
+from meshscale.train.moe import moe_summary
 from meshscale.train.parallel.breakdown import mean_breakdown
 from meshscale.train.parallel.comm import FLIGHT_RECORDER_ENV
 from meshscale.train.parallel.plan import check_fits_gpu, check_layout_run, layout_summary, with_default_layout
 from meshscale.train.readiness import gradient_readiness
 from meshscale.train.recipe import resolve
 
-TRAIN_PRECISIONS = ("fp32", "bf16", "fp16")
+TRAIN_PRECISIONS = ("fp32", "bf16", "fp16", "fp8")
 DEVICES = ("cpu", "cuda")
 
 
@@ -48,6 +49,24 @@ def check_warmup(cfg: TrainConfig) -> None:
                              f"give --steps more than {cfg.timing_warmup} or a shorter --timing-warmup")
 
 
+def check_fp8(cfg: TrainConfig) -> None:
+    """--precision fp8: a transformer, a recipe torchao has, GPUs with fp8 tensor cores, torchao installed;
+    --fp8-recipe without it is refused."""
+    from meshscale.train.fp8 import FP8_RECIPES, check_fp8_device, require_torchao
+    if cfg.speed.precision != "fp8":
+        if cfg.speed.fp8_recipe is not None:
+            raise MeshscaleError(f"--fp8-recipe {cfg.speed.fp8_recipe}: a recipe of --precision fp8 (this run is "
+                                 f"{cfg.speed.precision})")
+        return
+    check_choice(cfg.speed.fp8_recipe or "tensorwise", FP8_RECIPES, "fp8-recipe")
+    if not cfg.is_transformer:
+        raise MeshscaleError(f"--precision fp8: float8 training is for transformers under a layout; {cfg.model} "
+                             "trains in fp32, bf16 or fp16")
+    if not cfg.debug.fp8_emulate:
+        check_fp8_device(cfg.device)
+    require_torchao()
+
+
 def validate_options(cfg: TrainConfig) -> None:
     """The checks that need no world (its size, the layout over it): model, data, mode, precision, device. Also
     what `meshscale launch` checks before torchrun makes the world."""
@@ -59,6 +78,7 @@ def validate_options(cfg: TrainConfig) -> None:
     check_choice(cfg.speed.precision, TRAIN_PRECISIONS, "precision")
     check_choice(cfg.allreduce.compression, WIRE_DTYPES, "compression")
     check_choice(cfg.device, DEVICES, "device")
+    check_fp8(cfg)
     if cfg.speed.precision == "fp16" and cfg.mode.startswith("ps"):
         raise MeshscaleError("fp16 loss scaling is not supported with the parameter server modes; use --precision bf16")
     if cfg.speed.cuda_graph:
@@ -132,6 +152,10 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
             s[key] = max(values) if values else None
         s.update(layout_summary(cfg, s, cfg.layout.parallel_layout(), _gpu_name(cfg)))
         s.update(breakdown_summary(s.get("comm_by_dimension") or {}, [o["summary"].get("breakdown") for o in outputs]))
+        counters = [o["summary"].get("moe") for o in outputs]
+        layout = cfg.layout.parallel_layout()
+        if any(counters):
+            s["moe"] = moe_summary(counters, layout.data_parallel * layout.cp, (s.get("comm_by_dimension") or {}).get("ep"))
     return s
 
 

@@ -7,7 +7,7 @@ of the tokens, the last pipeline stage holds it alone), so it compares with a on
 from __future__ import annotations
 
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
@@ -17,6 +17,7 @@ from meshscale.models.layout import ParallelLayout
 from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches
 from meshscale.train.exchange import Exchange
+from meshscale.train.fp8 import convert_to_fp8
 from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
 from meshscale.train.recipe import optimizer_factory, resolve
@@ -34,11 +35,21 @@ class LayoutExchange(Exchange):
     sharded = True
 
     def __init__(self, parts: list[nn.Module], optimizer: torch.optim.Optimizer, clock: Clock,
-                 layout: ParallelLayout, mesh: LayoutMesh, schedule: Any, loss_group: Any):
+                 layout: ParallelLayout, mesh: LayoutMesh, schedule: Any, loss_group: Any,
+                 after_update: Callable[[nn.Module], None] | None = None):
         super().__init__(parts[0], optimizer, clock)
         self.parts, self.layout, self.mesh, self.schedule, self.loss_group = parts, layout, mesh, schedule, loss_group
+        self.after_update = after_update
         self.first_stage = layout.pp == 1 or mesh.coordinate("pp") == 0
         self.last_stage = layout.pp == 1 or stage_count(layout) - 1 in stage_ids(layout, mesh.coordinate("pp"))
+
+    def update(self, scaler: Any = None) -> None:
+        """The optimizer step, then what the stages' modules need after it (fp8 tensorwise: the float8
+        all-gather's scales, computed once for every weight)."""
+        super().update(scaler)
+        if self.after_update is not None:
+            for part in self.parts:
+                self.after_update(part)
 
     def reduce_loss(self, loss: torch.Tensor) -> torch.Tensor:
         """The mean loss over the global batch: the last stage's, averaged over the ranks that hold other tokens
@@ -60,8 +71,10 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> Trainer:
     torch.manual_seed(cfg.seed)
     with torch.device(device):
         model = Transformer(spec.transformer, spec.input_shape[0])
+    after_update = convert_to_fp8(model, cfg.speed.fp8_recipe or "tensorwise", cfg.debug.fp8_emulate) \
+        if cfg.speed.precision == "fp8" else None
     parts = parallelize(model, mesh, spec.input_shape[0], cfg.layout.checkpointing,
-                        bf16=cfg.speed.precision == "bf16")
+                        bf16=cfg.speed.precision in ("bf16", "fp8"))
     del model
     optimizer = optimizer_factory(cfg, spec)([p for part in parts for p in part.parameters()])
     schedule = _schedule(layout, mesh, parts, device) if layout.pp > 1 else None
@@ -71,7 +84,7 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> Trainer:
     loss_group = (dist.new_group(timeout=timedelta(seconds=cfg.timeout_s), group_desc="meshscale_loss")
                   if layout.world_size > 1 else None)
     clock = Clock(device)
-    exchange = LayoutExchange(parts, optimizer, clock, layout, mesh, schedule, loss_group)
+    exchange = LayoutExchange(parts, optimizer, clock, layout, mesh, schedule, loss_group, after_update)
     # checkpointed: the model, or this rank's stages side by side
     state = parts[0] if len(parts) == 1 else nn.ModuleList(parts)
     return Trainer(cfg, spec, device, state, exchange, batches, clock)

@@ -34,13 +34,20 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
         raise MeshscaleError(f"--activation-checkpointing {cfg.layout.checkpointing}: use one of "
                              f"{', '.join(CHECKPOINTING)}")
     seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
+    if cfg.world % cfg.layout.ep:
+        raise MeshscaleError(f"--ep {cfg.layout.ep}: must divide the {cfg.world} "
+                             f"{'GPUs' if cfg.device == 'cuda' else 'CPU workers'}")
     layout = check_layout(cfg.layout.parallel_layout(), cfg.world, model, seq_len, cfg.batch_per_rank)
     if cfg.mode != "ddp" or cfg.speed.cuda_graph or cfg.speed.compile:
         raise MeshscaleError(f"--mode, --cuda-graph and --compile are for the data-parallel models; {cfg.model} "
                              "trains under --dp/--fsdp/--tp/--pp/--cp")
-    if cfg.speed.precision not in ("fp32", "bf16"):
-        raise MeshscaleError(f"--precision {cfg.speed.precision}: transformers train in fp32 or bf16 "
-                             "(FSDP2 mixed precision)")
+    if cfg.speed.precision not in ("fp32", "bf16", "fp8"):
+        raise MeshscaleError(f"--precision {cfg.speed.precision}: transformers train in fp32, bf16 (FSDP2 mixed "
+                             "precision) or fp8")
+    if cfg.speed.precision == "fp8" and layout.tp > 1:
+        raise MeshscaleError(f"--precision fp8 with --tp {layout.tp}: torchao's float8 tensor-parallel styles are "
+                             "not wired in; use --fsdp/--dp/--pp/--cp/--ep, or bf16 with --tp")
+    check_experts(cfg, model, layout)
     if layout.tp > 1 and model.style != "llama":
         raise MeshscaleError(f"--tp {layout.tp}: tensor parallelism is implemented for Llama-style models; "
                              f"{cfg.model} is GPT-2 style: use --fsdp or --pp")
@@ -56,11 +63,30 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     return layout
 
 
+# what a config may say that train's mixture-of-experts and attention do not model (models/transformer.py names
+# them): refused in one line rather than trained as something else
+_UNTRAINED_FIELDS = ("kv_lora_rank", "attn_head_dim", "qk_norm", "attention_sinks", "router_bias", "expert_bias",
+                     "shared_expert_gate")
+
+
+def check_experts(cfg: TrainConfig, model: TransformerConfig, layout: ParallelLayout) -> None:
+    """A mixture of experts trains Llama-style (SwiGLU experts), with the fields train models."""
+    given = [f for f in _UNTRAINED_FIELDS if getattr(model, f, 0)]
+    if getattr(model, "attention_bias", "none") != "none":
+        given.append("attention_bias")
+    if given:
+        raise MeshscaleError(f"{cfg.model}: train does not model {given[0]} (it prices it: meshscale predict); "
+                             "train a Llama-style shape")
+    if model.is_moe and model.style != "llama":
+        raise MeshscaleError(f"{cfg.model}: mixture-of-experts layers train Llama-style (SwiGLU experts); "
+                             f"{cfg.model} is {model.style} style")
+
+
 def memory_needed(cfg: TrainConfig, layout: ParallelLayout) -> MemoryEstimate:
     """Per-rank bytes of the run by the model's own arithmetic (the worst pipeline stage)."""
     seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
     return training_memory(model_config(cfg), layout, batch=cfg.batch_per_rank, seq_len=seq_len,
-                           precision="bf16" if cfg.speed.precision == "bf16" else "fp32",
+                           precision="bf16" if cfg.speed.precision in ("bf16", "fp8") else "fp32",
                            checkpointing=cfg.layout.checkpointing)
 
 
@@ -86,7 +112,8 @@ def peak_flops(device_name: str, precision: str) -> tuple[float | None, str]:
     which PyTorch uses for fp32 matmuls only when allowed: the fp32 figure is the one stated) and its source."""
     from meshscale.topology.nvml_discovery import model_facts
     facts, known = model_facts(device_name)
-    key = {"bf16": "bf16_flops", "fp16": "fp16_flops"}.get(precision, "fp32_flops")
+    # an fp8 run counts against the bf16 peak, as torchtitan's MFU does (attention and more stay bf16)
+    key = {"bf16": "bf16_flops", "fp16": "fp16_flops", "fp8": "bf16_flops"}.get(precision, "fp32_flops")
     return facts.get(key), str(facts.get("source", "")) + ("" if known else " (assumed: model not in the table)")
 
 
