@@ -69,6 +69,30 @@ def test_layout_on_four_ranks_matches_one_rank(layout):
     _close(_losses(world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses())
 
 
+@pytest.mark.parametrize("layout", [dict(ep=2, fsdp=2), dict(ep=2, tp=2)], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+def test_experts_split_over_ep_match_one_rank(layout):
+    """moe-tiny: 4 experts, top 2, a shared expert. Tokens cross ranks by all-to-all and come back; the
+    balance loss's gradient joins the backward: a token lost, counted twice or a gradient scaled wrongly moves
+    the losses beyond the tolerance."""
+    data_parallel = layout.get("ep", 1) * layout.get("fsdp", 1)
+    _close(_losses("moe-tiny", world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses("moe-tiny"))
+
+
+def test_moe_summary_counts_every_token_slot_and_the_all_to_all():
+    s = summarize(*_run("moe-tiny", world=4, batch=GLOBAL_BATCH // 4, ep=2, fsdp=2))
+    moe, seq_len = s["moe"], s["seq_len"]
+    # every layer routes each token of the global batch to its top 2 experts, summed over the ranks
+    assert set(moe["tokens_per_expert"]) == {"0", "1"}
+    for counts in moe["tokens_per_expert"].values():
+        assert sum(counts) == pytest.approx(GLOBAL_BATCH * seq_len * 2)
+    assert moe["expert_load_max_over_mean"] >= 1 and moe["dropped_tokens"] == 0
+    # the balance loss as one rank computes it over the same batch (its shares summed and averaged)
+    one = summarize(*_run("moe-tiny"))["moe"]
+    assert moe["aux_loss"] == pytest.approx(one["aux_loss"], rel=1e-5)
+    ep = s["comm_by_dimension"]["ep"]
+    assert ep["bytes"] > 0 and moe["all_to_all_bytes"] == ep["bytes"] and moe["all_to_all_exposed_s"] > 0
+
+
 @pytest.fixture
 def four_layer_config(tmp_path):
     """A Hugging Face style config.json: 4 layers, so interleaved 1F1B has 2 stages on each of 2 ranks."""

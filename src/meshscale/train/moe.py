@@ -116,6 +116,8 @@ class GroupedExperts(nn.Module):
         self.w1 = nn.Parameter(torch.empty(experts, d_model, width))
         self.w3 = nn.Parameter(torch.empty(experts, d_model, width))
         self.w2 = nn.Parameter(torch.empty(experts, width, d_model))
+        for w in (self.w1, self.w2, self.w3):
+            nn.init.normal_(w, std=0.02)   # GPT-2's, as every other matrix (train/transformer.py)
         self.grad_scale = 1.0
         self.kernel: Optional[str] = None    # "grouped_mm" or "loop", once run
 

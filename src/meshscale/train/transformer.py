@@ -21,7 +21,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshscale.models.transformer import TransformerConfig
-from meshscale.train.moe import MoE, GroupedExperts, is_moe_layer
+from meshscale.train.moe import MoE, is_moe_layer
 
 # (k, v, positions of the local tokens) -> (k, v, positions of the keys) over the whole sequence: how a
 # context-parallel rank sees the other ranks' tokens; None: the local tokens are the whole sequence
@@ -147,11 +147,8 @@ class Transformer(nn.Module):
 
 
 def _init(m: nn.Module) -> None:
-    """GPT-2's initialisation (normal, std 0.02; zero biases) for every layout alike; experts' matrices too."""
+    """GPT-2's initialisation (normal, std 0.02; zero biases) for every layout alike (routed experts: theirs)."""
     if isinstance(m, (nn.Linear, nn.Embedding)):
         nn.init.normal_(m.weight, std=0.02)
-    if isinstance(m, GroupedExperts):
-        for w in (m.w1, m.w2, m.w3):
-            nn.init.normal_(w, std=0.02)
     if isinstance(m, nn.Linear) and m.bias is not None:
         nn.init.zeros_(m.bias)
