@@ -80,7 +80,8 @@ class _AuxLoss(torch.autograd.Function):
 
 def weight(param: torch.Tensor, grad_scale: float) -> torch.Tensor:
     """A parameter as the forward uses it: this rank's experts of an expert-parallel DTensor, the gradient scaled."""
-    local = param.to_local() if hasattr(param, "to_local") else param
+    from torch.distributed.tensor import DTensor
+    local = param.to_local() if isinstance(param, DTensor) else param
     return _ScaleGrad.apply(local, grad_scale) if grad_scale != 1.0 else local
 
 

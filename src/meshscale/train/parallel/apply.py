@@ -201,7 +201,17 @@ def apply_fsdp(model: nn.Module, mesh: LayoutMesh, bf16: bool, reshard_after_for
     shard(model, mesh=mesh.sharding_mesh())
 
 
-def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointing: str, bf16: bool) -> list[Transformer]:
+def apply_compile(model: Transformer, mode: str | None) -> None:
+    """torch.compile each block, as torchtitan does (the blocks share their compiled code; FSDP2's hooks stay
+    outside it); a mixture of experts' host syncs (the all-to-all's splits) break its graph there."""
+    if mode is None:
+        return
+    for name, block in list(model.layers.items()):
+        model.layers[name] = torch.compile(block, mode=None if mode == "default" else mode)
+
+
+def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointing: str, bf16: bool,
+                compile_mode: str | None = None) -> list[Transformer]:
     """This rank's stage modules of ``model`` (built identically on every rank), each parallelized."""
     layout = mesh.layout
     if layout.pp > 1:
@@ -215,6 +225,7 @@ def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointin
         if layout.cp > 1:
             apply_context_parallel(part, mesh["cp"], seq_len)
         apply_checkpointing(part, checkpointing)
+        apply_compile(part, compile_mode)
         # a pipeline runs each stage several times a step: keep its parameters gathered between micro-batches
         apply_fsdp(part, mesh, bf16, reshard_after_forward=layout.pp == 1)
     return parts

@@ -74,7 +74,7 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> Trainer:
     after_update = convert_to_fp8(model, cfg.speed.fp8_recipe or "tensorwise", cfg.debug.fp8_emulate) \
         if cfg.speed.precision == "fp8" else None
     parts = parallelize(model, mesh, spec.input_shape[0], cfg.layout.checkpointing,
-                        bf16=cfg.speed.precision in ("bf16", "fp8"))
+                        bf16=cfg.speed.precision in ("bf16", "fp8"), compile_mode=cfg.speed.compile)
     del model
     optimizer = optimizer_factory(cfg, spec)([p for part in parts for p in part.parameters()])
     schedule = _schedule(layout, mesh, parts, device) if layout.pp > 1 else None

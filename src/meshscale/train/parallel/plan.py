@@ -26,6 +26,9 @@ def model_config(cfg: TrainConfig) -> TransformerConfig:
     return load_model_config(cfg.model)
 
 
+LAYOUT_COMPILE_MODES = ("default", "max-autotune")
+
+
 def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     """Refuse, in one line, a layout run that cannot work: the layout's rules, the options that belong to the
     data-parallel modes, the precision, a tied head split across pipeline stages."""
@@ -38,9 +41,12 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
         raise MeshscaleError(f"--ep {cfg.layout.ep}: must divide the {cfg.world} "
                              f"{'GPUs' if cfg.device == 'cuda' else 'CPU workers'}")
     layout = check_layout(cfg.layout.parallel_layout(), cfg.world, model, seq_len, cfg.batch_per_rank)
-    if cfg.mode != "ddp" or cfg.speed.cuda_graph or cfg.speed.compile:
-        raise MeshscaleError(f"--mode, --cuda-graph and --compile are for the data-parallel models; {cfg.model} "
-                             "trains under --dp/--fsdp/--tp/--pp/--cp")
+    if cfg.mode != "ddp" or cfg.speed.cuda_graph:
+        raise MeshscaleError(f"--mode and --cuda-graph are for the data-parallel models; {cfg.model} "
+                             "trains under --dp/--fsdp/--tp/--pp/--cp/--ep")
+    if cfg.speed.compile not in (None, *LAYOUT_COMPILE_MODES):
+        raise MeshscaleError(f"--compile {cfg.speed.compile}: a layout compiles each block with "
+                             f"{' or '.join(LAYOUT_COMPILE_MODES)} (CUDA graphs do not take FSDP2's streams)")
     if cfg.speed.precision not in ("fp32", "bf16", "fp8"):
         raise MeshscaleError(f"--precision {cfg.speed.precision}: transformers train in fp32, bf16 (FSDP2 mixed "
                              "precision) or fp8")
