@@ -36,4 +36,5 @@ def test_extras_are_declared():
     from pathlib import Path
     extras = tomllib.loads((Path(__file__).parents[2] / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert extras["digits"] == ["scikit-learn"] and extras["tensorboard"] == ["tensorboard"]
+    assert extras["fp8"] == ["torchao"]
     assert "scikit-learn" in extras["test"]
