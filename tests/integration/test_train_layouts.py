@@ -69,17 +69,17 @@ def test_layout_on_four_ranks_matches_one_rank(layout):
     _close(_losses(world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses())
 
 
-@pytest.mark.parametrize("layout", [dict(ep=2, fsdp=2), dict(ep=2, tp=2)], ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
+@pytest.mark.parametrize("layout", [dict(ep=2, fsdp=4), dict(ep=2, tp=2, fsdp=2)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
 def test_experts_split_over_ep_match_one_rank(layout):
-    """moe-tiny: 4 experts, top 2, a shared expert. Tokens cross ranks by all-to-all and come back; the
-    balance loss's gradient joins the backward: a token lost, counted twice or a gradient scaled wrongly moves
-    the losses beyond the tolerance."""
-    data_parallel = layout.get("ep", 1) * layout.get("fsdp", 1)
-    _close(_losses("moe-tiny", world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses("moe-tiny"))
+    """moe-tiny: 4 experts, top 2; ep borrows data-parallel ranks (fsdp 4 = 2 ep groups of 2). Tokens cross ranks
+    by all-to-all and come back; the balance loss's gradient joins the backward: a token lost, counted twice or
+    a gradient scaled wrongly moves the losses beyond the tolerance."""
+    _close(_losses("moe-tiny", world=4, batch=GLOBAL_BATCH // layout["fsdp"], **layout), _losses("moe-tiny"))
 
 
 def test_moe_summary_counts_every_token_slot_and_the_all_to_all():
-    s = summarize(*_run("moe-tiny", world=4, batch=GLOBAL_BATCH // 4, ep=2, fsdp=2))
+    s = summarize(*_run("moe-tiny", world=4, batch=GLOBAL_BATCH // 4, ep=2, fsdp=4))
     moe, seq_len = s["moe"], s["seq_len"]
     # every layer routes each token of the global batch to its top 2 experts, summed over the ranks
     assert set(moe["tokens_per_expert"]) == {"0", "1"}

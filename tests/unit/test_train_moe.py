@@ -96,6 +96,11 @@ def test_balance_loss_is_the_mean_over_sequences_of_any_split():
                           torch.tensor(2 * moe_module.AUX_LOSS_COEF))
 
 
+def test_module_parameters_equal_the_config_count():
+    cfg = _cfg(dense_layers=1)
+    assert sum(p.numel() for p in Transformer(cfg, 8).parameters()) == cfg.params()
+
+
 def test_first_dense_layers_keep_their_mlp():
     model = Transformer(_cfg(dense_layers=1), 8)
     kinds = [(b.moe is None, b.feed_forward is None) for b in model.layers.values()]
@@ -109,13 +114,15 @@ def _entry(group, name):
 
 
 def test_all_to_all_is_expert_parallelism_and_fsdp_groups_are_fsdp():
-    layout = ParallelLayout(ep=2, fsdp=2)
+    layout = ParallelLayout(ep=2, fsdp=4, dp=2)   # experts: 2 shards (efsdp), 2 replicas (edp)
     assert entry_dimension(_entry("mesh_ep", "gloo:all_to_all"), layout) == "ep"
-    assert entry_dimension(_entry("mesh_fsdp_ep_cp", "gloo:reduce_scatter"), layout) == "fsdp"
-    assert entry_dimension(_entry("mesh_fsdp_cp_tp", "gloo:all_gather"), layout) == "fsdp"
-    assert entry_dimension(_entry("mesh_cp_tp", "gloo:all_reduce"), ParallelLayout(tp=2, ep=2)) == "tp"
+    assert entry_dimension(_entry("mesh_fsdp_cp", "gloo:reduce_scatter"), layout) == "fsdp"
+    assert entry_dimension(_entry("mesh_efsdp_tp", "gloo:all_gather"), layout) == "fsdp"
+    assert entry_dimension(_entry("mesh_edp", "gloo:all_reduce"), layout) == "dp"
+    assert entry_dimension(_entry("mesh_fsdp_cp_tp", "gloo:all_gather"), ParallelLayout(tp=2, fsdp=2)) == "fsdp"
+    assert entry_dimension(_entry("mesh_cp_tp", "gloo:all_reduce"), ParallelLayout(tp=2, fsdp=2, ep=2)) == "tp"
     # ep over the whole world: the default group's all-to-alls are ep's, its other collectives FSDP's
-    whole = ParallelLayout(ep=4)
+    whole = ParallelLayout(ep=4, fsdp=4)
     assert entry_dimension(_entry("default_pg", "nccl:all_to_all"), whole) == "ep"
     assert entry_dimension(_entry("default_pg", "nccl:all_gather"), whole) == "fsdp"
 

@@ -7,7 +7,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Iterator, Optional
 
-from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, EP, FSDP, MICRO_BATCHES, MODEL,
+from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRAPH, DP, EP, FP8_RECIPE, FSDP,
+                               MICRO_BATCHES, MODEL,
                                MODE, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, OptionField, option)
 from meshscale.options import option_fields as _option_fields
 from meshscale.safe_io import check_output_file
@@ -75,8 +76,7 @@ class SpeedOptions:
     """Precision, memory format and compilation."""
 
     precision: str = PRECISION.field("fp32")
-    fp8_recipe: Optional[str] = option(None, "--fp8-recipe", help="--precision fp8: tensorwise (default; FSDP2 "
-                                       "all-gathers the float8 weights) or rowwise (torchao's recipes)")
+    fp8_recipe: Optional[str] = FP8_RECIPE.field(None, "default tensorwise")
     channels_last: bool = CHANNELS_LAST.field(False)
     compile: Optional[str] = option(None, "--compile", help="torch.compile mode: default, reduce-overhead "
                                     "(CUDA graphs), max-autotune")
@@ -112,7 +112,7 @@ class LayoutOptions:
     @property
     def given(self) -> bool:
         """Whether any degree was set (else a transformer run shards over all ranks)."""
-        return any(n > 1 for n in (self.dp, self.fsdp, self.tp, self.pp, self.cp, self.ep))
+        return any(n > 1 for n in (self.dp, self.fsdp, self.tp, self.pp, self.cp))   # ep borrows their ranks
 
 
 @dataclass

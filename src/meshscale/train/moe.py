@@ -31,21 +31,11 @@ AUX_LOSS_COEF = 0.01   # alpha: Switch Transformers, section 2.2 ("alpha = 10^-2
 
 # ---- the shape -----------------------------------------------------------------------------------------------
 def is_moe_layer(cfg: TransformerConfig, layer: int) -> bool:
-    """Whether layer ``layer`` has experts: after the first ``dense_layers``, every ``moe_every``-th (1 unless the
-    config says otherwise: Qwen2-MoE's decoder_sparse_step)."""
+    """Whether layer ``layer`` has experts: after the first ``dense_layers``, every ``moe_every``-th (Qwen2-MoE's
+    decoder_sparse_step), as `TransformerConfig.moe_layer_count` counts them."""
     if not cfg.is_moe or layer < cfg.dense_layers:
         return False
-    return (layer - cfg.dense_layers + 1) % getattr(cfg, "moe_every", 1) == 0
-
-
-def expert_width(cfg: TransformerConfig) -> int:
-    return cfg.expert_ffn_dim or cfg.ffn_dim
-
-
-def shared_width(cfg: TransformerConfig) -> int:
-    """The shared experts as one SwiGLU: their widths side by side (DeepSeek's n_shared_experts x
-    moe_intermediate_size; Qwen2-MoE states its own width)."""
-    return cfg.shared_experts * (getattr(cfg, "shared_expert_ffn_dim", 0) or expert_width(cfg))
+    return (layer - cfg.dense_layers + 1) % cfg.moe_every == 0
 
 
 # ---- autograd helpers ----------------------------------------------------------------------------------------
@@ -173,8 +163,11 @@ class MoE(nn.Module):
         super().__init__()
         self.experts_count, self.top_k = cfg.experts, cfg.experts_per_token
         self.router = Router(cfg)
-        self.experts = GroupedExperts(cfg.experts, cfg.d_model, expert_width(cfg))
-        self.shared_experts = SharedExperts(cfg.d_model, shared_width(cfg)) if cfg.shared_experts else None
+        self.experts = GroupedExperts(cfg.experts, cfg.d_model, cfg.routed_ffn_dim)
+        # the shared experts as one SwiGLU: their widths side by side (DeepSeek's n_shared_experts x
+        # moe_intermediate_size)
+        self.shared_experts = SharedExperts(cfg.d_model, cfg.shared_experts * cfg.shared_ffn_dim) \
+            if cfg.shared_experts else None
         self.ep_group: Any = None
         self.sequence_group: Any = None
         self.aux_scale = 1.0

@@ -73,8 +73,6 @@ def validate_options(cfg: TrainConfig) -> None:
     if cfg.world < 1 or cfg.batch_per_rank < 1 or cfg.steps < 1:
         raise MeshscaleError("world size, batch and steps must be at least 1")
     check_choice(cfg.mode, TRAIN_MODES, "mode")
-    if cfg.speed.precision == "fp8":   # the shared vocabulary has it; predict prices it (predict --precision fp8)
-        raise MeshscaleError("--precision fp8: train has no fp8 yet; `meshscale predict --precision fp8` prices it")
     check_choice(cfg.speed.precision, TRAIN_PRECISIONS, "precision")
     check_choice(cfg.allreduce.compression, WIRE_DTYPES, "compression")
     check_choice(cfg.device, DEVICES, "device")

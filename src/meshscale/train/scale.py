@@ -192,7 +192,7 @@ def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCa
     check_warmup(cfg)
     configs = []
     for degrees in layouts:
-        c = replace(cfg, layout=replace(cfg.layout, **{k: degrees.get(k, 1) for k in ("dp", "fsdp", "tp", "pp", "cp", "ep")}),
+        c = replace(cfg, layout=replace(cfg.layout, **{k: degrees.get(k, 1) for k in ("dp", "fsdp", "tp", "pp", "cp")}),
                     checkpoint=CheckpointOptions(), logging=replace(cfg.logging, jsonl=None))
         c.world = c.layout.parallel_layout().world_size
         check_layout_run(c)  # every layout checked before the first starts

@@ -14,7 +14,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.memory import stage_layers
-from meshscale.train.parallel.mesh import EXPERT_DIMS, MOE_DIMS, LayoutMesh
+from meshscale.train.parallel.mesh import MOE_DIMS, LayoutMesh
 from meshscale.train.transformer import Transformer
 
 
@@ -94,12 +94,12 @@ def _mlp_plan() -> dict:
 # ---- mixture of experts --------------------------------------------------------------------------------------
 def apply_experts(model: Transformer, mesh: LayoutMesh) -> None:
     """Each MoE layer's part of the layout. Expert parallelism: the routed experts split over the ep ranks
-    (DTensors sharded on dim 0 of the ep mesh, each rank keeping its own block of the identically built whole),
-    tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts added up
-    over them. Gradients: FSDP averages each part over its own mesh (`parallelize`); the factor that turns
-    that average into the data ranks' mean (dp x fsdp x ep x cp ranks; tp and ep ranks add their tokens' parts):
-    routed experts tp / ep, router and shared experts tp. The balance loss's gradient: cp on each of a
-    sequence's ranks, whose shares FSDP averages over the cp ranks (tp ranks' add up)."""
+    (DTensors sharded on dim 0 of the experts' ep mesh, each rank keeping its own block of the identically built
+    whole), tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts
+    added up over them. Gradients: FSDP averages each part over its own mesh (`apply_fsdp`); the factor that
+    turns that average into the mean over the data ranks (dp x fsdp x cp; the tp ranks and an expert's ep group
+    add their tokens' parts): routed experts tp / ep, router and shared experts tp. The balance loss's
+    gradient: cp on each of a sequence's ranks, whose shares FSDP averages over the cp ranks (tp ranks' add up)."""
     from torch.distributed.tensor import Shard, distribute_tensor
     layout = mesh.layout
     for block in model.layers.values():
@@ -107,13 +107,14 @@ def apply_experts(model: Transformer, mesh: LayoutMesh) -> None:
         if moe is None:
             continue
         if layout.ep > 1:
-            moe.ep_group = mesh["ep"].get_group()
+            ep_mesh = mesh.experts["ep"]
+            moe.ep_group = ep_mesh.get_group()
             for name in ("w1", "w2", "w3"):
                 whole = getattr(moe.experts, name).detach()
-                setattr(moe.experts, name, nn.Parameter(distribute_tensor(whole, mesh["ep"], [Shard(0)],
+                setattr(moe.experts, name, nn.Parameter(distribute_tensor(whole, ep_mesh, [Shard(0)],
                                                                           src_data_rank=None)))
         if layout.cp * layout.tp > 1:
-            moe.sequence_group = mesh.flat(("cp", "tp")).get_group()
+            moe.sequence_group = mesh.sequence_group()
         moe.aux_scale = float(layout.cp)
         moe.experts.grad_scale = layout.tp / layout.ep
         moe.router.grad_scale = float(layout.tp)
@@ -191,9 +192,9 @@ def apply_fsdp(model: nn.Module, mesh: LayoutMesh, bf16: bool, reshard_after_for
     for block in model.layers.values():
         moe = getattr(block, "moe", None)
         if moe is not None and (layout.ep > 1 or layout.tp > 1):
-            shard(moe.experts, mesh=mesh.fsdp_mesh(EXPERT_DIMS))
+            shard(moe.experts, mesh=mesh.expert_sharding_mesh())
         if moe is not None and layout.tp > 1:
-            rest = mesh.fsdp_mesh(MOE_DIMS if layout.ep > 1 else EXPERT_DIMS)
+            rest = mesh.fsdp_mesh(MOE_DIMS)
             for part in (moe.router, moe.shared_experts):
                 if part is not None:
                     shard(part, mesh=rest)

@@ -17,9 +17,16 @@ from meshscale.models.layout import ParallelLayout
 # Each rank sets these before its process groups start (the recorder is configured once per process).
 FLIGHT_RECORDER_ENV = {"TORCH_FR_BUFFER_SIZE": "20000", "TORCH_NCCL_ENABLE_TIMING": "1"}
 
-# a mesh group is "mesh_" and its dimensions joined (train/parallel/mesh.py); one that starts with fsdp is an FSDP2
-# shard group (fsdp ranks x ep, cp or tp ranks: the dimension that shards parameters)
-_DIMENSION_NAMES = ("tp", "cp", "ep", "fsdp", "dp", "pp")
+# a mesh group is "mesh_" and its dimensions joined (train/parallel/mesh.py); one that starts with fsdp (or the
+# experts' efsdp) is an FSDP2 shard group (fsdp ranks x cp or tp ranks: the dimension that shards parameters); the
+# experts' mesh names its shards efsdp and its replicas edp (models/layout.py: expert_fsdp, expert_dp)
+_MESH_DIMENSIONS = {"tp": "tp", "cp": "cp", "ep": "ep", "fsdp": "fsdp", "dp": "dp", "pp": "pp", "efsdp": "fsdp",
+                    "edp": "dp"}
+
+
+def _degree(layout: ParallelLayout, mesh_dim: str) -> int:
+    return {"ep": layout.ep, "efsdp": layout.expert_fsdp, "edp": layout.expert_dp}.get(mesh_dim) or \
+        layout.degrees()[mesh_dim]
 _DTYPE_BYTES = {"Float": 4, "BFloat16": 2, "Half": 2, "Double": 8, "Long": 8, "Int": 4, "Byte": 1, "Char": 1,
                 "Bool": 1}
 
@@ -59,10 +66,10 @@ def whole_world_dimension(layout: ParallelLayout) -> str | None:
     """The dimension whose group is the whole world, if any: the device mesh then hands it the default group."""
     if layout.world_size == 1:
         return None
-    whole = [dim for dim, n in layout.degrees().items() if n == layout.world_size and dim != "ep"]
+    whole = [dim for dim, n in layout.degrees().items() if n == layout.world_size]
     if whole:
         return whole[0]
-    return "fsdp" if layout.fsdp * layout.ep * layout.cp == layout.world_size else None
+    return "fsdp" if layout.fsdp * layout.cp == layout.world_size else None
 
 
 def _is_all_to_all(entry: dict[str, Any]) -> bool:
@@ -80,15 +87,16 @@ def entry_dimension(entry: dict[str, Any], layout: ParallelLayout) -> str | None
     if name == "default_pg":
         return whole_world_dimension(layout)
     dims = name.removeprefix("mesh_").split("_") if name.startswith("mesh_") else []
-    if not dims or any(d not in _DIMENSION_NAMES for d in dims):
+    if not dims or any(d not in _MESH_DIMENSIONS for d in dims):
         return None
-    degrees = layout.degrees()
     ranks = 1
     for d in dims:
-        ranks *= degrees.get(d, 1)
+        ranks *= _degree(layout, d)
     if ranks == 1:
         return None
-    return "fsdp" if dims[0] == "fsdp" else next(d for d in dims if degrees.get(d, 1) > 1)
+    if _MESH_DIMENSIONS[dims[0]] == "fsdp":
+        return "fsdp"
+    return _MESH_DIMENSIONS[next(d for d in dims if _degree(layout, d) > 1)]
 
 
 def comm_by_dimension(entries: list[dict[str, Any]], since_ns: int, steps: int,

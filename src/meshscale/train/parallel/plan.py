@@ -53,7 +53,7 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     if cfg.speed.precision == "fp8" and layout.tp > 1:
         raise MeshscaleError(f"--precision fp8 with --tp {layout.tp}: torchao's float8 tensor-parallel styles are "
                              "not wired in; use --fsdp/--dp/--pp/--cp/--ep, or bf16 with --tp")
-    check_experts(cfg, model, layout)
+    check_experts(cfg, model)
     if layout.tp > 1 and model.style != "llama":
         raise MeshscaleError(f"--tp {layout.tp}: tensor parallelism is implemented for Llama-style models; "
                              f"{cfg.model} is GPT-2 style: use --fsdp or --pp")
@@ -69,16 +69,16 @@ def check_layout_run(cfg: TrainConfig) -> ParallelLayout:
     return layout
 
 
-# what a config may say that train's mixture-of-experts and attention do not model (models/transformer.py names
-# them): refused in one line rather than trained as something else
-_UNTRAINED_FIELDS = ("kv_lora_rank", "attn_head_dim", "qk_norm", "attention_sinks", "router_bias", "expert_bias",
+# what a config may say that train's attention and mixture of experts do not build (models/transformer.py):
+# refused in one line rather than trained as something else
+_UNTRAINED_FIELDS = ("kv_lora_rank", "qk_norm", "attention_sinks", "router_bias", "expert_bias",
                      "shared_expert_gate")
 
 
-def check_experts(cfg: TrainConfig, model: TransformerConfig, layout: ParallelLayout) -> None:
-    """A mixture of experts trains Llama-style (SwiGLU experts), with the fields train models."""
-    given = [f for f in _UNTRAINED_FIELDS if getattr(model, f, 0)]
-    if getattr(model, "attention_bias", "none") != "none":
+def check_experts(cfg: TrainConfig, model: TransformerConfig) -> None:
+    """A mixture of experts trains Llama-style (SwiGLU experts), with the fields train builds."""
+    given = [f for f in _UNTRAINED_FIELDS if getattr(model, f)]
+    if model.attention_bias != "none":
         given.append("attention_bias")
     if given:
         raise MeshscaleError(f"{cfg.model}: train does not model {given[0]} (it prices it: meshscale predict); "
