@@ -161,7 +161,8 @@ def _save_matmuls_and_attention():
     keep = {aten.mm.default, aten.addmm.default, aten.bmm.default,
             aten._scaled_dot_product_efficient_attention.default, aten._scaled_dot_product_flash_attention.default,
             aten._scaled_dot_product_cudnn_attention.default,
-            aten._scaled_dot_product_flash_attention_for_cpu.default}
+            aten._scaled_dot_product_flash_attention_for_cpu.default,
+            aten._scaled_mm.default}   # fp8's matmuls (torchtitan's save list has them too)
 
     def policy(ctx, op, *args, **kwargs):
         return CheckpointPolicy.MUST_SAVE if op in keep else CheckpointPolicy.PREFER_RECOMPUTE
@@ -170,12 +171,13 @@ def _save_matmuls_and_attention():
 
 def apply_checkpointing(model: Transformer, policy: str) -> None:
     """Wrap each block: ``full`` keeps only its input and recomputes it in backward; ``selective`` keeps what
-    `_save_matmuls_and_attention` says."""
+    `_save_matmuls_and_attention` says, except in a mixture-of-experts block, recomputed whole: op-level caching
+    cannot replay its dispatch (the token counts' host copy and the all-to-alls around it)."""
     if policy == "none":
         return
     from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper
-    extra = {"context_fn": _save_matmuls_and_attention} if policy == "selective" else {}
     for name, block in list(model.layers.items()):
+        extra = {"context_fn": _save_matmuls_and_attention} if policy == "selective" and block.moe is None else {}
         model.layers[name] = checkpoint_wrapper(block, preserve_rng_state=False, **extra)
 
 
