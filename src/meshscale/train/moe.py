@@ -212,7 +212,8 @@ class MoE(nn.Module):
         send, recv = torch.stack([counts.view(ep, local).sum(1), received.sum(1)]).tolist()   # one host sync
         x = funcol.all_to_all_single_autograd(rows, recv, send, group)
         # the rows came by source rank, then expert: the grouped GEMM wants them by expert
-        expert = torch.arange(local, device=rows.device).repeat(ep).repeat_interleave(received.reshape(-1))
+        expert = torch.arange(local, device=rows.device).repeat(ep).repeat_interleave(received.reshape(-1),
+                                                                                  output_size=sum(recv))
         order = expert.argsort(stable=True)
         y = self.experts(x[order], received.sum(0))
         return funcol.all_to_all_single_autograd(y[order.argsort()], send, recv, group)
