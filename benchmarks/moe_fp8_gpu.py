@@ -102,8 +102,9 @@ def moe_part(o: argparse.Namespace, world: list[str], n: int, env: dict, out: Pa
     model = o.moe_model or str(out / "moe-small.json")
     if not o.moe_model:
         Path(model).write_text(json.dumps(MOE_CONFIG))
+    # no activation checkpointing: train recomputes a MoE block whole under selective, which predict does not price
     shared = ["--model", model, "--fsdp", str(n), "--ep", str(n), "--precision", o.precision_moe,
-              "--batch", str(o.moe_batch), "--seq-len", str(o.seq_len)]
+              "--batch", str(o.moe_batch), "--seq-len", str(o.seq_len), "--activation-checkpointing", "none"]
     measured = train("moe-train", [*world, *shared, "--steps", str(o.steps), "--timing-warmup", str(o.warmup)],
                      out, env, o.timeout_s)
     predicted = predict("moe-predict", [*shared, "--system", o.system, "--gpus", str(n)], out, env)
