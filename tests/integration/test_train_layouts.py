@@ -69,13 +69,14 @@ def test_layout_on_four_ranks_matches_one_rank(layout):
     _close(_losses(world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses())
 
 
-@pytest.mark.parametrize("layout", [dict(ep=2, fsdp=4), dict(ep=2, tp=2, fsdp=2)],
-                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()))
-def test_experts_split_over_ep_match_one_rank(layout):
-    """moe-tiny: 4 experts, top 2; ep borrows data-parallel ranks (fsdp 4 = 2 ep groups of 2). Tokens cross ranks
-    by all-to-all and come back; the balance loss's gradient joins the backward: a token lost, counted twice or
-    a gradient scaled wrongly moves the losses beyond the tolerance."""
-    _close(_losses("moe-tiny", world=4, batch=GLOBAL_BATCH // layout["fsdp"], **layout), _losses("moe-tiny"))
+@pytest.mark.parametrize("layout,data_parallel", [(dict(ep=2, fsdp=2), 4), (dict(ep=2, tp=2), 2)],
+                         ids=lambda d: "-".join(f"{k}{v}" for k, v in d.items()) if isinstance(d, dict) else str(d))
+def test_experts_split_over_ep_match_one_rank(layout, data_parallel):
+    """moe-tiny: 4 experts, top 2, on four ranks; ep borrows data-parallel ranks and the degree not given takes
+    what the others leave (ep 2 fsdp 2: dp 2 x fsdp 2, the experts split over ranks of two replicas; ep 2 tp 2:
+    tp 2 x fsdp 2). Tokens cross ranks by all-to-all and come back; the balance loss's gradient joins the
+    backward: a token lost, counted twice or a gradient scaled wrongly moves the losses beyond the tolerance."""
+    _close(_losses("moe-tiny", world=4, batch=GLOBAL_BATCH // data_parallel, **layout), _losses("moe-tiny"))
 
 
 def test_moe_summary_counts_every_token_slot_and_the_all_to_all():

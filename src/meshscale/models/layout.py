@@ -120,6 +120,24 @@ class ParallelLayout:
         return [self.rank_of({**c, dim: i}) for i in range(getattr(self, dim))]
 
 
+def filled_degrees(given: dict[str, int], world: int, fill: str) -> dict[str, int]:
+    """The degrees ``given`` with what they leave of ``world`` taken by ``fill`` (fsdp for transformers, dp for
+    replicated models) when it was not given, else by dp (replicas of the shards: FSDP2's hybrid mode) when dp
+    was not; unchanged where nothing is left. One line where the given degrees do not divide the world."""
+    found = dict(given)
+    others = 1
+    for v in found.values():
+        others *= v
+    taker = fill if fill not in found else ("dp" if "dp" not in found else None)
+    if taker is None or others == world:
+        return found
+    if world % others:
+        raise MeshscaleError(f"{' x '.join(f'--{k} {v}' for k, v in given.items())} = {others} does not divide "
+                             f"the {world} ranks")
+    found[taker] = world // others
+    return found
+
+
 def check_layout(layout: ParallelLayout, world_size: int | None = None, model=None, seq_len: int | None = None,
                  batch: int | None = None) -> ParallelLayout:
     """Refuse, in one line naming the field and the rule, a layout that cannot run: degrees below 1, a product

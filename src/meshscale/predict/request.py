@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
-from meshscale.models.layout import ParallelLayout
+from meshscale.models.layout import filled_degrees, ParallelLayout
 from meshscale.models.transformer import TransformerConfig, is_transformer_model, load_model_config
 from meshscale.predict.frameworks import FRAMEWORKS, PREDICTED_MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
@@ -206,15 +206,7 @@ def measured_profile(req: PredictRequest, model: Model, where: Where) -> Compute
 def layout_of(req: PredictRequest, world: int, fill: str) -> ParallelLayout:
     """The layout the options name; the degree not given takes what the others leave (``fill``: dp for
     replicated models, fsdp for transformers under FSDP2)."""
-    given = dict(req.degrees)
-    if fill not in given:
-        others = 1
-        for v in given.values():
-            others *= v
-        if world % others:
-            raise MeshscaleError(f"{' x '.join(f'--{k} {v}' for k, v in given.items())} = {others} does not divide "
-                                 f"the {world} GPUs")
-        given[fill] = world // others
+    given = filled_degrees(dict(req.degrees), world, fill)
     micro = req.micro_batches or (given.get("pp", 1) if given.get("pp", 1) > 1 else 1)
     return ParallelLayout(**given, pp_schedule=req.pp_schedule, micro_batches=micro,
                           stages_per_rank=(req.stages_per_rank or 2) if req.pp_schedule == "interleaved-1f1b" else 1,

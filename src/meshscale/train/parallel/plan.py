@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshscale.errors import MeshscaleError, one_line
-from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
+from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout, filled_degrees
 from meshscale.models.memory import GIB, MemoryEstimate, training_memory
 from meshscale.models.registry import get_model
 from meshscale.models.transformer import TransformerConfig
@@ -15,10 +15,24 @@ from meshscale.train.config import TrainConfig
 
 
 def with_default_layout(cfg: TrainConfig) -> TrainConfig:
-    """With no degree given, the ranks shard the model (fsdp = world size), as torchtitan's default."""
-    if cfg.layout.given or cfg.world == 1:
+    """The degree not given takes what the others leave of the ranks, as predict's layouts do
+    (`filled_degrees`): fsdp, or dp where fsdp was given; with none given the ranks shard the model (fsdp = the
+    world size, torchtitan's default)."""
+    if cfg.world == 1:
         return cfg
-    return replace(cfg, layout=replace(cfg.layout, fsdp=cfg.world))
+    dims = ("dp", "fsdp", "tp", "pp", "cp")
+    given = {k: getattr(cfg.layout, k) for k in dims if getattr(cfg.layout, k) > 1}
+    if cfg.world % max(1, _product(given.values())):
+        return cfg   # check_layout_run says why, in one line
+    filled = filled_degrees(given, cfg.world, "fsdp")
+    return replace(cfg, layout=replace(cfg.layout, **{k: filled.get(k, 1) for k in dims}))
+
+
+def _product(values) -> int:
+    n = 1
+    for v in values:
+        n *= v
+    return n
 
 
 def model_config(cfg: TrainConfig) -> TransformerConfig:
