@@ -77,3 +77,26 @@ def test_each_validator_summarises_through_the_framework_only():
         assert "validation_result(" in text, path
         for own in ("math.exp(", "BOUND =", "ERROR_DEFINITION =", "def _summary", "def _geomean"):
             assert own not in text, (path, own)
+
+
+def test_the_publication_weighted_figure_is_the_geomean_of_each_publications_geomean_on_random_rows():
+    """Each publication weighs the same: the bounded figure equals the geomean over publications of each
+    publication's own geomean |error|, computed here directly; a large publication cannot outvote a small one."""
+    rng = random.Random(41)
+    corpus = _corpus(Bounds(geomean_abs_error=0.1), weight_by="group")
+    for _ in range(100):
+        rows = [{"row": i + 1, "group": rng.choice("abcde"), "ratio": math.exp(rng.uniform(-0.5, 0.5))}
+                for i in range(rng.randint(1, 40))]
+        per = {}
+        for r in rows:
+            per.setdefault(r["group"], []).append(r["ratio"])
+        own = [geomean_abs_error(v) for v in per.values()]
+        expected = math.prod(1 + g for g in own) ** (1 / len(own)) - 1
+        summary = summarize(corpus, rows)
+        assert summary["weighted_geomean_abs_error"] == pytest.approx(expected)
+        assert summary["weighted_groups"] == len(per)
+        assert summary["passed"] == (expected <= 0.1)
+    # one exact publication of 50 rows and one 30% off of 1 row: the figure sits between, not at the large one's
+    rows = [{"row": i, "group": "big", "ratio": 1.0} for i in range(50)] + [{"row": 51, "group": "small",
+                                                                              "ratio": 1.3}]
+    assert summarize(corpus, rows)["weighted_geomean_abs_error"] == pytest.approx(1.3 ** 0.5 - 1)

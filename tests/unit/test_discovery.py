@@ -196,7 +196,8 @@ def test_an_unknown_model_gets_the_stated_default_and_says_so():
     ("NVIDIA L40S", "L40S", 0, 91.6e12, 864e9),
     ("NVIDIA A10", "A10", 0, 31.2e12, 600e9),
     ("Tesla T4", "T4", 0, 8.1e12, 320e9),
-    ("Tesla V100-PCIE-32GB", "V100 PCIe", 0, 14e12, 900e9),
+    ("Tesla V100-PCIE-32GB", "V100 32GB PCIe", 0, 14e12, 900e9),
+    ("Tesla V100-PCIE-16GB", "V100 PCIe", 0, 14e12, 900e9),
 ])
 def test_gpus_outside_the_catalog_take_facts_from_the_table_of_models(name, source, nvlinks, fp32, bandwidth):
     gpu = nvml_topology(FakeNVML.machine(name, paths=PCIE_PATHS[:1], nvlinks=None), sm_counts={}).nodes["gpu0"].attrs

@@ -213,7 +213,7 @@ def test_cli_predict_modes_algo_overlap_and_global_batch(cli, tmp_path):
     (["--mode", "ps-async"], "ps-async is not modelled"),
     (["--mode", "gossip"], "unknown mode 'gossip'"),
     (["--mode", "ps-sync", "--compare", "algorithms"], "use --mode ddp or allreduce"),
-    (["--framework", "caffe"], "unknown framework 'caffe'; use one of ddp, horovod, cntk-2016"),
+    (["--framework", "caffe"], "unknown framework 'caffe'; use one of eager, compile, megatron, zero1, zero2, zero3, ddp, horovod, cntk-2016"),
     (["--mode", "ddp", "--framework", "horovod"], "give --framework alone"),
     (["--mode", "ps-sync", "--framework", "ddp"], "parameter server"),
     (["--wire", "int4"], "unknown wire precision"),

@@ -23,9 +23,10 @@ VALUES = {
     "fsdp": ["4"], "tp": ["2"], "pp": ["2"], "cp": ["2"], "pp_schedule": ["gpipe"], "micro_batches": ["2"],
     "search": [], "profile": [str(FIXTURES / "profiles/h100/profile-resnet50.json")],
     "p2p": [str(FIXTURES / "p2p_h200x2.json")], "bench": [str(FIXTURES / "bench_allreduce_h200x2.json")],
-    "nccl_env": ["NCCL_MAX_NCHANNELS=1"], "nccl_algo": ["ring", "tree", "nvls"], "mode": ["ps-sync"], "framework": ["cntk-2016"],
+    "nccl_env": ["NCCL_MAX_NCHANNELS=1"], "nccl_algo": ["ring", "tree", "nvls"], "mode": ["ps-sync"], "framework": ["compile", "cntk-2016"],
     "wire": ["bf16"], "compare": ["frameworks"], "measured": [str(FIXTURES / "report/scale.json")],
     "partition": ["3g.40gb"], "ep": ["2"], "moe_imbalance": ["1.5"], "fp8_recipe": ["rowwise"],
+    "cp_attention": ["allgather"],
 }
 FLAGS = {f.path[0]: f.flags[0] for f in option_fields(PredictRequest)}
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from meshscale.errors import MeshscaleError
+from meshscale.predict.frameworks import FRAMEWORKS
 from meshscale.predict.question import PredictRequest
 from meshscale.predict.request import Prepared, predict_training, prepare
 from meshscale.predict.sweep import SweepInfo, predict_rows
@@ -71,9 +72,14 @@ def refuse_what_does_not_apply(req: PredictRequest, kind: str, prepared: Prepare
             raise MeshscaleError(f"{_flag(name)} is for a sweep (a list of --gpus or --nodes counts)")
     job = prepared.job
     replicated = job.model is None or job.sharding == "none"
-    for name in given(EXCHANGE_OPTIONS) if not replicated else ():
+    exchange_options = [n for n in EXCHANGE_OPTIONS if n != "framework" or req.framework in FRAMEWORKS]
+    for name in given(exchange_options) if not replicated else ():
+        shards = "FSDP2" if job.framework == "eager" else job.framework
         raise MeshscaleError(f"{_flag(name)} says how whole replicas exchange gradients (ResNets, DDP models); "
-                             f"{job.name} trains under FSDP2, whose collectives are its own")
+                             f"{job.name} trains under {shards}, whose collectives are its own")
+    if req.cp_attention and kind != "search" and not (req.cp or 1) > 1:
+        raise MeshscaleError(f"--cp-attention {req.cp_attention} runs context parallelism's attention: add --cp N "
+                             "(N > 1)")
     if job.model is not None and req.channels_last:
         raise MeshscaleError("--channels-last is the memory format of images; transformers take tokens")
     if prepared.calibration is None and prepared.measured is not None and req.cuda_graph and job.model is None \

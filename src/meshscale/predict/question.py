@@ -52,8 +52,10 @@ class PredictRequest:
                                              parse=_counts, cli_type=str)
     nodes: Optional[tuple[int, ...]] = option(None, "--nodes", help="node count of a cluster; a list sweeps",
                                               check=_COUNTS, parse=_counts, cli_type=str)
-    gpu: Optional[str] = option(None, "--gpu", help="the GPU model in place of the system's (a SKU of the same "
-                                "system, e.g. 'NVIDIA H100 80GB HBM3'): its datasheet prices the kernels")
+    gpu: Optional[str] = option(None, "--gpu", help="the GPU as sold, in place of the system's: a SKU ('H100 SXM', "
+                                "'H100 96GB HBM2e' (capped at 500 W), 'H800 SXM', 'A100 40GB PCIe', 'V100 32GB "
+                                "SXM2', ...) or its NVML name ('NVIDIA H100 80GB HBM3'): its datasheet (rates, "
+                                "memory, power limit) prices the kernels")
     link: Optional[str] = option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, ... or a stated "
                                  "rate such as 25GB/s,5us (default: the node's own NICs')")
     nics: Optional[int] = option(None, "--nics", help="ports per node (default: the node's own NICs)",
@@ -69,8 +71,12 @@ class PredictRequest:
                                          "scaling over the sweep, or what --search splits",
                                          check=Range(1, 1 << 24, integer=True, optional=True))
     seq_len: Optional[int] = SEQ_LEN.field(None)
-    precision: Optional[str] = PRECISION.field(None, "default: the --profile's, else fp32 as train's (PyTorch runs "
-                                               "fp32 matmuls in true fp32, convolutions in TF32)")
+    precision: Optional[str] = PRECISION.field(None, "or tf32; default: the --profile's, else fp32 as train's. "
+                                               "fp32 is PyTorch's default: matmuls in true FP32 unless "
+                                               "torch.backends.cuda.matmul.allow_tf32 or "
+                                               "set_float32_matmul_precision('high') is set, convolutions in TF32; "
+                                               "tf32: fp32 tensors, matmuls on the TF32 tensor cores (what "
+                                               "frameworks set for fp32 training)")
     checkpointing: str = CHECKPOINTING.field("none")
     channels_last: bool = CHANNELS_LAST.field(False)
     cuda_graph: bool = CUDA_GRAPH.field(False, "no host cost per op")
@@ -87,6 +93,11 @@ class PredictRequest:
                                             check=Range(1, 1000, optional=True))
     fp8_recipe: Optional[str] = FP8_RECIPE.field(None, "default tensorwise")
     pp_schedule: str = PP_SCHEDULE.field("1f1b")
+    cp_attention: Optional[str] = option(None, "--cp-attention", help="context parallelism's attention: masked "
+                                         "(meshscale train: K/V all-gathered, one masked SDPA), allgather or "
+                                         "alltoall (torch's context_parallel ring, as torchtitan's rotate "
+                                         "methods), p2p (Transformer Engine's ring; megatron's); default: the "
+                                         "framework's")
     micro_batches: Optional[int] = MICRO_BATCHES.field(None)
     search: bool = option(False, "--search", help="rank every layout of the model on the GPUs at --global-batch")
     profile: Optional[Path] = option(None, "--profile", help="the job measured on one GPU (train "
@@ -100,8 +111,13 @@ class PredictRequest:
     nccl_algo: Optional[str] = option(None, "--nccl-algo", help="NCCL's algorithm forced (NCCL_ALGO): ring, "
                                       "tree, ...; default NCCL's pick per size")
     mode: Optional[str] = MODE.field(None, "predicted: ddp (default), allreduce and ps-sync")
-    framework: Optional[str] = option(None, "--framework", help="replicas' exchange: ddp, horovod or cntk-2016 "
-                                      "(default: the mode's)")
+    framework: Optional[str] = option(None, "--framework", help="the software that runs the step: eager "
+                                      "(PyTorch eager: meshscale train, torchtitan; the default), compile "
+                                      "(torch.compile per block: fused element-wise chains, fewer launches), "
+                                      "megatron (Megatron-Core with Transformer Engine: fused kernels, TP comm "
+                                      "overlap, distributed optimizer over --fsdp), zero1/zero2/zero3 (DeepSpeed "
+                                      "ZeRO over --fsdp); whole replicas: ddp, horovod or cntk-2016 (their "
+                                      "gradient exchange; default: the mode's)")
     wire: Optional[str] = option(None, "--wire", help="gradients on the wire: fp32, bf16 or fp16 (default: the "
                                  "framework's)")
     compare: Optional[str] = option(None, "--compare", help="sweep variants: algorithms | modes | frameworks | "

@@ -21,7 +21,7 @@ from meshscale.predict.frameworks import FRAMEWORKS, PREDICTED_MODES
 from meshscale.predict.question import IMAGE_BATCH, SEQUENCE_BATCH, PredictRequest
 from meshscale.predict.profile import ComputeProfile, documented_profile, profile_from_result, sustained_ratio
 from meshscale.predict.training.comm import Allocation
-from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec, require_fp8
+from meshscale.predict.training.hardware import GpuSpec, device_spec, gpu_spec, require_fp8, sku_spec
 from meshscale.predict.training.moe import DEFAULT_IMBALANCE
 from meshscale.predict.training.replicas import GradientExchange
 from meshscale.predict.training.search import search_layouts
@@ -164,20 +164,39 @@ def resolve_where(req: PredictRequest, system: str, link: str | None, nccl_algo:
     if req.partition:
         from meshscale.topology.partitions import split_system
         node, partition = split_system(node, req.partition)
-    gpu = gpu_spec({"model": req.gpu}) if req.gpu else device_spec(node.nodes[node.devices()[0]].attrs)
+    gpu = sku_spec(req.gpu) if req.gpu else device_spec(node.nodes[node.devices()[0]].attrs)
     return Where(fabric, node, gpu, spec.nodes if spec is not None else None, partition)
+
+
+def split_framework(name: str | None) -> tuple[str, str | None]:
+    """(what runs the step, how whole replicas exchange gradients) for --framework ``name``: an exchange
+    framework (ddp, horovod, cntk-2016) runs eager PyTorch's step with its own exchange; a step framework
+    (framework.STEP_FRAMEWORKS) the mode's exchange. Unknown: one line listing them all."""
+    from meshscale.errors import check_choice
+    from meshscale.predict.training.framework import DEFAULT_FRAMEWORK, STEP_FRAMEWORKS
+
+    if name is None:
+        return DEFAULT_FRAMEWORK, None
+    check_choice(name, (*STEP_FRAMEWORKS, *FRAMEWORKS), "framework")
+    return (DEFAULT_FRAMEWORK, name) if name in FRAMEWORKS else (name, None)
 
 
 def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> TrainingJob:
     """The job of ``model`` at ``batch`` per data-parallel rank, on one GPU (the layout comes per size)."""
-    exchange = GradientExchange.of(req.mode, req.framework, req.wire)
+    step, replicas = split_framework(req.framework)
+    exchange = GradientExchange.of(req.mode, replicas, req.wire)
     transformer = model.transformer
     if transformer is None and req.seq_len:
         raise MeshscaleError(f"--seq-len is for transformers; {model.name} takes images")
     if transformer is None and req.attention != "sdpa":
         raise MeshscaleError(f"--attention is for transformers; {model.name} has no attention")
     seq_len = req.seq_len or (min(transformer.max_seq_len, 2048) if transformer is not None else 0)
-    sharding = req.sharding or ("none" if model.ddp else "fsdp2")
+    if transformer is None and req.cp_attention:
+        raise MeshscaleError(f"--cp-attention is for transformers; {model.name} has no attention")
+    # whole replicas under an exchange framework; the shard dimension is the step framework's own otherwise
+    sharding = req.sharding or ("none" if model.ddp or replicas else "fsdp2")
+    if step != "eager" and transformer is not None:
+        sharding = "fsdp2"
     if req.precision == "fp8":
         require_fp8(where.gpu)
     elif req.fp8_recipe is not None:
@@ -189,7 +208,8 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
                        model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
                        sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
-                       moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise")
+                       moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise",
+                       framework=step, cp_method=req.cp_attention or "")
 
 
 def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:

@@ -1,12 +1,34 @@
 """A GPU's datasheet rates for the precision a run trains in, from the system's catalog entry (or the table of
-known GPU models): dense tensor-core FLOP/s per dtype, HBM bandwidth, SM count, memory capacity."""
+known GPU models, topology/gpu_models.yaml: one row per SKU as sold): dense tensor-core FLOP/s per dtype, HBM
+bandwidth, SM count, memory capacity, and its power: the board's TDP and, where a SKU ships capped below it, its
+power limit.
+
+A power limit below the TDP lowers the clock the SMs sustain under tensor-core work. Dynamic power is
+P = a C V^2 f, and across the voltage-frequency curve the voltage rises with the clock (V ~ f), so the power a
+clock draws grows as f^3 and the clock a power allows as P^(1/3) (Hennessy & Patterson, "Computer Architecture:
+A Quantitative Approach", 6th ed., section 1.5, "Trends in Power and Energy"). The measured GEMM ceilings the
+kernels are priced with (kernels.GEMM_CEILING) ran at the TDP, where dense matrix products are power-bound, so
+under a limit L < TDP the tensor cores and the SMs' issue run (L / TDP)^(1/3) as fast (`power_clock_ratio`);
+the static power's share is left out, which makes the drop smaller than the cubic law on the whole board would
+(a cap never speeds a step). HBM's clock is its own: memory-bound kernels keep the datasheet bandwidth.
+
+Precisions: bf16 and fp16 on their tensor cores; fp32 as PyTorch runs it by default, matmuls in true FP32
+(torch.backends.cuda.matmul.allow_tf32 False, torch.get_float32_matmul_precision() "highest") and convolutions in
+TF32 (torch.backends.cudnn.allow_tf32 True); tf32: fp32 tensors with matmuls on the TF32 tensor cores
+(allow_tf32 True, or torch.set_float32_matmul_precision("high")), as frameworks set it for fp32 training."""
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError
 
-STEP_PRECISIONS = ("bf16", "fp16", "fp32", "fp8")  # what the step model prices
+STEP_PRECISIONS = ("bf16", "fp16", "fp32", "fp8", "tf32")  # what the step model prices
+FULL_WIDTH = ("fp32", "tf32")   # precisions whose tensors are fp32 (4 bytes), whatever runs their matmuls
+
+
+def storage_precision(precision: str) -> str:
+    """The precision a job's tensors are stored in: fp32 for tf32 (only its matmuls differ)."""
+    return "fp32" if precision in FULL_WIDTH else precision
 
 
 @dataclass(frozen=True)
@@ -22,6 +44,16 @@ class GpuSpec:
     bf16_flops: float | None
     fp16_flops: float | None
     fp8_flops: float | None = None   # dense fp8 tensor-core peak (Hopper, Ada and later)
+    tdp_w: float | None = None            # the board's thermal design power (datasheet)
+    power_limit_w: float | None = None    # the limit it runs under, where below the TDP (a SKU's default cap)
+
+    @property
+    def power_clock_ratio(self) -> float:
+        """The tensor cores' sustained clock under the power limit over theirs at the TDP: (limit / TDP)^(1/3)
+        below the TDP, else 1 (see the module's docstring)."""
+        if not self.tdp_w or not self.power_limit_w or self.power_limit_w >= self.tdp_w:
+            return 1.0
+        return (self.power_limit_w / self.tdp_w) ** (1 / 3)
 
     @property
     def family(self) -> str:
@@ -53,12 +85,17 @@ class GpuSpec:
     def matmul_flops(self, precision: str, conv: bool = False) -> float:
         """Dense peak for a matrix multiplication in ``precision``. fp32: PyTorch runs matmuls in true fp32
         (torch.backends.cuda.matmul.allow_tf32 defaults to False) but lets cuDNN use TF32 for convolutions
-        (torch.backends.cudnn.allow_tf32 defaults to True), where the GPU has TF32."""
+        (torch.backends.cudnn.allow_tf32 defaults to True), where the GPU has TF32; tf32: both on TF32."""
         if precision == "fp32":
             return (self.tf32_flops or self.fp32_flops) if conv else self.fp32_flops
         if precision == "fp8":
             require_fp8(self)
             return float(self.fp8_flops)
+        if precision == "tf32":
+            if not self.tf32_flops:
+                raise MeshscaleError(f"--precision tf32: the {self.model} has no TF32 tensor cores (Ampere and later "
+                                     "do); use fp32")
+            return float(self.tf32_flops)
         rate = self.bf16_flops if precision == "bf16" else self.fp16_flops
         if not rate:
             raise MeshscaleError(f"--precision {precision}: the {self.model} has no {precision} rate in the catalog "
@@ -91,7 +128,23 @@ def gpu_spec(attrs: dict) -> GpuSpec:
         return float(facts[key]) if facts.get(key) else None
     return GpuSpec(model, int(facts["sm_count"]), float(facts["memory_bandwidth_bytes_per_s"]), float(memory),
                    float(facts["fp32_flops"]), rate("tf32_flops"), rate("bf16_flops"), rate("fp16_flops"),
-                   rate("fp8_flops"))
+                   rate("fp8_flops"), rate("tdp_w"), rate("power_limit_w"))
+
+
+def known_gpus() -> list[str]:
+    """The SKUs of the table of known GPU models, by name."""
+    from meshscale.topology.nvml_discovery import gpu_models
+    return [str(row["name"]) for row in gpu_models()[0]]
+
+
+def sku_spec(name: str) -> GpuSpec:
+    """The `GpuSpec` of a GPU named as NVML names it or as the table does ('H100 SXM', 'NVIDIA A100-SXM4-40GB'),
+    or a one-line error listing the known SKUs (no default row: a price on an assumed GPU is not asked for)."""
+    from meshscale.topology.nvml_discovery import model_facts
+
+    if not model_facts(name)[1]:
+        raise MeshscaleError(f"--gpu {name}: unknown GPU; known: {', '.join(known_gpus())}")
+    return gpu_spec({"model": name})
 
 
 def system_gpu(system: str) -> tuple[GpuSpec, int]:

@@ -134,19 +134,22 @@ def _at_length(row: tuple, seq_len: int) -> float:
 
 
 def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool = False,
-                       kernel: str = "flash") -> float:
-    """The causal attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``:
-    FlashAttention-2's (``kernel`` "flash", and the Triton kernel's base) or cuDNN's ("cudnn")."""
+                       kernel: str = "flash", causal: bool = True) -> float:
+    """The attention kernel's share of the dense peak on ``family`` for ``head_dim`` and ``seq_len``, causal or
+    not (a context-parallel round against another rank's keys has no mask): FlashAttention-2's (``kernel``
+    "flash", and the Triton kernel's base) or cuDNN's ("cudnn"). Without the mask the forward is the figure's
+    bars without it at head dimension 128, moved to another head dimension as the causal bars move."""
     if family not in ("hopper", "blackwell") or not head_dim or not seq_len:
         return ATTENTION_FRACTION.get(family, ATTENTION_FRACTION_OTHER)
     bars = "cudnn" if kernel == "cudnn" else "flash"
+    causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[bars][128], seq_len) / \
+        _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128[bars], seq_len)
     if backward:
-        causal_share = _at_length(HOPPER_ATTENTION_TFLOPS[bars][128], seq_len) / \
-            _at_length(HOPPER_ATTENTION_NONCAUSAL_TFLOPS_128[bars], seq_len)
-        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS[bars], seq_len) * causal_share / HOPPER_DENSE_TFLOPS
+        share = causal_share if causal else 1.0
+        return _at_length(HOPPER_ATTENTION_BACKWARD_TFLOPS[bars], seq_len) * share / HOPPER_DENSE_TFLOPS
     dims = sorted(HOPPER_ATTENTION_TFLOPS[bars])
     row = HOPPER_ATTENTION_TFLOPS[bars][next((h for h in dims if head_dim <= h), dims[-1])]
-    return _at_length(row, seq_len) / HOPPER_DENSE_TFLOPS
+    return _at_length(row, seq_len) / (1.0 if causal else causal_share) / HOPPER_DENSE_TFLOPS
 
 
 KINDS = ("matmul", "conv", "attention", "memory", "host")
@@ -187,6 +190,12 @@ class Kernel:
     backward_instructions: Instructions = NO_INSTRUCTIONS    # ... and their backward's
     groups: int = 1                 # a grouped GEMM: this many m x k by k x n products in one launch
     fp8: bool = False               # a GEMM of fp8 operands (torchao's float8 linears)
+    # element-wise ops a fusing framework (torch.compile, Transformer Engine) runs inside a fused kernel: the
+    # traffic left when the op's inputs come from and its outputs go to registers of the fused kernel except at
+    # its boundary (0: the op vanishes into its neighbours); None: not fused (it keeps its own kernel)
+    fused_bytes: float | None = None
+    fused_backward_bytes: float | None = None
+    causal: bool = True             # attention: under the causal mask (False: every block computed)
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -225,9 +234,13 @@ def gemm_backward(fwd: Kernel) -> list[Kernel]:
 
 def memory_op(name: str, nbytes: float, backward_bytes: float | None = None, ops: int = 1,
               launches: int = 0, instructions: Instructions = NO_INSTRUCTIONS,
-              backward_instructions: Instructions = NO_INSTRUCTIONS, dtensor_ops: int = 0) -> Kernel:
+              backward_instructions: Instructions = NO_INSTRUCTIONS, dtensor_ops: int = 0,
+              fused: tuple[float, float] | None = None) -> Kernel:
+    """A memory-bound op; ``fused``: its (forward, backward) traffic inside a fused kernel (`Kernel.fused_bytes`)."""
     return Kernel(name, "memory", 0.0, float(nbytes), ops=ops, backward_bytes=backward_bytes, launches=launches,
-                  instructions=instructions, backward_instructions=backward_instructions, dtensor_ops=dtensor_ops)
+                  instructions=instructions, backward_instructions=backward_instructions, dtensor_ops=dtensor_ops,
+                  fused_bytes=None if fused is None else float(fused[0]),
+                  fused_backward_bytes=None if fused is None else float(fused[1]))
 
 
 def quantization(m: int, n: int, k: int, sm_count: int, groups: int = 1) -> float:
@@ -270,18 +283,22 @@ class Rates:
 
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa") -> Rates:
     """What each kernel kind reaches on ``gpu`` in ``precision``; ``attention_kernel`` "sdpa" is resolved to the
-    kernel PyTorch's SDPA runs there."""
+    kernel PyTorch's SDPA runs there. Under a power limit below the TDP the SMs' clock, and with it every rate
+    the SMs set (tensor cores, instruction issue), is `GpuSpec.power_clock_ratio` of the datasheet's; the HBM
+    bandwidth is not."""
     if attention_kernel == "sdpa":
         attention_kernel = sdpa_kernel(gpu.family)
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)
     ceiling = GEMM_CEILING.get(gpu.family, GEMM_CEILING_OTHER)
-    sm_clocks = gpu.sm_count * gpu.clock_hz
-    fp8 = gpu.matmul_flops("fp8") * GEMM_CEILING_FP8.get(gpu.family, GEMM_CEILING_FP8_OTHER) \
+    clock = gpu.power_clock_ratio
+    sm_clocks = gpu.sm_count * gpu.clock_hz * clock
+    fp8 = gpu.matmul_flops("fp8") * clock * GEMM_CEILING_FP8.get(gpu.family, GEMM_CEILING_FP8_OTHER) \
         if precision == "fp8" else 0.0
     precision = "bf16" if precision == "fp8" else precision   # all but the fp8 GEMMs: bf16
-    found = Rates(gpu.matmul_flops(precision) * ceiling, gpu.matmul_flops(precision, conv=True) * ceiling,
-                  gpu.matmul_flops(precision) * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
-                  gpu.sm_count, factor, 4 if precision == "fp32" else 2, gpu.family, gpu.matmul_flops(precision),
+    dense = gpu.matmul_flops(precision) * clock
+    found = Rates(dense * ceiling, gpu.matmul_flops(precision, conv=True) * clock * ceiling,
+                  dense * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
+                  gpu.sm_count, factor, 4 if precision in ("fp32", "tf32") else 2, gpu.family, dense,
                   sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel, fp8_flops=fp8)
     from meshscale.predict.training.measured import host_costs, measured_kernels
 
@@ -333,10 +350,15 @@ def attention_rate(kernel: Kernel, r: Rates) -> float:
     measured = r.measured.attention_fraction(kernel.k, kernel.m, backward, base) \
         if r.measured is not None and r.dense_flops else None
     if measured is not None:
+        # the atlas measured the causal kernel: a round without the mask keeps what the published bars say
+        # the mask costs at that length (kernels.attention_fraction's causal share)
+        if not kernel.causal:
+            measured *= attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel, False) / \
+                attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel, True)
         rate = r.dense_flops * measured
     else:
-        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel) \
-            if r.dense_flops else r.attention_flops
+        rate = r.dense_flops * attention_fraction(r.family, kernel.k, kernel.m, backward, r.attention_kernel,
+                                                  kernel.causal) if r.dense_flops else r.attention_flops
     if r.attention_kernel == "triton":
         rate /= TRITON_ATTENTION_SLOWDOWN["backward" if backward else "forward"]
     return rate

@@ -126,10 +126,10 @@ def sharded_params_on_rank(model: TransformerConfig, layout: ParallelLayout, lay
 
 
 def fsdp_layer_costs(model: TransformerConfig, layout: ParallelLayout, allocation: Allocation, gather_bytes: float,
-                     ddp: bool) -> tuple[CollectiveCost, CollectiveCost, CollectiveCost]:
-    """One layer's FSDP all-gather (``gather_bytes`` per parameter), reduce-scatter (fp32) and replicas'
-    all-reduce: the layer without its routed experts over fsdp and dp, the experts (this rank's, experts / ep)
-    over expert_fsdp and expert_dp, one after the other."""
+                     ddp: bool, reduce_bytes: float = 4.0) -> tuple[CollectiveCost, CollectiveCost, CollectiveCost]:
+    """One layer's FSDP all-gather (``gather_bytes`` per parameter), reduce-scatter (``reduce_bytes``: fp32 under
+    FSDP2) and replicas' all-reduce: the layer without its routed experts over fsdp and dp, the experts (this
+    rank's, experts / ep) over expert_fsdp and expert_dp, one after the other."""
     experts = model.expert_layer_params() / layout.tp
     rest = model.layer_params() / layout.tp - experts
     mine = experts / layout.ep
@@ -143,7 +143,8 @@ def fsdp_layer_costs(model: TransformerConfig, layout: ParallelLayout, allocatio
     fsdp, dp = layout.group_of("fsdp"), layout.group_of("dp")
     gather = both(over("all_gather", rest * gather_bytes, fsdp),
                   over("all_gather", mine * gather_bytes, groups["expert_fsdp"]))
-    reduce = both(over("reduce_scatter", rest * 4, fsdp), over("reduce_scatter", mine * 4, groups["expert_fsdp"]))
+    reduce = both(over("reduce_scatter", rest * reduce_bytes, fsdp),
+                  over("reduce_scatter", mine * reduce_bytes, groups["expert_fsdp"]))
     replicate = CollectiveCost(0.0) if ddp else both(
         over("all_reduce", rest * 4 / layout.fsdp, dp),
         over("all_reduce", mine * 4 / layout.expert_fsdp, groups["expert_dp"]))

@@ -46,12 +46,17 @@ from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
 from meshscale.predict.profile import ComputeProfile
 from meshscale.predict.training.comm import CollectiveCost, Allocation, collective_cost, collective_seconds
-from meshscale.predict.training.replicas import GradientExchange, ReplicaCost, replica_exchange
-from meshscale.predict.training.hardware import STEP_PRECISIONS, GpuSpec
+from meshscale.predict.training.framework import (DEFAULT_FRAMEWORK, StepFramework, bucket_params, check_framework,
+                                                  framework_memory, framework_pass, fused_adam_kernels,
+                                                  overlapped_tp_seconds, pipelined_exposed_s, step_framework)
+from meshscale.predict.training.replicas import (GradientExchange, ReplicaCost, exposed_exchange_s,
+                                                 replica_exchange)
+from meshscale.predict.training.hardware import FULL_WIDTH, STEP_PRECISIONS, GpuSpec, storage_precision
 from meshscale.predict.training.measured import compute_source
 from meshscale.predict.training.fp8 import FP8_RECIPES, gathered_bytes
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
+from meshscale.predict.training.context import CP_METHODS, ring_exposed_s
 from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
@@ -96,13 +101,14 @@ class StepKernels:
 def step_kernels(job: TrainingJob) -> StepKernels:
     """The kernels the step model prices for ``job`` (what `_transformer` and `_resnet` time, and what
     `breakdown` groups by category)."""
+    precision = storage_precision(job.precision)   # tf32 stores and moves fp32; only its matmuls differ
     if job.small_cnn:
-        k = small_cnn_step(job.batch, precision=job.precision, autocast=job.autocast)
+        k = small_cnn_step(job.batch, precision=precision, autocast=job.autocast)
         numels = small_cnn_tensor_numels()
         k = replace(k, backward=k.backward + (ddp_bucket_copies(sum(numels), len(numels)),))
         return StepKernels(k, PassKernels((), ()), tuple(optimizer_kernels(sum(numels), "adamw", numels)))
     if job.model is None:
-        k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=job.precision,
+        k = resnet_step(job.resnet_depth, job.batch, image=job.image, precision=precision,
                         channels_last=job.channels_last, autocast=job.autocast)
         params = resnet_params(job.resnet_depth)
         k = replace(k, backward=k.backward + (ddp_bucket_copies(params, resnet_tensors(job.resnet_depth)),))
@@ -111,11 +117,12 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     model, layout = job.model, job.layout
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
-    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=job.precision,
+    fw = step_framework(job.framework)
+    layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=precision,
                               checkpointing=job.checkpointing, autocast=job.autocast,
                               selective_policy=job.selective_policy, rotary_style=job.rotary, ep=layout.ep,
-                              moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe)
-    ends = transformer_ends(model, tokens, tp=layout.tp, precision=job.precision, autocast=job.autocast)
+                              moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe, cp_method=cp_method_of(job))
+    ends = transformer_ends(model, tokens, tp=layout.tp, precision=precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
         max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
@@ -124,9 +131,8 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     on_rank = sharded_params_on_rank(model, layout, stage_layers, ends_params)
     shards = layout.tp * layout.fsdp
     numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model, layout.ep) + end_tensor_numels(model)]
-    dtensor_params = job.sharding == "fsdp2" or layout.tp > 1
-    per_step = optimizer_kernels(on_rank, "adamw", numels, dtensor_params) + (m - 1) * accumulation_kernels(on_rank)
-    if job.sharding == "fsdp2":
+    per_step = _optimizer_step(job, fw, on_rank, numels)
+    if job.sharding == "fsdp2" and fw.sharding == "fsdp2":
         param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else element_bytes(job.precision))
         gathered = layer_params_on_rank(model, layout.ep, layout.tp)
         unshard = fsdp2_unshard_kernels(model, gathered, layout.fsdp, param_bytes)
@@ -139,7 +145,40 @@ def step_kernels(job: TrainingJob) -> StepKernels:
                             backward=layer.backward + tuple(unshard + reduce))
         else:                    # a pipeline keeps its layers gathered and reduces once, for the step
             per_step += stage_layers * (unshard + reduce)
+    layer = PassKernels(*(framework_pass(p, fw, layer=True) for p in (layer.forward, layer.backward, layer.recompute)))
+    ends = PassKernels(*(framework_pass(p, fw, layer=False) for p in (ends.forward, ends.backward, ends.recompute)))
     return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
+
+
+def cp_method_of(job: TrainingJob) -> str:
+    """How the job's framework runs context parallelism: the job's own, else the framework's (Megatron:
+    Transformer Engine's p2p ring; PyTorch: meshscale train's masked attention over the gathered keys)."""
+    return job.cp_method or ("p2p" if job.framework == "megatron" else "masked")
+
+
+def _check_framework_job(job: TrainingJob) -> None:
+    """Refuse, in one line, a framework the job's model or layout does not run under, and a context-parallel
+    attention its framework does not run."""
+    layout = job.layout
+    check_framework(job.framework, job.model is not None,
+                    {"tp": layout.tp, "pp": layout.pp, "cp": layout.cp, "dp": layout.dp})
+    if layout.cp > 1 and (cp_method_of(job) == "p2p") != (job.framework == "megatron"):
+        raise MeshscaleError(f"--cp-attention {cp_method_of(job)}: Megatron runs Transformer Engine's p2p ring, "
+                             "PyTorch masked (meshscale train), allgather or alltoall (torch's context_parallel)")
+
+
+def _optimizer_step(job: TrainingJob, fw: StepFramework, on_rank: float, numels: list[int]) -> list[Kernel]:
+    """The step's optimizer and gradient accumulation on this rank: PyTorch's foreach AdamW (on DTensors under
+    FSDP2 or tensor parallelism) with each later micro-batch's gradients added into .grad, or a fused Adam on
+    the framework's fp32 partition (ZeRO-1 accumulates the whole gradient, Megatron's wgrad GEMMs accumulate
+    into its main gradients)."""
+    layout, m = job.layout, job.layout.micro_batches
+    shard = on_rank                                # this rank's share of the stage's parameters
+    if not fw.fused_optimizer:
+        dtensor_params = (job.sharding == "fsdp2" or layout.tp > 1) and fw.dtensor
+        return optimizer_kernels(shard, "adamw", numels, dtensor_params) + (m - 1) * accumulation_kernels(shard)
+    accumulated = 0.0 if fw.grad_accumulation_fusion else (shard * layout.fsdp if fw.sharding == "zero1" else shard)
+    return fused_adam_kernels(shard, numels) + (m - 1) * accumulation_kernels(accumulated) * (accumulated > 0)
 
 
 @dataclass(frozen=True)
@@ -216,6 +255,8 @@ class TrainingJob:
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
     small_cnn: bool = False     # train's small CNN (its kernels: `workload.small_cnn_step`) in place of a ResNet
     exchange: GradientExchange = GradientExchange()   # replicas' gradient exchange (unsharded data parallelism)
+    framework: str = DEFAULT_FRAMEWORK   # what runs the step (framework.STEP_FRAMEWORKS): eager PyTorch by default
+    cp_method: str = ""         # context parallelism's attention (context.CP_METHODS); "": the framework's
     measured: ComputeProfile | None = None   # the step as measured on this GPU, where it stands for the kernels
     measured_gradients: tuple[GradientTensor, ...] | None = None   # when backward completed each, as a profile saw it
     moe_imbalance: float = DEFAULT_IMBALANCE   # mixture of experts: the busiest ep rank's routed tokens / the mean
@@ -337,11 +378,13 @@ def check_job(job: TrainingJob, world_size: int) -> None:
                                  ("rotary", job.rotary, ROTARY_STYLES), ("sharding", job.sharding, SHARDINGS),
                                  ("--attention", job.attention, ATTENTION_KERNELS),
                                  ("--activation-checkpointing", job.checkpointing, CHECKPOINTING),
-                                 ("--fp8-recipe", job.fp8_recipe, FP8_RECIPES)):
+                                 ("--fp8-recipe", job.fp8_recipe, FP8_RECIPES),
+                                 ("--cp-attention", cp_method_of(job), CP_METHODS)):
         if value not in choices:
             raise MeshscaleError(f"{name} {value}: use one of {', '.join(choices)}")
     if not job.moe_imbalance >= 1:
         raise MeshscaleError(f"--moe-imbalance {job.moe_imbalance}: the busiest rank's tokens over the mean is at least 1")
+    _check_framework_job(job)
     if job.batch < 1:
         raise MeshscaleError(f"--batch {job.batch}: must be at least 1")
     if job.model is None:
@@ -377,6 +420,8 @@ def predict_step(job: TrainingJob, allocation: Allocation, gpu: GpuSpec,
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
     source = calibration.describe(gpu.model) if calibration else compute_source(gpu, job.precision)
+    if job.framework != DEFAULT_FRAMEWORK:
+        source += f", {job.framework}"
     if job.model is None:   # a CNN's ops (or a measured step's): the host cost of that op mix
         r = replace(r, host_s_per_op=r.conv_host_s_per_op)
     found = _replicated(job, allocation, gpu, r, source) if job.model is None else _transformer(job, allocation, gpu, r, source)
@@ -494,15 +539,9 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
         return collective_cost(name, nbytes, layout.group_of(dim), allocation) if getattr(layout, dim) > 1 \
             else CollectiveCost(0.0)
 
-    def coll(name: str, nbytes: float, dim: str) -> float:
-        return cost(name, nbytes, dim).seconds
-
     activation = tokens * model.d_model * e
-    tp_f = 2 * (coll("all_gather", activation, "tp") + coll("reduce_scatter", activation, "tp"))
-    tp_b = tp_f * (2 if job.checkpointing == "full" else 1)
-    kv = tokens * layout.cp * 2 * model.kv_dim / layout.tp * e
-    cp_f = coll("all_gather", kv, "cp")
-    cp_b = cp_f * (2 if job.checkpointing == "full" else 1) + coll("reduce_scatter", kv, "cp")
+    tp_f, tp_b = _tp_seconds(job, layer, r, cost, activation)
+    cp_f, cp_b = _cp_seconds(job, layer, r, cost, allocation, tokens * 2 * model.kv_dim / layout.tp * e)
     hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], allocation) \
         if layout.pp > 1 else 0.0
     # expert parallelism: each MoE layer's dispatch and combine (and the token counts before the dispatch),
@@ -518,12 +557,59 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     pipeline = (m + (layout.pp - 1) / v) * (forward + backward) if layout.pp > 1 else m * (forward + backward)
     bubble = pipeline - m * (forward + backward)
 
-    # FSDP2 and replicas, per layer of this stage over the whole step (a mixture of experts' routed experts over
-    # their own groups, `moe.fsdp_layer_costs`); autocast keeps (and gathers) fp32 parameters, fp8's tensorwise
-    # recipe gathers its linears' weights in fp8
-    param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else e)
+    fw = step_framework(job.framework)
+    if fw.sharding in ("fsdp2", "zero3"):
+        sharding, replica, contention = _fsdp_seconds(job, fw, gpu, allocation, layer_f, layer_b, stage_layers)
+    else:
+        replica = 0.0
+        sharding, contention = _partitioned_seconds(job, fw, gpu, cost, (stage_layers * layer_f + ends_f,
+                                                                          stage_layers * layer_b + ends_b))
+    optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
+    launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
+    compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
+    step = pipeline + sharding + replica + optimizer + contention
+    memory = framework_memory(training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
+                                              precision="fp32" if job.precision in FULL_WIDTH else "bf16",
+                                              checkpointing=job.checkpointing, selective_policy=job.selective_policy,
+                                              moe_imbalance=job.moe_imbalance),
+                              fw, stage_params(job), layout.fsdp)
+    found = TrainingPrediction(job, allocation, gpu, source, step, compute,
+                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
+                               ep_s=m * stage_layers * (ep_f + ep_b),
+                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
+                               contention_s=contention, launch_s=launch, memory=memory,
+                               host_ops=0 if job.cuda_graph else kernels.host_ops())
     ddp = job.sharding == "none" and layout.tp == layout.pp == layout.cp == 1   # whole replicas: DDP's buckets
-    gather_c, reduce_c, replicate_c = fsdp_layer_costs(model, layout, allocation, param_bytes, ddp)
+    if not ddp or layout.dp < 2:
+        return found
+    # the last micro-batch's backward exchanges the accumulated gradients; the optimizer waits for it
+    backward = stage_layers * layer_b + ends_b
+    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), allocation, backward,
+                                pipeline)
+    return _with_replicas(found, exchange, backward, gpu)
+
+
+def stage_params(job: TrainingJob) -> float:
+    """The parameters of the job's (largest) pipeline stage on one rank, before any data-parallel sharding (its
+    tensor-parallel share; of the routed experts, its own: experts / ep)."""
+    model, layout = job.model, job.layout
+    ends = model.embedding_params() + model.head_params() if layout.pp == 1 else \
+        max(model.embedding_params(), model.head_params() or model.vocab_size * model.d_model)
+    return ceil(model.layers / layout.pp) * layer_params_on_rank(model, layout.ep, layout.tp) + ends / layout.tp
+
+
+def _fsdp_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, allocation: Allocation, layer_f: float,
+                  layer_b: float, stage_layers: int) -> tuple[float, float, float]:
+    """(exposed gathers and reductions, exposed replica all-reduce, compute lost to their SMs) of FSDP2's step,
+    or ZeRO-3's (the same per-layer schedule, its gradients on the wire in the framework's precision), per layer
+    of this stage over the whole step (a mixture of experts' routed experts over their own groups,
+    `moe.fsdp_layer_costs`); autocast keeps (and gathers) fp32 parameters, fp8's tensorwise recipe gathers its
+    linears' weights in fp8."""
+    model, layout, m = job.model, job.layout, job.layout.micro_batches
+    param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else element_bytes(job.precision))
+    ddp = job.sharding == "none" and layout.tp == layout.pp == layout.cp == 1   # whole replicas: DDP's buckets
+    gather_c, reduce_c, replicate_c = fsdp_layer_costs(model, layout, allocation, param_bytes, ddp,
+                                                       fw.wire_bytes or 4.0)
     gather, reduce, replicate = gather_c.seconds, reduce_c.seconds, replicate_c.seconds
     backward_gather = gather if layout.pp == 1 else 0.0       # torchtitan keeps layers unsharded under a pipeline
     rounds = m if layout.pp == 1 else 1                       # gathers and reductions per layer per step
@@ -536,26 +622,91 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     tail = reduce + replicate
     exposed_backward = rounds * stage_layers * max(0.0, backward_gather + tail - per_round * layer_b) + tail
     replica = exposed_backward * (replicate / tail) if tail else 0.0
-    sharding += exposed_backward - replica
+    return sharding + exposed_backward - replica, replica, contention
 
-    optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
-    launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
-    compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
-    step = pipeline + sharding + replica + optimizer + contention
-    memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
-                             precision="fp32" if job.precision == "fp32" else "bf16",
-                             checkpointing=job.checkpointing, selective_policy=job.selective_policy,
-                             moe_imbalance=job.moe_imbalance)
-    found = TrainingPrediction(job, allocation, gpu, source, step, compute,
-                               tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
-                               ep_s=m * stage_layers * (ep_f + ep_b),
-                               pp_s=m * 2 * hop, bubble_s=bubble, sharding_s=sharding, replica_s=replica,
-                               contention_s=contention, launch_s=launch, memory=memory,
-                               host_ops=0 if job.cuda_graph else kernels.host_ops())
-    if not ddp or layout.dp < 2:
-        return found
-    # the last micro-batch's backward exchanges the accumulated gradients; the optimizer waits for it
-    backward = stage_layers * layer_b + ends_b
-    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), allocation, backward,
-                                pipeline)
-    return _with_replicas(found, exchange, backward, gpu)
+
+def _partitioned_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, cost,
+                         passes_s: tuple[float, float]) -> tuple[float, float]:
+    """(exposed, compute lost to their SMs) of a step whose optimizer is partitioned over the --fsdp group and
+    whose parameters are not (framework.py): the gradients reduce-scattered and the updated parameters
+    all-gathered in buckets once per step (ZeRO-2: the gradients after every micro-batch). Megatron overlaps the
+    reductions with the last micro-batch's backward (a bucket starts once backward has made its gradients) and
+    the gathers with the next step's first forward (a bucket is waited for where forward first needs it),
+    ``passes_s`` (forward, backward) of one micro-batch on this stage; ZeRO-1 and ZeRO-2 wait for both."""
+    layout = job.layout
+    if layout.fsdp == 1:
+        return 0.0, 0.0
+    buckets = bucket_params(fw, stage_params(job), layout.fsdp)
+    reduces = [cost("reduce_scatter", b * fw.wire_bytes, "fsdp") for b in buckets]
+    gathers = [cost("all_gather", b * element_bytes(job.precision), "fsdp") for b in buckets]
+    if fw.sharding != "distopt":
+        times = layout.micro_batches if fw.sharding == "zero2" else 1
+        return times * sum(c.seconds for c in reduces) + sum(c.seconds for c in gathers), 0.0
+    forward, backward = passes_s
+    total, done, ready = sum(buckets), 0.0, []
+    for b in buckets:
+        done += b
+        ready.append(done / total)
+    reduced = exposed_exchange_s([c.seconds for c in reduces], ready, backward, backward)
+    needed = [forward * (1 - share) for share in reversed(ready)]   # the first layers' bucket first
+    gathered = pipelined_exposed_s([c.seconds for c in reversed(gathers)], needed)
+    contention = contention_seconds(reduces, backward, gpu.sm_count) + contention_seconds(gathers, forward,
+                                                                                         gpu.sm_count)
+    return reduced + gathered, contention
+
+
+_QKV, _OUT, _MLP_IN, _DOWN = ("wq", "wk", "wv"), ("attention out",), ("w1 (gate)", "w3 (up)", "fc"), \
+    ("w2 (down)", "fc out")
+
+
+def _tp_seconds(job: TrainingJob, layer: PassKernels, r: Rates, cost, activation: float) -> tuple[float, float]:
+    """Per layer and micro-batch, forward and backward: sequence parallelism's two all-gathers and two
+    reduce-scatters of the activations each way (a full recompute repeats the forward's), exposed; under a
+    framework that runs them beside the linears they feed or drain (Megatron's tp_comm_overlap: the all-gather
+    before Q/K/V and before the MLP, the reduce-scatter after the output projection and after the down
+    projection; backward the reverse, beside each linear's two backward products), what
+    `framework.overlapped_tp_seconds` leaves."""
+    layout = job.layout
+    if layout.tp == 1:
+        return 0.0, 0.0
+    gather, scatter = (cost(c, activation, "tp").seconds for c in ("all_gather", "reduce_scatter"))
+    recompute = job.checkpointing == "full"
+    if not step_framework(job.framework).tp_overlap:
+        forward = 2 * (gather + scatter)
+        return forward, forward * (2 if recompute else 1)
+
+    def gemm_s(kernels: tuple[Kernel, ...], names: tuple[str, ...], suffixes: tuple[str, ...]) -> float:
+        wanted = {n + x for n in names for x in suffixes}
+        return sum(kernel_seconds(k, r) for k in kernels if k.name in wanted)
+    f_pairs = [(c, gemm_s(layer.forward, g, ("",))) for c, g in
+               ((gather, _QKV), (scatter, _OUT), (gather, _MLP_IN), (scatter, _DOWN))]
+    b_pairs = [(c, gemm_s(layer.backward, g, (" dgrad", " wgrad"))) for c, g in
+               ((scatter, _QKV), (gather, _OUT), (scatter, _MLP_IN), (gather, _DOWN))]
+    forward = overlapped_tp_seconds(f_pairs, layout.tp)
+    return forward, overlapped_tp_seconds(b_pairs, layout.tp) + (forward if recompute else 0.0)
+
+
+def _cp_seconds(job: TrainingJob, layer: PassKernels, r: Rates, cost, allocation: Allocation,
+                kv_bytes: float) -> tuple[float, float]:
+    """Per layer and micro-batch, forward and backward: what context parallelism's exchange of this rank's K and
+    V (``kv_bytes``) leaves exposed (context.py): masked, the all-gather forward and the reduce-scatter of their
+    gradients backward (a full recompute gathers again); a ring, what its rounds' kernels do not hide."""
+    layout = job.layout
+    if layout.cp == 1:
+        return 0.0, 0.0
+    method, recompute = cp_method_of(job), job.checkpointing == "full"
+    gather = cost("all_gather", kv_bytes * layout.cp, "cp").seconds
+    if method == "masked":
+        return gather, gather * (2 if recompute else 1) + cost("reduce_scatter", kv_bytes * layout.cp, "cp").seconds
+    pair = layout.group_of("cp")[:2]
+    hop = collective_seconds("send_recv", kv_bytes, pair, allocation)
+    # torch's ring sends the gradients in fp32 (its accumulators); Transformer Engine's in the activations'
+    grad_hop = hop if method == "p2p" else collective_seconds("send_recv", kv_bytes * 4 / element_bytes(
+        job.precision), pair, allocation)
+
+    def rounds(kernels: tuple[Kernel, ...]) -> list[float]:
+        found = [k for k in kernels if k.kind == "attention"]
+        return [t for k in found for t in [kernel_seconds(k, r) / max(1, k.count)] * k.count]
+    forward = ring_exposed_s(method, rounds(layer.forward), gather, hop, grad_hop, False)
+    backward = ring_exposed_s(method, rounds(layer.backward), gather, hop, grad_hop, True)
+    return forward, backward + (forward if recompute else 0.0)

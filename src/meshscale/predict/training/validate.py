@@ -30,13 +30,14 @@ class PublishedRun:
 
     row: int
     source: str
+    publication: str     # the table's publication: the row's own, the file's, else its source up to the first comma
     request: PredictRequest
     gpu_model: str
     measured: float
     metric: str          # tokens_per_s_per_gpu | samples_per_s
 
 
-def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
+def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -> PublishedRun:
     try:
         name = raw["model"]
         shape = None
@@ -59,13 +60,16 @@ def _run(raw: dict, row: int, shapes: dict, where: str) -> PublishedRun:
             attention=str(raw.get("attention", "sdpa")), **degrees, pp_schedule=schedule,
             micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
-            rotary=str(raw.get("rotary", "pairs")), **moe)
+            rotary=str(raw.get("rotary", "pairs")), framework=str(raw.get("framework", "eager")),
+            cp_attention=raw.get("cp_attention"), **moe)
         (metric, value), = raw["measured"].items()
     except (KeyError, TypeError, ValueError) as e:
         raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None
     if metric not in ("tokens_per_s_per_gpu", "samples_per_s") or float(value) <= 0:
         raise MeshscaleError(f"{where}: run {row}: measured must be tokens_per_s_per_gpu or samples_per_s > 0")
-    return PublishedRun(row, str(raw.get("source", "")), request, str(raw["gpu"]), float(value), metric)
+    source = str(raw.get("source", ""))
+    publication = str(raw.get("publication") or publication or source.split(", ")[0])
+    return PublishedRun(row, source, publication, request, str(raw["gpu"]), float(value), metric)
 
 
 def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
@@ -73,7 +77,8 @@ def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
     data = load_structured(path, "training corpus", yaml_ok=True)
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise MeshscaleError(f"{path}: expected a mapping with a list of runs")
-    return [_run(raw, i, data.get("shapes") or {}, str(path)) for i, raw in enumerate(data["runs"], 1)]
+    return [_run(raw, i, data.get("shapes") or {}, str(path), str(data.get("publication") or ""))
+            for i, raw in enumerate(data["runs"], 1)]
 
 
 def price_run(run: PublishedRun) -> TrainingPrediction:
@@ -83,7 +88,8 @@ def price_run(run: PublishedRun) -> TrainingPrediction:
 
 
 def validate_training(path: str | Path | None = None) -> Result:
-    """Predict every run; rows with measured, predicted and error; meta.summary per GPU family and overall."""
+    """Predict every run; rows with measured, predicted and error; meta.summary per publication (each weighing
+    the same in the bounded figure), per GPU family and overall."""
     where = TRAINING.path(path)
     rows = []
     for run in load_training_corpus(where):
@@ -94,7 +100,7 @@ def validate_training(path: str | Path | None = None) -> Result:
             raise MeshscaleError(f"{where}: run {run.row}: {e}") from None
         predicted = p.tokens_per_s_per_gpu if run.metric == "tokens_per_s_per_gpu" else p.samples_per_s
         ratio = predicted / run.measured
-        rows.append({"row": run.row, "source": run.source, "model": p.job.name, "gpu": gpu.model,
+        rows.append({"row": run.row, "source": run.source, "publication": run.publication, "model": p.job.name, "gpu": gpu.model,
                      "family": gpu.family, "world_size": p.allocation.world_size,
                      "layout": p.job.layout.describe(), "seq_len": p.job.seq_len, "precision": p.job.precision,
                      "activation_checkpointing": p.job.checkpointing, "metric": run.metric,

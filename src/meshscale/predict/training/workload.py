@@ -26,6 +26,7 @@ from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_
                                      small_cnn_layers, small_cnn_tensor_numels)
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.fp8 import to_fp8
+from meshscale.predict.training.context import CpShape, cp_attention_kernels
 from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
 from meshscale.predict.training.moe import layer_params_on_rank, moe_mlp, shared_by
 
@@ -75,7 +76,7 @@ class PassKernels:
 
 
 def element_bytes(precision: str) -> int:
-    return 4 if precision == "fp32" else 2
+    return 4 if precision in ("fp32", "tf32") else 2
 
 
 SELECTIVE_POLICIES = ("matmuls", "torchtitan")
@@ -117,9 +118,10 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
             backward.append(replace(k, name=k.name + " backward", flops=2.5 * k.flops, bytes=2 * k.bytes, n=1))
         elif k.backward_bytes is None or k.backward_bytes > 0:
             nbytes = BACKWARD_TRAFFIC * k.bytes if k.backward_bytes is None else k.backward_bytes
+            fused = None if k.fused_backward_bytes is None else (k.fused_backward_bytes, 0.0)
             backward.append(replace(memory_op(k.name + " backward", nbytes, ops=k.ops, launches=k.launches,
-                                              instructions=k.backward_instructions, dtensor_ops=k.dtensor_ops),
-                                    count=k.count))
+                                              instructions=k.backward_instructions, dtensor_ops=k.dtensor_ops,
+                                              fused=fused), count=k.count))
     backward += backward_only
     if checkpointing == "full":
         recompute = forward
@@ -146,10 +148,11 @@ def rotary_op(style: str, e: int, elements: float) -> Kernel:
     (4 x 4), their difference and sum (2 x 6), stacked (8); its backward: the difference's negation (4), the
     four products' (16), the sums of each half's gradients (24), each half written into the pairs (2 x 6);
     below fp32, the cast to fp32 and back each way (2 x (e + 4))."""
+    fused = (2 * e * elements, 2 * e * elements)   # fused: q and k read and written once, each way
     if style == "complex":
-        return memory_op("rotary", (2 * e + 16) * elements, (2 * e + 16) * elements, ops=10)
+        return memory_op("rotary", (2 * e + 16) * elements, (2 * e + 16) * elements, ops=10, fused=fused)
     casts = 2 * (e + 4) if e != 4 else 0
-    return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15)
+    return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15, fused=fused)
 
 
 def _projections(model: TransformerConfig, tokens: float, tp: int, e: int) -> list[Kernel]:
@@ -187,13 +190,15 @@ def _ffn(model: TransformerConfig, tokens: float, tp: int, e: int, ep: int,
     d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
     hidden = tokens * f / tp
     if model.style == "llama":
-        act = [memory_op("silu", 2 * e * hidden, 3 * e * hidden),
-               memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2)]
+        # fused (SwiGLU as one kernel): gate and up read, the product written; backward: the product's gradient,
+        # gate and up read, their two gradients written (SiLU recomputed in registers)
+        act = [memory_op("silu", 2 * e * hidden, 3 * e * hidden, fused=(0.0, 0.0)),
+               memory_op("gate x up", 3 * e * hidden, 6 * e * hidden, ops=2, fused=(3 * e * hidden, 5 * e * hidden))]
         dense = [gemm("w1 (gate)", tokens, f / tp, d, e), gemm("w3 (up)", tokens, f / tp, d, e), *act,
                  gemm("w2 (down)", tokens, d, f / tp, e)]
         bias_grads = []
     else:
-        act = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden)]
+        act = [memory_op("gelu", 2 * e * hidden, 3 * e * hidden, fused=(2 * e * hidden, 3 * e * hidden))]
         dense = [gemm("fc", tokens, f / tp, d, e), *act, gemm("fc out", tokens, d, f / tp, e)]
         # the biases' gradients: a sum over the tokens of each linear's output gradient (q, k, v, out, fc, fc out)
         bias_grads = [memory_op("bias gradients", e * tokens * (3 * d + 2 * kv + f) / tp, ops=6)]
@@ -212,14 +217,16 @@ def _ffn(model: TransformerConfig, tokens: float, tp: int, e: int, ep: int,
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
                       selective_policy: str = "matmuls", rotary_style: str = "pairs", ep: int = 1,
-                      moe_imbalance: float = 1.0, fp8_recipe: str = "tensorwise") -> PassKernels:
+                      moe_imbalance: float = 1.0, fp8_recipe: str = "tensorwise",
+                      cp_method: str = "masked") -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
     so the residual stream is fp32); otherwise (FSDP2 mixed precision) every activation is in the compute
     precision. Either way each weight's gradient is made in bf16 and cast to fp32 (for .grad or the
     reduce-scatter). A mixture of experts' MLP: `moe.moe_mlp` (``ep``, ``moe_imbalance``); fp8: the linears as
-    fp8 GEMMs with their casts (`fp8.to_fp8`, ``fp8_recipe``)."""
+    fp8 GEMMs with their casts (`fp8.to_fp8`, ``fp8_recipe``). Under context parallelism attention is
+    ``cp_method``'s (context.py)."""
     e = element_bytes(precision)
     r = 4 if autocast else e                      # the residual stream and its norms
     d = model.d_model
@@ -227,22 +234,28 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     x = sp_tokens * d                             # elements of one d-wide activation of this rank
     sequences = tokens * cp / seq_len
     rotary_width, attention_width = _attention_widths(model)
-    # causal attention per sequence: 2 x (qk + v head widths) x seq (seq + 1) / 2 per head; this rank: its heads,
-    # its share
-    attention_flops = 2.0 * (model.qk_head_dim + model.value_head_dim) * (model.heads / tp) * seq_len * \
-        (seq_len + 1) / 2 * sequences / cp
-    attention_bytes = e * tokens * attention_width / tp   # Q and O, K and V once through HBM
-    norm = on_dtensor(memory_op("norm", 2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x), tp)
+    # causal attention per sequence: 2 x (qk + v head widths) x seq (seq + 1) / 2 per head; this rank: its heads;
+    # Q and O, K and V once through HBM
+    pair_flops = 2.0 * (model.qk_head_dim + model.value_head_dim) * (model.heads / tp)
+    attention, cp_backward = [Kernel("attention", "attention", pair_flops * seq_len * (seq_len + 1) / 2 * sequences,
+                                     e * tokens * attention_width / tp, m=seq_len, k=model.qk_head_dim)], []
+    if cp > 1:
+        shape = CpShape(sequences, seq_len, cp, d / tp, model.kv_dim / tp, model.qk_head_dim, e, pair_flops)
+        attention, cp_backward = cp_attention_kernels(shape, cp_method)
+    norm_bytes = (2 * r * x, LAYER_NORM_BACKWARD_ACCESSES * r * x)   # one kernel each way already
+    norm = on_dtensor(memory_op("norm", *norm_bytes, fused=norm_bytes), tp)
     # x (fp32) + y (bf16) -> x; backward: the branch's gradient cast to bf16 (autocast) and the two branches'
     # gradients summed where the residual forks
-    add = memory_op("residual add", (2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
+    add_bytes = ((2 * r + e) * x, 3 * r * x + ((r + e) * x if r != e else 0))
+    add = memory_op("residual add", *add_bytes, fused=add_bytes)
     ffn, ffn_elementwise, bias_grads = _ffn(model, tokens, tp, e, ep, moe_imbalance)
     rotary = [rotary_op(rotary_style, e, tokens * rotary_width / tp)] if model.style == "llama" else []
     casts = []
     if autocast and precision != "fp32":
         # each weight to bf16; the two norms' fp32 outputs to bf16 before the GEMMs they feed
         casts = [memory_op("autocast weight casts", 6.0 * model.layer_params() / tp, 0.0, ops=8),
-                 memory_op("autocast input casts", 2 * 6.0 * x, 2 * 6.0 * x, ops=2)]
+                 # fused: the norm writes the compute precision itself
+                 memory_op("autocast input casts", 2 * 6.0 * x, 2 * 6.0 * x, ops=2, fused=(0.0, 0.0))]
     # the attention kernel writes its output as (batch, seq, heads, head_dim), so the heads join as a view
     grads = [memory_op("weight gradients to fp32", GRAD_CAST_BYTES * layer_params_on_rank(model, ep, tp), ops=8)] \
         if precision != "fp32" else []
@@ -250,15 +263,13 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     qkv, casts = ([on_dtensor(k, tp) for k in group] for group in (_projections(model, tokens, tp, e), casts))
     redistributes = [dtensor_host("DTensor redistributes", TP_LAYER_REDISTRIBUTES)] if tp > 1 else []
     out = gemm("attention out", tokens, d, model.heads * model.value_head_dim / tp, e)
-    forward = [*casts, norm, *redistributes, *qkv, *rotary,
-               Kernel("attention", "attention", attention_flops, attention_bytes, m=seq_len, k=model.qk_head_dim),
-               on_dtensor(out, tp), add, norm, *ffn, add]
+    forward = [*casts, norm, *redistributes, *qkv, *rotary, *attention, on_dtensor(out, tp), add, norm, *ffn, add]
     elementwise = [norm, *redistributes, *rotary, *ffn_elementwise, norm]
     if precision == "fp8":
         forward, fp8_casts = to_fp8(forward, fp8_recipe)
         if fp8_casts is not None:
             forward, elementwise = [fp8_casts, *forward], [fp8_casts, *elementwise]
-    return _passes(forward, elementwise, checkpointing, grads + bias_grads, selective_policy)
+    return _passes(forward, elementwise, checkpointing, grads + bias_grads + cp_backward, selective_policy)
 
 
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
@@ -271,11 +282,15 @@ def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, pr
     d, v = model.d_model, model.vocab_size
     head = on_dtensor(gemm("head", tokens, v / tp, d, e), tp)
     logits = tokens * v / tp
-    loss = memory_op("cross-entropy", LOSS_FORWARD_BYTES * logits, LOSS_BACKWARD_BYTES * logits, ops=3)
+    # fused (one kernel each way, the softmax's statistics kept per token): the logits read forward; read again
+    # and their gradient written backward
+    loss = memory_op("cross-entropy", LOSS_FORWARD_BYTES * logits, LOSS_BACKWARD_BYTES * logits, ops=3,
+                     fused=(e * logits, 2 * e * logits))
     lookups = 2 if model.style == "gpt2" else 1
     embed = on_dtensor(memory_op("embedding", (2 * lookups + (lookups - 1)) * r * tokens * d, 0,
                                  ops=2 * lookups - 1), tp)
-    final_norm = memory_op("final norm", 2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp)
+    final_bytes = (2 * r * tokens * d / tp, LAYER_NORM_BACKWARD_ACCESSES * r * tokens * d / tp)
+    final_norm = memory_op("final norm", *final_bytes, fused=final_bytes)
     forward = [embed, on_dtensor(final_norm, tp), head, loss]
     if autocast and precision != "fp32":
         casts = memory_op("autocast head casts", 6.0 * (v * d / tp + tokens * d), 6.0 * tokens * d, ops=2)
