@@ -57,6 +57,7 @@ class Bounds:
     worst_times_off: float | None = None     # any one row
     groups: tuple[tuple[str, float], ...] = ()
     agreement: bool = False
+    fits: bool = False                       # every row that ran: the memory model's `fits` yes or tight
 
     def group(self, name: str) -> float | None:
         found = dict(self.groups)
@@ -103,7 +104,7 @@ CORPORA: dict[str, Corpus] = {c.name: c for c in (
            Bounds(worst_times_off=2.0, groups=((SIZE_CLASSES[0], 0.25), (SIZE_CLASSES[1], 0.08))),
            breakdown=("system", "size_class"), groups=SIZE_CLASSES),
     Corpus("training", "--training", "training.yaml", "run", "tokens/s per GPU or samples/s", "family",
-           Bounds(geomean_abs_error=0.15, worst_times_off=1.5)),
+           Bounds(geomean_abs_error=0.15, worst_times_off=1.5, fits=True)),
     Corpus("emulated", "--emulated", "emulated-two-node/corpus.yaml", "row",
            "samples/s for runs, time for all_reduce", "family", Bounds(worst_times_off=2.0, groups=(("*", 0.15),)),
            groups=("training", "scale", "all_reduce", "all_reduce_median"), target=0.15),
@@ -155,12 +156,20 @@ def summarize(corpus: Corpus, rows: list[dict[str, Any]]) -> dict[str, Any]:
             mine = [r for r in rows if r.get("ratio") and tuple(r[k] for k in corpus.breakdown) == key]
             breakdown.append({**dict(zip(corpus.breakdown, key)), **_figures(mine)})
     unpredicted = sum(1 for r in rows if "ratio" in r and not r["ratio"])
-    within = [all(g["passed"] for g in groups.values()), not unpredicted,
+    memory = memory_figures(rows)
+    within = [not bounds.fits or not memory["no"],all(g["passed"] for g in groups.values()), not unpredicted,
               bounds.geomean_abs_error is None or whole.get("geomean_abs_error", 0) <= bounds.geomean_abs_error,
               bounds.worst_times_off is None or whole.get("worst_times_off", 1) <= bounds.worst_times_off,
               not bounds.agreement or whole.get("same") == len(rows)]
-    return {**whole, "unpredicted": unpredicted, "groups": groups, "breakdown": breakdown,
+    return {**whole, "unpredicted": unpredicted, "groups": groups, "breakdown": breakdown, "memory": memory,
             "bounds": asdict(bounds), "passed": all(within), "error_definition": corpus.error_definition}
+
+
+def memory_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """How many rows the memory model says fit (``fits``: yes, tight, no), and the rows it says do not."""
+    verdicts = [r["fits"] for r in rows if r.get("fits") in ("yes", "tight", "no")]
+    return {"rows": len(verdicts), **{v: verdicts.count(v) for v in ("yes", "tight", "no")},
+            "no_rows": [r["row"] for r in rows if r.get("fits") == "no"]}
 
 
 def validation_result(corpus: Corpus, rows: list[dict[str, Any]], where: str | Path, **meta: Any) -> Result:
@@ -173,4 +182,4 @@ def validation_result(corpus: Corpus, rows: list[dict[str, Any]], where: str | P
 
 
 __all__ = ["Bounds", "CORPORA", "Corpus", "ERROR_DEFINITION", "SIZE_CLASSES", "distance", "error",
-           "geomean_abs_error", "summarize", "times_off", "validation_result"]
+           "geomean_abs_error", "memory_figures", "summarize", "times_off", "validation_result"]

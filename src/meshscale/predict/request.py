@@ -189,7 +189,8 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
                        model.resnet_depth, req.channels_last, model.autocast if req.autocast is None else req.autocast,
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
                        sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
-                       moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise")
+                       moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise",
+                       memory_recipe=req.memory_recipe)
 
 
 def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:

@@ -41,7 +41,8 @@ from math import ceil, exp, log
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
-from meshscale.models.memory import MemoryEstimate, training_memory
+from meshscale.models.allocator import DEFAULT_NCCL_CHANNELS, Communicator
+from meshscale.models.memory import RECIPES, MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
 from meshscale.predict.profile import ComputeProfile
@@ -211,6 +212,7 @@ class TrainingJob:
     cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
     selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
     rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
+    memory_recipe: str = "meshscale"   # how the framework holds memory (models/memory.RECIPES): train's engine
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
@@ -312,7 +314,18 @@ class TrainingPrediction:
 
     @property
     def fits(self) -> bool:
+        """yes or tight (`memory_verdict`): the layout may run."""
         return self.memory is None or self.memory.fits(self.gpu.memory_bytes)
+
+    @property
+    def memory_verdict(self) -> str:
+        """yes, tight or no (MemoryEstimate.verdict); "-" where no memory is modelled (image models)."""
+        return self.memory.verdict(self.gpu.memory_bytes) if self.memory is not None else "-"
+
+    @property
+    def memory_margin_bytes(self) -> float | None:
+        """The device's memory less the predicted peak (negative: over)."""
+        return self.memory.margin(self.gpu.memory_bytes) if self.memory is not None else None
 
     def exposed(self) -> dict[str, float]:
         """Seconds per step beyond the kernels' own time, by cause (host-bound ops are inside compute_s)."""
@@ -335,6 +348,7 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     for name, value, choices in (("--precision", job.precision, STEP_PRECISIONS),
                                  ("selective_policy", job.selective_policy, SELECTIVE_POLICIES),
                                  ("rotary", job.rotary, ROTARY_STYLES), ("sharding", job.sharding, SHARDINGS),
+                                 ("memory_recipe", job.memory_recipe, tuple(RECIPES)),
                                  ("--attention", job.attention, ATTENTION_KERNELS),
                                  ("--activation-checkpointing", job.checkpointing, CHECKPOINTING),
                                  ("--fp8-recipe", job.fp8_recipe, FP8_RECIPES)):
@@ -542,10 +556,9 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer + contention
-    memory = training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
-                             precision="fp32" if job.precision == "fp32" else "bf16",
-                             checkpointing=job.checkpointing, selective_policy=job.selective_policy,
-                             moe_imbalance=job.moe_imbalance)
+    costs = {"fsdp": gather_c, "dp": replicate_c, "tp": cost("all_gather", activation, "tp"),
+             "cp": cost("all_gather", kv, "cp")}
+    memory = job_memory(job, communicators(layout, costs, allocation.gpus_per_node))
     found = TrainingPrediction(job, allocation, gpu, source, step, compute,
                                tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                                ep_s=m * stage_layers * (ep_f + ep_b),
@@ -559,3 +572,31 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), allocation, backward,
                                 pipeline)
     return _with_replicas(found, exchange, backward, gpu)
+
+
+def communicators(layout: ParallelLayout, costs: dict[str, CollectiveCost], gpus_per_node: int) -> tuple[Communicator, ...]:
+    """The NCCL communicators of a rank, each on the channels its step's largest collective runs on (NCCL's
+    model), with NVLS buffers where NCCL's model picks NVLS for it."""
+    out = []
+    for dim, n in (("tp", layout.tp), ("cp", layout.cp), ("fsdp", layout.fsdp * layout.cp), ("dp", layout.dp)):
+        if n < 2:   # FSDP's group: fsdp and cp flattened into one
+            continue
+        c = costs.get(dim, CollectiveCost(0.0))
+        nvls = min(n, gpus_per_node) if c.chosen.lower().startswith("nvls") else 0
+        out.append(Communicator(dim, n, c.channels or DEFAULT_NCCL_CHANNELS, 1, nvls))
+    if layout.ep > 1:   # the experts' all-to-all: point-to-point connections to each peer of the group
+        out.append(Communicator("ep", layout.ep, channels=2, connections=layout.ep - 1))
+    if layout.pp > 1:
+        out.append(Communicator("pp", layout.pp, channels=2, connections=2))
+    if layout.world_size > 1:
+        out.append(Communicator("world", layout.world_size))
+    return tuple(out)
+
+
+def job_memory(job: TrainingJob, comms: tuple[Communicator, ...] | None = None) -> MemoryEstimate:
+    """The memory model's estimate for a transformer job (models/memory.training_memory)."""
+    return training_memory(job.model, job.layout, batch=job.batch, seq_len=job.seq_len,
+                           precision="fp32" if job.precision == "fp32" else "bf16",
+                           checkpointing=job.checkpointing, selective_policy=job.selective_policy,
+                           recipe=job.memory_recipe, sharding=job.sharding, autocast=job.autocast,
+                           moe_imbalance=job.moe_imbalance, communicators=comms)
