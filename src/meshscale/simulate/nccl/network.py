@@ -118,14 +118,14 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
         if not port:
             continue
         shapes = []
-        for g in local:
+        for g in [g for g in local if same_host(topo, g, nic)] or local:
             path = route(topo, g, nic).paths[0]
             shapes.append((PATH_TYPES.index(path_class(topo, path.nodes, nccl=True)), g, path))
         _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
         served.add(gpu)
         kind_name = path_class(topo, path.nodes, nccl=True)
-        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
-            and not env.socket
+        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and not env.socket \
+            and (kind_name in GDR_PATH_TYPES or through_c2c(topo, path))
         staged_s = 0.0
         if gdr:
             gbps = min([port, *links_gbps(topo, path.directed_links, c).values()])
@@ -148,6 +148,19 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
     return out
 
 
+def same_host(topo: Topology, a: str, b: str) -> bool:
+    """Whether two parts of a node sit in one host: a rack of several hosts (an NVL72's 18 compute trays) marks
+    each part with its ``host``; the hosts share nothing but NVLink, so a NIC serves the GPUs of its own host."""
+    return topo.nodes[a].attrs.get("host") == topo.nodes[b].attrs.get("host")
+
+
+def through_c2c(topo: Topology, path) -> bool:
+    """A GPU -> NIC path over the GPU's NVLink-C2C to its CPU and that CPU's PCIe to the NIC (GB200: NCCL's
+    PATH_P2C), on which NCCL uses GPUDirect RDMA by default (NCCL_NET_GDR_C2C=1, src/graph/paths.cc)."""
+    cpus = [n for n in path.nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    return bool(path.directed_links) and topo.links[path.directed_links[0][0]].kind == "c2c" and len(cpus) == 1
+
+
 def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
     """Link index -> how many of the node's GPUs cross it on their way to host memory. Without GPUDirect RDMA
     every GPU of the node stages its traffic there at once (a layout dimension runs all its groups together, and
@@ -155,7 +168,7 @@ def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
     key = ("meshscale.simulate.nccl.staging", host)
     if key not in topo.route_cache:
         count: dict[int, int] = {}
-        for gpu in topo.devices():
+        for gpu in [g for g in topo.devices() if same_host(topo, g, host)]:
             for i, _d in route(topo, gpu, host).paths[0].directed_links:
                 count[i] = count.get(i, 0) + 1
         topo.route_cache[key] = count

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, host_memory_gbps,
                                              host_run_gbps, links_gbps, network_latency_s, network_paths, node_of,
-                                             node_view, port_gbps)
+                                             node_view, port_gbps, same_host)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
@@ -146,14 +146,18 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
 
 
 def _switches_of(topo: Topology, gpu: str) -> set[str]:
-    return {l.other(gpu) for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+    key = ("meshscale.simulate.nccl.switches_of", gpu)  # asked for every pair: 5,112 pairs on an NVL72 rack
+    if key not in topo.route_cache:
+        topo.route_cache[key] = {l.other(gpu) for l in topo.links_of(gpu, "nvlink")
+                                 if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+    return topo.route_cache[key]
 
 
 def local_cpu(topo: Topology, gpu: str) -> str | None:
     """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
     cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
     node = node_of(topo, gpu)
-    mine = [x for x in cpus if node_of(topo, x) == node]
+    mine = [x for x in cpus if node_of(topo, x) == node and same_host(topo, x, gpu)]
     return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
 
 
@@ -198,7 +202,8 @@ def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env:
     return _PairPath("SYS", [(("nic", nic), 1.0)], "net")
 
 
-def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
+def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True,
+            kinds: dict | None = None):
     """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
     nearest path types first); ``closed`` False: chains (a tree's intra-node pattern), from any first GPU.
     Each ring is yielded with its resources taken; they are given back after."""
@@ -213,6 +218,8 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
             left[k] -= sign * speed * f
 
     order: list[str] = []
+    kinds = kinds or {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
+    uses = {pair: p.uses for pair, p in paths.items()}
 
     def dfs():
         budget[0] -= 1
@@ -228,9 +235,9 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
                 yield list(order)
                 take(u, names[0], -1)
             return
-        rest = [v for v in names if v not in order and (u, v) in paths]
-        rest.sort(key=lambda v: (PATH_TYPES.index(paths[(u, v)].path_type),
-                                 -min(left[k] / f for k, f in paths[(u, v)].uses)))
+        placed = set(order)
+        rest = [v for v in names if v not in placed and (u, v) in paths]
+        rest.sort(key=lambda v: (kinds[(u, v)], -min([left[k] / f for k, f in uses[(u, v)]])))
         for v in rest:
             if fits(u, v):
                 take(u, v, 1)
@@ -255,14 +262,40 @@ def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, lim
             out.setdefault(a, set()).add(k)
     sends = min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values())
     bound = min(limit, sends if closed else sends * len(names) // max(1, len(names) - 1))
+    uniform = _uniform_switch_rings(names, paths, capacity, speed)
+    if uniform is not None:
+        return [list(names)] * min(bound, uniform)
+    return _searched_rings(names, paths, capacity, speed, bound, closed)
+
+
+def _uniform_switch_rings(names: list[str], paths: dict, capacity: dict, speed: float) -> int | None:
+    """How many rings (or chains) at ``speed`` GPUs all alike behind NVSwitches carry, or None for any other
+    node. Each pair path takes the sender's switch links out and the receiver's in, every GPU's as wide: the
+    search's ordering ties at every step, so it lays every ring in ``names`` order until the links are spent
+    (NVL72: 16 rings of 72 found at once, not by 72 x 72 steps each)."""
+    caps = set()
+    for a in names:
+        for b in names:
+            p = paths.get((a, b)) if a != b else None
+            if a != b and (p is None or [k for k, _f in p.uses] != [("nvs", "out", a), ("nvs", "in", b)]
+                           or any(f != 1.0 for _k, f in p.uses)):
+                return None
+        caps |= {capacity[("nvs", "out", a)], capacity[("nvs", "in", a)]}
+    return int(min(caps) / speed + 1e-9) if len(caps) == 1 else None
+
+
+def _searched_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
+                    closed: bool) -> list[list[str]]:
+    """`_pack_rings` by depth-first search: rings taken one after another, backtracking within a visit budget."""
     left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
+    kinds = {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
 
     def rec():
         if len(rings) > len(best[0]):
             best[0] = list(rings)
         if len(rings) >= bound or budget[0] <= 0:
             return
-        for ring in _cycles(names, paths, left, speed, budget, closed):
+        for ring in _cycles(names, paths, left, speed, budget, closed, kinds):
             rings.append(ring)
             rec()
             rings.pop()
