@@ -24,9 +24,9 @@ NETWORKS = ("fat-tree", "rail")
 # --network and --oversubscription also predict and cluster)
 NODES_OPTION = typer.Option(None, "--nodes", help="a cluster of this many --system nodes (NCCL's model across nodes)",
                             callback=checked(CLUSTER_RANGES["nodes"]))
-LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a "
+LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, xdr, 10gbe, 25gbe, 100gbe, 400gbe, 800gbe, or a "
                            "stated rate such as 25GB/s,5us")
-NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)",
+NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default: the node's own InfiniBand NICs, else 4; 2 for Ethernet)",
                            callback=checked(CLUSTER_RANGES["nics"]))
 GPUDIRECT_OPTION = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA between NICs and GPUs "
                                 "(default on; NCCL uses it only through PCIe switches)")

@@ -461,6 +461,10 @@ def describe(plan: ClusterPlan) -> str:
     spec = plan.spec
     lines = [f"{spec.nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {spec.nics}x {plan.net.name.upper()} "
              f"per node, GPUDirect RDMA {'on' if spec.gpudirect else 'off'}"]
+    hosts = plan.node_topology.attrs.get("hosts")
+    if isinstance(hosts, int) and hosts > 1:
+        lines.append(f"  node:            one NVLink domain of {plan.gpus_per_node} GPUs over {hosts} hosts (compute "
+                     f"trays: {spec.nodes * hosts} Slurm nodes in all); the network joins the domains")
     ports = f"{plan.radix}-port switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)"
     if plan.rails:
         lines += [f"  rail-optimized:  {plan.rails} rails (NIC k of every node, nearest GPU k, on rail k), "

@@ -116,17 +116,17 @@ def pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict,
 
 
 def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
+    if node_of(topo, a) != node_of(topo, b):  # two nodes of a cluster: the network's, never a P2P path
+        return None
     nv = c["nvlink_bw_per_link"].get(sm, c["nvlink_bw_per_link"][80 if sm >= 80 else 70])
     direct = [l for l in topo.links_between(a, b) if l.kind == "nvlink"]
     if direct:
         key = ("nvl", a, b)
         capacity[key] = sum(l.count for l in direct) * nv
         return _PairPath("NVL", [(key, 1.0)])
-    shared = _switches_of(topo, a) & _switches_of(topo, b)  # one hop through a common switch: no route needed
-    if shared or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's links out
-        for g, way in ((a, "out"), (b, "in")):
-            capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
-                                            if topo.nodes[l.other(g)].kind == "nvswitch") * nv
+    (a_switches, a_links), (b_switches, b_links) = _switches_of(topo, a), _switches_of(topo, b)
+    if a_switches & b_switches or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's out
+        capacity[("nvs", "out", a)], capacity[("nvs", "in", b)] = a_links * nv, b_links * nv
         return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
     r = route(topo, a, b)
     if r.fabric != "pcie":
@@ -145,17 +145,21 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
     return _PairPath(path_type, uses)
 
 
-def _switches_of(topo: Topology, gpu: str) -> set[str]:
-    key = ("meshscale.simulate.nccl.switches_of", gpu)  # asked for every pair: 5,112 pairs on an NVL72 rack
+def _switches_of(topo: Topology, gpu: str) -> tuple[set[str], int]:
+    """The NVSwitches a GPU links to and its NVLinks to them; asked for every pair (5,112 on an NVL72 rack)."""
+    key = ("meshscale.simulate.nccl.switches_of", gpu)
     if key not in topo.route_cache:
-        topo.route_cache[key] = {l.other(gpu) for l in topo.links_of(gpu, "nvlink")
-                                 if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+        links = [l for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"]
+        topo.route_cache[key] = {l.other(gpu) for l in links}, sum(l.count for l in links)
     return topo.route_cache[key]
 
 
 def local_cpu(topo: Topology, gpu: str) -> str | None:
     """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
     cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
+    beside = [l.other(gpu) for l in topo.links_of(gpu) if l.kind in ("c2c", "pcie") and l.other(gpu) in cpus]
+    if beside:  # linked to a CPU (a Grace over NVLink-C2C): that one, without routing the whole cluster
+        return beside[0]
     node = node_of(topo, gpu)
     mine = [x for x in cpus if node_of(topo, x) == node and same_host(topo, x, gpu)]
     return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
@@ -252,27 +256,37 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
         order.pop()
 
 
-def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
-                closed: bool = True) -> list[list[str]]:
-    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
-    channels too, within a time limit); stops at the bound the busiest GPU's links set."""
+def _first_uses(paths: dict) -> dict[str, set]:
+    """Each sender's first resource over all its paths (its links out)."""
     out: dict = {}
     for (a, _), p in paths.items():
         for k, _f in p.uses[:1]:
             out.setdefault(a, set()).add(k)
+    return out
+
+
+def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
+                closed: bool = True, uniform: float | None = -1.0, out: dict | None = None) -> list[list[str]]:
+    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
+    channels too, within a time limit); stops at the bound the busiest GPU's links set. ``uniform`` and ``out``:
+    `uniform_switch_capacity` and `_first_uses` of ``paths``, where the caller has them."""
+    out = out if out is not None else _first_uses(paths)
     sends = min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values())
     bound = min(limit, sends if closed else sends * len(names) // max(1, len(names) - 1))
-    uniform = _uniform_switch_rings(names, paths, capacity, speed)
-    if uniform is not None:
-        return [list(names)] * min(bound, uniform)
+    if uniform is not None and uniform < 0:
+        uniform = uniform_switch_capacity(names, paths, capacity)
+    # chains leave the first GPU's links in and the last's out unused: chains from other ends could add some
+    # (2 GPUs: 0->1 and 1->0), unless the links' bound leaves no room for one more
+    if uniform is not None and (closed or bound <= sends):
+        return [list(names)] * min(bound, int(uniform / speed + 1e-9))
     return _searched_rings(names, paths, capacity, speed, bound, closed)
 
 
-def _uniform_switch_rings(names: list[str], paths: dict, capacity: dict, speed: float) -> int | None:
-    """How many rings (or chains) at ``speed`` GPUs all alike behind NVSwitches carry, or None for any other
-    node. Each pair path takes the sender's switch links out and the receiver's in, every GPU's as wide: the
-    search's ordering ties at every step, so it lays every ring in ``names`` order until the links are spent
-    (NVL72: 16 rings of 72 found at once, not by 72 x 72 steps each)."""
+def uniform_switch_capacity(names: list[str], paths: dict, capacity: dict) -> float | None:
+    """Each GPU's NVSwitch bandwidth (GB/s each way) where ``names`` are GPUs all alike behind NVSwitches, or None
+    for any other node. Each pair path takes the sender's switch links out and the receiver's in, every GPU's as
+    wide: the search's ordering ties at every step, so it lays every ring (or chain) in ``names`` order until the
+    links are spent, capacity / speed of them (NVL72: 16 rings of 72 found at once, not by 72 x 72 steps each)."""
     caps = set()
     for a in names:
         for b in names:
@@ -281,7 +295,7 @@ def _uniform_switch_rings(names: list[str], paths: dict, capacity: dict, speed: 
                            or any(f != 1.0 for _k, f in p.uses)):
                 return None
         caps |= {capacity[("nvs", "out", a)], capacity[("nvs", "in", a)]}
-    return int(min(caps) / speed + 1e-9) if len(caps) == 1 else None
+    return caps.pop() if len(caps) == 1 else None
 
 
 def _searched_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
@@ -341,17 +355,16 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
         if not usable:
             continue
         best: tuple[int, float, list] = (0, 0.0, [])
-        per_gpu = {a: max((min(capacity[k] / f for k, f in p.uses) for (s, _), p in usable.items() if s == a), default=0)
-                   for a in names}
-        max_bw = max(per_gpu.values())
-        total_bw = max(sum(capacity[k] for k in {p.uses[0][0] for (s, _), p in usable.items() if s == a}) for a in names)
+        max_bw = max(min(capacity[k] / f for k, f in p.uses) for p in usable.values())
+        out = _first_uses(usable)
+        total_bw = max(sum(capacity[k] for k in ks) for ks in out.values())
         if not closed:
             total_bw *= len(names) / (len(names) - 1)
-        first = None
+        first, uniform = None, uniform_switch_capacity(names, usable, capacity)
         for speed in [s for s in ladder if s <= max_bw + 1e-9]:
             if first is not None and speed / first <= 0.49:
                 break
-            rings = _pack_rings(names, usable, capacity, speed, limit, closed)
+            rings = _pack_rings(names, usable, capacity, speed, limit, closed, uniform, out)
             if rings and len(rings) * speed > best[0] * best[1] + 1e-9:
                 best = (len(rings), speed, rings)
             if rings and first is None:
