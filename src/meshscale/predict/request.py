@@ -70,14 +70,9 @@ def resolve_model(req: PredictRequest, name: str) -> Model:
 def default_network(node_system: str) -> tuple[str, int]:
     """(link, ports) of a node's own InfiniBand NICs in the catalog (hgx-h100: 8x NDR; dgx1-p100: 4x EDR); a
     node without them: 4x EDR, the DGX-1's."""
-    from meshscale.topology import load_system
+    from meshscale.topology.cluster import node_network
 
-    topo = load_system(node_system)
-    ports = [topo.nodes[n].attrs for n in topo.nodes_of("nic")
-             if topo.nodes[n].attrs.get("port_kind") == "infiniband" and topo.nodes[n].attrs.get("port_rate")]
-    if not ports:
-        return "edr", 4
-    return str(ports[0]["port_rate"]), len(ports)
+    return node_network(node_system) or ("edr", 4)
 
 
 @dataclass(frozen=True)
