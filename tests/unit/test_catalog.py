@@ -7,7 +7,8 @@ import pytest
 from meshscale.topology import (bisection_bandwidth, dumps, from_dict, load_system, pair_bandwidth, relation, route,
                                 shared_links, system_names)
 
-SYSTEMS = ["dgx-a100", "dgx-a100-320gb", "dgx-station", "dgx1-p100", "dgx1-v100", "dgx2", "hgx-b200", "hgx-h100", "hgx-h200",
+SYSTEMS = ["dgx-a100", "dgx-a100-320gb", "dgx-station", "dgx1-p100", "dgx1-v100", "dgx2", "gb200-nvl72", "gb300-nvl72",
+           "hgx-b200", "hgx-b300", "hgx-h100", "hgx-h200",
            "pcie-4gpu", "pcie-8gpu-2socket"]
 P100_PAIRS = {tuple(map(int, p.split("-"))) for p in
               "0-1 0-2 0-3 0-4 1-2 1-3 1-5 2-3 2-6 3-7 4-5 4-6 4-7 5-6 5-7 6-7".split()}

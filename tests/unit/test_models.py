@@ -165,10 +165,10 @@ def test_memory_falls_with_sharding_and_checkpointing():
     acts = [training_memory(cfg, ParallelLayout(fsdp=8), checkpointing=c, **kw).activations_bytes
             for c in ("none", "selective", "full")]
     assert acts == sorted(acts, reverse=True)
-    # tensor and context parallelism split the activations
+    # tensor and context parallelism split the activations (not in half: tests/unit/test_memory_model.py)
     base = training_memory(cfg, ParallelLayout(fsdp=2), **kw).activations_bytes
-    assert training_memory(cfg, ParallelLayout(fsdp=2, tp=2), **kw).activations_bytes == pytest.approx(base / 2)
-    assert training_memory(cfg, ParallelLayout(fsdp=2, cp=2), **kw).activations_bytes == pytest.approx(base / 2)
+    assert training_memory(cfg, ParallelLayout(fsdp=2, tp=2), **kw).activations_bytes < base
+    assert training_memory(cfg, ParallelLayout(fsdp=2, cp=2), **kw).activations_bytes < base
 
 
 def test_pipeline_schedules_hold_different_numbers_of_micro_batches():
@@ -176,7 +176,8 @@ def test_pipeline_schedules_hold_different_numbers_of_micro_batches():
     kw = dict(batch=8, seq_len=2048)
     gpipe = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8, pp_schedule="gpipe"), stage=0, **kw)
     one_f = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8), stage=0, **kw)
-    assert gpipe.activations_bytes == pytest.approx(2 * one_f.activations_bytes)
+    # GPipe holds all 8 micro-batches, 1F1B's first stage 4 (and each stage its receive buffers)
+    assert 1.8 * one_f.activations_bytes < gpipe.activations_bytes < 2 * one_f.activations_bytes
     later = training_memory(cfg, ParallelLayout(pp=4, micro_batches=8), stage=3, **kw)
     assert later.activations_bytes < one_f.activations_bytes and later.logits_bytes > 0 == one_f.logits_bytes
 

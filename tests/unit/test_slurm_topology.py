@@ -72,7 +72,7 @@ def test_blocks_are_the_nodes_of_one_leaf_and_round_trip():
 
 
 def test_rail_groups_are_blocks_and_not_a_tree():
-    plan = plan_cluster(cluster_spec("hgx-h100", 36, nics=8, network="rail"))
+    plan = plan_cluster(cluster_spec("hgx-h100", 36, "edr", nics=8, network="rail"))  # 36-port EDR leaves: 2 groups of 18
     blocks = slurm_topology(plan, "block")
     assert [len(b.nodes) for b in blocks.blocks] == [plan.nodes_per_leaf] * plan.groups
     with pytest.raises(MeshscaleError, match="rail-optimized"):

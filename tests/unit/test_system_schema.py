@@ -60,7 +60,8 @@ def test_the_schema_names_every_field_the_loader_reads():
 @pytest.mark.parametrize("name", system_names())
 def test_every_catalog_file_and_its_json_pass_the_schema(name):
     from importlib import resources
-    raw = yaml.safe_load((resources.files("meshscale.topology") / "systems" / f"{name}.yaml").read_text())
+    from meshscale.topology.shipped import system_file_name
+    raw = yaml.safe_load((resources.files("meshscale.topology") / "systems" / system_file_name(name)).read_text())
     schema = system_schema()
     assert _errors(raw, schema) == []
     assert _errors(json.loads(json.dumps(to_dict(load_system(name)))), schema) == []

@@ -68,8 +68,13 @@ def test_memory_check_passes_a_1b_model_with_full_checkpointing():
 def test_checkpointing_and_sharding_lower_the_memory_needed():
     def need(**kw):
         cfg = _cfg("llama-1b", **kw)
-        return memory_needed(cfg, cfg.layout.parallel_layout()).total_bytes
-    assert need(checkpointing="full") < need(checkpointing="selective") < need()
+        return memory_needed(cfg, cfg.layout.parallel_layout())
+    # checkpointing keeps fewer activations; the peak falls with them, or stays at AdamW's step where that is higher
+    held = [need(checkpointing=c).largest("activations") for c in ("full", "selective", "none")]
+    assert held[0] < held[1] < held[2]
+    totals = [need(checkpointing=c).total_bytes for c in ("full", "selective", "none")]
+    assert totals == sorted(totals)
+    assert need(fsdp=2, checkpointing="full").total_bytes < totals[0]
 
 
 @pytest.mark.parametrize("text", ["fsdp", "tp2xtp2", "zz2", "fsdp2,,tp2", "fsdp0"])

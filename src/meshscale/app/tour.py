@@ -315,8 +315,10 @@ def systems_of(gpu: dict[str, Any]) -> str | None:
         devices = topo.gpus()
         attrs = topo.nodes[devices[0]].attrs if devices else {}
         if (generation is not None and attrs.get("nvlink_generation") == generation) or attrs.get("model") == gpu.get("model"):
-            candidates.append((attrs.get("model") != gpu.get("model"), not topo.nodes_of("nvswitch"), topo.name))
-    return min(candidates)[2] if candidates else None
+            # a board before a rack of many hosts: the tour predicts 1 to 8 GPUs and a small cluster of the system
+            candidates.append((attrs.get("model") != gpu.get("model"), not topo.nodes_of("nvswitch"),
+                               len(topo.gpus()) > 8, topo.name))
+    return min(candidates)[-1] if candidates else None
 
 
 def built_from_this_gpu(state: TourState) -> dict[str, Result]:

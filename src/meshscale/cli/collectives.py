@@ -186,13 +186,19 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
           partition: Optional[str] = typer.Option(None, "--partition", help="place on slices of the GPUs: a MIG profile (3g.40gb) or a time-sliced share (1/4); --free and --gpus then count slices (slice k of GPU g is g x slices-per-GPU + k)"),
           slurm: bool = typer.Option(False, "--slurm", help="also print the chosen GPUs' gres.conf lines (cores, NVLinks) and srun binding options"),
           nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
+          nodes: Optional[int] = NODES_OPTION,
+          link: Optional[str] = LINK_OPTION,
+          nics: Optional[int] = NICS_OPTION,
+          network: Optional[str] = NETWORK_OPTION,
           json_path: Optional[Path] = typer.Option(None, "--json", help="write the ranking (meshscale Result, kind place)", callback=checked(output_file()))) -> None:
     """Name the best K-GPU subset of the free GPUs for a data-parallel job, by the all_reduce busbw NCCL's cost
-    model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog."""
+    model predicts, with the runner-up and why; ends with a CUDA_VISIBLE_DEVICES= line for a scheduler prolog (one
+    per host where the GPUs span several: a cluster's nodes, an NVL72 rack's compute trays)."""
     from meshscale.simulate.nccl_env import nccl_settings
-    from meshscale.simulate.placement import placement_result, rank_placements, why
+    from meshscale.simulate.placement import placement_result, rank_placements, visible_devices, why
 
-    s = resolve_scenario(system, nccl=nccl_settings(nccl_env=nccl_env))
+    s = resolve_scenario(system, nccl=nccl_settings(nccl_env=nccl_env),
+                         cluster=cluster_options(nodes, link, nics, network=network))
     fabric = s.fabric
     topology, env = fabric.topology, fabric.nccl.given().get("nccl_env")
     if partition:
@@ -224,7 +230,8 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
         for note in binding.notes:
             typer.echo(f"  note: {note}")
         typer.echo("srun " + " ".join(binding.srun_options))
-    typer.echo(best.cuda_visible_devices)
+    for line in visible_devices(topology, best.devices):
+        typer.echo(line)
 
 
 def register(app: typer.Typer) -> None:

@@ -24,12 +24,12 @@ NETWORKS = ("fat-tree", "rail")
 # --network and --oversubscription also predict and cluster)
 NODES_OPTION = typer.Option(None, "--nodes", help="a cluster of this many --system nodes (NCCL's model across nodes)",
                             callback=checked(CLUSTER_RANGES["nodes"]))
-LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe, or a "
+LINK_OPTION = typer.Option(None, "--link", help="cluster network: edr, hdr, ndr, xdr, 10gbe, 25gbe, 100gbe, 400gbe, 800gbe, or a "
                            "stated rate such as 25GB/s,5us")
-NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default 4; 2 for Ethernet)",
+NICS_OPTION = typer.Option(None, "--nics", help="network ports per node (default: the node's own InfiniBand NICs, else 4; 2 for Ethernet)",
                            callback=checked(CLUSTER_RANGES["nics"]))
 GPUDIRECT_OPTION = typer.Option(None, "--gpudirect/--no-gpudirect", help="GPUDirect RDMA between NICs and GPUs "
-                                "(default on; NCCL uses it only through PCIe switches)")
+                                "(default on; NCCL uses it through PCIe switches or a Grace's NVLink-C2C)")
 NETWORK_OPTION = typer.Option(None, "--network", help=f"cluster network: {' or '.join(NETWORKS)} (default fat-tree; "
                               "rail: NIC k of every node on rail k's leaf switch)")
 PLACEMENT_OPTION = typer.Option(None, "--placement", help=PLACEMENT_HELP)

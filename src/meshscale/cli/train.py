@@ -112,7 +112,8 @@ def train(
         table.add_column("value", justify="right")
         for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
                   "compute_s", "comm_s", "bubble_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes", "peak_rss_bytes",
-                  "peak_reserved_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
+                  "peak_reserved_bytes", "build_peak_allocated_bytes", "step_peak_allocated_bytes",
+                  "memory_needed_allocated_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
             if s.get(k) is not None:
                 table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
         for dim, c in (s.get("comm_by_dimension") or {}).items():
@@ -233,7 +234,9 @@ _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error"
            "tokens_per_s": "tokens/s", "tokens_per_s_per_rank": "tokens/s per rank", "mfu": "MFU",
            "peak_allocated_bytes": "peak allocated GiB", "peak_reserved_bytes": "peak reserved GiB",
            "peak_rss_bytes": "peak RSS GiB (a CPU worker)",
-           "memory_needed_bytes": "needed GiB (model arithmetic)"}
+           "build_peak_allocated_bytes": "build's peak allocated GiB", "step_peak_allocated_bytes": "steps' peak allocated GiB",
+           "memory_needed_allocated_bytes": "PREDICTED allocated GiB",
+           "memory_needed_bytes": "PREDICTED peak GiB (reserved, context, NCCL)"}
 
 
 def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:

@@ -174,6 +174,13 @@ def _bound_lines(corpus: Corpus, summary: dict[str, Any]) -> list[str]:
     if bounds["agreement"]:
         lines.append(f"{summary['same']} of {summary['rows']} {noun}s as measured (bound: every {noun}) "
                      f"{OK if summary['same'] == summary['rows'] else OUT}")
+    memory = summary.get("memory") or {}
+    if bounds.get("fits") and memory.get("rows"):
+        fit = memory["yes"] + memory["tight"]
+        missed = f"; says no for {noun}s {', '.join(map(str, memory['no_rows']))}" if memory["no"] else ""
+        lines.append(f"{'memory':>{width}}: fits for {fit} of {memory['rows']} {noun}s that ran (yes "
+                     f"{memory['yes']}, tight {memory['tight']}{missed}; bound: every {noun}) "
+                     f"{OK if not memory['no'] else OUT}")
     return lines
 
 

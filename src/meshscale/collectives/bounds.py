@@ -34,14 +34,25 @@ _FLOW_UNIT = 1e6  # max-flow on integer MB/s, as in meshscale.topology.queries
 
 
 def _ring(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
-    injection = min(_injection(topology, fabric, names, name) for name in names)
-    return min(injection, float(bisection_bandwidth(topology, names)))
+    return min(_least_injection(topology, fabric, names), float(bisection_bandwidth(topology, names)))
 
 
 def _exchange(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
     n = len(names)
-    injection = min(_injection(topology, fabric, names, name) for name in names)
-    return min(injection, float(bisection_bandwidth(topology, names)) * 4 * (n - 1) / n ** 2)
+    cut = float(bisection_bandwidth(topology, names)) * 4 * (n - 1) / n ** 2
+    return min(_least_injection(topology, fabric, names), cut)
+
+
+def _least_injection(topology: Topology, fabric: tuple, names: list[str]) -> float:
+    """The slowest rank's injection, one max-flow per class of twin ranks: ranks with the same neighbours over the
+    same capacities inject alike (swapping them maps the graph and the rank set onto themselves), so the 72 GPUs
+    of an NVL72 rack, each on the same 18 switch chips, take one max-flow, not 72."""
+    g = _graph(topology, fabric, names)
+    classes: dict[frozenset, str] = {}
+    for name in names:
+        twins = frozenset((v, d["capacity"]) for v, d in g[name].items()) if name in g else frozenset()
+        classes.setdefault(twins, name)
+    return min(_injection(topology, fabric, names, name) for name in classes.values())
 
 
 def _root(topology: Topology, fabric: tuple, names: list[str], root: str) -> float:
@@ -63,7 +74,10 @@ def busbw_bound(topology: Topology, collective: str, ranks: list[int], root: int
     if len(ranks) < 2:
         raise MeshscaleError(f"a bandwidth bound needs at least 2 ranks, got {len(ranks)}")
     names = [topology.device(i) for i in ranks]
-    return pattern(topology, _fabric_of(topology, names), names, names[root])
+    key = ("meshscale.collectives.bounds", kind(collective).bound, tuple(names), names[root])
+    if key not in topology.route_cache:  # the same for every size of a sweep
+        topology.route_cache[key] = pattern(topology, _fabric_of(topology, names), names, names[root])
+    return topology.route_cache[key]
 
 
 def _fabric_of(topo: Topology, names: list[str]) -> tuple:

@@ -132,6 +132,7 @@ class PredictRequest:
     selective_policy: str = "matmuls"
     rotary: str = "pairs"
     stages_per_rank: Optional[int] = None   # interleaved 1F1B's virtual stages per rank (default 2)
+    memory_recipe: str = "meshscale"   # how it holds memory (models/memory.RECIPES)
 
     @property
     def weak(self) -> bool:

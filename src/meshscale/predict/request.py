@@ -70,14 +70,9 @@ def resolve_model(req: PredictRequest, name: str) -> Model:
 def default_network(node_system: str) -> tuple[str, int]:
     """(link, ports) of a node's own InfiniBand NICs in the catalog (hgx-h100: 8x NDR; dgx1-p100: 4x EDR); a
     node without them: 4x EDR, the DGX-1's."""
-    from meshscale.topology import load_system
+    from meshscale.topology.cluster import node_network
 
-    topo = load_system(node_system)
-    ports = [topo.nodes[n].attrs for n in topo.nodes_of("nic")
-             if topo.nodes[n].attrs.get("port_kind") == "infiniband" and topo.nodes[n].attrs.get("port_rate")]
-    if not ports:
-        return "edr", 4
-    return str(ports[0]["port_rate"]), len(ports)
+    return node_network(node_system) or ("edr", 4)
 
 
 @dataclass(frozen=True)
@@ -209,7 +204,7 @@ def base_job(req: PredictRequest, model: Model, where: Where, batch: int) -> Tra
                        cuda_graph=req.cuda_graph, selective_policy=req.selective_policy, rotary=req.rotary,
                        sharding=sharding, attention=req.attention, exchange=exchange, small_cnn=model.small_cnn,
                        moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, fp8_recipe=req.fp8_recipe or "tensorwise",
-                       framework=step, cp_method=req.cp_attention or "")
+                       framework=step, cp_method=req.cp_attention or "", memory_recipe=req.memory_recipe)
 
 
 def measured_profile(req: PredictRequest, model: Model, where: Where) -> ComputeProfile | None:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 # 15.75 GB/s between two GPUs under one switch (0.67); crossing a CPU costs more (INTEL_P2P_OVERHEAD).
 DEFAULT_EFFICIENCY = {
     "nvlink": 0.8,
+    "c2c": 0.8,         # NVLink-C2C: NVLink's share
     "pcie": 0.7,
     "qpi": 0.6,
     "upi": 0.6,

@@ -8,7 +8,9 @@ The model runs once per shape of subset, not once per subset: two subsets whose 
 other (NCCL's path type and rate of every pair) and share PCIe switches and CPUs alike get the same prediction
 (`shape`), so a DGX-2's 12,870 ways to take 8 of 16 GPUs cost one prediction. Up to `EXHAUSTIVE_SUBSETS` subsets
 are all shaped; beyond that a search starts from every free GPU, grows a subset greedily by pair rate and
-improves it by swapping one GPU in and one out while the prediction rises.
+improves it by swapping one GPU in and one out while the prediction rises. On a cluster (nodes joined by a
+network, NVL72 racks among them) the GPUs packed into the fewest nodes are ranked against the GPUs spread over
+them (`_node_candidates`).
 """
 from __future__ import annotations
 
@@ -92,7 +94,9 @@ def rank_placements(fabric: Fabric, gpus: int, free: list[int] | None = None,
         raise MeshscaleError(f"--gpus {gpus}: {len(pool)} free GPU(s) ({','.join(map(str, pool))}); "
                              f"pick 2 to {len(pool)}")
     ranker = _Ranker(fabric, nbytes)
-    if math.comb(len(pool), gpus) <= EXHAUSTIVE_SUBSETS:
+    if len({_domain(topo, d)[0] for d in pool}) > 1:
+        found = [ranker.placement(devices) for devices in _node_candidates(topo, pool, gpus)]
+    elif math.comb(len(pool), gpus) <= EXHAUSTIVE_SUBSETS:
         found = [ranker.placement(list(subset)) for subset in itertools.combinations(pool, gpus)]
     else:
         found = ranker.search(pool, gpus)
@@ -102,6 +106,52 @@ def rank_placements(fabric: Fabric, gpus: int, free: list[int] | None = None,
             p.bound_busbw_bytes_per_s = ranker.bound(p.devices)
     return sorted(found, key=lambda p: (-round(p.busbw_bytes_per_s / best / SAME_BUSBW),
                                         -(p.bound_busbw_bytes_per_s or 0.0), p.devices))
+
+
+def _domain(topo: Topology, device: int) -> tuple[int, int | None]:
+    """(cluster node, host) of a device: the node of a cluster (`node_copy` marks it; 0 for one system) and the host
+    inside it where the node is a rack of several (an NVL72's compute trays; None on a single-host node)."""
+    attrs = topo.nodes[topo.device(device)].attrs
+    return int(attrs.get("node", 0)), attrs.get("host")
+
+
+def _node_candidates(topo: Topology, pool: list[int], gpus: int) -> list[list[int]]:
+    """The subsets worth ranking on a cluster, whose GPUs split into nodes (NVLink domains) joined by a network: a
+    job's GPUs packed into the fewest nodes, the fullest first, and for comparison spread one node at a time
+    (round robin). Every NCCL prediction of a cluster searches its nodes and its network, so the thousands of
+    subsets of a single machine are not tried."""
+    by_node: dict[int, list[int]] = {}
+    for d in pool:
+        by_node.setdefault(_domain(topo, d)[0], []).append(d)
+    order = sorted(by_node, key=lambda k: (-len(by_node[k]), k))
+    packed = [d for k in order for d in by_node[k]][:gpus]
+    spread, queues = [], [list(by_node[k]) for k in sorted(by_node)]
+    while len(spread) < gpus:
+        for q in queues:
+            if q and len(spread) < gpus:
+                spread.append(q.pop(0))
+    return [sorted(packed)] + ([sorted(spread)] if sorted(spread) != sorted(packed) else [])
+
+
+def visible_devices(topo: Topology, devices: list[int]) -> list[str]:
+    """What a scheduler's prolog sets for ``devices``: one CUDA_VISIBLE_DEVICES line where they share a host, else
+    one per host (a cluster's node k; an NVL72 rack's compute tray h), each with the host's own numbering (the
+    rank of the GPU among its host's)."""
+    hosts: dict[tuple, list[int]] = {}
+    for d in sorted(topo.nodes[g].index for g in topo.devices()):
+        hosts.setdefault(_domain(topo, d), []).append(d)
+    chosen: dict[tuple, list[int]] = {}
+    for d in devices:
+        where = _domain(topo, d)
+        chosen.setdefault(where, []).append(hosts[where].index(d))
+    if len(hosts) == 1:
+        return ["CUDA_VISIBLE_DEVICES=" + ",".join(map(str, devices))]
+    multi_node = len({k for k, _h in hosts}) > 1
+    lines = []
+    for (k, h), local in sorted(chosen.items(), key=lambda kv: (kv[0][0], kv[0][1] or 0)):
+        label = ", ".join(x for x in (f"node {k}" if multi_node else "", f"host {h}" if h is not None else "") if x)
+        lines.append(f"{label}: CUDA_VISIBLE_DEVICES=" + ",".join(map(str, local)))
+    return lines
 
 
 class _Ranker:
@@ -158,7 +208,9 @@ class _Ranker:
                                          ring.path_type, ring.channels, ring.bw_gbps)
         return replace(self._found[key], devices=list(devices))
 
-    def bound(self, devices: list[int]) -> float:
+    def bound(self, devices: list[int]) -> float | None:
+        if len({_domain(self.topo, d)[0] for d in devices}) > 1:
+            return None  # across a cluster's nodes the max-flow would route every pair of GPUs (as sim's bound)
         key = self.shape(devices)
         if key not in self._bounds:
             self._bounds[key] = busbw_bound(self.topo, "all_reduce", devices)
@@ -220,5 +272,5 @@ def placement_result(topo: Topology, ranked: list[Placement], gpus: int, free: l
     return Result("place", [dict(p.row(), rank=i + 1) for i, p in enumerate(ranked[:shown])], True,
                   {"system": topo.name, "gpus": gpus, "free": free, "size_bytes": nbytes,
                    "subsets": len(ranked), "chosen": ranked[0].devices,
-                   "cuda_visible_devices": ranked[0].cuda_visible_devices,
+                   "cuda_visible_devices": visible_devices(topo, ranked[0].devices),
                    "why": why(ranked[0], ranked[1] if len(ranked) > 1 else None)})

@@ -419,8 +419,7 @@ def cluster_spec(system: str, nodes: int | None = None, link: str | None = None,
         if nodes is None:
             named = ", ".join(f"--{k.replace('_', '-')}" for k in given)
             raise TopologyError(f"{named} describe a cluster; add --nodes N (nodes of {system}) or pass a cluster file")
-        spec = ClusterSpec(node=system, nodes=nodes, link=link or "edr",
-                           nics=nics if nics is not None else default_nics(link or "edr"))
+        spec = _own_network_spec(system, nodes, link, nics, shape.get("radix"))
     for key, value in given.items():
         setattr(spec, key, value)
     if shape.get("placement") is not None:
@@ -462,6 +461,10 @@ def describe(plan: ClusterPlan) -> str:
     spec = plan.spec
     lines = [f"{spec.nodes} x {plan.node_topology.name} ({plan.world_size} GPUs), {spec.nics}x {plan.net.name.upper()} "
              f"per node, GPUDirect RDMA {'on' if spec.gpudirect else 'off'}"]
+    hosts = plan.node_topology.attrs.get("hosts")
+    if isinstance(hosts, int) and hosts > 1:
+        lines.append(f"  node:            one NVLink domain of {plan.gpus_per_node} GPUs over {hosts} hosts (compute "
+                     f"trays: {spec.nodes * hosts} Slurm nodes in all); the network joins the domains")
     ports = f"{plan.radix}-port switches ({plan.down_ports_per_leaf} down + {plan.up_ports_per_leaf} up per leaf)"
     if plan.rails:
         lines += [f"  rail-optimized:  {plan.rails} rails (NIC k of every node, nearest GPU k, on rail k), "
@@ -487,6 +490,31 @@ def describe(plan: ClusterPlan) -> str:
               f"{', same rail' if plan.rails else ''})"]
     lines += [f"  note: {note}" for note in plan.notes]
     return "\n".join(lines)
+
+
+def node_network(system: str) -> tuple[str, int] | None:
+    """(link, ports) of a node system's own InfiniBand NICs of a catalog rate (hgx-h100: 8x NDR, dgx1-p100: 4x
+    EDR, gb300-nvl72: 72x XDR); None for a node without them."""
+    topo = load_system(system)
+    rates = [str(topo.nodes[n].attrs.get("port_rate", "")).lower() for n in topo.nodes_of("nic")
+             if topo.nodes[n].attrs.get("port_kind") == "infiniband"]
+    rates = [r for r in rates if r in NET_LINKS]
+    return (rates[0], len(rates)) if rates else None
+
+
+def _own_network_spec(system: str, nodes: int, link: str | None, nics: int | None,
+                      radix: int | None = None) -> ClusterSpec:
+    """``nodes`` of ``system`` on its own NICs where the options leave the network out (else 4x EDR, the DGX-1's);
+    a node too wide for one leaf switch of that network (an NVL72 rack's 72 NICs) on rails: NIC k of every
+    node on rail k's leaf, as the network of rack-scale systems is built."""
+    own = node_network(system)
+    link = link or (own[0] if own else "edr")
+    nics = nics if nics is not None else own[1] if own and own[0] == link else default_nics(link)
+    spec = ClusterSpec(node=system, nodes=nodes, link=link, nics=nics)
+    wide = _nodes_per_leaf(nics, radix or net_link(link).radix, 1.0) < 1
+    if wide and nics >= len(require_devices(load_system(system)).devices()):
+        spec.network = "rail"
+    return spec
 
 
 def default_nics(link: str) -> int:

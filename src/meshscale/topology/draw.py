@@ -30,7 +30,7 @@ NODE_STYLE = {  # kind -> (face colour, edge colour)
     "net_switch": ("#fde9c9", "#b45f06"), "host": ("#cfe2f3", "#1f4e79"),
 }
 LINK_STYLE = {  # kind -> (colour, line style, base width)
-    "nvlink": ("#76b900", "-", 1.6), "pcie": ("#999999", "-", 0.9), "qpi": ("#e69138", "--", 2.0),
+    "nvlink": ("#76b900", "-", 1.6), "c2c": ("#76b900", "--", 1.6), "pcie": ("#999999", "-", 0.9), "qpi": ("#e69138", "--", 2.0),
     "upi": ("#e69138", "--", 2.0), "infiniband": ("#3d85c6", "-", 1.4), "ethernet": ("#a0522d", "-.", 1.2),
     "shm": ("#888888", ":", 1.2),
 }
@@ -300,7 +300,7 @@ def _legend(ax, topo: Topology) -> None:
 
     kinds = sorted({l.kind for l in topo.links}, key=list(LINK_STYLE).index)
     handles = [Line2D([], [], color=LINK_STYLE[k][0], linestyle=LINK_STYLE[k][1], linewidth=LINK_STYLE[k][2],
-                      label={"nvlink": "NVLink (width = links bonded)", "pcie": "PCIe", "qpi": "QPI", "upi": "UPI",
+                      label={"nvlink": "NVLink (width = links bonded)", "c2c": "NVLink-C2C", "pcie": "PCIe", "qpi": "QPI", "upi": "UPI",
                              "infiniband": "InfiniBand", "ethernet": "Ethernet", "shm": "shared memory"}[k])
                for k in kinds]
     if handles:

@@ -33,10 +33,16 @@ NET_LINKS = {
     "edr": NetLink("edr", "infiniband", calc.infiniband_bandwidth("edr"), 100, 36, 0.09e-6, 1.01e-6, 64 / 66),
     "hdr": NetLink("hdr", "infiniband", calc.infiniband_bandwidth("hdr"), 200, 40, 0.13e-6, 1.01e-6, 64 / 66),
     "ndr": NetLink("ndr", "infiniband", calc.infiniband_bandwidth("ndr"), 400, 64, 0.13e-6, 1.01e-6, 64 / 66),
+    # XDR: Quantum-X800 Q3400 switches have 144 ports of 800 Gb/s (NVIDIA Quantum-X800 datasheet); no switch or
+    # NIC latency is published for it, so NDR's stand
+    "xdr": NetLink("xdr", "infiniband", calc.infiniband_bandwidth("xdr"), 800, 144, 0.13e-6, 1.01e-6, 64 / 66),
     "10gbe": NetLink("10gbe", "ethernet", calc.ethernet_bandwidth(10), 10, 48, 0.5e-6, 3.5e-6, 1.0),
     "25gbe": NetLink("25gbe", "ethernet", calc.ethernet_bandwidth(25), 25, 48, 0.5e-6, 3.5e-6, 1.0),
     "100gbe": NetLink("100gbe", "ethernet", calc.ethernet_bandwidth(100), 100, 32, 0.4e-6, 3.0e-6, 1.0),
     "400gbe": NetLink("400gbe", "ethernet", calc.ethernet_bandwidth(400), 400, 64, 0.4e-6, 3.0e-6, 1.0),
+    # 800GbE: Spectrum-X800 SN5600 switches have 64 ports of 800GbE (NVIDIA Spectrum-X800 datasheet); latencies as
+    # 400GbE's
+    "800gbe": NetLink("800gbe", "ethernet", calc.ethernet_bandwidth(800), 800, 64, 0.4e-6, 3.0e-6, 1.0),
 }
 
 
@@ -51,7 +57,7 @@ PLACEMENT_HELP = ("the job's nodes on an oversubscribed tree: spread (default: e
 
 
 def net_link(name: str) -> NetLink:
-    """The port kind called ``name`` (edr, hdr, ndr, 10gbe, 25gbe, 100gbe, 400gbe), or one stated by its rate and
+    """The port kind called ``name`` (edr, hdr, ndr, xdr, 10gbe, 25gbe, 100gbe, 400gbe, 800gbe), or one stated by its rate and
     latency (``25GB/s,5us``, ``100Gb/s,2us``: see `links.parse_network_rate`). A stated latency is NIC to NIC,
     switches included; without one, InfiniBand EDR's figures stand. A stated network is taken to be an RDMA
     fabric (NCCL's IB transport), on switches of `STATED_RADIX` ports."""

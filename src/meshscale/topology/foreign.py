@@ -43,7 +43,7 @@ GPU_CLASS, NVSWITCH_CLASS, BRIDGE_CLASS = "0x030200", "0x068000", "0x060400"
 # compute capability (NCCL's sm attribute) -> a GPU model name the GPU model table knows, SXM / PCIe
 SM_MODELS = {60: ("Tesla P100-SXM2-16GB", "Tesla P100-PCIE-16GB"), 70: ("Tesla V100-SXM2-16GB", "Tesla V100-PCIE-16GB"),
              80: ("NVIDIA A100-SXM4-40GB", "NVIDIA A100-PCIE-40GB"), 90: ("NVIDIA H100 80GB HBM3", "NVIDIA H100 PCIe")}
-MODEL_SM = (("P100", 60), ("V100", 70), ("A100", 80), ("H100", 90), ("H200", 90))
+MODEL_SM = (("P100", 60), ("V100", 70), ("A100", 80), ("H100", 90), ("H200", 90), ("B200", 100), ("B300", 100))
 ONE_SWITCH = "NVSWITCH"  # the bus id standing for all NVSwitches of a machine
 PCIE_GT_S = {2.5: 1, 5.0: 2, 8.0: 3, 16.0: 4, 32.0: 5, 64.0: 6}
 
@@ -467,11 +467,13 @@ def to_nccl_xml(topology: Topology) -> str:
     root = ET.Element("system", version="1")
     done: set[str] = set()
 
-    def children(node: str) -> list[str]:
-        return sorted({other for link in topology.links if link.kind == "pcie" and node in (link.a, link.b)
+    def children(node: str) -> list[str]:  # a Grace's GPUs on NVLink-C2C sit under it as PCIe GPUs would
+        return sorted({other for link in topology.links if link.kind in ("pcie", "c2c") and node in (link.a, link.b)
                        for other in (link.a, link.b) if other != node and other not in done})
 
     def add(parent_xml, node: str) -> None:
+        if node in done:  # reached twice (a GB300 GPU: under its Grace by C2C and its NIC's PCIe switch)
+            return
         done.add(node)
         kind = topology.nodes[node].kind
         if kind == "pcie_switch":

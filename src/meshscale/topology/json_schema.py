@@ -30,7 +30,7 @@ NODE_FIELDS = {
     "model": "GPU or CPU model as nvidia-smi names it (the GPU model table fills FLOP/s and memory from it)",
     "memory_bytes": "device memory, bytes",
     "memory_bandwidth_bytes_per_s": "device memory bandwidth, bytes per second",
-    "fp32_flops": "peak FP32 FLOP/s (likewise fp64_flops, tf32_flops, bf16_flops, fp16_flops, fp8_flops)",
+    "fp32_flops": "peak FP32 FLOP/s (likewise fp64_flops, tf32_flops, bf16_flops, fp16_flops, fp8_flops, fp4_flops)",
     "sm_count": "streaming multiprocessors of a GPU",
     "nvlinks": "NVLink links of a GPU (0 for a PCIe card)",
     "pcie_relation": "a CPU's nvidia-smi relation for GPUs under it: PHB (one host bridge) or NODE (several)",
@@ -98,10 +98,12 @@ def template(name: str) -> str:
     """The catalog file of ``name`` (its own comments kept) under a header that explains every field: a file
     to copy and edit. A one-line error for an unknown name."""
     from meshscale.errors import MeshscaleError
-    from meshscale.topology.shipped import SYSTEMS, system_names
+    from meshscale.topology.shipped import SYSTEMS, system_file_name, system_names
     if name not in system_names():
         raise MeshscaleError(f"--template {name!r}: not a catalog system; choose one of {', '.join(system_names())}")
-    body = (SYSTEMS / f"{name}.yaml").read_text()
+    body = (SYSTEMS / system_file_name(name)).read_text()
+    if system_file_name(name).endswith(".json"):  # JSON is YAML too: a file to save as .yaml and edit
+        body = body.replace(f'"name": "{name}"', f'"name": "my-{name}"', 1)
     lines = [f"# A meshscale system file, from the catalog's {name}: edit it to describe your machine, then pass",
              "# it to any command as --system FILE.yaml. Bandwidth is per direction. Fields (docs/systems.md):"]
     for title, fields in (("top level", TOP_FIELDS), ("nodes[]", NODE_FIELDS), ("links[]", LINK_FIELDS)):

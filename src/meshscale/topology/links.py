@@ -32,6 +32,9 @@ INFINIBAND_RATES = {
     # HDR/NDR: PAM4 lanes whose RS-FEC and 256b/257b transcoding sit on top of 64b/66b: 50 / 53.125 useful
     "hdr": (53.125, 50 / 53.125),
     "ndr": (106.25, 100 / 106.25),
+    # XDR: 200 Gb/s of data per lane on 212.5 Gb/s PAM4 lanes (as 200G-per-lane Ethernet), 800 Gb/s over 4x;
+    # ConnectX-8 and Quantum-X800 ports (NVIDIA ConnectX-8 SuperNIC and Quantum-X800 datasheets)
+    "xdr": (212.5, 200 / 212.5),
 }
 INFINIBAND_WIDTHS = (1, 2, 4, 8, 12)
 

@@ -19,13 +19,16 @@ if TYPE_CHECKING:
 # "worker" is a CPU process acting as a rank on machines with no GPU (linked to its host over shared memory).
 NODE_KINDS = ("gpu", "cpu", "pcie_switch", "nvswitch", "nic", "net_switch", "host", "worker")
 DEVICE_KINDS = ("gpu", "worker")
-LINK_KINDS = ("pcie", "nvlink", "qpi", "upi", "infiniband", "ethernet", "shm")
+# "c2c": NVLink-C2C, the coherent link between a Grace CPU and its GPUs (GH200, GB200, GB300), not an NVLink port
+# of the GPU's NVLink fabric (NVIDIA GB200 NVL72 datasheet: 900 GB/s both directions)
+LINK_KINDS = ("pcie", "nvlink", "c2c", "qpi", "upi", "infiniband", "ethernet", "shm")
 
 # Default one-way latency per hop, seconds; a link may set its own. Rough public figures: NVLink and PCIe
 # P2P about a microsecond per hop as seen by a copy engine, the inter-socket link less, InfiniBand 1.01 us
 # system to system (NVIDIA DGX-1 System Architecture whitepaper, section 3.3) split over the two NIC links.
 DEFAULT_LATENCY_S = {
     "nvlink": 0.7e-6,
+    "c2c": 0.7e-6,      # an NVLink-family link: NVLink's figure
     "pcie": 1.0e-6,
     "qpi": 0.5e-6,
     "upi": 0.5e-6,

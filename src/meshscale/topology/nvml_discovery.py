@@ -152,7 +152,7 @@ def _gpu_attrs(call: _Calls, handle, index: int) -> dict:
 
 # Facts NVML does not give (peak FLOP/s, memory bandwidth, SM count, NVLinks per GPU of the model).
 CATALOG_FACTS = ("sm_count", "memory_bandwidth_bytes_per_s", "fp64_flops", "fp32_flops", "tf32_flops", "fp16_flops",
-                 "bf16_flops", "fp8_flops", "tensor_cores")
+                 "bf16_flops", "fp8_flops", "fp4_flops", "tensor_cores")
 MODEL_FACTS = (*CATALOG_FACTS, "nvlink_generation")
 GPU_MODELS_FILE = Path(__file__).with_name("gpu_models.yaml")
 
@@ -175,13 +175,9 @@ def model_facts(model: str) -> tuple[dict, bool]:
 def _add_catalog_facts(gpus: list[dict]) -> list[str]:
     """Fill in what NVML does not tell (what NVML said wins): from the catalog system whose GPU model NVML's
     name equals, else from the table of known models, else the table's default. Returns what was assumed."""
-    from meshscale.topology.shipped import load_catalog
+    from meshscale.topology.shipped import catalog_gpus
 
-    known = {}
-    for topo in load_catalog():
-        for g in topo.gpus():
-            attrs = topo.nodes[g].attrs
-            known.setdefault(attrs.get("model"), (topo.name, attrs))
+    known = catalog_gpus()
     assumed = []
     for gpu in gpus:
         facts, found = model_facts(gpu["model"])

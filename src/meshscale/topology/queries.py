@@ -23,8 +23,8 @@ from meshscale.topology.model import DEVICE_KINDS, Link, Node, Topology
 # Fabrics in order of preference: (name, link kinds it may use, node kinds that may relay).
 FABRICS = (
     ("nvlink", {"nvlink"}, {"nvswitch"}),
-    ("pcie", {"pcie", "qpi", "upi", "shm"}, {"pcie_switch", "cpu", "host"}),
-    ("network", {"pcie", "qpi", "upi", "shm", "nvlink", "infiniband", "ethernet"},
+    ("pcie", {"pcie", "c2c", "qpi", "upi", "shm"}, {"pcie_switch", "cpu", "host"}),
+    ("network", {"pcie", "c2c", "qpi", "upi", "shm", "nvlink", "infiniband", "ethernet"},
      {"pcie_switch", "cpu", "host", "nic", "net_switch", "nvswitch"}),
 )
 _FLOW_UNIT = 1e6  # max-flow runs on integer capacities in MB/s

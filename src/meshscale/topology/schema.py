@@ -42,7 +42,7 @@ MAX_LINK_COUNT = 1000
 MAX_LINKS = 1_000_000
 _WHOLE = Range(0, 1 << 20, integer=True)
 NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is free text or data
-    "index": _WHOLE, "numa": Range(-1, 1 << 16, integer=True), "board": _WHOLE, "node": _WHOLE,
+    "index": _WHOLE, "numa": Range(-1, 1 << 16, integer=True), "board": _WHOLE, "node": _WHOLE, "host": _WHOLE,
     "memory_bytes": Range(0, 1 << 60), "memory_bandwidth_bytes_per_s": Range(*BANDWIDTH_RANGE_BYTES_PER_S),
     "latency_s": Range(0, MAX_LATENCY_S), "radix": Range(2, 1 << 16, integer=True),
     "pcie_generation": Range(1, 16, integer=True), "pcie_max_generation": Range(1, 16, integer=True),

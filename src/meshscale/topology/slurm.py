@@ -10,8 +10,10 @@ each larger block size a power-of-two multiple of the one before.
 
 Tree: the leaves are the cluster's level-1 switches with the nodes whose NICs they hold; every higher switch lists
 the switches it is wired to (in a fat tree every spine lists every leaf it links to, as cabled). Block: a block is
-a set of nodes one switch hop apart: a leaf's nodes (a rail group's on a rail network). No catalog system's NVLink
-domain spans several nodes, so blocks are network blocks; a multi-node NVLink domain would be the block instead.
+a set of nodes one switch hop apart: a leaf's nodes (a rail group's on a rail network). A cluster of NVL72 racks
+is the other way round: Slurm's nodes are a rack's compute trays (its ``hosts``, one OS each), and the block is the
+rack, its NVLink domain (Slurm's topology/block plugin was made for it: a job of up to 18 trays kept in one rack);
+larger blocks are consecutive racks under one rail group, each size a power-of-two multiple of the rack's.
 """
 from __future__ import annotations
 
@@ -154,17 +156,18 @@ def slurm_topology(plan, kind: str, node_prefix: str = "node") -> SlurmTopology:
 
     check_choice(kind, KINDS, "Slurm topology")
     check_name(node_prefix, "the node-name prefix (--slurm-nodes)")
-    hosts = node_names(plan.spec.nodes, node_prefix)
+    per_node = hosts_per_node(plan.node_topology)
+    hosts = node_names(plan.spec.nodes * per_node, node_prefix)
     on_leaf: dict[int, list[str]] = {}
-    for k, host in enumerate(hosts):
+    for k in range(plan.spec.nodes):
         for leaf in sorted(set(plan.leaves_of_node(k))):
-            on_leaf.setdefault(leaf, []).append(host)
+            on_leaf.setdefault(leaf, []).extend(hosts[k * per_node:(k + 1) * per_node])
     if kind == "block":
-        return _blocks(plan, hosts)
+        return _rack_blocks(plan, hosts, per_node) if per_node > 1 else _blocks(plan, hosts)
     if plan.rails:
         raise MeshscaleError("--slurm-topology tree: a rail-optimized network puts every node on one leaf per rail, "
                              "and topology/tree takes a node on one leaf switch (Slurm warns of nodes on several); "
-                             "use --slurm-topology block (a rail group is a block)")
+                             f"use --slurm-topology block (a {'rack' if per_node > 1 else 'rail group'} is a block)")
     switches = [SlurmSwitch(f"leaf{leaf}", tuple(nodes)) for leaf, nodes in sorted(on_leaf.items())]
     if plan.levels > 1:
         cluster = build_cluster(plan)
@@ -178,6 +181,29 @@ def slurm_topology(plan, kind: str, node_prefix: str = "node") -> SlurmTopology:
         switches += [SlurmSwitch(name, switches=tuple(sorted(kids, key=order))) for name, kids in sorted(children.items(), key=lambda kv: (
             -len(kv[0]), order(kv[0])))]
     topo = SlurmTopology("tree", tuple(switches), notes=(f"{plan.spec.nodes} x {plan.spec.node}, {plan.layout()}",))
+    check(topo)
+    return topo
+
+
+def hosts_per_node(topology) -> int:
+    """Slurm nodes (hosts, one OS each) in one node of a cluster: an NVL72 rack's 18 compute trays (its
+    ``attrs.hosts``), else 1."""
+    hosts = topology.attrs.get("hosts", 1)
+    return hosts if isinstance(hosts, int) and not isinstance(hosts, bool) and hosts > 1 else 1
+
+
+def _rack_blocks(plan, hosts: list[str], per_node: int) -> SlurmTopology:
+    """One block per rack (its compute trays: one NVLink domain); larger blocks of consecutive racks, each size a
+    power-of-two multiple of a rack's, up to the racks of one rail group (leaf), which are one switch hop apart."""
+    racks = plan.spec.nodes
+    blocks = tuple(SlurmBlock(f"rack{k}", tuple(hosts[k * per_node:(k + 1) * per_node])) for k in range(racks))
+    sizes, together = [per_node], min(racks, plan.nodes_per_leaf)
+    while sizes[-1] * 2 <= together * per_node:
+        sizes.append(sizes[-1] * 2)
+    domain = plan.node_topology.attrs.get("nvlink_domain_gpus") or len(plan.node_topology.devices())
+    topo = SlurmTopology("block", blocks=blocks, block_sizes=tuple(sizes),
+                         notes=(f"{racks} x {plan.spec.node}, {plan.layout()}; a block is one rack: {per_node} "
+                                f"compute trays, one NVLink domain of {domain} GPUs",))
     check(topo)
     return topo
 

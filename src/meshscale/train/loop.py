@@ -44,6 +44,9 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
     if ctx.device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(ctx.device)
     t = build(cfg, ctx.device, ctx.rank, ctx.world_size)
+    built = peak_memory(ctx.device)
+    if ctx.device.type == "cuda":   # the steps' own peak from here on (the build's is kept beside it)
+        torch.cuda.reset_peak_memory_stats(ctx.device)
     start = restore(ctx, t)
     log = open_log(ctx, cfg, start, f"{cfg.model} {t.layout.describe()}" if t.layout else None)
     window = Window(t.clock, first_timed_step(t, start))
@@ -52,7 +55,8 @@ def train_worker(ctx: RankContext, cfg: TrainConfig) -> dict[str, Any]:
         run_steps(ctx, cfg, start, log, window, steps, lambda done: save_checkpoint(ctx, t, done), t.label)
     finally:
         steps.tracer.close()
-    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps), "rows": log.rows if ctx.rank == 0 else []}
+    out = {"summary": summarize(ctx, t, start, len(log.rows), window, steps, built),
+           "rows": log.rows if ctx.rank == 0 else []}
     if cfg.debug.return_params and ctx.rank == 0:
         out["params"] = flat_params(t.model.parameters()).cpu().numpy()  # a tensor would travel by fd passing, which dies with the rank
     del t  # free the DDP reducer before the group goes (teardown deadlock)
@@ -203,9 +207,11 @@ def save_checkpoint(ctx: RankContext, t: Trainer, done: int) -> None:
     checkpoint.save(t.cfg.checkpoint.dir, done, ctx.rank, ctx.world_size, state, ctx.barrier)
 
 
-def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Window, run: TrainSteps) -> dict[str, Any]:
+def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Window, run: TrainSteps,
+              built: dict[str, int | None] | None = None) -> dict[str, Any]:
     """This rank's summary: throughput over the timed window and the model's size; rank 0's evaluation; for a
-    layout its peak memory and each dimension's communication (measured by ``run``'s profiled and counted steps)."""
+    layout its peak memory (the run's, and the build's and the steps' apart: ``built``, the build's) and each
+    dimension's communication (measured by ``run``'s profiled and counted steps)."""
     cfg = t.cfg
     timed = cfg.steps - window.first_step if window.started else 0
     summary: dict[str, Any] = {
@@ -213,7 +219,7 @@ def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Wind
         "timed_steps": timed, "samples_per_s": cfg.global_batch * timed / window.seconds if window.seconds > 0 else None,
         "params": t.spec.params, "flops_per_sample": t.spec.flops_per_sample}
     if t.layout is not None:
-        summary.update(layout=t.layout.describe(), **peak_memory(ctx.device))
+        summary.update(layout=t.layout.describe(), **run_peak_memory(ctx.device, built or {}))
         summary["moe"] = moe_counters(t.exchange.parts, steps)
         summary["breakdown"] = asdict(run.profiled.result) if run.profiled.result else None
         counted_from = max(window.first_step, cfg.steps - COMM_STEPS)  # the flight recorder keeps the latest ops
@@ -226,6 +232,24 @@ def summarize(ctx: RankContext, t: Trainer, start: int, steps: int, window: Wind
         summary.update(evaluate(t.model, open_data(cfg.eval_data, spec.input_kind, spec.input_shape, spec.num_classes),
                                 spec.input_kind, t.device))
     return summary
+
+
+def run_peak_memory(device: torch.device, built: dict[str, int | None]) -> dict[str, int | None]:
+    """The run's peaks (the larger of the build's and the steps'), each apart (``build_`` and ``step_`` keys),
+    and on a GPU the device memory in use at the end (the context and NCCL's buffers beside the allocator's
+    segments: `end_outside_allocator_bytes`)."""
+    steps = peak_memory(device)
+    out = dict(steps)
+    for key in ("peak_allocated_bytes", "peak_reserved_bytes"):
+        values = [v for v in (built.get(key), steps[key]) if v is not None]
+        out[key] = max(values) if values else None
+        out[f"build_{key}"], out[f"step_{key}"] = built.get(key), steps[key]
+    out["end_device_used_bytes"] = out["end_outside_allocator_bytes"] = None
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        out["end_device_used_bytes"] = total - free
+        out["end_outside_allocator_bytes"] = total - free - torch.cuda.memory_reserved(device)
+    return out
 
 
 def peak_memory(device: torch.device) -> dict[str, int | None]:

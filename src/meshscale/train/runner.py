@@ -145,7 +145,9 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
     s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] and s["comm_s"] is not None else None
     s.update(world_size=cfg.world, mode=cfg.mode, batch_per_rank=cfg.batch_per_rank, global_batch=cfg.global_batch)
     if cfg.is_transformer:
-        for key in ("peak_allocated_bytes", "peak_reserved_bytes"):  # the fullest rank's
+        for key in ("peak_allocated_bytes", "peak_reserved_bytes", "build_peak_allocated_bytes",  # the fullest rank's
+                    "build_peak_reserved_bytes", "step_peak_allocated_bytes", "step_peak_reserved_bytes",
+                    "end_device_used_bytes", "end_outside_allocator_bytes"):
             values = [o["summary"][key] for o in outputs if o["summary"].get(key) is not None]
             s[key] = max(values) if values else None
         s.update(layout_summary(cfg, s, cfg.layout.parallel_layout(), _gpu_name(cfg)))

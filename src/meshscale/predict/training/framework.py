@@ -45,7 +45,7 @@ from dataclasses import dataclass, replace
 from math import ceil
 
 from meshscale.errors import MeshscaleError
-from meshscale.models.memory import ALLOCATOR_RESERVE_FRACTION, CUDA_CONTEXT_BYTES, MemoryEstimate
+from meshscale.models.memory import MemoryEstimate, Moment, reserved_bytes
 from meshscale.predict.training.kernels import Kernel, launches_of, memory_op
 
 # Megatron-Core DistributedDataParallelConfig.bucket_size: max(40M, 1M x dp) parameters per bucket
@@ -75,6 +75,9 @@ class StepFramework:
     grad_accumulation_fusion: bool = False   # wgrad GEMMs accumulate into fp32 main gradients (no cast)
     sharding: str = "fsdp2"         # what the --fsdp dimension does: fsdp2, distopt, zero1, zero2, zero3
     wire_bytes: int = 0             # a sharded dimension's gradients on the wire (0: FSDP2's fp32 reduce)
+    # how it holds memory (models/memory.RECIPES); "": the run's own (eager and compiled steps are run by
+    # meshscale's engine, torchtitan and llm-foundry alike, which hold memory differently)
+    memory_recipe: str = ""
     source: str = ""
 
 
@@ -85,14 +88,15 @@ STEP_FRAMEWORKS = {f.name: f for f in (
                                        "distributed/compile.py apply_compile, components/loss.py)"),
     StepFramework("megatron", fuses=True, fused_ends=("cross-entropy", "final norm"), dtensor=False,
                   tp_overlap=True, fused_optimizer=True, grad_accumulation_fusion=True, sharding="distopt",
-                  wire_bytes=4, source="Megatron-Core with Transformer Engine (distributed optimizer, overlapped "
-                                       "grad reduce and param gather, TP comm overlap)"),
+                  wire_bytes=4, memory_recipe="megatron",
+                  source="Megatron-Core with Transformer Engine (distributed optimizer, overlapped grad reduce and "
+                         "param gather, TP comm overlap)"),
     StepFramework("zero1", dtensor=False, fused_optimizer=True, sharding="zero1", wire_bytes=2,
-                  source="DeepSpeed ZeRO stage 1"),
+                  memory_recipe="deepspeed", source="DeepSpeed ZeRO stage 1"),
     StepFramework("zero2", dtensor=False, fused_optimizer=True, sharding="zero2", wire_bytes=2,
-                  source="DeepSpeed ZeRO stage 2"),
+                  memory_recipe="deepspeed", source="DeepSpeed ZeRO stage 2"),
     StepFramework("zero3", dtensor=False, fused_optimizer=True, sharding="zero3", wire_bytes=2,
-                  source="DeepSpeed ZeRO stage 3"),
+                  memory_recipe="deepspeed", source="DeepSpeed ZeRO stage 3"),
 )}
 DEFAULT_FRAMEWORK = "eager"
 
@@ -202,25 +206,32 @@ def pipelined_exposed_s(times_s: list[float], needed_at_s: list[float]) -> float
     return max(0.0, late)
 
 
-# Static bytes per parameter of a rank's stage by what the --fsdp group of N partitions (ZeRO paper, Rajbhandari
-# et al. 2020, figure 1: mixed-precision Adam keeps 2 B of bf16 parameters, 2 B of gradients and K = 12 B of
-# fp32 parameters and moments per parameter): (replicated, partitioned) bytes; Megatron's main gradients fp32
-PARTITIONED_STATE_BYTES = {"distopt": (2.0 + 4.0, 12.0), "zero1": (2.0 + 2.0, 12.0), "zero2": (2.0, 2.0 + 12.0),
-                           "zero3": (0.0, 2.0 + 2.0 + 12.0)}
+# Static bytes per parameter of a rank's stage by what ZeRO's --fsdp group of N partitions (ZeRO paper,
+# Rajbhandari et al. 2020, figure 1: mixed-precision Adam keeps 2 B of bf16 parameters, 2 B of gradients and K = 12
+# B of fp32 parameters and moments per parameter): (replicated, partitioned) bytes. Megatron's distributed
+# optimizer is the memory model's own recipe (models/memory.RECIPES["megatron"]).
+PARTITIONED_STATE_BYTES = {"zero1": (2.0 + 2.0, 12.0), "zero2": (2.0, 2.0 + 12.0), "zero3": (0.0, 2.0 + 2.0 + 12.0)}
 
 
 def framework_memory(estimate: MemoryEstimate, fw: StepFramework, params: float, shards: int) -> MemoryEstimate:
-    """``estimate`` (FSDP2's) with the static state the framework keeps for the stage's ``params`` (per rank,
-    before data-parallel sharding) over ``shards`` ranks: parameters, gradients and the optimizer's fp32 state
-    replicated or partitioned as PARTITIONED_STATE_BYTES says; frameworks that do not gather layers hold none
-    gathered (ZeRO-3 gathers as FSDP does)."""
+    """``estimate`` (the memory model's, per phase) with the static state ZeRO keeps for the stage's ``params``
+    (per rank, before data-parallel sharding) over ``shards`` ranks at every phase: parameters, gradients (where
+    the phase holds them) and the optimizer's fp32 state replicated or partitioned as PARTITIONED_STATE_BYTES
+    says; ZeRO-1 and -2 gather no layers (ZeRO-3 gathers as FSDP does); the allocator's reserve recomputed."""
     if fw.sharding not in PARTITIONED_STATE_BYTES:
         return estimate
     replicated, partitioned = PARTITIONED_STATE_BYTES[fw.sharding]
     optimizer = 12.0 * params / shards
-    params_bytes = (2.0 * params if fw.sharding != "zero3" else 2.0 * params / shards)
+    params_bytes = 2.0 * params if fw.sharding != "zero3" else 2.0 * params / shards
     grads = replicated * params + partitioned * params / shards - params_bytes - optimizer
-    gathered = estimate.gathered_bytes if fw.sharding == "zero3" else 0.0
-    found = replace(estimate, params_bytes=params_bytes, grads_bytes=grads, optimizer_bytes=optimizer,
-                    gathered_bytes=gathered, allowance_bytes=0.0)
-    return replace(found, allowance_bytes=CUDA_CONTEXT_BYTES + ALLOCATOR_RESERVE_FRACTION * found.allocated_bytes)
+
+    def state(m: Moment) -> Moment:
+        parts = {**m.parts, "params": params_bytes, "optimizer": optimizer}
+        if m.parts.get("grads"):
+            parts["grads"] = grads
+        if fw.sharding != "zero3" and "gathered" in parts:
+            parts["gathered"] = 0.0
+        return replace(m, parts=parts)
+    moments = tuple(state(m) if m.name != "build" else m for m in estimate.moments)
+    high, low = reserved_bytes(list(moments))
+    return replace(estimate, moments=moments, reserved_bytes=high, reserved_low_bytes=low)

@@ -60,7 +60,7 @@ class GpuSpec:
         """Architecture generation, from the model name (what the attention kernel's measured efficiency and
         the catalog's rows go by)."""
         name = self.model.upper()
-        for key, family in (("B200", "blackwell"), ("GB200", "blackwell"), ("H100", "hopper"), ("H200", "hopper"),
+        for key, family in (("B200", "blackwell"), ("B300", "blackwell"), ("H100", "hopper"), ("H200", "hopper"),
                             ("GH200", "hopper"), ("A100", "ampere"), ("A10", "ampere"), ("L40", "ada"),
                             ("V100", "volta"), ("T4", "turing"), ("P100", "pascal")):
             if key in name:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from meshscale.models.memory import MEMORY_ACCOUNTING_UNCERTAINTY
 from meshscale.predict.training.kernels import HOST_SECONDS_PER_OP
 from meshscale.predict.training.step import TrainingPrediction, synced_step_seconds
 from meshscale.results import Result
@@ -32,7 +33,7 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
            "attention": p.rates.attention_kernel if job.model and p.rates else None,
            "step_time_s": p.step_s, "compute_s": p.compute_s, "throughput_samples_per_s": p.samples_per_s,
            "tokens_per_s_per_gpu": p.tokens_per_s_per_gpu if job.seq_len else None, "mfu": p.mfu,
-           "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.fits, "why": p.why(),
+           "compute_source": p.compute_source, "gpu": p.gpu.model, "fits": p.memory_verdict, "why": p.why(),
            "memory_capacity_bytes": p.gpu.memory_bytes,
            "params": job.params(), "active_params": job.model.active_params() if job.model else job.params()}
     row.update({f"exposed_{k.replace(' ', '_').replace('/', '_')}_s": v for k, v in p.exposed().items()})
@@ -41,7 +42,13 @@ def prediction_row(p: TrainingPrediction, synced: bool = False) -> dict:
         row["synced_step_time_s"] = synced_step_seconds(p)
         row["synced_throughput_samples_per_s"] = job.samples_per_step / row["synced_step_time_s"]
     if mem is not None:
-        row["memory_peak_bytes"] = mem.total_bytes
+        low, high = mem.bounds()
+        row.update(memory_peak_bytes=mem.total_bytes, memory_margin_bytes=p.memory_margin_bytes,
+                   memory_allocated_bytes=mem.allocated_bytes, memory_reserved_bytes=mem.reserved_bytes,
+                   memory_needed_low_bytes=low, memory_needed_high_bytes=high, memory_peak_moment=mem.peak.name,
+                   memory_peak_stage=mem.stage, memory_outside_allocator_bytes=mem.outside_bytes,
+                   memory_build_allocated_bytes=mem.moment_peak("build"),
+                   memory_step_allocated_bytes=mem.moment_peak("forward", "backward", "optimizer"))
         row.update({f"memory_{k}_bytes": v for k, v in mem.breakdown().items()})
     return row
 
@@ -85,7 +92,7 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
     for i, p in enumerate(predictions, 1):
         rate = f"{p.tokens_per_s_per_gpu:,.0f}" if tokens else f"{p.samples_per_s:,.1f}"
         memory = f"{p.memory.total_bytes / GIB:,.1f}" if p.memory else "-"
-        fits = "yes" if p.fits else f"[red]no[/] (has {p.gpu.memory_bytes / GIB:.0f})"
+        fits = fits_cell(p)
         cells = [p.job.layout.describe(), p.job.checkpointing, str(p.job.batch), rate, f"{p.step_s * 1e3:,.1f}",
                  f"{p.mfu:.1%}", memory, fits, p.compute_source, p.why()]
         table.add_row(*([str(i)] if search else []) + cells)
@@ -100,6 +107,8 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
             lines.append("no layout fits in memory; the smallest need is listed first")
         if hidden > 0:
             lines.append(f"({hidden} more layouts in the JSON; --top N shows more)")
+        if any(p.memory is not None for p in predictions):
+            lines.append(FITS_NOTE)
     else:
         synced = synced_step_seconds(first)
         rate = f"{first.tokens_per_s_per_gpu * first.step_s / synced:,.0f} tokens/s/GPU" if tokens else \
@@ -112,7 +121,35 @@ def layout_table(predictions: list[TrainingPrediction], search: bool = False, hi
             lines.append(f"host: eager PyTorch issues {ops:,} ops a step per rank, priced at {per_op * 1e6:.0f} us "
                          f"each; a host slower than {above * 1e6:.0f} us an op sets the pace instead; a profile of "
                          "this job on that machine (--profile) carries its host")
-        if not first.fits:
-            lines.append(f"does not fit: needs {first.memory.total_bytes / GIB:,.1f} GiB per GPU, the "
-                         f"{first.gpu.model} has {first.gpu.memory_bytes / GIB:,.0f}")
+        if first.memory is not None:
+            lines += memory_lines(first)
     return table, lines
+
+
+FITS_NOTE = (f"fits: GiB to spare (negative: over); tight: within the allocator's cache and the model's "
+             f"{MEMORY_ACCOUNTING_UNCERTAINTY:.0%} uncertainty")
+
+
+def fits_cell(p: TrainingPrediction) -> str:
+    """yes / tight / no with the margin in GiB (the device's memory less the predicted peak)."""
+    if p.memory is None:
+        return "-"
+    verdict, margin = p.memory_verdict, p.memory_margin_bytes / GIB
+    colour = {"yes": "", "tight": "[yellow]", "no": "[red]"}[verdict]
+    return f"{colour}{verdict}[/] {margin:+,.1f}" if colour else f"{verdict} {margin:+,.1f}"
+
+
+def memory_lines(p: TrainingPrediction) -> list[str]:
+    """Where the peak is and what it holds: the moment, the allocated tensors by component; then the
+    allocator's cache, the context and NCCL, against the GPU's memory, and the verdict."""
+    m = p.memory
+    parts = ", ".join(f"{k} {v / GIB:,.1f}" for k, v in sorted(m.peak.parts.items(), key=lambda kv: -kv[1])
+                      if v >= 0.05 * GIB)
+    where = f"stage {m.stage}'s " if p.job.layout.pp > 1 else ""
+    verdict = {"yes": "fits", "no": "does not fit",
+               "tight": f"tight (within the cache and the model's {MEMORY_ACCOUNTING_UNCERTAINTY:.0%} uncertainty)"
+               }[p.memory_verdict]
+    return [f"memory: {where}peak at {m.peak.name}, {m.allocated_bytes / GIB:,.1f} GiB allocated ({parts})",
+            f"  + allocator cache {(m.reserved_bytes - m.allocated_bytes) / GIB:,.1f}, CUDA context and NCCL "
+            f"{m.outside_bytes / GIB:,.1f} = {m.total_bytes / GIB:,.1f} GiB of {p.gpu.memory_bytes / GIB:,.1f}: "
+            f"{verdict}"]

@@ -6,7 +6,8 @@ pp and cp powers of two, the rest of the world split between FSDP shards and rep
 three checkpointing policies, and for pipelines 1F1B and interleaved 1F1B (two virtual stages per rank) with
 one sequence per micro-batch; for a mixture of experts every expert-parallel degree that is a power of two
 dividing the experts and the data-parallel ranks it borrows. Layouts the model cannot run (heads, layers,
-sequence, experts) are left out silently.
+sequence, experts) are left out silently; those that fit in memory with room come first, then those within
+the memory model's uncertainty ("tight").
 """
 from __future__ import annotations
 
@@ -70,8 +71,8 @@ def candidate_layouts(job: TrainingJob, world: int, gpus_per_node: int, global_b
 
 def search_layouts(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, global_batch: int,
                    calibration: Calibration | None = None) -> list[TrainingPrediction]:
-    """Every candidate predicted: those that fit first, fastest first, then those that do not, smallest
-    memory first."""
+    """Every candidate predicted: those that fit first (yes before tight), fastest first, then those that do
+    not, smallest memory first."""
     if job.model is None:
         raise MeshscaleError("--search ranks transformer layouts; a ResNet trains data parallel only")
     found = [predict_step(j, allocation, gpu, calibration)
@@ -79,6 +80,7 @@ def search_layouts(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, globa
     if not found:
         raise MeshscaleError(f"no layout of {job.name} runs on {allocation.world_size} GPUs at a global batch of "
                              f"{global_batch}; try a global batch that the GPU count divides")
-    fits = sorted((p for p in found if p.fits), key=lambda p: -p.tokens_per_s_per_gpu)
+    # those that fit with room (yes) first, then those within the memory model's uncertainty (tight)
+    fits = sorted((p for p in found if p.fits), key=lambda p: (p.memory_verdict != "yes", -p.tokens_per_s_per_gpu))
     over = sorted((p for p in found if not p.fits), key=lambda p: p.memory.total_bytes)
     return fits + over

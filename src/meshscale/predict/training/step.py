@@ -41,7 +41,8 @@ from math import ceil, exp, log
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
-from meshscale.models.memory import MemoryEstimate, training_memory
+from meshscale.models.allocator import DEFAULT_NCCL_CHANNELS, Communicator
+from meshscale.models.memory import RECIPES, MemoryEstimate, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
 from meshscale.predict.profile import ComputeProfile
@@ -250,6 +251,7 @@ class TrainingJob:
     cuda_graph: bool = False    # the step replayed as a CUDA graph: no host cost per op
     selective_policy: str = "matmuls"   # selective checkpointing: meshscale's engine's, or torchtitan's own
     rotary: str = "pairs"       # Llama's rotary as meshscale's engine computes it, or torchtitan's complex one
+    memory_recipe: str = "meshscale"   # how the framework holds memory (models/memory.RECIPES): train's engine
     sharding: str = "fsdp2"     # transformers: fsdp2 (fully_shard per block and root, as meshscale's engine and
     # torchtitan apply it, also on one rank), fsdp1 (flat parameters: llm-foundry's Composer), none (DDP)
     attention: str = "sdpa"     # the attention kernel (kernels.ATTENTION_KERNELS): sdpa, what PyTorch picks
@@ -353,7 +355,18 @@ class TrainingPrediction:
 
     @property
     def fits(self) -> bool:
+        """yes or tight (`memory_verdict`): the layout may run."""
         return self.memory is None or self.memory.fits(self.gpu.memory_bytes)
+
+    @property
+    def memory_verdict(self) -> str:
+        """yes, tight or no (MemoryEstimate.verdict); "-" where no memory is modelled (image models)."""
+        return self.memory.verdict(self.gpu.memory_bytes) if self.memory is not None else "-"
+
+    @property
+    def memory_margin_bytes(self) -> float | None:
+        """The device's memory less the predicted peak (negative: over)."""
+        return self.memory.margin(self.gpu.memory_bytes) if self.memory is not None else None
 
     def exposed(self) -> dict[str, float]:
         """Seconds per step beyond the kernels' own time, by cause (host-bound ops are inside compute_s)."""
@@ -376,6 +389,7 @@ def check_job(job: TrainingJob, world_size: int) -> None:
     for name, value, choices in (("--precision", job.precision, STEP_PRECISIONS),
                                  ("selective_policy", job.selective_policy, SELECTIVE_POLICIES),
                                  ("rotary", job.rotary, ROTARY_STYLES), ("sharding", job.sharding, SHARDINGS),
+                                 ("memory_recipe", job.memory_recipe, tuple(RECIPES)),
                                  ("--attention", job.attention, ATTENTION_KERNELS),
                                  ("--activation-checkpointing", job.checkpointing, CHECKPOINTING),
                                  ("--fp8-recipe", job.fp8_recipe, FP8_RECIPES),
@@ -541,7 +555,8 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
 
     activation = tokens * model.d_model * e
     tp_f, tp_b = _tp_seconds(job, layer, r, cost, activation)
-    cp_f, cp_b = _cp_seconds(job, layer, r, cost, allocation, tokens * 2 * model.kv_dim / layout.tp * e)
+    kv = tokens * 2 * model.kv_dim / layout.tp * e   # this rank's K and V of one micro-batch
+    cp_f, cp_b = _cp_seconds(job, layer, r, cost, allocation, kv)
     hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], allocation) \
         if layout.pp > 1 else 0.0
     # expert parallelism: each MoE layer's dispatch and combine (and the token counts before the dispatch),
@@ -559,20 +574,19 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
 
     fw = step_framework(job.framework)
     if fw.sharding in ("fsdp2", "zero3"):
-        sharding, replica, contention = _fsdp_seconds(job, fw, gpu, allocation, layer_f, layer_b, stage_layers)
+        sharding, replica, contention, costs = _fsdp_seconds(job, fw, gpu, allocation, layer_f, layer_b,
+                                                             stage_layers)
     else:
         replica = 0.0
-        sharding, contention = _partitioned_seconds(job, fw, gpu, cost, (stage_layers * layer_f + ends_f,
-                                                                          stage_layers * layer_b + ends_b))
+        sharding, contention, costs = _partitioned_seconds(job, fw, gpu, cost, (stage_layers * layer_f + ends_f,
+                                                                                stage_layers * layer_b + ends_b))
     optimizer, wait_o = _pass_seconds(kernels.per_step, r, job)
     launch = m * (stage_layers * (wait_lf + wait_lb) + wait_ef + wait_eb) + wait_o
     compute = m * (stage_layers * (layer_f + layer_b) + ends_f + ends_b) + optimizer
     step = pipeline + sharding + replica + optimizer + contention
-    memory = framework_memory(training_memory(model, layout, batch=job.batch, seq_len=job.seq_len,
-                                              precision="fp32" if job.precision in FULL_WIDTH else "bf16",
-                                              checkpointing=job.checkpointing, selective_policy=job.selective_policy,
-                                              moe_imbalance=job.moe_imbalance),
-                              fw, stage_params(job), layout.fsdp)
+    costs.update(tp=cost("all_gather", activation, "tp"),
+                 cp=cost("all_gather", kv * layout.cp, "cp"))
+    memory = job_memory(job, communicators(layout, costs, allocation.gpus_per_node))
     found = TrainingPrediction(job, allocation, gpu, source, step, compute,
                                tp_s=m * stage_layers * (tp_f + tp_b), cp_s=m * stage_layers * (cp_f + cp_b),
                                ep_s=m * stage_layers * (ep_f + ep_b),
@@ -622,12 +636,12 @@ def _fsdp_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, allocation:
     tail = reduce + replicate
     exposed_backward = rounds * stage_layers * max(0.0, backward_gather + tail - per_round * layer_b) + tail
     replica = exposed_backward * (replicate / tail) if tail else 0.0
-    return sharding + exposed_backward - replica, replica, contention
+    return sharding + exposed_backward - replica, replica, contention, {"fsdp": gather_c, "dp": replicate_c}
 
 
 def _partitioned_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, cost,
-                         passes_s: tuple[float, float]) -> tuple[float, float]:
-    """(exposed, compute lost to their SMs) of a step whose optimizer is partitioned over the --fsdp group and
+                         passes_s: tuple[float, float]) -> tuple[float, float, dict[str, CollectiveCost]]:
+    """(exposed, compute lost to their SMs, the largest gather by dimension) of a step whose optimizer is partitioned over the --fsdp group and
     whose parameters are not (framework.py): the gradients reduce-scattered and the updated parameters
     all-gathered in buckets once per step (ZeRO-2: the gradients after every micro-batch). Megatron overlaps the
     reductions with the last micro-batch's backward (a bucket starts once backward has made its gradients) and
@@ -635,13 +649,13 @@ def _partitioned_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, cost
     ``passes_s`` (forward, backward) of one micro-batch on this stage; ZeRO-1 and ZeRO-2 wait for both."""
     layout = job.layout
     if layout.fsdp == 1:
-        return 0.0, 0.0
+        return 0.0, 0.0, {}
     buckets = bucket_params(fw, stage_params(job), layout.fsdp)
     reduces = [cost("reduce_scatter", b * fw.wire_bytes, "fsdp") for b in buckets]
     gathers = [cost("all_gather", b * element_bytes(job.precision), "fsdp") for b in buckets]
     if fw.sharding != "distopt":
         times = layout.micro_batches if fw.sharding == "zero2" else 1
-        return times * sum(c.seconds for c in reduces) + sum(c.seconds for c in gathers), 0.0
+        return times * sum(c.seconds for c in reduces) + sum(c.seconds for c in gathers), 0.0, {"fsdp": gathers[0]}
     forward, backward = passes_s
     total, done, ready = sum(buckets), 0.0, []
     for b in buckets:
@@ -652,7 +666,7 @@ def _partitioned_seconds(job: TrainingJob, fw: StepFramework, gpu: GpuSpec, cost
     gathered = pipelined_exposed_s([c.seconds for c in reversed(gathers)], needed)
     contention = contention_seconds(reduces, backward, gpu.sm_count) + contention_seconds(gathers, forward,
                                                                                          gpu.sm_count)
-    return reduced + gathered, contention
+    return reduced + gathered, contention, {"fsdp": gathers[0]}
 
 
 _QKV, _OUT, _MLP_IN, _DOWN = ("wq", "wk", "wv"), ("attention out",), ("w1 (gate)", "w3 (up)", "fc"), \
@@ -710,3 +724,35 @@ def _cp_seconds(job: TrainingJob, layer: PassKernels, r: Rates, cost, allocation
     forward = ring_exposed_s(method, rounds(layer.forward), gather, hop, grad_hop, False)
     backward = ring_exposed_s(method, rounds(layer.backward), gather, hop, grad_hop, True)
     return forward, backward + (forward if recompute else 0.0)
+
+
+def communicators(layout: ParallelLayout, costs: dict[str, CollectiveCost], gpus_per_node: int) -> tuple[Communicator, ...]:
+    """The NCCL communicators of a rank, each on the channels its step's largest collective runs on (NCCL's
+    model), with NVLS buffers where NCCL's model picks NVLS for it."""
+    out = []
+    for dim, n in (("tp", layout.tp), ("cp", layout.cp), ("fsdp", layout.fsdp * layout.cp), ("dp", layout.dp)):
+        if n < 2:   # FSDP's group: fsdp and cp flattened into one
+            continue
+        c = costs.get(dim, CollectiveCost(0.0))
+        nvls = min(n, gpus_per_node) if c.chosen.lower().startswith("nvls") else 0
+        out.append(Communicator(dim, n, c.channels or DEFAULT_NCCL_CHANNELS, 1, nvls))
+    if layout.ep > 1:   # the experts' all-to-all: point-to-point connections to each peer of the group
+        out.append(Communicator("ep", layout.ep, channels=2, connections=layout.ep - 1))
+    if layout.pp > 1:
+        out.append(Communicator("pp", layout.pp, channels=2, connections=2))
+    if layout.world_size > 1:
+        out.append(Communicator("world", layout.world_size))
+    return tuple(out)
+
+
+def job_memory(job: TrainingJob, comms: tuple[Communicator, ...] | None = None) -> MemoryEstimate:
+    """The memory model's estimate for a transformer job (models/memory.training_memory) under its framework:
+    the framework's memory recipe where it has one (Megatron's, DeepSpeed's), the job's otherwise; ZeRO's
+    partitioned state over the --fsdp group (`framework.framework_memory`)."""
+    fw = step_framework(job.framework)
+    found = training_memory(job.model, job.layout, batch=job.batch, seq_len=job.seq_len,
+                            precision="fp32" if job.precision in FULL_WIDTH else "bf16",
+                            checkpointing=job.checkpointing, selective_policy=job.selective_policy,
+                            recipe=fw.memory_recipe or job.memory_recipe, sharding=job.sharding,
+                            autocast=job.autocast, moe_imbalance=job.moe_imbalance, communicators=comms)
+    return framework_memory(found, fw, stage_params(job), job.layout.fsdp)

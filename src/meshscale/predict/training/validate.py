@@ -5,6 +5,7 @@ the "training" corpus of `corpus_check`, which counts the errors and holds the b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 
 from meshscale.errors import MeshscaleError
@@ -13,7 +14,8 @@ from meshscale.predict.corpus_check import CORPORA, error, validation_result
 from meshscale.predict.question import PredictRequest
 from meshscale.predict.request import predict_training
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
-from meshscale.predict.training.step import TrainingPrediction
+from meshscale.models.memory import MemoryEstimate
+from meshscale.predict.training.step import TrainingJob, TrainingPrediction, job_memory
 from meshscale.results import Result
 from meshscale.validation import load_structured
 
@@ -37,6 +39,20 @@ class PublishedRun:
     metric: str          # tokens_per_s_per_gpu | samples_per_s
 
 
+def _memory_recipe(raw: dict) -> str:
+    """The row's memory recipe (models/memory.RECIPES): its framework's where the framework fixes one (megatron,
+    the ZeRO stages: one field says it), else the row's `memory_recipe` (meshscale's, torchtitan's and
+    llm-foundry's eager steps hold memory differently), else meshscale's."""
+    from meshscale.predict.training.framework import STEP_FRAMEWORKS
+
+    fw = STEP_FRAMEWORKS.get(str(raw.get("framework", "eager")))
+    if fw is not None and fw.memory_recipe:
+        if "memory_recipe" in raw:
+            raise ValueError(f"memory_recipe: framework {fw.name} holds memory as {fw.memory_recipe}; drop it")
+        return fw.memory_recipe
+    return str(raw.get("memory_recipe", "meshscale"))
+
+
 def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -> PublishedRun:
     try:
         name = raw["model"]
@@ -50,7 +66,7 @@ def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -
                "fp8_recipe": raw.get("fp8_recipe"), "stages_per_rank": None if virtual is None else int(virtual)}
         gpus = int(raw["gpus"])
         degrees = {k: int(v) for k, v in given.items()} or {"dp": gpus}
-        _, per_node = system_gpu(raw["system"])
+        per_node = _gpus_per_node(str(raw["system"]))
         # the network of a run over nodes: as the row says, else NDR to every GPU (the corpus's assumption)
         network = {"link": raw.get("link", "ndr"), "nics": int(raw.get("nics", per_node))} if gpus > per_node else {}
         request = PredictRequest(
@@ -61,7 +77,7 @@ def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -
             micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
             rotary=str(raw.get("rotary", "pairs")), framework=str(raw.get("framework", "eager")),
-            cp_attention=raw.get("cp_attention"), **moe)
+            cp_attention=raw.get("cp_attention"), memory_recipe=_memory_recipe(raw), **moe)
         (metric, value), = raw["measured"].items()
     except (KeyError, TypeError, ValueError) as e:
         raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None
@@ -72,6 +88,12 @@ def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -
     return PublishedRun(row, source, publication, request, str(raw["gpu"]), float(value), metric)
 
 
+@lru_cache(maxsize=None)
+def _gpus_per_node(system: str) -> int:
+    """GPUs per node of a catalog system, loaded once per process (every row names one of a few)."""
+    return system_gpu(system)[1]
+
+
 def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
     path = TRAINING.path(path)
     data = load_structured(path, "training corpus", yaml_ok=True)
@@ -79,6 +101,26 @@ def load_training_corpus(path: str | Path | None = None) -> list[PublishedRun]:
         raise MeshscaleError(f"{path}: expected a mapping with a list of runs")
     return [_run(raw, i, data.get("shapes") or {}, str(path), str(data.get("publication") or ""))
             for i, raw in enumerate(data["runs"], 1)]
+
+
+def run_memory(run: PublishedRun) -> tuple[MemoryEstimate, TrainingJob] | None:
+    """The memory model's estimate of one corpus run from its configuration alone, without pricing its step
+    (NCCL's communicators on their default channels); None for a model it has none for (image models)."""
+    from meshscale.predict.request import layout_of, resolve_model, split_framework
+    from meshscale.predict.training.moe import DEFAULT_IMBALANCE
+
+    req = run.request
+    model = resolve_model(req, req.model)
+    if model.transformer is None:
+        return None
+    step, replicas = split_framework(req.framework)
+    sharding = "fsdp2" if step != "eager" else req.sharding or ("none" if model.ddp or replicas else "fsdp2")
+    layout = layout_of(req, req.gpus[0], "fsdp" if sharding != "none" else "dp")
+    job = TrainingJob(model.transformer, layout, req.batch, req.seq_len or 0, req.precision, req.checkpointing,
+                      autocast=model.autocast if req.autocast is None else req.autocast,
+                      selective_policy=req.selective_policy, sharding=sharding, memory_recipe=req.memory_recipe,
+                      moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, framework=step)
+    return job_memory(job), job
 
 
 def price_run(run: PublishedRun) -> TrainingPrediction:
@@ -105,5 +147,7 @@ def validate_training(path: str | Path | None = None) -> Result:
                      "layout": p.job.layout.describe(), "seq_len": p.job.seq_len, "precision": p.job.precision,
                      "activation_checkpointing": p.job.checkpointing, "metric": run.metric,
                      "measured": run.measured, "predicted": predicted, "error": error(ratio), "ratio": ratio,
-                     "mfu_predicted": p.mfu, "fits": p.fits, "throughput_samples_per_s": p.samples_per_s})
+                     "mfu_predicted": p.mfu, "fits": p.memory_verdict, "throughput_samples_per_s": p.samples_per_s,
+                     "memory_peak_bytes": p.memory.total_bytes if p.memory else None,
+                     "memory_margin_bytes": p.memory_margin_bytes})
     return validation_result(TRAINING, rows, where, training=True)

@@ -87,7 +87,8 @@ def predict(topo: Topology, collective: str, ranks: list[int], nbytes: int, *, n
                                  f"devices {list(ranks)} (the hardware or the version does not offer it)")
         candidates.sort(key=lambda e: e.nccl_time_s)
         chosen = candidates[0]
-    device_s = chosen.time_s if chosen.algo == P2P else max(chosen.time_s, call_floor_us(s, c, collective) * 1e-6)
+    floor_s = call_floor_us(s, c, collective, (chosen.algo, chosen.proto)) * 1e-6
+    device_s = chosen.time_s if chosen.algo == P2P else max(chosen.time_s, floor_s)
     time_s = host_bound_s(device_s, gpus_per_thread, nccl_version)
     return NcclPrediction(collective, list(ranks), nbytes, chosen.algo, chosen.proto, chosen.channels, time_s,
                           chosen.nccl_time_s, c["family"], s, candidates,

@@ -94,11 +94,13 @@ def node_view(topo: Topology, k: int) -> Topology:
     key = ("meshscale.simulate.nccl.node_view", k)
     if key not in topo.route_cache:
         # a cluster marks every node's parts with node=k; its switches belong to no node
-        names = {n for n, node in topo.nodes.items() if node.attrs.get("node") is not None and int(node.attrs["node"]) == k}
+        # (in the topology's order, so that equally near NICs and GPUs pair alike on every run)
+        names = {n: node for n, node in topo.nodes.items()
+                 if node.attrs.get("node") is not None and int(node.attrs["node"]) == k}
         if not names or len(names) == len(topo.nodes):
             topo.route_cache[key] = topo
         else:
-            topo.route_cache[key] = Topology(f"{topo.name}/n{k}", {n: topo.nodes[n] for n in names},
+            topo.route_cache[key] = Topology(f"{topo.name}/n{k}", names,
                                              [l for l in topo.links if l.a in names and l.b in names], topo.title)
     return topo.route_cache[key]
 
@@ -106,46 +108,80 @@ def node_view(topo: Topology, k: int) -> Topology:
 def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFAULT_ENV) -> list[NicPath]:
     """How NCCL reaches the network from the GPUs ``local`` of one node of a cluster. Each NIC serves its nearest
     GPU (NIC-GPU affinity). GPUDirect RDMA is used when the NIC allows it and the path is PIX or PXB (NCCL's
-    default GDR level): the NIC reads GPU memory at the path's bottleneck. Otherwise the data is staged through
-    host memory: GPU -> CPU -> NIC, and links both legs cross (a PCIe switch's up-link) carry it twice. Equally
-    near GPUs are spread over the NICs, as NCCL's rings start on different GPUs. The socket transport (``env``)
-    stages through host memory too, and a NIC carries what its streams move."""
+    default GDR level), or a Grace's NVLink-C2C and PCIe (`through_c2c`): the NIC reads GPU memory at the path's
+    bottleneck. Otherwise the data is staged through host memory: GPU -> CPU -> NIC, and links both legs cross
+    (a PCIe switch's up-link) carry it twice. Equally near GPUs are spread over the NICs, as NCCL's rings start on
+    different GPUs. The socket transport (``env``) stages through host memory too, and a NIC carries what its
+    streams move. In a rack of several hosts a NIC serves its own host's GPUs, routed inside that host."""
     k = node_of(topo, local[0])
     cluster, topo = topo, node_view(topo, k)  # ports from the cluster, routes inside the node
     out, served = [], set()
     for nic in topo.nodes_of("nic"):
         port = sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
-        if not port:
-            continue
-        shapes = []
-        for g in local:
-            path = route(topo, g, nic).paths[0]
-            shapes.append((PATH_TYPES.index(path_class(topo, path.nodes, nccl=True)), g, path))
-        _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
-        served.add(gpu)
-        kind_name = path_class(topo, path.nodes, nccl=True)
-        gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and kind_name in GDR_PATH_TYPES \
-            and not env.socket
-        staged_s = 0.0
-        if gdr:
-            gbps = min([port, *links_gbps(topo, path.directed_links, c).values()])
-        else:
-            cpus = [n for n in path.nodes if topo.nodes[n].kind in ("cpu", "host")]
-            host = cpus[0] if cpus else next(iter(topo.nodes_of("cpu") + topo.nodes_of("host")), None)
-            legs = [route(topo, gpu, host).paths[0], route(topo, host, nic).paths[0]] if host else [path]
-            staged_s = sum(topo.links[i].latency_s for leg in legs for i, _d in leg.directed_links)
-            uses: dict = {}
-            rates: dict = {}
-            for leg in legs:
-                rates.update(links_gbps(topo, leg.directed_links, c))
-                for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
-                    uses[i] = uses.get(i, 0) + 1
-            stagers = _staging_gpus(topo, host) if host else {}
-            gbps = min([port, *(rate / (uses[i] * max(1, stagers.get(i, 0))) for (i, _d), rate in rates.items())])
-        if env.socket:
-            gbps = env.socket_gbps(gbps)
-        out.append(NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s))
+        near = [g for g in local if same_host(topo, g, nic)]
+        if port and near:  # a NIC of a host where the communicator has no rank: its ranks use their own hosts'
+            out.append(_nic_path(host_part(topo, nic), nic, near, served, port, c, env))
     return out
+
+
+def _nic_path(topo: Topology, nic: str, near: list[str], served: set, port: float, c: dict,
+              env: NcclEnv) -> NicPath:
+    """One NIC's `NicPath`: the nearest of the GPUs ``near`` (one no NIC serves yet, ``served``, among equals)."""
+    shapes = []
+    for g in near:
+        path = route(topo, g, nic).paths[0]
+        shapes.append((PATH_TYPES.index(path_class(topo, path.nodes, nccl=True)), g, path))
+    _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
+    served.add(gpu)
+    kind_name = path_class(topo, path.nodes, nccl=True)
+    gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and not env.socket \
+        and (kind_name in GDR_PATH_TYPES or through_c2c(topo, path))
+    staged_s = 0.0
+    if gdr:
+        gbps = min([port, *links_gbps(topo, path.directed_links, c).values()])
+    else:
+        cpus = [n for n in path.nodes if topo.nodes[n].kind in ("cpu", "host")]
+        host = cpus[0] if cpus else next(iter(topo.nodes_of("cpu") + topo.nodes_of("host")), None)
+        legs = [route(topo, gpu, host).paths[0], route(topo, host, nic).paths[0]] if host else [path]
+        staged_s = sum(topo.links[i].latency_s for leg in legs for i, _d in leg.directed_links)
+        uses: dict = {}
+        rates: dict = {}
+        for leg in legs:
+            rates.update(links_gbps(topo, leg.directed_links, c))
+            for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
+                uses[i] = uses.get(i, 0) + 1
+        stagers = _staging_gpus(topo, host) if host else {}
+        gbps = min([port, *(rate / (uses[i] * max(1, stagers.get(i, 0))) for (i, _d), rate in rates.items())])
+    if env.socket:
+        gbps = env.socket_gbps(gbps)
+    return NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s)
+
+
+def host_part(topo: Topology, name: str) -> Topology:
+    """The host ``name`` sits in, on its own (an NVL72 rack's compute tray: its Graces, GPUs, NICs and the links
+    among them), built once: a GPU's path to its NIC stays inside it. A node of one host is its own part."""
+    host = topo.nodes[name].attrs.get("host")
+    if host is None:
+        return topo
+    key = ("meshscale.simulate.nccl.host_part", host)
+    if key not in topo.route_cache:
+        keep = {n: node for n, node in topo.nodes.items() if node.attrs.get("host") == host}
+        topo.route_cache[key] = Topology(f"{topo.name}/host{host}", keep,
+                                         [l for l in topo.links if l.a in keep and l.b in keep], topo.title)
+    return topo.route_cache[key]
+
+
+def same_host(topo: Topology, a: str, b: str) -> bool:
+    """Whether two parts of a node sit in one host: a rack of several hosts (an NVL72's 18 compute trays) marks
+    each part with its ``host``; the hosts share nothing but NVLink, so a NIC serves the GPUs of its own host."""
+    return topo.nodes[a].attrs.get("host") == topo.nodes[b].attrs.get("host")
+
+
+def through_c2c(topo: Topology, path) -> bool:
+    """A GPU -> NIC path over the GPU's NVLink-C2C to its CPU and that CPU's PCIe to the NIC (GB200: NCCL's
+    PATH_P2C), on which NCCL uses GPUDirect RDMA by default (NCCL_NET_GDR_C2C=1, src/graph/paths.cc)."""
+    cpus = [n for n in path.nodes[1:-1] if topo.nodes[n].kind in ("cpu", "host")]
+    return bool(path.directed_links) and topo.links[path.directed_links[0][0]].kind == "c2c" and len(cpus) == 1
 
 
 def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
@@ -155,7 +191,7 @@ def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
     key = ("meshscale.simulate.nccl.staging", host)
     if key not in topo.route_cache:
         count: dict[int, int] = {}
-        for gpu in topo.devices():
+        for gpu in [g for g in topo.devices() if same_host(topo, g, host)]:
             for i, _d in route(topo, gpu, host).paths[0].directed_links:
                 count[i] = count.get(i, 0) + 1
         topo.route_cache[key] = count

@@ -257,13 +257,17 @@ def block_ceiling_gbps(s: System, c: dict, collective: str, algo: str, blocks: i
     return bus * (s.n_ranks / ring_steps(collective, s.n_ranks) if algo == "ring" else 0.5)
 
 
-def call_floor_us(s: System, c: dict, collective: str) -> float:
+def call_floor_us(s: System, c: dict, collective: str, chosen: tuple[str, str] | None = None) -> float:
     """The least time (us) one call of ``collective`` takes in a back-to-back loop: the CUDA launch and NCCL's
     per-call overhead (see the data file) on top of NCCL's cheapest latency for it (LL on the algorithm of fewest
     steps: the ring in one node, the tree's log-depth across many; PAT's log-depth with one GPU per node, which has
-    only Simple). A separate term: NCCL's choice does not see it."""
+    only Simple), or the ``chosen`` (algorithm, protocol)'s own where that is NVLink SHARP and lower: a ring of 72
+    GPUs in one NVLink domain pays 142 LL steps, NVLS one multicast whatever the GPUs. A separate term: NCCL's
+    choice does not see it."""
     lowest = min(latency_us(s, c, collective, a, p) for a, p in (("ring", "LL"), ("tree", "LL"), ("pat", "Simple"))
                  if a == "ring" or enabled(s, c, collective, a, p, True))
+    if chosen is not None and chosen[0] in ("nvls", "nvls_tree"):
+        lowest = min(lowest, latency_us(s, c, collective, *chosen))
     return float(data_file()["launch_overhead_us"]) + lowest
 
 

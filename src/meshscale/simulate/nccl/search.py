@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, host_memory_gbps,
                                              host_run_gbps, links_gbps, network_latency_s, network_paths, node_of,
-                                             node_view, port_gbps)
+                                             node_view, port_gbps, same_host)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
@@ -116,17 +116,17 @@ def pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict,
 
 
 def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: dict) -> _PairPath | None:
+    if node_of(topo, a) != node_of(topo, b):  # two nodes of a cluster: the network's, never a P2P path
+        return None
     nv = c["nvlink_bw_per_link"].get(sm, c["nvlink_bw_per_link"][80 if sm >= 80 else 70])
     direct = [l for l in topo.links_between(a, b) if l.kind == "nvlink"]
     if direct:
         key = ("nvl", a, b)
         capacity[key] = sum(l.count for l in direct) * nv
         return _PairPath("NVL", [(key, 1.0)])
-    shared = _switches_of(topo, a) & _switches_of(topo, b)  # one hop through a common switch: no route needed
-    if shared or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's links out
-        for g, way in ((a, "out"), (b, "in")):
-            capacity[("nvs", way, g)] = sum(l.count for l in topo.links_of(g, "nvlink")
-                                            if topo.nodes[l.other(g)].kind == "nvswitch") * nv
+    (a_switches, a_links), (b_switches, b_links) = _switches_of(topo, a), _switches_of(topo, b)
+    if a_switches & b_switches or route(topo, a, b).fabric == "nvlink":  # through NVSwitches: a's links in, b's out
+        capacity[("nvs", "out", a)], capacity[("nvs", "in", b)] = a_links * nv, b_links * nv
         return _PairPath("NVL", [(("nvs", "out", a), 1.0), (("nvs", "in", b), 1.0)])
     r = route(topo, a, b)
     if r.fabric != "pcie":
@@ -145,15 +145,23 @@ def _p2p_pair_path(topo: Topology, a: str, b: str, c: dict, sm: int, capacity: d
     return _PairPath(path_type, uses)
 
 
-def _switches_of(topo: Topology, gpu: str) -> set[str]:
-    return {l.other(gpu) for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"}
+def _switches_of(topo: Topology, gpu: str) -> tuple[set[str], int]:
+    """The NVSwitches a GPU links to and its NVLinks to them; asked for every pair (5,112 on an NVL72 rack)."""
+    key = ("meshscale.simulate.nccl.switches_of", gpu)
+    if key not in topo.route_cache:
+        links = [l for l in topo.links_of(gpu, "nvlink") if topo.nodes[l.other(gpu)].kind == "nvswitch"]
+        topo.route_cache[key] = {l.other(gpu) for l in links}, sum(l.count for l in links)
+    return topo.route_cache[key]
 
 
 def local_cpu(topo: Topology, gpu: str) -> str | None:
     """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
     cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
+    beside = [l.other(gpu) for l in topo.links_of(gpu) if l.kind in ("c2c", "pcie") and l.other(gpu) in cpus]
+    if beside:  # linked to a CPU (a Grace over NVLink-C2C): that one, without routing the whole cluster
+        return beside[0]
     node = node_of(topo, gpu)
-    mine = [x for x in cpus if node_of(topo, x) == node]
+    mine = [x for x in cpus if node_of(topo, x) == node and same_host(topo, x, gpu)]
     return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
 
 
@@ -198,7 +206,8 @@ def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env:
     return _PairPath("SYS", [(("nic", nic), 1.0)], "net")
 
 
-def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True):
+def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True,
+            kinds: dict | None = None):
     """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
     nearest path types first); ``closed`` False: chains (a tree's intra-node pattern), from any first GPU.
     Each ring is yielded with its resources taken; they are given back after."""
@@ -213,6 +222,8 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
             left[k] -= sign * speed * f
 
     order: list[str] = []
+    kinds = kinds or {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
+    uses = {pair: p.uses for pair, p in paths.items()}
 
     def dfs():
         budget[0] -= 1
@@ -228,9 +239,9 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
                 yield list(order)
                 take(u, names[0], -1)
             return
-        rest = [v for v in names if v not in order and (u, v) in paths]
-        rest.sort(key=lambda v: (PATH_TYPES.index(paths[(u, v)].path_type),
-                                 -min(left[k] / f for k, f in paths[(u, v)].uses)))
+        placed = set(order)
+        rest = [v for v in names if v not in placed and (u, v) in paths]
+        rest.sort(key=lambda v: (kinds[(u, v)], -min([left[k] / f for k, f in uses[(u, v)]])))
         for v in rest:
             if fits(u, v):
                 take(u, v, 1)
@@ -245,24 +256,60 @@ def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: lis
         order.pop()
 
 
-def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
-                closed: bool = True) -> list[list[str]]:
-    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
-    channels too, within a time limit); stops at the bound the busiest GPU's links set."""
+def _first_uses(paths: dict) -> dict[str, set]:
+    """Each sender's first resource over all its paths (its links out)."""
     out: dict = {}
     for (a, _), p in paths.items():
         for k, _f in p.uses[:1]:
             out.setdefault(a, set()).add(k)
+    return out
+
+
+def _pack_rings(names: list[str], paths: dict, capacity: dict, speed: float, limit: int,
+                closed: bool = True, uniform: float | None = -1.0, out: dict | None = None) -> list[list[str]]:
+    """As many rings (``closed`` False: chains) at ``speed`` as fit together (NCCL's search backtracks over
+    channels too, within a time limit); stops at the bound the busiest GPU's links set. ``uniform`` and ``out``:
+    `uniform_switch_capacity` and `_first_uses` of ``paths``, where the caller has them."""
+    out = out if out is not None else _first_uses(paths)
     sends = min(int(sum(capacity[k] for k in ks) / speed + 1e-9) for ks in out.values())
     bound = min(limit, sends if closed else sends * len(names) // max(1, len(names) - 1))
+    if uniform is not None and uniform < 0:
+        uniform = uniform_switch_capacity(names, paths, capacity)
+    # chains leave the first GPU's links in and the last's out unused: chains from other ends could add some
+    # (2 GPUs: 0->1 and 1->0), unless the links' bound leaves no room for one more
+    if uniform is not None and (closed or bound <= sends):
+        return [list(names)] * min(bound, int(uniform / speed + 1e-9))
+    return _searched_rings(names, paths, capacity, speed, bound, closed)
+
+
+def uniform_switch_capacity(names: list[str], paths: dict, capacity: dict) -> float | None:
+    """Each GPU's NVSwitch bandwidth (GB/s each way) where ``names`` are GPUs all alike behind NVSwitches, or None
+    for any other node. Each pair path takes the sender's switch links out and the receiver's in, every GPU's as
+    wide: the search's ordering ties at every step, so it lays every ring (or chain) in ``names`` order until the
+    links are spent, capacity / speed of them (NVL72: 16 rings of 72 found at once, not by 72 x 72 steps each)."""
+    caps = set()
+    for a in names:
+        for b in names:
+            p = paths.get((a, b)) if a != b else None
+            if a != b and (p is None or [k for k, _f in p.uses] != [("nvs", "out", a), ("nvs", "in", b)]
+                           or any(f != 1.0 for _k, f in p.uses)):
+                return None
+        caps |= {capacity[("nvs", "out", a)], capacity[("nvs", "in", a)]}
+    return caps.pop() if len(caps) == 1 else None
+
+
+def _searched_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
+                    closed: bool) -> list[list[str]]:
+    """`_pack_rings` by depth-first search: rings taken one after another, backtracking within a visit budget."""
     left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
+    kinds = {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
 
     def rec():
         if len(rings) > len(best[0]):
             best[0] = list(rings)
         if len(rings) >= bound or budget[0] <= 0:
             return
-        for ring in _cycles(names, paths, left, speed, budget, closed):
+        for ring in _cycles(names, paths, left, speed, budget, closed, kinds):
             rings.append(ring)
             rec()
             rings.pop()
@@ -308,17 +355,16 @@ def _search_graph(topo: Topology, names: list[str], c: dict, sm: int, closed: bo
         if not usable:
             continue
         best: tuple[int, float, list] = (0, 0.0, [])
-        per_gpu = {a: max((min(capacity[k] / f for k, f in p.uses) for (s, _), p in usable.items() if s == a), default=0)
-                   for a in names}
-        max_bw = max(per_gpu.values())
-        total_bw = max(sum(capacity[k] for k in {p.uses[0][0] for (s, _), p in usable.items() if s == a}) for a in names)
+        max_bw = max(min(capacity[k] / f for k, f in p.uses) for p in usable.values())
+        out = _first_uses(usable)
+        total_bw = max(sum(capacity[k] for k in ks) for ks in out.values())
         if not closed:
             total_bw *= len(names) / (len(names) - 1)
-        first = None
+        first, uniform = None, uniform_switch_capacity(names, usable, capacity)
         for speed in [s for s in ladder if s <= max_bw + 1e-9]:
             if first is not None and speed / first <= 0.49:
                 break
-            rings = _pack_rings(names, usable, capacity, speed, limit, closed)
+            rings = _pack_rings(names, usable, capacity, speed, limit, closed, uniform, out)
             if rings and len(rings) * speed > best[0] * best[1] + 1e-9:
                 best = (len(rings), speed, rings)
             if rings and first is None:

@@ -111,12 +111,15 @@ def memory_needed(cfg: TrainConfig, layout: ParallelLayout) -> MemoryEstimate:
 
 
 def check_fits(cfg: TrainConfig, layout: ParallelLayout, capacity_bytes: float, gpu_name: str) -> None:
-    """One line before any work when the layout needs more memory than the GPU has."""
+    """One line before any work when the layout cannot fit: even the lower end of what it needs (its allocated
+    peak less the accounting's uncertainty, with the CUDA context and NCCL's buffers) exceeds the GPU's memory.
+    A layout the model calls tight runs (its margin is within the model's uncertainty)."""
     need = memory_needed(cfg, layout)
-    if not need.fits(capacity_bytes):
+    if need.verdict(capacity_bytes) == "no":
+        low, _ = need.bounds()
         raise MeshscaleError(
-            f"{cfg.model} needs {need.total_bytes / GIB:.1f} GiB per GPU for {layout.describe()} "
-            f"(batch {cfg.batch_per_rank}, --activation-checkpointing {cfg.layout.checkpointing}, "
+            f"{cfg.model} needs at least {low / GIB:.1f} GiB per GPU for {layout.describe()} (peak at "
+            f"{need.peak.name}; batch {cfg.batch_per_rank}, --activation-checkpointing {cfg.layout.checkpointing}, "
             f"{cfg.speed.precision}), the {gpu_name} has {capacity_bytes / GIB:.1f} GiB; shard further (--fsdp, "
             "--tp, --pp), checkpoint activations or lower --batch / --seq-len")
 
@@ -147,6 +150,7 @@ def layout_summary(cfg: TrainConfig, summary: dict[str, Any], layout: ParallelLa
     out = {"seq_len": seq_len, "tokens_per_s": tokens,
            "tokens_per_s_per_rank": tokens / cfg.world if tokens else None,
            "memory_needed_bytes": need.total_bytes, "memory_needed_allocated_bytes": need.allocated_bytes,
+           "memory_needed_reserved_bytes": need.reserved_bytes, "memory_needed_moment": need.peak.name,
            "memory_needed": need.breakdown(), "layout": layout.describe(),
            "layout_degrees": layout.degrees(), "pp_schedule": layout.pp_schedule,
            "micro_batches": layout.micro_batches, "activation_checkpointing": cfg.layout.checkpointing,
