@@ -153,3 +153,28 @@ def test_transformer_engine_keeps_each_fused_op_its_own_kernel_and_every_library
             assert kept == fused
             library = lambda ks: Counter((k.name, k.flops) for k in ks if k.kind in ("matmul", "attention"))  # noqa
             assert library(b) == library(a)
+
+
+def test_a_framework_that_fixes_its_memory_recipe_is_the_memory_models_own_and_zero_stages_shed_state_in_order():
+    from meshscale.models.memory import training_memory
+    from meshscale.predict.training.framework import STEP_FRAMEWORKS
+    from meshscale.predict.training.step import job_memory
+    from meshscale.predict.training.validate import _memory_recipe
+
+    job = TrainingJob(preset("llama-1b"), ParallelLayout(fsdp=8), 2, 2048, "bf16", "full")
+    for name, fw in STEP_FRAMEWORKS.items():
+        # the job's own recipe counts only where the framework fixes none
+        mine = job_memory(replace(job, framework=name, memory_recipe="llm-foundry"))
+        recipe = fw.memory_recipe or "llm-foundry"
+        assert (mine == training_memory(job.model, job.layout, batch=2, seq_len=2048, checkpointing="full",
+                                        recipe=recipe)) == (not name.startswith("zero")), name
+    static = [job_memory(replace(job, framework=f"zero{s}")) for s in (1, 2, 3)]
+    # at the optimizer's step: parameters, gradients and state; each stage partitions one more of them
+    held = [sum(m.parts[k] for k in ("params", "grads", "optimizer")) for e in static for m in e.moments
+            if m.name == "optimizer"]
+    assert held[0] > held[1] > held[2]
+    assert all(e.total_bytes > 0 and e.reserved_bytes >= e.allocated_bytes for e in static)
+    assert _memory_recipe({"framework": "megatron"}) == "megatron"
+    assert _memory_recipe({"memory_recipe": "torchtitan"}) == "torchtitan"
+    with pytest.raises(ValueError, match="drop it"):      # one question, one answer
+        _memory_recipe({"framework": "megatron", "memory_recipe": "megatron"})
