@@ -20,7 +20,8 @@ def atlas() -> KernelAtlas:
 def test_every_shipped_atlas_is_physical():
     for atlas in shipped_atlases():
         facts = model_facts(atlas.gpu)[0]
-        peaks = {"bf16": atlas.dense_bf16_flops, "fp32": facts["fp32_flops"], "tf32": facts["tf32_flops"]}
+        peaks = {"bf16": atlas.dense_bf16_flops, "fp32": facts["fp32_flops"], "tf32": facts["tf32_flops"],
+                 "fp8-tensorwise": facts["fp8_flops"], "fp8-rowwise": facts["fp8_flops"]}
         assert all(0 < p.flops_per_s <= 1.02 * peaks[p.dtype] for p in atlas.gemm)
         assert all(0 < p.flops_per_s <= atlas.dense_bf16_flops for p in atlas.attention)
         assert 0.5 < atlas.stream_fraction <= 1.0

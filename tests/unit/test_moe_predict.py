@@ -46,12 +46,14 @@ def test_one_group_is_one_gemm_and_small_experts_run_below_a_dense_gemm_of_their
     assert kernel_seconds(grouped, r) > 1.5 * kernel_seconds(dense, r)
 
 
-def test_fp8_gemms_are_never_slower_than_bf16_ones(h100):
+def test_large_fp8_gemms_are_never_slower_than_bf16_ones(h100):
+    # the kernel atlas measured small fp8 products slower than bf16's (2048 x 1024 x 1024: 249 against 429 TFLOP/s
+    # on an H100, `torch._scaled_mm`'s own overhead): the property holds where the tensor cores set the pace
     rng = random.Random(42)
     bf16, fp8 = rates(h100, "bf16"), rates(h100, "fp8")
     for _ in range(200):
-        # the shapes torchao converts (features multiples of 16), any number of tokens in whole 16s
-        m, n, k = (rng.choice([16, 128]) * rng.randint(1, 128) for _ in range(3))
+        # the shapes torchao converts (features multiples of 16), large enough to be the tensor cores' work
+        m, n, k = (16 * rng.randint(256, 1024) for _ in range(3))
         g = gemm("w", m, n, k, 2)
         (f,), _ = to_fp8([g], "tensorwise")
         assert kernel_seconds(f, fp8) <= kernel_seconds(g, bf16) * (1 + 1e-12)

@@ -96,6 +96,33 @@ def _gemm_layouts(m: int, n: int, k: int, dtype: str, element, device) -> list[G
     return found
 
 
+FP8_M, FP8_NK = (2048, 8192, 32768), (1024, 4096, 16384)
+
+
+def measure_fp8_gemms(device) -> list[GemmPoint]:
+    """fp8 products as torchao's float8 linears run them (`torch._scaled_mm`: e4m3 operands, bf16 out), with one
+    scale per tensor (dtype ``fp8-tensorwise``) and one per row (``fp8-rowwise``); none on GPUs without fp8
+    tensor cores (compute capability below 8.9)."""
+    import torch
+
+    if torch.cuda.get_device_capability(device) < (8, 9):
+        return []
+    out = []
+    for m in FP8_M:
+        for n in FP8_NK:
+            for k in FP8_NK:
+                a = torch.randn(m, k, device=device).to(torch.float8_e4m3fn)
+                b = torch.randn(n, k, device=device).to(torch.float8_e4m3fn).t()   # column-major, as _scaled_mm takes it
+                one = torch.ones((), device=device)
+                scales = {"fp8-tensorwise": (one, one),
+                          "fp8-rowwise": (torch.ones(m, 1, device=device), torch.ones(1, n, device=device))}
+                for dtype, (sa, sb) in scales.items():
+                    fn = lambda sa=sa, sb=sb: torch._scaled_mm(a, b, sa, sb, out_dtype=torch.bfloat16)  # noqa: E731
+                    t = _gpu_seconds(fn, reps=_reps_for(2 * m * n * k / 8e14))
+                    out.append(GemmPoint(m, n, k, "nt", dtype, 2.0 * m * n * k / t))
+    return out
+
+
 def measure_attention(device) -> list[AttentionPoint]:
     import torch
     import torch.nn.functional as F
@@ -386,7 +413,7 @@ def measure_atlas(dense_bf16_flops: float, memory_bandwidth_bytes_per_s: float, 
     progress("attention")
     attention = measure_attention(device)
     progress("matrix products")
-    gemms = measure_gemms(device)
+    gemms = measure_gemms(device) + measure_fp8_gemms(device)
     return KernelAtlas(props.name, datetime.date.today().isoformat(), versions(), props.multi_processor_count,
                        dense_bf16_flops, memory_bandwidth_bytes_per_s, tuple(gemms), tuple(attention),
                        tuple(stream), memory_ops, floor, eager_floor, host, dtensor, command, conv_host,

@@ -256,7 +256,7 @@ def category_calibration(job: TrainingJob, gpu: GpuSpec, measured_s: dict[str, f
     from meshscale.predict.training.breakdown import step_kernel_list
     from meshscale.predict.training.kernels import CategoryCalibration, category_of, rates, roofline_seconds
 
-    r = rates(gpu, job.precision, 1.0, job.attention)
+    r = rates(gpu, job.precision, 1.0, job.attention, job.fp8_recipe)
     transformer = job.model is not None
     roofs: dict[str, float] = {}
     for k in step_kernel_list(job):

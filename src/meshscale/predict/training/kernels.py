@@ -274,6 +274,8 @@ class Rates:
     attention_kernel: str = "flash"  # flash, cudnn or triton (rates() resolves "sdpa")
     calibrated: "CategoryCalibration | None" = None  # a profile's measured categories, moved to this GPU
     fp8_flops: float = 0.0          # what an fp8 GEMM reaches (--precision fp8; 0: none runs)
+    fp8_dense_flops: float = 0.0    # ... the datasheet's fp8 peak (at the clock), where the atlas prices them
+    measured_fp8: "MeasuredKernels | None" = None    # the atlas's fp8 products of the recipe, where measured
     measured: "MeasuredKernels | None" = None        # the kernel atlas of this GPU's family, where one was measured
     host_s_per_op: float = HOST_SECONDS_PER_OP       # eager PyTorch's host time per op (the atlas's, where shipped)
     dtensor_host_s_per_op: float = DTENSOR_HOST_SECONDS_PER_OP
@@ -281,7 +283,8 @@ class Rates:
     kernel_floor_s: float = KERNEL_FLOOR_S
 
 
-def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa") -> Rates:
+def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa",
+          fp8_recipe: str = "tensorwise") -> Rates:
     """What each kernel kind reaches on ``gpu`` in ``precision``; ``attention_kernel`` "sdpa" is resolved to the
     kernel PyTorch's SDPA runs there. Under a power limit below the TDP the SMs' clock, and with it every rate
     the SMs set (tensor cores, instruction issue), is `GpuSpec.power_clock_ratio` of the datasheet's; the HBM
@@ -303,6 +306,9 @@ def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: s
     from meshscale.predict.training.measured import host_costs, measured_kernels
 
     measured = measured_kernels(gpu, precision)
+    measured_fp8 = measured_kernels(gpu, f"fp8-{fp8_recipe}") if fp8 else None
+    if measured_fp8 is not None:   # fp8 products from the atlas: their measured shares of the fp8 peak
+        found = replace(found, measured_fp8=measured_fp8, fp8_dense_flops=gpu.matmul_flops("fp8") * clock)
     if measured is not None:
         found = replace(found, measured=measured, bandwidth_bytes_per_s=gpu.memory_bandwidth_bytes_per_s *
                         measured.stream_fraction, kernel_floor_s=measured.eager_floor_s)
@@ -376,7 +382,10 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     if kernel.kind in ("matmul", "conv"):
         peak, e = gemm_peak(kernel, r)
         share = gemm_share(kernel, peak, r, e)
-        if kernel.kind == "matmul" and r.measured is not None and not (kernel.fp8 and r.fp8_flops):
+        if kernel.kind == "matmul" and kernel.fp8 and r.fp8_flops:
+            if r.measured_fp8 is not None:
+                share = measured_gemm_share(kernel, peak, r, share, r.measured_fp8, r.fp8_dense_flops)
+        elif kernel.kind == "matmul" and r.measured is not None:
             share = measured_gemm_share(kernel, peak, r, share)
         compute_s = kernel.flops / (peak * share)
     elif kernel.kind == "attention":
@@ -388,7 +397,8 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     return kernel.count * max(compute_s, memory_s, r.kernel_floor_s * launches_of(kernel)) * r.factor
 
 
-def measured_gemm_share(kernel: Kernel, peak: float, r: Rates, own: float) -> float:
+def measured_gemm_share(kernel: Kernel, peak: float, r: Rates, own: float, measured: "MeasuredKernels | None" = None,
+                        dense_flops: float = 0.0) -> float:
     """A matrix product's share of ``peak`` (the datasheet's times the generation's ceiling) from the atlas: its
     own analytic share ``own`` (a grouped product's tiles quantized per group) times what the atlas measured
     beyond the analytic model around its shape (`MeasuredKernels.gemm_share`)."""
@@ -396,8 +406,10 @@ def measured_gemm_share(kernel: Kernel, peak: float, r: Rates, own: float) -> fl
 
     layout = layout_of(kernel.name)
     m, n, k = (kernel.n, kernel.m, kernel.k) if layout == "tn" else (kernel.m, kernel.n, kernel.k)
-    analytic = lambda a, b, c: gemm_share(Kernel("", "matmul", m=a, n=b, k=c), peak, r)  # noqa: E731
-    return r.measured.gemm_share(m, n, k, layout, analytic, own) * r.dense_flops / peak
+    measured, dense = measured or r.measured, dense_flops or r.dense_flops
+    e = 1 if kernel.fp8 else 0
+    analytic = lambda a, b, c: gemm_share(Kernel("", "matmul", m=a, n=b, k=c), peak, r, e)  # noqa: E731
+    return measured.gemm_share(m, n, k, layout, analytic, own) * dense / peak
 
 
 def gemm_share(kernel: Kernel, peak: float, r: Rates, element_bytes: int = 0) -> float:

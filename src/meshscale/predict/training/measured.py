@@ -27,7 +27,9 @@ from meshscale.predict.training.hardware import GpuSpec
 # a generation no atlas measured takes the nearest older one's measured shares of its own peaks (as the attention
 # fractions of kernels.py take Hopper's for Blackwell); older generations keep the analytic model
 FAMILY_FALLBACK = {"blackwell": "hopper"}
-DTYPES = {"bf16": "bf16", "fp16": "bf16", "fp32": "fp32", "tf32": "tf32"}   # precision -> the atlas's GEMM dtype
+# precision -> the atlas's GEMM dtype (fp8 by torchao's recipe: one scale per tensor, or per row)
+DTYPES = {"bf16": "bf16", "fp16": "bf16", "fp32": "fp32", "tf32": "tf32", "fp8-tensorwise": "fp8-tensorwise",
+          "fp8-rowwise": "fp8-rowwise"}
 LAYOUTS = {"dgrad": "nn", "wgrad": "tn"}   # a product's name suffix -> the layout measured (else "nt")
 
 
@@ -127,7 +129,8 @@ def measured_kernels(gpu: GpuSpec, precision: str) -> MeasuredKernels | None:
     from meshscale.topology.nvml_discovery import model_facts
 
     facts = model_facts(atlas.gpu)[0]
-    peak = {"bf16": atlas.dense_bf16_flops, "fp32": facts.get("fp32_flops"), "tf32": facts.get("tf32_flops")}[dtype]
+    peak = {"bf16": atlas.dense_bf16_flops, "fp32": facts.get("fp32_flops"), "tf32": facts.get("tf32_flops"),
+            "fp8-tensorwise": facts.get("fp8_flops"), "fp8-rowwise": facts.get("fp8_flops")}[dtype]
     if not peak:
         return None
     return MeasuredKernels(atlas, dtype, float(peak), atlas.memory_bandwidth_bytes_per_s / gpu.memory_bandwidth_bytes_per_s)

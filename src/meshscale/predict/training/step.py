@@ -430,7 +430,7 @@ def predict_step(job: TrainingJob, allocation: Allocation, gpu: GpuSpec,
     if job.measured is not None:   # timed by its measured step: no kernels, no rates
         found = _replicated(job, allocation, gpu, None, f"measured step: {job.measured.source or 'profile'}")
         return found
-    r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention)
+    r = rates(gpu, job.precision, calibration.factor if calibration else 1.0, job.attention, job.fp8_recipe)
     if calibration and calibration.categories:
         r = replace(r, calibrated=calibration.categories)
     source = calibration.describe(gpu.model) if calibration else compute_source(gpu, job.precision)
