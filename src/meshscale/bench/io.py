@@ -18,12 +18,13 @@ from __future__ import annotations
 import math
 import os
 import signal
+import stat
 import time
 from dataclasses import asdict, dataclass, field
 from multiprocessing import TimeoutError, get_context
 from pathlib import Path
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
 
 READ_CHUNK_BYTES = 8 << 20   # one read call: large enough that the call overhead is negligible
 DECODE_BATCH = 16            # samples fetched per call, like a data-loader worker's batch
@@ -38,7 +39,7 @@ class DataFiles:
 
     root: Path
     kind: str                    # "images" (one file a sample, ImageFolder layout) or "tokens" (one file)
-    files: tuple[Path, ...]
+    files: tuple[str, ...]
     total_bytes: int
     samples: int
     bytes_per_sample: float
@@ -143,54 +144,25 @@ class IoReport:
 
 # ---- the data set ---------------------------------------------------------------------------------------
 
-def scan(path: str | Path, seq_len: int = 1024) -> DataFiles:
+def scan(path: str | Path, seq_len: int = 1024, budget_s: float | None = None) -> DataFiles:
     """The data set at ``path``: a folder of images in the ImageFolder layout, or a token file (.npy or uint16
-    .bin, read in windows of ``seq_len`` + 1 ids)."""
-    from meshscale.execute.datasets import IMAGE_SUFFIXES, TOKEN_SUFFIXES
+    .bin, read in windows of ``seq_len`` + 1 ids). Found within `execute.data_files`' limits (files, classes,
+    depth, links kept inside the data set, the walk's time: at most ``budget_s`` when given)."""
+    from meshscale.execute.data_files import WALK_BUDGET_S, data_root, token_layout, walk_images
 
-    root = Path(path)
-    if not root.exists():
-        raise MeshscaleError(f"{root} does not exist; give a folder of images (<class>/<image>) or a token file")
-    if not os.access(root, os.R_OK):
-        raise MeshscaleError(f"{root} is not readable")
-    if root.is_file():
-        if root.suffix not in TOKEN_SUFFIXES:
-            raise MeshscaleError(f"{root} is a file but not a token file ({', '.join(TOKEN_SUFFIXES)}); give a token "
-                                 "file or a folder of images")
-        size = root.stat().st_size
-        itemsize = _token_itemsize(root)
-        tokens = (size - _npy_header_bytes(root)) // itemsize
+    root = Path(data_root(path, "bench io"))
+    if not root.is_dir():
+        layout = token_layout(path)
+        tokens = layout.count
         if tokens <= seq_len:
-            raise MeshscaleError(f"token file {root} holds {tokens} tokens, fewer than one sequence of {seq_len + 1}")
+            raise MeshscaleError(f"token file {path} holds {tokens} tokens, fewer than one sequence of {seq_len + 1}")
         samples = (tokens - 1) // seq_len
-        return DataFiles(root, "tokens", (root,), size, samples, size / samples)
-    classes = sorted(p for p in root.iterdir() if p.is_dir())
-    files = tuple(f for c in classes for f in sorted(c.rglob("*")) if f.suffix.lower() in IMAGE_SUFFIXES and f.is_file())
-    if not files:
-        raise MeshscaleError(f"no images in {root}: expected {root}/<class>/<image> files ({', '.join(IMAGE_SUFFIXES)})")
-    unreadable = next((f for f in files if not os.access(f, os.R_OK)), None)
-    if unreadable:
-        raise MeshscaleError(f"{unreadable} is not readable")
-    total = sum(f.stat().st_size for f in files)
-    return DataFiles(root, "images", files, total, len(files), total / len(files), len(classes))
-
-
-def _token_itemsize(path: Path) -> int:
-    if path.suffix == ".bin":
-        return 2  # nanoGPT's raw uint16, as `execute.datasets.token_file` reads it
-    import numpy as np
-    try:
-        return np.load(path, mmap_mode="r").dtype.itemsize
-    except (ValueError, OSError) as exc:
-        raise MeshscaleError(f"{path} is not a readable .npy file: {exc}") from None
-
-
-def _npy_header_bytes(path: Path) -> int:
-    if path.suffix != ".npy":
-        return 0
-    import numpy as np
-    array = np.load(path, mmap_mode="r")
-    return path.stat().st_size - array.nbytes
+        return DataFiles(Path(path), "tokens", (str(layout.path),), layout.file_bytes, samples,
+                         layout.file_bytes / samples)
+    tree = walk_images(root, min(WALK_BUDGET_S, budget_s or WALK_BUDGET_S), "bench io")
+    total = tree.total_bytes
+    files = tuple(f for f, _, _ in tree.files)
+    return DataFiles(tree.root, "images", files, total, len(files), total / len(files), len(tree.classes))
 
 
 def memory_bytes() -> int:
@@ -200,13 +172,24 @@ def memory_bytes() -> int:
 
 # ---- reading ----------------------------------------------------------------------------------------------
 
-def evict(files: tuple[Path, ...]) -> bool:
+def _open_regular(path: str) -> int:
+    """A descriptor of the regular file ``path``, opened without blocking (a pipe swapped in since the walk is
+    refused, never waited on)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise MeshscaleError(f"{path}: no longer a regular file; meshscale reads regular files only")
+    os.set_blocking(fd, True)
+    return fd
+
+
+def evict(files: tuple[str, ...]) -> bool:
     """Ask the kernel to drop ``files`` from its page cache (clean pages go; no root needed). False where the
     platform has no posix_fadvise."""
     if not hasattr(os, "posix_fadvise"):
         return False
     for f in files:
-        fd = os.open(f, os.O_RDONLY)
+        fd = _open_regular(f)
         try:
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
@@ -219,7 +202,7 @@ def _read_share(pieces: list[tuple[str, int, int]]) -> tuple[float, float, int]:
     start = time.monotonic()
     done = 0
     for path, offset, length in pieces:
-        with open(path, "rb", buffering=0) as f:
+        with os.fdopen(_open_regular(path), "rb", buffering=0) as f:
             f.seek(offset)
             left = length
             while left != 0:
@@ -265,8 +248,11 @@ def _run(work, shares: list[tuple], timeout_s: float, what: str) -> list:
         return [p.get(timeout=max(0.0, deadline - time.monotonic())) for p in pending]
     except TimeoutError:
         raise MeshscaleError(f"{what} took longer than {timeout_s:g} s; raise --timeout-s or read a smaller data set") from None
-    except OSError as exc:
-        raise MeshscaleError(f"{what} failed: {exc}") from None
+    except MeshscaleError:  # a worker's own one line (an image it could not decode, a file swapped)
+        raise
+    except Exception as exc:  # whatever else a worker met (the file system, memory): one line
+        first = (str(exc).strip().splitlines() or [""])[0][:200]
+        raise MeshscaleError(f"{what} failed: {type(exc).__name__}: {one_line(first)}") from None
     finally:
         pool.terminate()
         pool.join()
@@ -339,7 +325,7 @@ def measured_demand(path: str | Path) -> Demand:
 
 @dataclass(frozen=True)
 class IoSpec:
-    path: Path
+    path: str | Path
     readers: int = 2
     sample_shape: tuple[int, ...] | None = None   # None: 3x224x224 images, 1024-id token windows
     vocab: int = 1 << 16
@@ -351,7 +337,7 @@ class IoSpec:
 def bench_io(spec: IoSpec, demand: Demand | None = None) -> IoReport:
     """Both read passes, the decode rate, and the report that sets them beside ``demand``."""
     seq_len = spec.sample_shape[0] if spec.sample_shape and len(spec.sample_shape) == 1 else 1024
-    data = scan(spec.path, seq_len)
+    data = scan(spec.path, seq_len, spec.timeout_s)
     shape = spec.sample_shape or ((3, 224, 224) if data.kind == "images" else (seq_len,))
     if (len(shape) == 1) != (data.kind == "tokens"):
         raise MeshscaleError(f"{data.root} holds {data.kind} but the model takes "

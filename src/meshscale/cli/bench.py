@@ -170,7 +170,7 @@ def p2p(
 
 @bench_app.command("io")
 def io(
-    path: Path = typer.Argument(..., help="a folder of images (<class>/<image>, the ImageFolder layout) or a token file (.npy, uint16 .bin)"),
+    path: str = typer.Argument(..., help="a folder of images (<class>/<image>, the ImageFolder layout) or a token file (.npy, uint16 .bin)"),
     readers: int = typer.Option(2, "--readers", help="reader (and decoder) processes", callback=checked(CPU_COUNT)),
     model: Optional[str] = typer.Option(None, "--model", help="the model trained on it: its input size, and with --system the predicted demand"),
     system: str = typer.Option("dgx1-p100", "--system", "-s", help="catalog system or file whose GPUs --model is predicted on"),

@@ -10,11 +10,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from meshscale.errors import MeshscaleError
-from meshscale.safe_io import input_file
-
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm", ".tif", ".tiff")
-TOKEN_SUFFIXES = (".npy", ".bin")
+from meshscale.errors import MeshscaleError, one_line
+from meshscale.execute.data_files import IMAGE_SUFFIXES, TOKEN_SUFFIXES, token_layout, walk_images  # noqa: F401
 
 
 @dataclass
@@ -32,26 +29,38 @@ class Dataset:
 
 
 def image_folder(root: str | Path, size: tuple[int, int] = (224, 224)) -> Dataset:
-    """Images in ``root/<class>/<file>`` (the ImageFolder layout), loaded with PIL, resized, scaled to [0, 1]."""
-    root = Path(root)
-    if not root.is_dir():
-        raise MeshscaleError(f"data folder {root} does not exist; give a folder with one sub-folder per class, or --data synthetic")
-    classes = sorted(p.name for p in root.iterdir() if p.is_dir())
-    files = [(f, c) for c, name in enumerate(classes) for f in sorted((root / name).rglob("*"))
-             if f.suffix.lower() in IMAGE_SUFFIXES]
-    if not files:
-        raise MeshscaleError(f"no images in {root}: expected {root}/<class>/<image> files ({', '.join(IMAGE_SUFFIXES)})")
-    from PIL import Image
-
-    def load(path: Path) -> torch.Tensor:
-        with Image.open(path) as im:
-            a = np.asarray(im.convert("RGB").resize((size[1], size[0])), dtype=np.float32) / 255.0
-        return torch.from_numpy(a).permute(2, 0, 1)
+    """Images in ``root/<class>/<file>`` (the ImageFolder layout), loaded with PIL, resized, scaled to [0, 1].
+    The folder is walked within `data_files`' limits; an image that cannot be decoded (a decompression bomb, a
+    corrupt or truncated file) is one line naming it."""
+    tree = walk_images(root)
+    files = [(path, klass) for path, klass, _ in tree.files]
 
     def fetch(idx: np.ndarray):
-        return torch.stack([load(files[i][0]) for i in idx]), torch.tensor([files[i][1] for i in idx])
+        return torch.stack([load_image(files[i][0], size) for i in idx]), torch.tensor([files[i][1] for i in idx])
 
-    return Dataset(f"images:{root}", len(files), fetch, "image", (3, *size), len(classes))
+    return Dataset(f"images:{root}", len(files), fetch, "image", (3, *size), len(tree.classes))
+
+
+def load_image(path: str, size: tuple[int, int]) -> torch.Tensor:
+    """One image as a (3, H, W) float tensor in [0, 1]; images above PIL's decompression-bomb bound
+    (Image.MAX_IMAGE_PIXELS, 89.5 million pixels) are refused from their header, before decoding."""
+    import warnings
+
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(path) as im:
+                a = np.asarray(im.convert("RGB").resize((size[1], size[0])), dtype=np.float32) / 255.0
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        raise MeshscaleError(f"{one_line(path)}: a decompression bomb ({one_line(str(exc))[:160]}); images are "
+                             f"decoded up to PIL's {Image.MAX_IMAGE_PIXELS:,} pixels") from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError, IndexError, TypeError) as exc:
+        # what PIL's decoders raise on a corrupt, truncated or unknown file
+        raise MeshscaleError(f"{one_line(path)}: not a readable image ({type(exc).__name__}: "
+                             f"{one_line(str(exc))[:160]})") from None
+    return torch.from_numpy(a).permute(2, 0, 1)
 
 
 def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:
@@ -75,23 +84,11 @@ def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:
 
 
 def _token_ids(path: Path) -> np.ndarray:
-    """The token ids of ``path`` as a read-only memory map, refused in one line when they are not a flat array
-    of integers: a .npy of another dtype (floats, objects: loading never unpickles), a corrupt header, a .bin
-    of an odd or zero length, a file of another kind."""
-    if path.suffix.lower() not in TOKEN_SUFFIXES:
-        raise MeshscaleError(f"token file {path}: use a .npy array of integer ids or a uint16 .bin file "
-                             "(nanoGPT's); other files are not token files")
-    size = input_file(path, "token file (.npy or .bin of token ids)").stat().st_size
-    if path.suffix.lower() == ".bin":
-        if size == 0 or size % 2:
-            raise MeshscaleError(f"token file {path}: {size} bytes is not a whole number of uint16 token ids")
-        return np.memmap(path, dtype=np.uint16, mode="r")
-    try:
-        tokens = np.load(path, mmap_mode="r", allow_pickle=False)
-    except Exception as exc:  # numpy parses the header with ast and tokenize: any of their errors
-        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:120]
-        raise MeshscaleError(f"token file {path}: not a readable .npy array of token ids ({first})") from None
-    if not isinstance(tokens, np.ndarray) or tokens.dtype.kind not in "iu" or tokens.ndim != 1:
-        what = f"a {tokens.ndim}-d array of {tokens.dtype}" if isinstance(tokens, np.ndarray) else "not an array"
-        raise MeshscaleError(f"token file {path}: holds {what}; give a flat array of integer token ids")
-    return tokens
+    """The token ids of ``path`` as a read-only memory map, from the header `data_files.token_layout` parsed
+    (never numpy's loader: nothing is evaluated or unpickled); one line when they are not a flat array of
+    integers."""
+    layout = token_layout(path)
+    if layout.count == 0:
+        return np.zeros(0, dtype=np.dtype(layout.dtype))
+    return np.memmap(layout.path, dtype=np.dtype(layout.dtype), mode="r", offset=layout.offset,
+                     shape=(layout.count,))

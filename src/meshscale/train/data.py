@@ -107,6 +107,8 @@ def open_data(spec: str, input_kind: str, sample_shape: tuple[int, ...], num_cla
         if input_kind != "image":
             raise MeshscaleError("the digits data set is images; use an image model such as small-cnn")
         return digits("test" if spec == "digits-test" else "train")
+    if not spec.strip():
+        raise MeshscaleError("--data: an empty path; give synthetic, digits, a folder of images or a token file")
     path = Path(spec)
     if input_kind == "tokens":
         return token_file(path, sample_shape[0], num_classes)
