@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
 
 EPILOG = ("torchrun's options: `python -m torch.distributed.run --help`. Exit status: 0 when every rank finished; 2 "
           "when a rank failed (one line each, the first to fail first), the rendezvous failed or timed out, or the "
@@ -39,7 +39,7 @@ def launch(ctx: typer.Context) -> None:
     plan = plan_launch(list(ctx.args), lambda command: _check_command(ctx, command), rank_env)
     failures = run_launch(plan, hostname())
     for line in failure_lines(failures):
-        print(f"meshscale: error: {line}", file=sys.stderr)
+        print(f"meshscale: error: {one_line(line)}", file=sys.stderr)
     if failures:
         raise typer.Exit(2)
 

@@ -24,10 +24,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from meshscale.errors import Interrupted, MeshscaleError
-from meshscale.execute.launcher import first_line, loopback_interface, proc_state, serving_store, signal_name
+from meshscale.errors import Interrupted, MeshscaleError, one_line
+from meshscale.execute.launcher import (first_line, loopback_interface, proc_state, resolve_host, serving_store,
+                                        signal_name)
 from meshscale.execute.world import LAUNCHER_REPORTS_ENV
 from meshscale.safe_io import remove_stale_scratch
+from meshscale.topology.limits import MAX_NODES
+from meshscale.units import is_digits
+from meshscale.validation import MAX_CPU_RANKS, MAX_CPU_RANKS_PER_CORE, max_cpu_ranks
 
 LOOPBACK = "127.0.0.1"
 LOOPBACK_BACKEND = "meshscale-loopback"   # torchrun's c10d rendezvous, its stores on loopback only
@@ -36,6 +40,11 @@ _OWN_OPTIONS = {"module": "-m/--module", "no_python": "--no-python", "run_path":
 # torchrun's log records (a banner about OMP_NUM_THREADS, one line per signal sent, the failure block): the
 # summary replaces them; LOGLEVEL (torchrun's own variable) shows them again
 _TORCH_LOGGERS = ("torch.distributed.run", "torch.distributed.launcher", "torch.distributed.elastic")
+# Restarts of the whole group: each attempt leaves a folder per rank in the log folder, so the count bounds them
+# (torchrun's default is 0; a run that failed 100 times in a row will not pass on the 101st).
+MAX_RESTARTS = 100
+NPROC_WORDS = ("auto", "cpu", "gpu")
+RESOLVE_TIMEOUT_S = 10.0    # a name service that does not answer in 10 s will not answer the ranks either
 
 
 @dataclass(frozen=True)
@@ -126,9 +135,10 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
     if not command:
         refuse("training_script")
     try:
-        torchrun.parse_min_max_nnodes(args.nnodes)
+        nodes = torchrun.parse_min_max_nnodes(args.nnodes)
     except ValueError:
         refuse(f"--nnodes {args.nnodes!r}: give a number of nodes or MIN:MAX")
+    _check_sizes(args, nodes, refuse)
     check_command(command)
     args.module, args.no_python, args.run_path = True, False, False
     args.training_script, args.training_script_args = "meshscale", command
@@ -139,8 +149,9 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
     rank_env = {**(rank_env or {}), LAUNCHER_REPORTS_ENV: "1"}
     try:
         try:
-            if _standalone_on_loopback(args, torchrun) and "GLOO_SOCKET_IFNAME" not in os.environ:
+            if _standalone_on_loopback(args, torchrun, refuse) and "GLOO_SOCKET_IFNAME" not in os.environ:
                 rank_env["GLOO_SOCKET_IFNAME"] = loopback_interface()  # Gloo's sockets on loopback too
+            _check_endpoint(args)
             with _torch_logs_quiet():
                 config, entrypoint, entrypoint_args = torchrun.config_from_args(args)  # makes the log folder
         except (AssertionError, ValueError, TypeError) as exc:
@@ -155,11 +166,77 @@ def plan_launch(tokens: list[str], check_command: Callable[[list[str]], None],
     return LaunchPlan(config, entrypoint, list(entrypoint_args), rank_env, own_log_dir)
 
 
-def _standalone_on_loopback(args: Any, torchrun: Any) -> bool:
+def _check_sizes(args: Any, nodes: tuple[int, int], refuse: Callable[[str], None]) -> None:
+    """Ranks, nodes and restarts within what this machine and meshscale's limits allow, before anything is made
+    (each rank, and each restart of it, gets its own folder of files)."""
+    if not (0 < nodes[0] <= nodes[1] <= MAX_NODES):
+        refuse(f"--nnodes {args.nnodes}: give 1 to {MAX_NODES:,} nodes (meshscale's limit on a cluster's nodes), MIN "
+               "not above MAX")
+    ranks = local_ranks(str(args.nproc_per_node), refuse)
+    most, why = local_rank_limit()
+    if ranks > most:
+        refuse(f"--nproc-per-node {args.nproc_per_node}: {ranks:,} ranks on this machine, above its limit of "
+               f"{most:,} ({why})")
+    args.nproc_per_node = str(ranks)
+    if not 0 <= args.max_restarts <= MAX_RESTARTS:
+        refuse(f"--max-restarts {args.max_restarts}: give 0 to {MAX_RESTARTS} (each restart leaves every rank's "
+               "files; a run that failed that often will not pass)")
+
+
+def local_ranks(text: str, refuse: Callable[[str], None]) -> int:
+    """torchrun's --nproc-per-node as a number: digits, or auto, cpu or gpu as torchrun reads them."""
+    if is_digits(text):
+        if int(text) < 1:
+            refuse(f"--nproc-per-node {text}: need at least 1")
+        return int(text)
+    if text not in NPROC_WORDS:
+        refuse(f"--nproc-per-node {text!r}: give a number of ranks, or {', '.join(NPROC_WORDS)}")
+    gpus = _gpu_count()
+    if text == "gpu" and not gpus:
+        refuse("--nproc-per-node gpu: this machine has no GPU; give a number of ranks or cpu")
+    return gpus if text == "gpu" or (text == "auto" and gpus) else (os.cpu_count() or 1)
+
+
+def _gpu_count() -> int:
+    import torch
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def local_rank_limit() -> tuple[int, str]:
+    """The most ranks one machine starts, and why: one per GPU, or as many CPU workers as `--cpus` allows."""
+    gpus, cpu = _gpu_count(), max_cpu_ranks()
+    cpu_why = (f"{MAX_CPU_RANKS_PER_CORE} CPU workers per core, {os.cpu_count() or 1} cores, at most "
+               f"{MAX_CPU_RANKS}")
+    return (gpus, f"one rank per GPU, {gpus} GPUs") if gpus > cpu else (cpu, cpu_why)
+
+
+def _check_endpoint(args: Any) -> None:
+    """The rendezvous endpoint's host resolves (within `RESOLVE_TIMEOUT_S`), so a misspelt name is one line now
+    rather than a rendezvous that waits out its timeout."""
+    if args.rdzv_backend == LOOPBACK_BACKEND:
+        return
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    option = "--rdzv-endpoint" if args.rdzv_endpoint else "--master-addr"
+    endpoint = args.rdzv_endpoint or (f"{args.master_addr}:{args.master_port}" if args.rdzv_backend == "static" else "")
+    if not endpoint:
+        return
+    try:
+        host, port = parse_rendezvous_endpoint(endpoint, default_port=29400)
+    except ValueError as exc:
+        raise MeshscaleError(f"launch: {option} {one_line(endpoint)}: {first_line(exc)}; give HOST:PORT") from None
+    resolve_host(host, port, RESOLVE_TIMEOUT_S, f"launch: {option} {one_line(endpoint)}")
+
+
+def _standalone_on_loopback(args: Any, torchrun: Any, refuse: Callable[[str], None]) -> bool:
     """What torchrun's `run` does for --standalone (and one node without an endpoint), with the loopback store;
     True when the run stays on this machine."""
     one_node = (args.rdzv_backend == "static" and not args.rdzv_endpoint and args.master_port is None
                 and torchrun.parse_min_max_nnodes(args.nnodes)[1] == 1)
+    if args.standalone and torchrun.parse_min_max_nnodes(args.nnodes)[0] > 1:
+        refuse(f"--standalone --nnodes {args.nnodes}: --standalone runs on this machine alone (its rendezvous "
+               "listens on 127.0.0.1), so no other node could join; for several nodes give --rdzv-backend c10d "
+               "--rdzv-endpoint HOST:PORT that every node reaches")
     if args.standalone or one_node:
         _register_loopback_backend()
         args.rdzv_backend, args.rdzv_endpoint, args.rdzv_id = LOOPBACK_BACKEND, f"{LOOPBACK}:0", str(uuid.uuid4())
@@ -261,7 +338,7 @@ def _error_file_message(failure: Any) -> str:
     if isinstance(message, dict):
         message = message.get("message", "")
     text = str(message).strip()
-    return text.splitlines()[0][:2000] if text else ""
+    return one_line(text.splitlines()[0][:2000]) if text else ""  # a rank's words, shown escaped
 
 
 @contextmanager

@@ -65,8 +65,10 @@ class RankContext:
             dist.barrier()
 
 
-def _resolve_host(host: str, port: int, timeout_s: float = 10.0) -> None:
-    """A one-line error when MASTER_ADDR does not resolve (within ``timeout_s``: a name server may not answer)."""
+def resolve_host(host: str, port: int, timeout_s: float = 10.0, what: str = "") -> None:
+    """A one-line error when MASTER_ADDR (or ``what``) does not resolve (within ``timeout_s``: a name server may
+    not answer)."""
+    what = what or f"MASTER_ADDR={host}"
     outcome: list[BaseException | None] = []
 
     def lookup() -> None:
@@ -80,10 +82,10 @@ def _resolve_host(host: str, port: int, timeout_s: float = 10.0) -> None:
     thread.start()
     thread.join(timeout_s)
     if not outcome:
-        raise MeshscaleError(f"MASTER_ADDR={host}: no answer from the name service within {timeout_s:.0f} s")
+        raise MeshscaleError(f"{what}: no answer from the name service within {timeout_s:.0f} s")
     if outcome[0] is not None:
         why = getattr(outcome[0], "strerror", None) or str(outcome[0])
-        raise MeshscaleError(f"MASTER_ADDR={host}: cannot resolve ({why}); give the rendezvous host's name or address")
+        raise MeshscaleError(f"{what}: cannot resolve {host!r} ({why}); give the rendezvous host's name or address")
 
 
 def _die_with(owner_pid: int) -> None:
@@ -425,7 +427,7 @@ def _run_under_torchrun(fn: Callable, args: tuple, backend: str, timeout_s: floa
     assert env is not None  # launch() came here because in_torchrun()
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # started by torchrun's agent: a rank it no longer watches is an orphan
         _die_with(os.getppid())
-    _resolve_host(env.master_addr, env.master_port)
+    resolve_host(env.master_addr, env.master_port)
     store = _launcher_store(env, timeout_s)
     try:
         ctx = _init(env.rank, env.world_size, env.local_rank, backend, store, timeout_s)

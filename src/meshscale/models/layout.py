@@ -18,6 +18,9 @@ from meshscale.errors import MeshscaleError
 
 # inner (consecutive ranks) to outer
 DIMENSIONS = ("tp", "cp", "fsdp", "dp", "pp")
+# The most ranks a layout may span: 10x the largest GPU clusters built (about 100,000 GPUs), so a product of
+# degrees is refused before any work sized by it (groups, a cluster of that many nodes).
+MAX_LAYOUT_RANKS = 1 << 20
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 CHECKPOINTING = ("none", "selective", "full")
 
@@ -138,6 +141,18 @@ def filled_degrees(given: dict[str, int], world: int, fill: str) -> dict[str, in
     return found
 
 
+def check_degrees(degrees: dict[str, int]) -> int:
+    """The product of ``degrees`` (by dimension name), if it is within `MAX_LAYOUT_RANKS`; one line otherwise."""
+    total = 1
+    for n in degrees.values():
+        total *= n if isinstance(n, int) and n > 0 else 1
+    if total > MAX_LAYOUT_RANKS:
+        shown = " x ".join(f"--{k} {v}" for k, v in degrees.items() if v != 1)
+        raise MeshscaleError(f"layout {shown} = {total:,} ranks, above meshscale's limit of {MAX_LAYOUT_RANKS:,} "
+                             "(10x the largest GPU clusters built, about 100,000 GPUs)")
+    return total
+
+
 def check_layout(layout: ParallelLayout, world_size: int | None = None, model=None, seq_len: int | None = None,
                  batch: int | None = None) -> ParallelLayout:
     """Refuse, in one line naming the field and the rule, a layout that cannot run: degrees below 1, a product
@@ -146,6 +161,7 @@ def check_layout(layout: ParallelLayout, world_size: int | None = None, model=No
     for name, n in layout.degrees().items():
         if not isinstance(n, int) or n < 1:
             raise MeshscaleError(f"--{name} {n}: must be a whole number >= 1")
+    check_degrees(layout.degrees())
     if layout.pp_schedule not in PP_SCHEDULES:
         raise MeshscaleError(f"--pp-schedule {layout.pp_schedule}: use one of {', '.join(PP_SCHEDULES)}")
     if world_size is not None and layout.world_size != world_size:

@@ -25,6 +25,30 @@ STYLES = ("llama", "gpt2")
 _PRESETS = Path(__file__).with_name("presets.yaml")
 _MAX_DIM = 1 << 24  # no published shape is near 16M on any axis; larger is a typo
 
+# The largest shape meshscale takes on each axis, several times the largest published model's (sources in
+# docs/references.md): predict's work grows with layers (kernels per layer), widths (tensor sizes, optimizer
+# launches) and experts, so a bound here keeps every command on any config quick. A larger value is refused in one
+# line naming the field, the limit and where the limit comes from.
+SHAPE_LIMITS: dict[str, tuple[int, str]] = {
+    "layers": (1024, "8x the deepest published decoder, Llama 3.1 405B's 126 layers"),
+    "d_model": (1 << 17, "6x the widest, Megatron-Turing NLG 530B's hidden size of 20,480"),
+    "heads": (1024, "8x the most attention heads published, 128 (Llama 3.1 405B, MT-NLG 530B)"),
+    "kv_heads": (1024, "8x the most attention heads published, 128 (Llama 3.1 405B, MT-NLG 530B)"),
+    "ffn_dim": (1 << 19, "6x the widest MLP, MT-NLG 530B's 81,920"),
+    "vocab_size": (1 << 21, "8x the largest vocabulary, Gemma 3's 262,144"),
+    "max_seq_len": (1 << 24, "above the longest context, Llama 4 Scout's 10,485,760 positions"),
+    "experts": (4096, "10x the most routed experts, Kimi K2's 384"),
+    "experts_per_token": (4096, "10x the most routed experts, Kimi K2's 384"),
+    "expert_ffn_dim": (1 << 19, "6x the widest MLP, MT-NLG 530B's 81,920"),
+    "shared_experts": (4096, "10x the most routed experts, Kimi K2's 384"),
+    "dense_layers": (1024, "8x the deepest published decoder, Llama 3.1 405B's 126 layers"),
+    "moe_every": (1024, "8x the deepest published decoder, Llama 3.1 405B's 126 layers"),
+    "shared_expert_ffn_dim": (1 << 19, "6x the widest MLP, MT-NLG 530B's 81,920"),
+    # a head's widths and attention's latent ranks: at most the hidden size's limit
+    **{name: (1 << 17, "the hidden size's limit, 6x MT-NLG 530B's 20,480") for name in
+       ("attn_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
+}
+
 
 @dataclass(frozen=True)
 class TransformerConfig:
@@ -292,8 +316,18 @@ def _check_moe(cfg: TransformerConfig, where: str) -> None:
                              f"{cfg.moe_every})")
 
 
-def _check(cfg: TransformerConfig, where: str) -> TransformerConfig:
+def check_shape_limits(cfg: TransformerConfig, where: str, labels: dict[str, str] | None = None) -> None:
+    """Every axis of ``cfg`` within `SHAPE_LIMITS`; one line naming the field, the limit and its source."""
+    for field_name, (most, source) in SHAPE_LIMITS.items():
+        value = getattr(cfg, field_name, 0)
+        if isinstance(value, int) and value > most:
+            label = (labels or {}).get(field_name, field_name)
+            raise MeshscaleError(f"{where}: {label} {value:,} is above meshscale's limit of {most:,} ({source})")
+
+
+def _check(cfg: TransformerConfig, where: str, labels: dict[str, str] | None = None) -> TransformerConfig:
     """The rules a shape must obey, each refused in one line naming the field."""
+    check_shape_limits(cfg, where, labels)
     if cfg.style not in STYLES:
         raise MeshscaleError(f"{where}: style {cfg.style!r} is not one of {', '.join(STYLES)}")
     if cfg.d_model % cfg.heads and not cfg.attn_head_dim and not cfg.is_mla:
@@ -354,7 +388,7 @@ def config_from_fields(name: str, fields: dict, where: str, labels: dict[str, st
     source = typed(fields.get("source", ""), label("source"), (str,), "a string")
     return _check(TransformerConfig(name=name, kv_heads=kv, style=style, tie_embeddings=tie, rope_theta=theta,
                                     published_params=published, source=source, **ints,
-                                    **_extra_fields(fields, label)), where)
+                                    **_extra_fields(fields, label)), where, labels)
 
 
 @lru_cache(maxsize=1)

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field, replace
 
 from meshscale.errors import MeshscaleError
 from meshscale.predict.frameworks import FRAMEWORKS
+from meshscale.models.layout import check_degrees
 from meshscale.predict.question import PredictRequest
 from meshscale.predict.request import Prepared, predict_training, prepare
 from meshscale.predict.sweep import SweepInfo, predict_rows
@@ -99,13 +100,12 @@ def refuse_what_does_not_apply(req: PredictRequest, kind: str, prepared: Prepare
 def answer(req: PredictRequest) -> Answer:
     """The answer to ``req``, after refusing what does not apply."""
     kind = shape_of(req)
+    check_degrees(dict(req.degrees))  # before anything sized by their product
     prepared = prepare(req)   # the fabric resolved once
     refuse_what_does_not_apply(req, kind, prepared)
     if kind in ("layout", "search"):
         if not (req.gpus or req.nodes) and req.degrees:   # the degrees' product, or one node
-            total = 1
-            for _, v in req.degrees:
-                total *= v
+            total = check_degrees(dict(req.degrees))
             req = replace(req, gpus=(prepared.where.gpus_per_node if total <= 1 else total,))
             prepared = replace(prepared, req=req)
         predictions, gpu = predict_training(req, prepared)

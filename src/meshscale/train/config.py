@@ -104,7 +104,8 @@ class LayoutOptions:
     stages_per_rank: int = 2         # interleaved-1f1b: virtual stages per rank
 
     def parallel_layout(self) -> "ParallelLayout":
-        from meshscale.models.layout import ParallelLayout
+        from meshscale.models.layout import ParallelLayout, check_degrees
+        check_degrees({"dp": self.dp, "fsdp": self.fsdp, "tp": self.tp, "pp": self.pp, "cp": self.cp})
         return ParallelLayout(dp=self.dp, fsdp=self.fsdp, tp=self.tp, pp=self.pp, cp=self.cp, ep=self.ep,
                               pp_schedule=self.pp_schedule, micro_batches=self.micro_batches or self.pp,
                               stages_per_rank=self.stages_per_rank)

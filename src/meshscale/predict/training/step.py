@@ -458,14 +458,56 @@ def _pass_seconds(kernels: tuple[Kernel, ...] | list[Kernel], r: Rates, job: Tra
     return max(gpu, host), max(0.0, host - gpu)
 
 
-def _issue_order(kernels: StepKernels) -> list[tuple[tuple[Kernel, ...], int]]:
-    """The step's kernels in the order the host issues them, as (kernels, times in a row): per micro-batch the
-    layers' forwards, the ends forward and backward, the layers' backwards (with what they recompute); then the
-    per-step kernels."""
+def _issue_order(kernels: StepKernels) -> tuple[list[tuple[tuple[Kernel, ...], int]], int, tuple[Kernel, ...]]:
+    """The step's kernels in the order the host issues them: one micro-batch's as (kernels, times in a row) --
+    the layers' forwards, the ends forward and backward, the layers' backwards (with what they recompute) --,
+    how many micro-batches, then the per-step kernels."""
     layer, ends = kernels.layer, kernels.ends
     micro_batch = [(layer.forward, kernels.stage_layers), (ends.forward + ends.backward, 1),
                    (layer.recompute + layer.backward, kernels.stage_layers)]
-    return micro_batch * kernels.micro_batches + [(kernels.per_step, 1)]
+    return micro_batch, kernels.micro_batches, kernels.per_step
+
+
+# The issue timeline as a map of d = (GPU done) - (host issued): issuing a kernel that takes i on the host and
+# runs r on the GPU turns d into max(d - i, 0) + r = max(d + (r - i), r). Such maps, max(d + a, b), compose into
+# one of the same form, so a block repeated n times is one map too and the timeline costs the kernels of one
+# micro-batch, not micro-batches x layers x kernels. A map is (a, b, host seconds, GPU seconds).
+_NO_KERNELS = (0.0, float("-inf"), 0.0, 0.0)
+
+
+def _then(first: tuple, second: tuple) -> tuple:
+    a1, b1, i1, r1 = first
+    a2, b2, i2, r2 = second
+    return a1 + a2, max(b1 + a2, b2), i1 + i2, r1 + r2
+
+
+def _repeated(block: tuple, n: int) -> tuple:
+    """``block`` ``n`` times in a row: max(d + n a, b + max(0, (n - 1) a))."""
+    if n <= 0:
+        return _NO_KERNELS
+    a, b, i, r = block
+    return n * a, b + max(0.0, (n - 1) * a), n * i, n * r
+
+
+def _as_map(times: list[tuple[float, float]]) -> tuple:
+    block = _NO_KERNELS
+    for issue_s, run_s in times:
+        block = _then(block, (run_s - issue_s, run_s, issue_s, run_s))
+    return block
+
+
+def timeline_map(blocks: list[tuple[list[tuple[float, float]], int]]) -> tuple:
+    """``blocks`` -- each a list of (issue s, run s) of kernels, repeated so many times in a row -- as one map."""
+    timeline = _NO_KERNELS
+    for times, repeat in blocks:
+        timeline = _then(timeline, _repeated(_as_map(times), repeat))
+    return timeline
+
+
+def timeline_ends(timeline: tuple) -> tuple[float, float, float]:
+    """(host seconds, GPU busy seconds, when the GPU finishes) of a timeline issued from an idle GPU."""
+    a, b, host_s, gpu_s = timeline
+    return host_s, gpu_s, host_s + max(a, b, 0.0)
 
 
 def synced_step_seconds(p: TrainingPrediction) -> float:
@@ -477,15 +519,13 @@ def synced_step_seconds(p: TrainingPrediction) -> float:
     added to ``step_s``. A CUDA-graphed step replays from one launch: nothing added."""
     if p.job.cuda_graph or p.rates is None or p.job.measured is not None:
         return p.step_s
-    host = gpu = gpu_total = host_total = 0.0
-    for kernels, repeat in _issue_order(step_kernels(p.job)):
-        times = [(issue_seconds(k, p.rates), kernel_seconds(k, p.rates)) for k in kernels]
-        for _ in range(repeat):
-            for issue_s, run_s in times:
-                host += issue_s
-                gpu = max(gpu, host) + run_s
-        gpu_total += repeat * sum(run_s for _, run_s in times)
-        host_total += repeat * sum(issue_s for issue_s, _ in times)
+    micro_batch, micro_batches, per_step = _issue_order(step_kernels(p.job))
+
+    def times(kernels: tuple[Kernel, ...]) -> list[tuple[float, float]]:
+        return [(issue_seconds(k, p.rates), kernel_seconds(k, p.rates)) for k in kernels]
+
+    one = timeline_map([(times(kernels), repeat) for kernels, repeat in micro_batch])
+    host_total, gpu_total, gpu = timeline_ends(_then(_repeated(one, micro_batches), _as_map(times(per_step))))
     return p.step_s + max(0.0, gpu - max(gpu_total, host_total))
 
 

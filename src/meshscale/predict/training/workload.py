@@ -335,6 +335,9 @@ def foreach_launches(numels: list[int], depth: int, scalar_list: bool = False) -
         tensors += 1
         left = ceil(numel / FOREACH_CHUNK)
         while left:                         # the tensor's chunks, as many at a time as the launch has room for
+            if blocks == 0 and left > FOREACH_MAX_BLOCKS:  # launches of this tensor alone, counted at once (one
+                full = (left - 1) // FOREACH_MAX_BLOCKS    # by one, a huge tensor's would be millions)
+                launched, left, tensors = launched + full, left - full * FOREACH_MAX_BLOCKS, 1
             take = min(left, FOREACH_MAX_BLOCKS - blocks)
             blocks, left = blocks + take, left - take
             if blocks == FOREACH_MAX_BLOCKS or (not left and tensors == max_tensors):
