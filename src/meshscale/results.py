@@ -82,13 +82,15 @@ REQUIRED_ROW_KEYS = {
 # >= 0 and below MAX_FIGURE (an exabyte, an exabyte a second, 30 years: beyond any machine; larger values overflow
 # the charts' log axes)
 FIGURE_SUFFIXES = ("_s", "_bytes", "_per_s", "_share")
-FIGURE_KEYS = ("world_size", "count", "efficiency", "speedup", "global_batch", "batch_per_rank")
+FIGURE_KEYS = ("world_size", "count", "efficiency", "speedup", "global_batch", "batch_per_rank", "wrong")
 MAX_FIGURE = 1e18
 # Row values the readers group, sort and match rows by: text, or (the ends of a transfer) a device's name or index,
 # the same in every row
 TEXT_KEYS = ("collective", "mode", "algorithm", "variant", "dtype", "redop", "bottleneck", "label", "impl", "system",
              "model")
 END_KEYS = ("src", "dst")
+# Row values the readers take as true or false ("false" as text would read as true)
+FLAG_KEYS = ("inplace", "predicted")
 # Row values the readers match rows of two runs by (compare): one value each
 MATCH_KEYS = TEXT_KEYS + END_KEYS + ("inplace", "root", "size_bytes", "world_size", "batch_per_rank")
 # Figures a run cannot have measured as zero: the readers divide by them
@@ -170,6 +172,8 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
     for key, value in row.items():
         if isinstance(value, (list, dict)) and key in MATCH_KEYS:
             raise MeshscaleError(f"{where}.{key}: expected one value, got a {type(value).__name__}")
+        if value is not None and key in FLAG_KEYS:
+            _flag(value, f"{where}.{key}")
         if value is not None and key in TEXT_KEYS + END_KEYS:
             (_text if key in TEXT_KEYS else _end)(value, f"{where}.{key}")
         if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):

@@ -105,6 +105,14 @@ def text(value: Any, where: str, max_chars: int = 4096) -> str:
     return value
 
 
+def word(value: Any, where: str) -> str:
+    """A name typed as one word: not empty, no spaces around it, printable (a profile, a share, a name)."""
+    if not isinstance(value, str) or not value or value != value.strip() or not value.isprintable() \
+            or len(value) > 200:
+        raise MeshscaleError(f"{where}: {_show(value)} is not a name; give it without spaces around it, e.g. 3g.40gb")
+    return value
+
+
 def count_list(text_value: Any, where: str, lo: int = 1, hi: int | None = None) -> list[int]:
     """A comma-separated list of distinct whole counts such as ``1,2,4`` (a sweep: no value twice)."""
     parts = [p.strip() for p in str(text_value).split(",")]

@@ -14,6 +14,7 @@ os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 import typer  # noqa: E402
 
 from meshscale.cli import bench, collectives, fleet, launch, predict, report, topology, train, validate  # noqa: E402
+from meshscale.cli.checks import strict_numbers  # noqa: E402
 from meshscale.errors import MeshscaleError, WorkerError, one_line  # noqa: E402
 from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
@@ -53,7 +54,7 @@ def main() -> None:
     try:
         # bad input found late: none of the files it began; a failed run keeps the finished part it saved
         with new_outputs_removed_on(MeshscaleError, unless=WorkerError):
-            code = app(standalone_mode=False)
+            code = strict_numbers(typer.main.get_command(app))(standalone_mode=False)
         sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
         line = one_line(str(exc))

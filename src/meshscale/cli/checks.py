@@ -4,6 +4,7 @@ value ends the command (one line, exit 2) before any work starts. An option decl
 """
 from __future__ import annotations
 
+import re
 from typing import Any, Callable
 
 import typer
@@ -88,3 +89,50 @@ NCCL_ENV_OPTION = typer.Option(
     help="NCCL's environment as KEY=VALUE (repeatable): NCCL_MAX_NCHANNELS, NCCL_MIN_NCHANNELS, NCCL_P2P_DISABLE, "
          "NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_NET, NCCL_IB_DISABLE, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, "
          "NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE")
+
+
+# ---- numbers as typed ------------------------------------------------------------------------------------------
+# The text of a number option, read strictly: ASCII digits with one optional sign (and for a real a point and an
+# exponent). Python's int() and float() -- and the parsers built on them -- also take ' 2' (spaces), '1_000', and
+# other scripts' digits ('٢'); a value that only those readings make a number is refused in one line.
+_INT_TEXT = re.compile(r"[+-]?[0-9]{1,32}")
+_REAL_TEXT = re.compile(r"[+-]?(?:[0-9]{1,64}(?:\.[0-9]{0,64})?|\.[0-9]{1,64})(?:[eE][+-]?[0-9]{1,4})?")
+
+
+def _number_kind(annotation: Any) -> type | None:
+    """int or float when the parameter takes numbers (alone, optional, or a list of them)."""
+    from typing import get_args, get_origin
+
+    if annotation in (int, float):
+        return annotation
+    if get_origin(annotation) is not None:
+        kinds = {_number_kind(a) for a in get_args(annotation) if a is not type(None)}
+        return next(iter(kinds)) if len(kinds) == 1 else None
+    return None
+
+
+def _check_number_text(value: Any, kind: type, where: str) -> None:
+    for item in value if isinstance(value, (list, tuple)) else [value]:
+        if isinstance(item, str) and not (_INT_TEXT if kind is int else _REAL_TEXT).fullmatch(item):
+            want = "a whole number (digits 0-9, an optional sign)" if kind is int else "a number such as 2.5 or 1e-3"
+            raise MeshscaleError(f"{where}: {item[:40]!r} is not {want}")
+
+
+def strict_numbers(command: Any) -> Any:
+    """``command`` (a click command or group, as typer builds it) with every number option and argument of it
+    and of its subcommands read by `_check_number_text` before typer converts it."""
+    for param in getattr(command, "params", []):
+        descriptor = getattr(param, "type_descriptor", None)
+        kind = _number_kind(getattr(descriptor, "annotation", None))
+        if kind is None:
+            continue
+        where = max(param.opts, key=len) if getattr(param, "opts", None) else param.name
+
+        def process_value(ctx: Any, value: Any, _original=param.process_value, _kind=kind, _where=where) -> Any:
+            _check_number_text(value, _kind, _where)
+            return _original(ctx, value)
+
+        param.process_value = process_value
+    for sub in getattr(command, "commands", {}).values():
+        strict_numbers(sub)
+    return command

@@ -13,7 +13,7 @@ from meshscale.cli.output import print_tables, print_text, write_result_files
 from meshscale.cli.checks import (FACTOR, MAX_GPU_RANKS, NCCL_ENV_OPTION, ROOT, checked, counts, output_file,
                                   size_bytes)
 from meshscale.safe_io import atomic_write
-from meshscale.validation import Range
+from meshscale.validation import Range, word
 from meshscale.cli.topology import (GPUDIRECT_OPTION, LINK_OPTION, NETWORK_OPTION, NICS_OPTION, NODES_OPTION,
                                     OVERSUBSCRIPTION_OPTION, PLACEMENT_OPTION, cluster_options)
 from meshscale.collectives.kinds import SCHEDULABLE, schedulable
@@ -183,7 +183,7 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
           free: Optional[str] = typer.Option(None, "--free", help="free device indices, e.g. 0,1,3,5 (default: all)"),
           system: Optional[str] = typer.Option(None, "--system", "-s", help="catalog name or system file; default: this machine"),
           nbytes: str = typer.Option("64M", "--bytes", help="all_reduce size to rank by (a gradient bucket)", callback=checked(size_bytes)),
-          partition: Optional[str] = typer.Option(None, "--partition", help="place on slices of the GPUs: a MIG profile (3g.40gb) or a time-sliced share (1/4); --free and --gpus then count slices (slice k of GPU g is g x slices-per-GPU + k)"),
+          partition: Optional[str] = typer.Option(None, "--partition", help="place on slices of the GPUs: a MIG profile (3g.40gb) or a time-sliced share (1/4); --free and --gpus then count slices (slice k of GPU g is g x slices-per-GPU + k)", callback=checked(word)),
           slurm: bool = typer.Option(False, "--slurm", help="also print the chosen GPUs' gres.conf lines (cores, NVLinks) and srun binding options"),
           nccl_env: Optional[List[str]] = NCCL_ENV_OPTION,
           nodes: Optional[int] = NODES_OPTION,

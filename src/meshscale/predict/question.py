@@ -11,7 +11,7 @@ from meshscale.options import (BATCH, CHANNELS_LAST, CHECKPOINTING, CP, CUDA_GRA
                                MICRO_BATCHES, MODE, MODEL, PP, PP_SCHEDULE, PRECISION, SEQ_LEN, TP, option)
 from meshscale.topology.fabric import PLACEMENT_HELP
 from meshscale.topology.limits import CLUSTER_RANGES
-from meshscale.validation import Range, count_list
+from meshscale.validation import Range, count_list, word
 
 if TYPE_CHECKING:
     from meshscale.models.transformer import TransformerConfig
@@ -124,7 +124,7 @@ class PredictRequest:
                                     "links | nvlink-pcie | SYS1,SYS2,...")
     measured: Optional[Path] = option(None, "--from", help="a measured `scale` result to predict beside")
     partition: Optional[str] = option(None, "--partition", help="train on slices of the GPUs: a MIG profile "
-                                      "(3g.40gb) or a time-sliced share (1/4); --gpus counts slices")
+                                      "(3g.40gb) or a time-sliced share (1/4); --gpus counts slices", check=word)
     # how the framework that ran a corpus row built its step, beyond the options (None: meshscale train's)
     shape: Optional[TransformerConfig] = None
     autocast: Optional[bool] = None

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
 from meshscale.topology.model import Link, Node, Topology
 
 MIG_SOURCE = "NVIDIA Multi-Instance GPU User Guide, Supported MIG Profiles"
@@ -82,23 +82,37 @@ def mig_profiles(gpu_model: str) -> list[MigProfile]:
     return [MigProfile(**row) for row in table["profiles"]]
 
 
+def profile_names(profiles: list[MigProfile]) -> list[str]:
+    """Every name a GPU's MIG profiles go by: each profile, and ``+me`` (the media extensions) on the profile of
+    one compute and one memory slice, the only one that offers it (MIG User Guide, e.g. 1g.10gb+me on H100)."""
+    names = []
+    for p in profiles:
+        names += [p.name] + ([f"{p.name}+me"] if p.sm_slices == 1 and p.memory_slices == 1 else [])
+    return names
+
+
+def mig_profile(text: str, gpu_model: str, where: str) -> MigProfile:
+    """The MIG profile ``text`` names on ``gpu_model`` (exactly as NVIDIA spells it); one line listing the GPU's
+    profiles otherwise."""
+    profiles = mig_profiles(gpu_model)
+    if not profiles:
+        raise MeshscaleError(f"{where} {one_line(text)}: {one_line(gpu_model) or 'this GPU'} has no MIG profiles (MIG "
+                             "is on A100, H100 and H200); a time-sliced share such as 1/4 works on any GPU")
+    if text not in profile_names(profiles):
+        raise MeshscaleError(f"{where} {one_line(text)!r}: not a MIG profile of {one_line(gpu_model)}; its profiles are "
+                             f"{', '.join(profile_names(profiles))} ({MIG_SOURCE})")
+    return next(p for p in profiles if p.name == text.removesuffix("+me"))
+
+
 def parse_partition(text: str, gpu_model: str, gpu_sms: int | None = None) -> Partition:
     """``3g.40gb`` (a MIG profile of ``gpu_model``) or ``1/N`` (a time-sliced share); a one-line error otherwise."""
-    text = text.strip()
-    fraction = re.fullmatch(r"1/(\d+)", text)
+    fraction = re.fullmatch(r"1/([0-9]{1,6})", text)
     if fraction:
         n = int(fraction.group(1))
         if not 1 <= n <= MAX_TIME_SLICES:
             raise MeshscaleError(f"--partition {text}: a time-sliced share is 1/N with N from 1 to {MAX_TIME_SLICES}")
         return Partition(text, "time-sliced", 1 / n, 1 / n, 1 / n, n, gpu_model, VGPU_SOURCE)
-    profiles = mig_profiles(gpu_model)
-    if not profiles:
-        raise MeshscaleError(f"--partition {text}: {gpu_model} has no MIG profiles (MIG is on A100, H100 and H200); "
-                             "a time-sliced share such as 1/4 works on any GPU")
-    profile = next((p for p in profiles if p.name == text.removesuffix("+me")), None)
-    if profile is None:
-        raise MeshscaleError(f"--partition {text}: not a MIG profile of {gpu_model}; use one of "
-                             f"{', '.join(p.name for p in profiles)}, or a time-sliced share such as 1/4")
+    profile = mig_profile(text, gpu_model, "--partition")
     # an instance's SMs against the whole GPU's (a 7g instance of an A100 has 98 of its 108), else the guide's fraction
     gpu_sms = gpu_sms or _facts(gpu_model).get("sm_count")
     compute = profile.sms / gpu_sms if profile.sms and gpu_sms else profile.sm_slices / COMPUTE_SLICES
@@ -159,6 +173,39 @@ def split_system(topo: Topology, text: str) -> tuple[Topology, Partition]:
     """``topo`` with its GPUs split as ``text`` says (`parse_partition`), and the partition."""
     partition = system_partition(topo, text)
     return partitioned(topo, partition), partition
+
+
+MAX_MIG_INSTANCES = 7      # a GPU holds at most seven MIG instances (seven compute slices; MIG User Guide)
+_INSTANCE_PROFILE = re.compile(r"(?:^|\s)([0-9]{1,2}g\.[0-9]{1,4}gb(?:\+me)?)$")
+
+
+def check_mig_instances(attrs: dict, where: str) -> None:
+    """A GPU's MIG state as a system file states it (`topo --json` writes it from NVML): mig_mode enabled or
+    disabled, at most seven instances, each named (as NVML names them, ending in the profile) after a profile
+    the GPU offers; one line naming the field otherwise. A GPU model meshscale has no facts of is not judged."""
+    mode = attrs.get("mig_mode")
+    if mode is not None and mode not in ("enabled", "disabled"):
+        raise MeshscaleError(f"{where}: mig_mode {one_line(str(mode))[:40]!r} is not enabled or disabled")
+    instances = attrs.get("mig_instances")
+    if instances is None:
+        return
+    if not isinstance(instances, list) or len(instances) > MAX_MIG_INSTANCES:
+        raise MeshscaleError(f"{where}: mig_instances is not a list of at most {MAX_MIG_INSTANCES} instances")
+    if instances and mode != "enabled":
+        raise MeshscaleError(f"{where}: mig_instances listed but mig_mode is {mode!r}; MIG instances need MIG on")
+    from meshscale.topology.nvml_discovery import model_facts
+    model = attrs.get("model") if isinstance(attrs.get("model"), str) else ""
+    known = bool(model) and model_facts(model)[1]
+    for k, instance in enumerate(instances):
+        name = instance.get("name") if isinstance(instance, dict) else None
+        if not isinstance(name, str) or len(name) > 200 or not name.isprintable():
+            raise MeshscaleError(f"{where}: mig_instances[{k}].name is not a one-line name")
+        found = _INSTANCE_PROFILE.search(name)
+        if known and found is None:
+            raise MeshscaleError(f"{where}: mig_instances[{k}].name {name!r} names no MIG profile (e.g. "
+                                 f"'{model} MIG 1g.10gb')")
+        if known:
+            mig_profile(found.group(1), model, f"{where}: mig_instances[{k}].name")
 
 
 def partition_text(instance_name: str, gpu_model: str, gpu_sms: int | None = None) -> str:

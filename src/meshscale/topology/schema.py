@@ -49,6 +49,8 @@ NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is fr
     "pcie_width": Range(1, 32, integer=True), "pcie_max_width": Range(1, 32, integer=True),
     "nvlink_generation": Range(1, 16, integer=True),
 }
+# attrs other layers read as true or false: "false" (text) or [false] would read as true, so only true or false
+BOOLEAN_NODE_ATTRS = ("gpudirect_rdma", "multicast")
 _LINK_NUMBERS = {"generation": Range(1, 16, integer=True), "width": Range(1, 32, integer=True),
                  "count": Range(1, MAX_LINK_COUNT, integer=True), "latency_s": Range(0, MAX_LATENCY_S),
                  "bandwidth_bytes_per_s": Range(), "bandwidth_gb_per_s": Range()}
@@ -179,12 +181,19 @@ def _check_node_attrs(attrs: dict[str, Any], source: str, where: str) -> None:
     for key, check in NODE_ATTR_CHECKS.items():
         if attrs.get(key) is not None:
             _checked(source, check, attrs[key], f"{where}: {key}")
+    for key in BOOLEAN_NODE_ATTRS:
+        if attrs.get(key) is not None and not isinstance(attrs[key], bool):
+            raise _fail(source, where, f"{key} {str(attrs[key])[:40]!r} is not true or false",
+                        f"write {key}: true or {key}: false (unquoted)")
     if "pos" in attrs and not (isinstance(attrs["pos"], list) and len(attrs["pos"]) == 2):
         raise _fail(source, where, f"pos {attrs['pos']!r} is not [x, y]", "write pos: [2, 3]")
     for k, xy in enumerate(attrs.get("pos") or []):
         _checked(source, Range(-1e6, 1e6), xy, f"{where}: pos[{k}]")
     if "model" in attrs and not isinstance(attrs["model"], str):
         raise _fail(source, where, f"model {attrs['model']!r} is not text", "write model: Tesla V100-SXM2-16GB")
+    if "mig_mode" in attrs or "mig_instances" in attrs:
+        from meshscale.topology.partitions import check_mig_instances
+        _checked(source, check_mig_instances, attrs, where)
 
 
 def _link(i: int, entry: Any, defaults: dict, nodes: dict[str, Node], source: str) -> Link:

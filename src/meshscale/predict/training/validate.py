@@ -17,7 +17,7 @@ from meshscale.predict.training.hardware import gpu_spec, system_gpu
 from meshscale.models.memory import MemoryEstimate
 from meshscale.predict.training.step import TrainingJob, TrainingPrediction, job_memory
 from meshscale.results import Result
-from meshscale.validation import load_structured
+from meshscale.validation import load_structured, typed
 
 TRAINING = CORPORA["training"]
 
@@ -74,7 +74,7 @@ def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -
             precision=raw["precision"], checkpointing=raw.get("checkpointing", "none"),
             channels_last=name.startswith("resnet"),  # the published ResNet runs are channels-last
             attention=str(raw.get("attention", "sdpa")), **degrees, pp_schedule=schedule,
-            micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=bool(raw.get("autocast", False)),
+            micro_batches=int(raw.get("micro_batches", 1)), shape=shape, autocast=typed(raw.get("autocast", False), f"{where}: run {row}: autocast", (bool,), "true or false"),
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
             rotary=str(raw.get("rotary", "pairs")), framework=str(raw.get("framework", "eager")),
             cp_attention=raw.get("cp_attention"), memory_recipe=_memory_recipe(raw), **moe)
