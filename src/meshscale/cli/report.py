@@ -21,7 +21,10 @@ def report(results: List[Path] = typer.Argument(..., help="result JSON files, or
            title: str = typer.Option("meshscale report", help="page title")) -> None:
     """Write a static HTML report (plots inline, no server) from result files."""
     from meshscale.report.html import load_sources, write_report
-    page = write_report(load_sources(results), output, title)
+    skipped: list[str] = []
+    page = write_report(load_sources(results, skipped), output, title)
+    for line in skipped:  # one line per file of a folder that is no result
+        typer.echo(f"meshscale: {line}", err=True)
     typer.echo(f"wrote {page}")
 
 

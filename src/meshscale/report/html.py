@@ -7,7 +7,7 @@ from typing import Any
 
 import jinja2
 
-from meshscale.errors import MeshscaleError
+from meshscale.errors import MeshscaleError, one_line
 from meshscale.report.figures import sections
 from meshscale.report.parts import Source
 from meshscale.report.verdicts import is_cpu_run
@@ -66,29 +66,59 @@ h1, h2, h3, p, li, figcaption { overflow-wrap: anywhere; }
 """
 
 
-def load_sources(paths: list[str | Path]) -> list[Source]:
+# A report draws from hundreds of result files of kilobytes each; these bound what a folder can make it read.
+MAX_REPORT_FILES = 10_000
+MAX_REPORT_BYTES = 256 << 20
+
+
+def load_sources(paths: list[str | Path], skipped: list[str] | None = None) -> list[Source]:
     """Result files (or directories of them) as labelled sources; a directory contributes every *.json in it
-    that is a meshscale result."""
-    sources = []
+    that is a meshscale result, and each other one is named in ``skipped`` (one line each: the file and why).
+    At most `MAX_REPORT_FILES` files and `MAX_REPORT_BYTES` in all, checked before reading."""
+    sources, budget = [], _Budget()
     for path in map(Path, paths):
         check_path_length(path, str(path)[:200])
         if path.is_dir():
-            found = []
+            found, refused = [], []
             for file in sorted(path.glob("*.json")):
+                budget.take(file)
                 try:
                     result = load_result(file)
-                except MeshscaleError:
-                    continue  # a directory may hold other JSON files
+                except MeshscaleError as exc:  # a directory may hold other JSON files
+                    refused.append(f"skipped {one_line(str(exc))}")
+                    continue
                 found.append(Source(_label(file, result), result))
             if not found:
-                raise MeshscaleError(f"{path}: no meshscale result files (*.json) in this directory")
+                first = f" ({refused[0].removeprefix('skipped ')})" if refused else ""
+                raise MeshscaleError(f"{path}: no meshscale result files (*.json) in this directory; "
+                                     f"{len(refused)} refused{first}")
             sources += found
+            if skipped is not None:
+                skipped += refused
         else:
+            budget.take(path)
             result = load_result(path)
             sources.append(Source(_label(path, result), result))
     if not sources:
         raise MeshscaleError("no result files given; pass the JSON files that meshscale commands wrote")
     return sources
+
+
+class _Budget:
+    """Files and bytes a report has read so far, refused past the limits."""
+
+    def __init__(self) -> None:
+        self.files = self.total_bytes = 0
+
+    def take(self, path: Path) -> None:
+        self.files += 1
+        try:
+            self.total_bytes += path.stat().st_size if path.is_file() else 0
+        except OSError:
+            pass  # the reader says why in its own line
+        if self.files > MAX_REPORT_FILES or self.total_bytes > MAX_REPORT_BYTES:
+            raise MeshscaleError(f"{one_line(str(path))}: a report reads at most {MAX_REPORT_FILES:,} result files "
+                                 f"and {MAX_REPORT_BYTES >> 20} MiB in all; give fewer results")
 
 
 def _label(path: Path, result: Result) -> str:

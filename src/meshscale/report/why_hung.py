@@ -27,7 +27,15 @@ from meshscale.errors import MeshscaleError, one_line
 from meshscale.report.fr_dump import MAX_RANKS, Dump, read_dump
 from meshscale.safe_io import read_bytes
 
-MAX_LOG_BYTES = 256 << 20  # NCCL_DEBUG=INFO of a large job's launch is tens of MB; read at most this much
+# NCCL_DEBUG=INFO prints a few hundred lines (tens of kB) per rank at init: a 1,024-rank job's log is tens of MB.
+MAX_LOG_BYTES = 64 << 20       # one log
+MAX_LOGS_BYTES = 256 << 20     # all logs together
+MAX_LOG_FILES = 16_384         # one log per rank of a 16k-GPU job
+MAX_NCCL_LINES = 1 << 20       # lines naming NCCL, all logs together: a few hundred per rank
+MAX_LINE_CHARS = 4096          # an NCCL line is under 1 kB; the rest of a longer line is not read
+MAX_COMMUNICATORS = 1 << 16    # communicators in the logs: one per process group and rank set
+MAX_WARNINGS = 50              # WARN lines shown (then their count)
+_MARK = b" NCCL "
 _RANK_SUFFIX = re.compile(r"(\d{1,7})(\.json)?$")
 _NCCL_LINE = re.compile(r"^(?P<host>[^\s:]+):(?P<pid>\d+):(?P<tid>\d+) \[(?P<dev>\d+)\] NCCL (?P<level>INFO|WARN) (?P<text>.*)$")
 _NCCL_INIT = re.compile(r"comm (?P<comm>0x[0-9a-fA-F]+) rank (?P<rank>[0-9]{1,12}) "
@@ -203,31 +211,80 @@ def _group_lines(g: GroupHang, completion_known: bool) -> list[str]:
 
 
 def read_nccl_logs(paths: list[Path]) -> NcclLog | None:
-    """NCCL_DEBUG=INFO output: communicators whose ranks did not all print Init COMPLETE, and every WARN line."""
+    """NCCL_DEBUG=INFO output: communicators whose ranks did not all print Init COMPLETE, and the WARN lines
+    (the first `MAX_WARNINGS`, then their count). Read by `nccl_lines` within its limits."""
     if not paths:
         return None
     inits: dict[str, tuple[int, set[int]]] = {}
-    warnings = []
-    for path in paths:
-        for line in _log_text(path).splitlines():
-            m = _NCCL_LINE.match(line.strip())
-            if not m:
-                continue
-            if m["level"] == "WARN":
+    warnings, more = [], 0
+    for path, line in nccl_lines(paths):
+        m = _NCCL_LINE.match(line)
+        if not m:
+            continue
+        if m["level"] == "WARN":
+            if len(warnings) < MAX_WARNINGS:
                 warnings.append(f"WARN on {m['host']} pid {m['pid']} GPU {m['dev']}: {m['text']}")
-            init = _NCCL_INIT.search(m["text"])
-            if init:
-                nranks, done = inits.get(init["comm"], (_rank_count(init, path), set()))
-                done.add(int(init["rank"]))
-                inits[init["comm"]] = (nranks, done)
-    incomplete = [f"communicator {comm}: ranks {sorted(set(range(n)) - done)} never printed Init COMPLETE "
+            else:
+                more += 1
+        init = _NCCL_INIT.search(m["text"])
+        if init:
+            if init["comm"] not in inits and len(inits) >= MAX_COMMUNICATORS:
+                raise MeshscaleError(f"{one_line(str(path))}: more than {MAX_COMMUNICATORS:,} communicators; a job "
+                                     f"has one per process group and rank set")
+            count = _rank_count(init, path)
+            nranks, done = inits.get(init["comm"], (count, set()))
+            if count != nranks:
+                raise MeshscaleError(f"{one_line(str(path))}: communicator {init['comm']} said to have both "
+                                     f"{nranks} and {count} ranks")
+            done.add(int(init["rank"]))
+            inits[init["comm"]] = (nranks, done)
+    incomplete = [f"communicator {comm}: ranks {ranks_text(_missing(n, done))} never printed Init COMPLETE "
                   f"({len(done)} of {n} did)" for comm, (n, done) in inits.items() if len(done) < n]
+    if more:
+        warnings.append(f"{more:,} more WARN lines (the first {MAX_WARNINGS} are shown)")
     return NcclLog([p.name for p in paths], incomplete, warnings)
 
 
-def _log_text(path: Path) -> str:
-    """An NCCL log's text: a regular file of at most MAX_LOG_BYTES (a pipe or device is refused unread)."""
-    return read_bytes(path, "NCCL log", MAX_LOG_BYTES).decode("utf-8", errors="replace")
+def _missing(n: int, done: set[int]) -> list[tuple[int, int]]:
+    """The ranks below ``n`` not in ``done``, as (first, last) runs, in time of ``done`` (not of ``n``)."""
+    runs, start = [], 0
+    for rank in sorted(done):
+        if rank > start:
+            runs.append((start, rank - 1))
+        start = rank + 1
+    if start < n:
+        runs.append((start, n - 1))
+    return runs
+
+
+def ranks_text(runs: list[tuple[int, int]], most: int = 8) -> str:
+    """Runs of ranks as ``0, 2-4, 7``, at most ``most`` runs and then how many more."""
+    shown = ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs[:most])
+    return shown + (f" and {len(runs) - most:,} more runs" if len(runs) > most else "")
+
+
+def nccl_lines(paths: list[Path]):
+    """(path, line) of every line naming NCCL in ``paths``, each line at most `MAX_LINE_CHARS`: the files are
+    regular files within `MAX_LOG_BYTES` each and `MAX_LOGS_BYTES` together (checked before reading), their NCCL
+    lines counted before any is parsed (at most `MAX_NCCL_LINES`); lines are found by a byte search, so a file
+    of anything else costs no per-line work."""
+    if len(paths) > MAX_LOG_FILES:
+        raise MeshscaleError(f"{len(paths):,} NCCL logs; give at most {MAX_LOG_FILES:,}")
+    total, found = 0, 0
+    for path in paths:
+        data = read_bytes(path, "NCCL log", MAX_LOG_BYTES)
+        total += len(data)
+        found += data.count(_MARK)
+        if total > MAX_LOGS_BYTES or found > MAX_NCCL_LINES:
+            raise MeshscaleError(f"{one_line(str(path))}: NCCL logs of more than {MAX_LOGS_BYTES >> 20} MiB or "
+                                 f"{MAX_NCCL_LINES:,} NCCL lines together; give the logs of the hung job's ranks")
+        start = 0
+        while (at := data.find(_MARK, start)) >= 0:
+            line_start = max(start, data.rfind(b"\n", start, at) + 1)
+            line_end = data.find(b"\n", at)
+            line_end = len(data) if line_end < 0 else line_end
+            yield path, data[line_start:min(line_end, line_start + MAX_LINE_CHARS)].decode("utf-8", "replace").strip()
+            start = line_end + 1
 
 
 def _rank_count(init: re.Match, path: Path) -> int:
@@ -240,9 +297,15 @@ def _rank_count(init: re.Match, path: Path) -> int:
 
 
 def nccl_logs_in(directory: Path) -> list[Path]:
-    """Text files of DIR (*.log, *.txt) that hold NCCL lines."""
-    return [p for p in sorted(directory.iterdir()) if p.is_file() and p.suffix in (".log", ".txt")
-            and " NCCL " in _log_text(p)]
+    """Text files of DIR (*.log, *.txt) that hold NCCL lines (at most `MAX_LOG_FILES` looked at)."""
+    candidates = []
+    for p in sorted(directory.iterdir()):
+        if p.suffix in (".log", ".txt") and p.is_file():
+            candidates.append(p)
+            if len(candidates) > MAX_LOG_FILES:
+                raise MeshscaleError(f"{one_line(str(directory))}: more than {MAX_LOG_FILES:,} *.log and *.txt files; "
+                                     "give the NCCL logs with --nccl-log")
+    return [p for p in candidates if any(True for _ in nccl_lines([p]))]
 
 
 def why_hung(directory: Path, nccl_logs: list[Path] | None = None) -> HangReport:
