@@ -110,7 +110,7 @@ def test_nccl_log_lines(tmp_path):
         "node1:100:200 [0] NCCL INFO comm 0xabc rank 0 nranks 2 cudaDev 0 nvmlDev 0 busId 18000 commId 0x1 - Init COMPLETE\n"
         "node2:300:400 [1] NCCL WARN NET/IB : Got completion with error 12, opcode 0, len 0, vendor err 129\n")
     report = why_hung(tmp_path)
-    assert report.nccl.incomplete_init == ["communicator 0xabc: ranks [1] never printed Init COMPLETE (1 of 2 did)"]
+    assert report.nccl.incomplete_init == ["communicator 0xabc: ranks 1 never printed Init COMPLETE (1 of 2 did)"]
     assert "node2" in report.nccl.warnings[0] and "vendor err 129" in report.nccl.warnings[0]
 
 

@@ -17,17 +17,15 @@ NVSwitches (a DGX-2's two boards would appear joined only by PCIe).
 """
 from __future__ import annotations
 
-import functools
 import itertools
 import os
 import re
 from collections import Counter
-from pathlib import Path
 
 import networkx as nx
-import yaml
 
 import meshscale.topology.links as calc
+from meshscale.topology.gpu_facts import GPU_MODELS_FILE, gpu_models, model_facts  # noqa: F401 (their home was here)
 from meshscale.topology.model import DEFAULT_LATENCY_S, Link, Node, Topology
 
 LEVEL_RELATION = {0: "PIX", 10: "PIX", 20: "PXB", 30: "PHB", 40: "NODE", 50: "SYS"}
@@ -154,24 +152,6 @@ def _gpu_attrs(call: _Calls, handle, index: int) -> dict:
 CATALOG_FACTS = ("sm_count", "memory_bandwidth_bytes_per_s", "fp64_flops", "fp32_flops", "tf32_flops", "fp16_flops",
                  "bf16_flops", "fp8_flops", "fp4_flops", "tensor_cores")
 MODEL_FACTS = (*CATALOG_FACTS, "nvlink_generation")
-GPU_MODELS_FILE = Path(__file__).with_name("gpu_models.yaml")
-
-
-@functools.lru_cache(maxsize=1)
-def gpu_models() -> tuple[list[dict], dict]:
-    """(rows, default) of the table of known GPU models: each row a name pattern, its facts and their source."""
-    table = yaml.safe_load(GPU_MODELS_FILE.read_text())
-    return table["models"], table["default"]
-
-
-def model_facts(model: str) -> tuple[dict, bool]:
-    """(facts, known) for a GPU model name as NVML spells it: the first table row whose pattern it matches,
-    else the table's stated default (known False)."""
-    rows, default = gpu_models()
-    row = next((r for r in rows if re.search(r["match"], model, re.IGNORECASE)), None)
-    return dict(row or default), row is not None
-
-
 def _add_catalog_facts(gpus: list[dict]) -> list[str]:
     """Fill in what NVML does not tell (what NVML said wins): from the catalog system whose GPU model NVML's
     name equals, else from the table of known models, else the table's default. Returns what was assumed."""

@@ -66,13 +66,13 @@ class Partition:
 
 
 def _facts(gpu_model: str) -> dict:
-    from meshscale.topology.nvml_discovery import model_facts
+    from meshscale.topology.gpu_facts import model_facts
     return model_facts(gpu_model)[0]
 
 
 def mig_profiles(gpu_model: str) -> list[MigProfile]:
     """The MIG profiles of a GPU model as NVML or the catalog spells it; empty for a GPU without MIG."""
-    from meshscale.topology.nvml_discovery import GPU_MODELS_FILE
+    from meshscale.topology.gpu_facts import GPU_MODELS_FILE
 
     facts = _facts(gpu_model)
     if not facts.get("mig"):
@@ -193,7 +193,7 @@ def check_mig_instances(attrs: dict, where: str) -> None:
         raise MeshscaleError(f"{where}: mig_instances is not a list of at most {MAX_MIG_INSTANCES} instances")
     if instances and mode != "enabled":
         raise MeshscaleError(f"{where}: mig_instances listed but mig_mode is {mode!r}; MIG instances need MIG on")
-    from meshscale.topology.nvml_discovery import model_facts
+    from meshscale.topology.gpu_facts import model_facts
     model = attrs.get("model") if isinstance(attrs.get("model"), str) else ""
     known = bool(model) and model_facts(model)[1]
     for k, instance in enumerate(instances):
