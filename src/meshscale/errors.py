@@ -20,7 +20,12 @@ class Interrupted(WorkerError):
 def check_choice(value, choices, what: str) -> None:
     """Raise the one-line 'unknown <what> <value>; use one of ...' error unless ``value`` is in ``choices``."""
     if value not in choices:
-        raise MeshscaleError(f"unknown {what} {value!r}; use one of {', '.join(map(str, choices))}")
+        import reprlib
+        try:
+            shown = reprlib.repr(value)  # a quote of bounded length, whatever the file held
+        except ValueError:  # an integer too long to write
+            shown = "(a number of thousands of digits)"
+        raise MeshscaleError(f"unknown {what} {shown}; use one of {', '.join(map(str, choices))}")
 
 
 def one_line(text: str) -> str:

@@ -18,7 +18,7 @@ from typing import Any
 
 from meshscale.errors import MeshscaleError, check_choice
 from meshscale.safe_io import atomic_write
-from meshscale.validation import load_structured, mapping, number, sequence, typed
+from meshscale.validation import _show, load_structured, mapping, number, sequence, typed
 
 SCHEMA = "meshscale-result/1"
 KINDS = ("topology", "bench-collective", "bench-p2p", "bench-pairs", "bench-host-copy", "bench-io", "sim", "plan", "place",
@@ -154,9 +154,9 @@ def load_result(path: str | Path) -> Result:
             if key in checks and value is not None:
                 checks[key](value, f"{path}: {name}.{key}")
     if not isinstance(data.get("predicted", False), bool):
-        raise MeshscaleError(f"{path}: predicted: expected true or false, got {data['predicted']!r}")
+        raise MeshscaleError(f"{path}: predicted: expected true or false, got {_show(data['predicted'])}")
     if not isinstance(data.get("created", ""), str):
-        raise MeshscaleError(f"{path}: created: expected a date string, got {data['created']!r}")
+        raise MeshscaleError(f"{path}: created: expected a date string, got {_show(data['created'])}")
     for i, row in enumerate(sequence(data["rows"], f"{path}: rows")):
         _check_row(mapping(row, f"{path}: rows[{i}]"), data["kind"], f"{path}: rows[{i}]")
     for key in END_KEYS:  # sorted together: names or indices, not both

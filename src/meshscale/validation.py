@@ -130,7 +130,13 @@ def _kind(value: Any) -> str:
 
 
 def _show(value: Any) -> str:
-    shown = repr(value)
+    """``value`` as a short quote: bounded however long or deep it is (reprlib), and an integer too long for
+    Python to write as text (over 4,300 digits) said so instead of raising."""
+    import reprlib
+    try:
+        shown = reprlib.repr(value)
+    except ValueError:
+        shown = "an integer of thousands of digits"
     return shown if len(shown) <= 40 else shown[:37] + "..."
 
 

@@ -19,6 +19,8 @@ from meshscale.errors import MeshscaleError, WorkerError, one_line  # noqa: E402
 from meshscale.execute.world import tell_launcher  # noqa: E402
 from meshscale.safe_io import new_outputs_removed_on  # noqa: E402
 
+MAX_ERROR_CHARS = 2000  # the one line of an error: a value quoted from a file is cut, never the line split
+
 app = typer.Typer(add_completion=True, no_args_is_help=True, pretty_exceptions_enable=False,
                   context_settings={"help_option_names": ["-h", "--help"]},
                   help="Know your GPU interconnect: topology, collectives, benchmarks, scaling and prediction.")
@@ -58,6 +60,7 @@ def main() -> None:
         sys.stdout.flush()  # a full disk or a closed pipe behind stdout shows here, not at exit
     except MeshscaleError as exc:
         line = one_line(str(exc))
+        line = line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS - 3] + "..."
         if not tell_launcher(line):  # under `meshscale launch` the launcher prints it, with the rank's host
             print(f"meshscale: error: {line}", file=sys.stderr)
         sys.exit(2)
