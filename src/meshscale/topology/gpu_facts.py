@@ -12,10 +12,19 @@ GPU_MODELS_FILE = Path(__file__).with_name("gpu_models.yaml")
 
 
 @functools.lru_cache(maxsize=1)
+def _table() -> dict:
+    return yaml.safe_load(GPU_MODELS_FILE.read_text())
+
+
 def gpu_models() -> tuple[list[dict], dict]:
     """(rows, default) of the table of known GPU models: each row a name pattern, its facts and their source."""
-    table = yaml.safe_load(GPU_MODELS_FILE.read_text())
+    table = _table()
     return table["models"], table["default"]
+
+
+def mig_table(family: str) -> list[dict]:
+    """The MIG profiles of a family of GPUs (a model's ``mig`` fact) as the table lists them."""
+    return _table()["mig_profiles"][family]["profiles"]
 
 
 def model_facts(model: str) -> tuple[dict, bool]:

@@ -72,14 +72,12 @@ def _facts(gpu_model: str) -> dict:
 
 def mig_profiles(gpu_model: str) -> list[MigProfile]:
     """The MIG profiles of a GPU model as NVML or the catalog spells it; empty for a GPU without MIG."""
-    from meshscale.topology.gpu_facts import GPU_MODELS_FILE
+    from meshscale.topology.gpu_facts import mig_table
 
     facts = _facts(gpu_model)
     if not facts.get("mig"):
         return []
-    import yaml
-    table = yaml.safe_load(GPU_MODELS_FILE.read_text())["mig_profiles"][facts["mig"]]
-    return [MigProfile(**row) for row in table["profiles"]]
+    return [MigProfile(**row) for row in mig_table(facts["mig"])]
 
 
 def profile_names(profiles: list[MigProfile]) -> list[str]:
