@@ -285,12 +285,18 @@ def _decode_share(root: str, kind: str, indices: list[int], sample_shape: tuple[
     return start, time.monotonic(), len(indices)
 
 
+def _decode_indices(data: DataFiles, max_samples: int | None) -> list[int]:
+    """The samples decoding times: the first ``max_samples`` spread evenly over the set."""
+    n = data.samples if max_samples is None else min(max_samples, data.samples)
+    stride = data.samples / n
+    return [int(i * stride) for i in range(n)]
+
+
 def decode_rate(data: DataFiles, readers: int, sample_shape: tuple[int, ...], vocab: int, timeout_s: float,
                 max_samples: int | None = None) -> DecodeRate:
     """Samples/s that ``readers`` processes make out of the files (the first ``max_samples``, spread evenly)."""
-    n = data.samples if max_samples is None else min(max_samples, data.samples)
-    stride = data.samples / n
-    chosen = [int(i * stride) for i in range(n)]
+    chosen = _decode_indices(data, max_samples)
+    n = len(chosen)
     shares = [chosen[r::readers] for r in range(readers) if chosen[r::readers]]
     spans = _run(_decode_share, [(str(data.root), data.kind, s, tuple(sample_shape), vocab) for s in shares],
                  timeout_s, "decoding")
@@ -342,7 +348,10 @@ def bench_io(spec: IoSpec, demand: Demand | None = None) -> IoReport:
     if (len(shape) == 1) != (data.kind == "tokens"):
         raise MeshscaleError(f"{data.root} holds {data.kind} but the model takes "
                              f"{'tokens' if len(shape) == 1 else 'images'}; pick a model of the data set's kind")
-    import meshscale.execute.datasets  # noqa: F401  imported once here, so the forked decoders start without the import
+    from meshscale.execute.datasets import check_image_headers  # imported once here: the decoders start without it
+
+    if data.kind == "images" and spec.decode:  # the images decoding will open, checked before the passes
+        check_image_headers([data.files[i] for i in _decode_indices(data, spec.max_decode_samples)])
 
     first = read_pass(data, spec.readers, "first", spec.timeout_s, evict_first=True)
     cached = read_pass(data, spec.readers, "cached", spec.timeout_s)

@@ -51,7 +51,9 @@ def load_image(path: str, size: tuple[int, int]) -> torch.Tensor:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(path) as im:
+            with Image.open(path) as im:  # the header only: a bomb is refused here, before decoding
+                if size == (0, 0):
+                    return torch.empty(0)
                 a = np.asarray(im.convert("RGB").resize((size[1], size[0])), dtype=np.float32) / 255.0
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         raise MeshscaleError(f"{one_line(path)}: a decompression bomb ({one_line(str(exc))[:160]}); images are "
@@ -61,6 +63,13 @@ def load_image(path: str, size: tuple[int, int]) -> torch.Tensor:
         raise MeshscaleError(f"{one_line(path)}: not a readable image ({type(exc).__name__}: "
                              f"{one_line(str(exc))[:160]})") from None
     return torch.from_numpy(a).permute(2, 0, 1)
+
+
+def check_image_headers(paths: list[str]) -> None:
+    """Open each image's header (nothing decoded): a decompression bomb or a file PIL cannot read is one line
+    before any pass starts."""
+    for path in paths:
+        load_image(path, (0, 0))
 
 
 def token_file(path: str | Path, seq_len: int, vocab_size: int) -> Dataset:

@@ -110,7 +110,13 @@ def find_dumps(directory: Path) -> dict[int, Path]:
     if not directory.is_dir():
         raise MeshscaleError(f"{directory}: not a directory")
     found: dict[int, Path] = {}
-    for path in sorted(directory.iterdir()):
+    entries = []
+    for entry in directory.iterdir():  # counted as listed: a folder of millions of files is refused, not sorted
+        entries.append(entry)
+        if len(entries) > MAX_RANKS + MAX_LOG_FILES:
+            raise MeshscaleError(f"{one_line(str(directory))}: more than {MAX_RANKS + MAX_LOG_FILES:,} files; give "
+                                 "the folder of one job's dumps")
+    for path in sorted(entries):
         match = _RANK_SUFFIX.search(path.name)
         if path.is_file() and match and not path.name.endswith((".log", ".txt")):
             rank = int(match.group(1))
