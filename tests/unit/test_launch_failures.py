@@ -144,7 +144,7 @@ def agent(monkeypatch):
 
 @pytest.mark.parametrize("command, message", [
     (["train", "--model", "no-such-model"], "unknown model 'no-such-model'"),
-    (["train", "--model", "small-cnn", "--precision", "fp8"], "unknown precision 'fp8'"),
+    (["train", "--model", "small-cnn", "--precision", "fp9"], "unknown precision 'fp9'"),
     (["train", "--model", "small-cnn", "--steps", "3", "--timing-warmup", "3"], "--timing-warmup 3"),
     (["scale", "--model", "no-such-model", "--strong", "--global-batch", "8"], "unknown model 'no-such-model'"),
 ])

@@ -245,7 +245,10 @@ def calibration_of(req: PredictRequest, job: TrainingJob, profile: ComputeProfil
         categories = category_calibration(replace(single, batch=profile.kernel_categories.batch_per_rank), gpu,
                                           dict(profile.kernel_categories.seconds_per_step))
     base = Calibration(1.0, gpu.model, categories=categories) if categories else None
-    predicted = [predict_step(replace(single, batch=b), one, gpu, base).step_s for b in profile.batches]
+    # the fit is measured = host + factor x kernels: the model's kernel time, without the host-bound part of its
+    # passes (the profile's own host is what the fit finds)
+    steps = [predict_step(replace(single, batch=b), one, gpu, base) for b in profile.batches]
+    predicted = [p.step_s - p.launch_s for p in steps]
     return replace(fit_calibration(predicted, profile.step_time_s, gpu.model), categories=categories)
 
 
