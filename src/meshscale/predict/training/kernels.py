@@ -409,7 +409,8 @@ def measured_gemm_share(kernel: Kernel, peak: float, r: Rates, own: float, measu
     measured, dense = measured or r.measured, dense_flops or r.dense_flops
     e = 1 if kernel.fp8 else 0
     analytic = lambda a, b, c: gemm_share(Kernel("", "matmul", m=a, n=b, k=c), peak, r, e)  # noqa: E731
-    return measured.gemm_share(m, n, k, layout, analytic, own) * dense / peak
+    key = (peak, r.sm_count, r.bandwidth_bytes_per_s, e or r.element_bytes)
+    return measured.gemm_share(m, n, k, layout, analytic, own, key) * dense / peak
 
 
 def gemm_share(kernel: Kernel, peak: float, r: Rates, element_bytes: int = 0) -> float:

@@ -51,14 +51,36 @@ class MeasuredKernels:
         return self.atlas.eager_kernel_floor_s or self.atlas.kernel_floor_s
 
     def gemm_share(self, m: int, n: int, k: int, layout: str, analytic: Callable[[int, int, int], float],
-                   own: float | None = None) -> float:
+                   own: float | None = None, analytic_key: tuple | None = None) -> float:
         """Share of this GPU's datasheet peak an M x N x K product of ``layout`` reaches (see the module): its own
-        analytic share (``own``, default ``analytic(m, n, k)``) times the measured / analytic ratio around it."""
-        points = {(p.m, p.n, p.k): p.flops_per_s / self.atlas_peak_flops
-                  for p in self.atlas.gemm_points(self.dtype) if p.layout == layout}
-        if not points:
-            points = {(p.m, p.n, p.k): p.flops_per_s / self.atlas_peak_flops for p in self.atlas.gemm_points(self.dtype)}
-        axes = [sorted({key[i] for key in points}) for i in range(3)]
+        analytic share (``own``, default ``analytic(m, n, k)``) times the measured / analytic ratio around it.
+        ``analytic_key`` names the analytic model's GPU and precision: the ratio is kept per shape under it (a
+        search prices the same shapes thousands of times)."""
+        key = (id(self), m, n, k, layout, analytic_key) if analytic_key is not None else None
+        if key is None or key not in _RATIOS:
+            ratio = self._log_ratio(m, n, k, layout, analytic)
+            if key is None:
+                own = analytic(m, n, k) if own is None else own
+                return own * 2 ** ratio
+            _RATIOS[key] = ratio
+        own = analytic(m, n, k) if own is None else own
+        return own * 2 ** _RATIOS[key]
+
+    def _grid(self, layout: str) -> tuple[dict, list]:
+        """The measured shares of ``layout`` (all of the dtype's where it has none) and the grid's axes."""
+        key = (id(self), layout)
+        if key not in _GRIDS:
+            points = {(p.m, p.n, p.k): p.flops_per_s / self.atlas_peak_flops
+                      for p in self.atlas.gemm_points(self.dtype) if p.layout == layout}
+            if not points:
+                points = {(p.m, p.n, p.k): p.flops_per_s / self.atlas_peak_flops
+                          for p in self.atlas.gemm_points(self.dtype)}
+            _GRIDS[key] = points, [sorted({key[i] for key in points}) for i in range(3)]
+        return _GRIDS[key]
+
+    def _log_ratio(self, m: int, n: int, k: int, layout: str, analytic: Callable[[int, int, int], float]) -> float:
+        """log2 of measured / analytic around M x N x K, interpolated in log2 of each (0 with no neighbour)."""
+        points, axes = self._grid(layout)
         weights = [_bracket(axis, value) for axis, value in zip(axes, (m, n, k))]
         total = ratio = 0.0
         for (m0, wm) in weights[0]:
@@ -68,8 +90,7 @@ class MeasuredKernels:
                     if w and (m0, n0, k0) in points:
                         total += w
                         ratio += w * log2(points[(m0, n0, k0)] / max(analytic(m0, n0, k0), 1e-9))
-        own = analytic(m, n, k) if own is None else own
-        return own * 2 ** (ratio / total) if total else own
+        return ratio / total if total else 0.0
 
     def attention_fraction(self, head_dim: int, seq_len: int, backward: bool, kernel: str) -> float | None:
         """The measured share of the dense bf16 peak of ``kernel``'s causal attention (None: not measured)."""
@@ -94,6 +115,12 @@ class MeasuredKernels:
         # no kernel moves its bytes faster than the copy of them (a ratio measured below 1 is the copy's noise)
         ratio = max(1.0, self.atlas.memory_ops.get(category, 1.0)) if category in MEMORY_CATEGORIES else 1.0
         return nbytes / bandwidth_bytes_per_s * ratio
+
+
+# per-process caches: the grid of an atlas's products by layout, and the measured / analytic ratio per shape
+# (MeasuredKernels are made once per GPU and precision and kept, so their ids stay theirs)
+_GRIDS: dict = {}
+_RATIOS: dict = {}
 
 
 def _bracket(axis: list[int], value: float) -> list[tuple[int, float]]:
