@@ -8,7 +8,7 @@ from meshscale.cli import main
 
 @pytest.mark.parametrize("argv, message", [
     (["train", "--model", "nope"], "unknown model 'nope'"),
-    (["train", "--data", "/no/such/folder"], "data folder /no/such/folder does not exist"),
+    (["train", "--data", "/no/such/folder"], "/no/such/folder does not exist"),
     (["train", "--mode", "gossip"], "unknown mode 'gossip'"),
     (["scale", "--cpus", "1,3", "--strong", "--global-batch", "16"], "not divisible by 3"),
     (["scale", "--cpus", "1,2", "--weak"], "--weak needs --batch"),
