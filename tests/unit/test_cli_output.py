@@ -199,3 +199,47 @@ def test_fit_table_folds_the_columns_named_as_identity_and_leaves_out_the_others
         assert {"n", "name", "kind", "time us"} <= set(kept) and "note" not in kept
     kept = [str(c.header) for c in fit_table(table, 20, console).columns]  # unnamed: only the first is kept
     assert "name" not in kept and "n" in kept
+
+
+def test_a_search_at_80_columns_fits_them_and_keeps_the_layout(cli, monkeypatch, tmp_path):
+    """The widest table meshscale prints at 80 columns: what fits at 80 is printed within 80 (columns one space
+    apart once the label columns are gone), every row keeping its layout; the lines under it wrap."""
+    monkeypatch.setenv("COLUMNS", "80")
+    out = tmp_path / "search.json"
+    run = cli("predict", "--model", "llama3-70b", "--system", "hgx-h100", "--gpus", "64", "--search", "--json", out)
+    assert run.exit_code == 0, run.output
+    assert max(len(line) for line in run.stdout.splitlines()) <= 80, run.stdout
+    rows = json.loads(out.read_text())["rows"][:15]
+    assert _layout_cells(run.stdout) == [row["layout"] for row in rows], run.stdout
+
+
+def test_fit_table_closes_the_gaps_and_breaks_headers_before_printing_wide():
+    from rich.console import Console
+    from rich.table import Table
+    from meshscale.cli.output import fit_table
+    table = Table()
+    for name in ("layout", "batch/rank", "tokens/s/GPU", "step ms", "MFU"):
+        table.add_column(name, justify="left" if name == "layout" else "right")
+    table.add_row("tp2 fsdp8 pp2", "4", "1,021", "2,006.3", "44.7%")
+    console = Console(width=200)
+    for width, gaps in ((60, 3), (50, 1), (42, 1)):
+        fitted = fit_table(table, width, console, identity=("layout",))
+        text = Console(width=width, record=True, file=open("/dev/null", "w"))
+        text.print(fitted)
+        lines = text.export_text().splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= width, lines
+        words = "\n".join(lines).split()
+        assert {"tp2", "fsdp8", "pp2", "2,006.3", "1,021"} <= set(words)  # the identity (folded) and figures whole
+        assert (fitted.padding[1] == 1) == (gaps == 3)  # one space apart only where three did not fit
+
+
+def test_every_commands_summary_is_one_line_at_80_columns(cli, monkeypatch):
+    """`meshscale -h` and `meshscale bench -h` list each command on one line of an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for group, names in (([], ("topo", "train", "predict", "why-hung", "bench")), (["bench"], ("collective", "pairs"))):
+        text = cli(*group, "-h").stdout
+        panel = text.split("Commands")[1].splitlines()[1:]
+        panel = panel[:next(i for i, line in enumerate(panel) if line.startswith("╰"))]
+        assert all(len(line) <= 80 for line in text.splitlines())
+        starts = [line[2:].split()[0] for line in panel]  # every line starts with a command's name
+        assert set(names) <= set(starts) and all(not line[2:4].isspace() for line in panel), panel

@@ -29,7 +29,8 @@ _CUDA_GRAPH_HELP = ("0 off; N > 0: capture one operation in a CUDA graph and rep
                     "launch per op like a C loop; any N > 0 does the same")
 PLACE_CHOICES = {"both": ("out", "in"), "out": ("out",), "in": ("in",)}
 
-bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.",
+                        short_help="Measure collectives, bandwidth, worker pairs and storage")
 
 
 def _is_rank0() -> bool:
@@ -49,7 +50,7 @@ def bench_algo(algo: Optional[str], impl: str) -> Optional[str]:
     return None if algo == "nccl" else algo
 
 
-@bench_app.command("collective")
+@bench_app.command("collective", short_help="Sweep collective sizes like nccl-tests")
 def collective(
     collectives: Optional[List[str]] = typer.Argument(None, help=f"{', '.join(NAMES)}, or all (the default: every one)"),
     min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)", callback=checked(size_bytes)),
@@ -155,7 +156,7 @@ def _sweep_and_show(spec, world, fmt: str, timeout_s: float, json_path: Optional
         sys.exit(1)
 
 
-@bench_app.command("p2p")
+@bench_app.command("p2p", short_help="Bandwidth and latency between every pair of devices")
 def p2p(
     size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)", callback=checked(size_bytes)),
     iters: int = typer.Option(10, "--iters", "-n", help="timed copies per pair", callback=checked(COUNT)),
@@ -192,7 +193,7 @@ def p2p(
         typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
 
 
-@bench_app.command("io")
+@bench_app.command("io", short_help="Read and decode rates beside a training run's demand")
 def io(
     path: Path = typer.Argument(..., help="a folder of images (<class>/<image>, the ImageFolder layout) or a token file (.npy, uint16 .bin)"),
     readers: int = typer.Option(2, "--readers", help="reader (and decoder) processes", callback=checked(CPU_COUNT)),

@@ -118,7 +118,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="r
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(report)
-    app.command()(compare)
-    app.command()(doctor)
-    app.command()(tour)
+    app.command(short_help="Write a static HTML report from result files")(report)
+    app.command(short_help="Compare two runs row by row; exit 1 on a regression")(compare)
+    app.command(short_help="Check the driver, links, knobs and health counters")(doctor)
+    app.command(short_help="Characterise this machine end to end into a report")(tour)

@@ -335,11 +335,11 @@ def _fmt(key: str, v) -> str:
     if key == "prediction_error":
         return f"{v:+.1%}"
     if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}"
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:#.3g}"  # 39.0 stays 39.0, as the streamed lines print it
     return str(v)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command("train")(train)
-    app.command("scale")(scale)
+    app.command("train", short_help="Train data-parallel, or a transformer under a layout")(train)
+    app.command("scale", short_help="Weak or strong scaling, or layouts, beside the prediction")(scale)
