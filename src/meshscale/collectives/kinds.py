@@ -136,12 +136,13 @@ KINDS: tuple[CollectiveKind, ...] = (
                    _ring_factor, segmented=True, chunk_per_unit=True, aliases=("alltoall",), places=("out",),
                    torch_call="all_to_all_single", nccl_function="ncclAlltoAll", bound="exchange", headline=True),
     # nccl-tests' alltoallv: each rank sends a different amount to each peer (`meshscale.bench.cases.alltoallv_bytes`),
-    # the units here are all_to_all's blocks at their uniform size; no schedule, bound or cost model prices it
+    # the units here are all_to_all's blocks at their even size; an exchange, which no schedule, bound or cost
+    # model prices (they assume even blocks: `variable`)
     CollectiveKind("all_to_allv", "block (s, d), of a size that depends on d - s, of rank s's input ends in rank d's "
                    "output", lambda n: n * n,
                    lambda r, n, root: [r * n + d for d in range(n)], lambda r, n, root: [s * n + r for s in range(n)],
                    _ring_factor, segmented=True, chunk_per_unit=True, aliases=("alltoallv",), places=("out",),
-                   torch_call="all_to_all_single", schedulable=False, bound="", variable=True),
+                   torch_call="all_to_all_single", schedulable=False, bound="exchange", variable=True),
     CollectiveKind("gather", "the root ends with every rank's segment", lambda n: n, _own, _at_root(_every),
                    _ring_factor, rooted=True, segmented=True, places=("out",), torch_call="gather",
                    nccl_function="ncclGather", bound="root"),
