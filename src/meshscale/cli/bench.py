@@ -227,7 +227,7 @@ def io(
     write_result_files(io_result(report), json_path, csv_path)
 
 
-@bench_app.command("kernels")
+@bench_app.command("kernels", short_help="Measure the kernel atlas of this GPU for the step model")
 def kernels(output: Path = typer.Option(..., "--output", help="where to write the atlas (JSON; meshscale ships "
                                         "its own in models/atlas/)", callback=checked(output_file((".json",))))) -> None:
     """Measure the kernel atlas on this GPU: matrix products over training's shapes, attention forward and backward,

@@ -174,8 +174,8 @@ def _print_layouts(predictions, search: bool, top: int, json_out: Optional[Path]
     table, lines = layout_table(predictions[:top] if search else predictions, search=search,
                                 hidden=len(predictions) - top if search else 0)
     print_tables(table, identity=LAYOUT_IDENTITY)
-    for line in lines:  # wrapped at a terminal's width or a stated COLUMNS, as the table is fitted to it
-        print_text(line)
+    for line in lines:
+        typer.echo(line)
     if json_out or csv_path:
         write_result_files(training_result(predictions, search=search), json_out, csv_path)
 
