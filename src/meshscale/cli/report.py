@@ -95,11 +95,12 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
 
 
 def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="report directory", callback=checked(output_dir)),
-         full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and longer scale runs"),
+         full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and every scale run, however long (the default keeps within a minute on GPUs, half a minute on CPU workers, and names the scale runs it left out)"),
          fast: bool = typer.Option(False, "--fast", help="the smallest sizes and steps (a smoke test)"),
          cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)", callback=checked(CPU_COUNT)),
          timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage", callback=checked(TIMEOUT_S))) -> None:
-    """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
+    """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html,
+    within a minute on one to eight GPUs and half a minute on CPU workers (--full: the long version)."""
     from meshscale.app.tour import TourSettings, run_tour
     created = not output.exists()
     try:
