@@ -176,7 +176,8 @@ def collective_stage(state: TourState) -> dict[str, Result]:
     elif s.full:
         sizes, iters = (sweep_sizes("8K", "4G", 2), 20) if state.gpu else (sweep_sizes("1K", "64M", 2), 10)
     else:
-        sizes, iters = (sweep_sizes("64K", "1G", 4), 20) if state.gpu else (sweep_sizes("4K", "1M", 4), 5)
+        # a size per factor of 8 (nccl-tests' range from the latency-bound to the bandwidth-bound end); --full: 2
+        sizes, iters = (sweep_sizes("256K", "1G", 8), 20) if state.gpu else (sweep_sizes("4K", "1M", 4), 5)
     unit = 4 * n * 8  # every size must split into n float32 chunks
     sizes = sorted({max(unit, size // unit * unit) for size in sizes})
     spec = CollectiveSpec(collectives=list(collectives), sizes_bytes=sizes, places=("out", "in"), warmup_iters=2 if s.fast else 5,
