@@ -170,6 +170,7 @@ def _layout_cells(text: str) -> list[str]:
     return [" ".join(parts) for parts in cells]
 
 
+@pytest.mark.slow  # a --search of every layout of 64 GPUs
 @pytest.mark.parametrize("columns", ["80", "60"])
 def test_a_narrow_search_table_keeps_every_rows_layout(cli, monkeypatch, tmp_path, columns):
     monkeypatch.setenv("COLUMNS", columns)

@@ -21,6 +21,7 @@ def _gpu_block(topology) -> list[list[str]]:
     return [row[1:1 + n] for row in rows]
 
 
+@pytest.mark.slow  # every catalog system through three formats
 @pytest.mark.parametrize("name", system_names())
 @pytest.mark.parametrize("fmt", ["xml", "txt", "json"])
 def test_every_catalog_system_round_trips_through_each_format(tmp_path, name, fmt):
