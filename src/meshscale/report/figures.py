@@ -322,14 +322,14 @@ def train_runs_as_scale(sources: list[Source]) -> Source | None:
 
 # what the scaling figures' efficiency and the error tables' columns mean, one sentence beside each
 SCALING_CAPTION = ("Bars: throughput in samples/s (the global batch over the run's median step where the run timed its "
-                   "steps); line: speedup, each throughput over the one-rank run's, times one rank's share of the "
-                   "work; the verdict's parallel efficiency is that speedup divided by the ranks, 100% being linear.")
+                   "steps); line: speedup, each throughput over the one-rank run's; the verdict's parallel efficiency "
+                   "is that speedup divided by the ranks, 100% being linear scaling.")
 VALIDATE_NOTE = ("Each row's error is (predicted - measured) / measured time; geomean |error| is the geometric mean of "
                  "its absolute value over a size class's rows, bound is the model's stated accuracy for that class "
                  "(docs/validate.md; for the worst row, how many times off it may be), and within says whether the "
                  "geomean (or the worst row) stays inside that bound.")
-PREDICTED_SCALING_NOTE = ("speedup = predicted samples/s over the series' one-GPU figure, times one GPU's share of the "
-                          "work; efficiency = speedup / GPUs, 100% being linear.")
+PREDICTED_SCALING_NOTE = ("speedup = predicted samples/s over the series' smallest configuration's, times its GPU count "
+                          "(one GPU's speedup is 1); efficiency = speedup / GPUs, 100% being linear scaling.")
 
 TRAIN_SUMMARY = (("samples_per_s", "samples/s"), ("step_time_s", "step"), ("split_step_time_s", "step of the split"),
                  ("compute_s", "compute"), ("comm_s", "communication"), ("bubble_s", "pipeline bubble"),
