@@ -15,6 +15,19 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
+# ---- markers ----------------------------------------------------------------------------------------------
+def pytest_collection_modifyitems(config, items):
+    """GPU tests run only where -m names them (`pytest -m gpu` on the device machine): left out of a plain run and
+    of `-m "not slow"` alike, so that a developer's quick run (`pytest -m "not slow"`) and CI's (`pytest`, every
+    test but the GPU ones) need no second -m, which would replace the first."""
+    if "gpu" in (config.getoption("markexpr") or ""):
+        return
+    gpu = [item for item in items if item.get_closest_marker("gpu")]
+    if gpu:
+        config.hook.pytest_deselected(items=gpu)
+        items[:] = [item for item in items if not item.get_closest_marker("gpu")]
+
+
 # ---- the CLI ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def cli(monkeypatch):

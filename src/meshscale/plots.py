@@ -187,11 +187,28 @@ def rows_scaling_chart(rows: list[dict[str, Any]], title: str, x_label: str = "G
 
 
 def scale_result_chart(result: Result) -> Figure:
-    """The chart of a `meshscale scale` result, titled with its model, exchange mode and batch."""
+    """The chart of a `meshscale scale` result, titled with its model, exchange mode and batch: the measured
+    throughput and speedup, and beside them the PREDICTED ones where the rows carry the prediction
+    (``predicted_samples_per_s``, as `scale` prints it in its PREDICTED/s column)."""
     m = result.meta
     batch = f"{m.get('batch')} per worker" if m.get("scaling") == "weak" else f"global batch {m.get('batch')}"
-    return rows_scaling_chart(result.rows, f"{m.get('model')} {m.get('mode')}: {m.get('scaling')} scaling, {batch}",
-                              "GPUs" if m.get("device") == "cuda" else "workers")
+    title = f"{m.get('model')} {m.get('mode')}: {m.get('scaling')} scaling, {batch}"
+    x_label = "GPUs" if m.get("device") == "cuda" else "workers"
+    rows = sorted((r for r in result.rows if r.get("throughput_samples_per_s")), key=lambda r: r["world_size"])
+    predicted = [r for r in rows if r.get("predicted_samples_per_s")]
+    if not predicted:
+        return rows_scaling_chart(result.rows, title, x_label)
+    x, base = [r["world_size"] for r in rows], rows[0]
+    bars = [Series("throughput", x, [r["throughput_samples_per_s"] for r in rows], "measured"),
+            Series("PREDICTED throughput", [r["world_size"] for r in predicted],
+                   [r["predicted_samples_per_s"] for r in predicted], "predicted")]
+    first = predicted[0]
+    lines = [Series("speedup", x, [r["throughput_samples_per_s"] / base["throughput_samples_per_s"] * base["world_size"]
+                                   for r in rows], "measured"),
+             Series("PREDICTED speedup", [r["world_size"] for r in predicted],
+                    [r["predicted_samples_per_s"] / first["predicted_samples_per_s"] * first["world_size"]
+                     for r in predicted], "predicted")]
+    return scaling_chart(title, bars, lines, x_label, "samples/s", "ideal")
 
 
 # ---- heatmaps ------------------------------------------------------------------------------------------

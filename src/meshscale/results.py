@@ -179,9 +179,13 @@ def _check_row(row: dict[str, Any], kind: str, where: str) -> None:
         if value is None or not (key.endswith(FIGURE_SUFFIXES) or key in FIGURE_KEYS):
             continue
         positive = key in POSITIVE_KEYS.get(kind, ())
-        # lists of one figure: per rank (..._times_s) or per repeated sample (sample_...)
+        # lists of one figure: per rank (..._times_s) or per repeated sample (sample_...); per rank, per call
+        # (rank_iter_times_s: a list of lists)
         listed = isinstance(value, list) and (key.endswith("times_s") or key.startswith("sample_"))
-        for item in value if listed else [value]:
+        items = value if listed else [value]
+        if listed and key.startswith("rank_"):
+            items = [x for per_rank in value for x in (per_rank if isinstance(per_rank, list) else [per_rank])]
+        for item in items:
             number(item, f"{where}.{key}", 0, MAX_FIGURE, lo_open=positive)
 
 

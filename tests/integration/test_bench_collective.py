@@ -7,7 +7,6 @@ import time
 import pytest
 import torch
 
-
 from meshscale.bench.collective import CollectiveSpec, bench_collectives, rank_sweep
 from meshscale.collectives.kinds import KINDS, NAMES as COLLECTIVES, SCHEDULABLE, kind
 from meshscale.execute import WorkerError, launch
@@ -103,21 +102,30 @@ def test_cli_json_result_schema(tmp_path, cli):
     json.loads(out.read_text())  # plain JSON, no NaN tricks
 
 
-def test_cli_iter_times_adds_the_median_and_slowest_call(tmp_path, cli):
-    out = tmp_path / "ar.json"
-    run = cli("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "4K", "-n", "5", "-w", "1",
-              "--iter-times", "--format", "table", "--json", str(out))
+def test_cli_per_iteration_timing_alltoallv_and_nccl_tests_json(tmp_path, cli):
+    """nccl-tests 2.19's -I (with -K), alltoallv and -J in one run over Gloo."""
+    out, nt = tmp_path / "ar.json", tmp_path / "nccl-tests.json"
+    run = cli("bench", "collective", "all_reduce", "all_to_allv", "--cpus", "2", "-b", "1K", "-e", "4K", "-n", "5",
+              "-w", "1", "-I", "1", "-K", "1", "--format", "table", "--json", str(out), "-J", str(nt))
     assert run.exit_code == 0, run.stderr
-    assert "median(us)" in run.stdout and "slowest(us)" in run.stdout
+    assert "i_p99(us)" in run.stdout and "i_cv%" in run.stdout and "i_min" in run.stderr  # table; nccl-tests' lines
     rows = load_result(out).rows
-    assert len(rows) == 3
-    for row in rows:  # the mean of five calls lies between their median's lower half and the slowest
-        assert 0 < row["iter_median_s"] <= row["iter_max_s"]
-        assert row["time_s"] <= row["iter_max_s"] * (1 + 1e-9)
+    assert {r["collective"] for r in rows} == {"all_reduce", "all_to_allv"} and len(rows) == 6
+    for row in rows:  # each call's time is its slowest rank's; the summary leaves out the first call (-K 1)
+        assert row["iter_times_s"] == [max(t) for t in zip(*row["rank_iter_times_s"])]
+        assert row["iter_min_s"] == min(row["iter_times_s"][1:]) and row["iter_max_s"] == max(row["iter_times_s"][1:])
+        assert row["iter_min_s"] <= row["iter_p50_s"] <= row["iter_p99_s"] == row["iter_max_s"]  # p99 of 4 calls
+        assert row["wrong"] == 0
+    doc = json.loads(nt.read_text())
+    assert doc["version"] == 3 and doc["config"]["per_iter_skip"] == 1
+    entry = next(e for e in doc["results"] if e["experiment_name"] == "all_to_allv")
+    assert entry["in_place"] is None and entry["out_of_place"]["nwrong"] == 0
+    per_iter = entry["out_of_place_per_iter"]
+    assert per_iter["times_us"] == [max(t) for t in zip(*per_iter["per_process_max_times_us"])]
     plain = cli("bench", "collective", "all_reduce", "--cpus", "2", "-b", "1K", "-e", "1K", "-n", "2", "-w", "0",
                 "--json", str(tmp_path / "plain.json"))
-    assert plain.exit_code == 0 and "slowest(us)" not in plain.stdout
-    assert "iter_median_s" not in load_result(tmp_path / "plain.json").rows[0]
+    assert plain.exit_code == 0 and "i_max" not in plain.stdout
+    assert "iter_times_s" not in load_result(tmp_path / "plain.json").rows[0]
 
 
 def test_cli_cycles_report_the_median_cycle_and_print_each(tmp_path, cli):
@@ -143,15 +151,29 @@ def test_gpu_sweep_is_correct(cuda_graph, impl):
     n = torch.cuda.device_count()
     if n < 2:
         pytest.skip("needs 2 GPUs")
-    collectives = list(COLLECTIVES) if not cuda_graph else ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
+    collectives = [c for c in COLLECTIVES if impl == "native" or not kind(c).variable] if not cuda_graph else \
+        ["all_reduce", "all_gather", "reduce_scatter", "broadcast"]
     spec = CollectiveSpec(collectives=collectives, sizes_bytes=[n * 1024, n * (1 << 20)], dtypes=("bfloat16",),
                           ops=("avg",) if not cuda_graph else ("sum",), root=0, places=("out", "in"), warmup_iters=2, iters=5,
-                          cuda_graph=cuda_graph, impl=impl, iter_times=cuda_graph,
+                          cuda_graph=cuda_graph, impl=impl, per_iter=cuda_graph,
                           cycles=2 if cuda_graph else 1)
     result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
     assert {r["collective"] for r in result.rows} == set(collectives)
     assert all(r["wrong"] == 0 for r in result.rows)
     for r in result.rows if cuda_graph else ():  # each call timed by events between the replays, two cycles
-        assert 0 < r["iter_median_s"] <= r["iter_max_s"] and min(r["cycle_times_s"]) <= r["iter_max_s"] * 1.001
+        assert 0 < r["iter_p50_s"] <= r["iter_max_s"] and min(r["cycle_times_s"]) <= r["iter_max_s"] * 1.001
         assert len(r["cycle_times_s"]) == 2 and r["time_s"] == pytest.approx(sum(r["cycle_times_s"]) / 2)
-    assert all(r["bound_busbw_bytes_per_s"] for r in result.rows)
+    assert all(r["bound_busbw_bytes_per_s"] for r in result.rows if not kind(r["collective"]).variable)
+
+
+@pytest.mark.gpu
+def test_gpu_registered_buffers_are_correct():
+    """-R 1: every size's buffers from NCCL's allocator, registered with torch's communicator."""
+    n = torch.cuda.device_count()
+    if n < 2:
+        pytest.skip("needs 2 GPUs")
+    spec = CollectiveSpec(collectives=["all_reduce", "all_gather", "reduce_scatter", "all_to_allv"],
+                          sizes_bytes=[n * 1024, n * (1 << 20)], dtypes=("bfloat16",), warmup_iters=2, iters=5,
+                          register=1, per_iter=True)
+    result = bench_collectives(spec, World(n, "nccl"), timeout_s=60)
+    assert all(r["wrong"] == 0 for r in result.rows) and len(result.rows) == 2 * (1 + 2 + 2 + 1)

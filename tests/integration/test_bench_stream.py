@@ -6,10 +6,13 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 ROW = re.compile(r"^\s+(\d+)\s+\d+\s+\S+\s+\S+\s+-?\d+\s")
 SCRIPT = "import sys; from meshscale.cli import main; sys.argv[0] = 'meshscale'; main()"
 
 
+@pytest.mark.slow  # the command as a process of its own, stopped mid-sweep
 def test_ctrl_c_after_two_sizes_keeps_them_in_the_json(tmp_path):
     out = tmp_path / "bench.json"
     proc = subprocess.Popen([sys.executable, "-c", SCRIPT, "bench", "collective", "all_reduce", "--cpus", "2",

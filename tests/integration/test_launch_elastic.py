@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# every test starts torchrun and its ranks as fresh interpreters: 5-15 s each on 2 cores
+pytestmark = pytest.mark.slow
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 RUN_TIMEOUT_S = 120
 HOOKS = Path(__file__).resolve().parents[1] / "fixtures" / "launch_faults"  # sitecustomize.py: the faults

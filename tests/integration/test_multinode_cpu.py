@@ -10,6 +10,9 @@ from pathlib import Path
 
 import pytest
 
+# two torchrun agents and their ranks, fresh interpreters: 7-13 s each on 2 cores
+pytestmark = pytest.mark.slow
+
 SRC = Path(__file__).resolve().parents[2] / "src"
 
 

@@ -237,6 +237,7 @@ def _gone_within(pids, seconds: float) -> bool:
     return not any(_alive(p) for p in pids)
 
 
+@pytest.mark.slow  # the command as a process of its own
 def test_sigterm_to_the_main_process_is_one_line_like_ctrl_c(bench_run):
     proc, ranks = bench_run()
     proc.send_signal(signal.SIGTERM)
@@ -246,6 +247,7 @@ def test_sigterm_to_the_main_process_is_one_line_like_ctrl_c(bench_run):
     assert _gone_within(ranks, 3)
 
 
+@pytest.mark.slow  # the command as a process of its own
 def test_ranks_die_with_a_killed_main_process(bench_run):
     proc, ranks = bench_run()
     proc.kill()

@@ -60,6 +60,7 @@ def test_bf16_compression_stays_close():
     assert 0 < diff < 1e-2  # rounded on the wire, but not far off
 
 
+@pytest.mark.slow  # two runs of 200 steps
 def test_small_cnn_learns_digits_and_stale_ps_still_converges():
     common = dict(model="small-cnn", data="digits", eval_data="digits-test", world=2, batch_per_rank=16, steps=200,
                   timing=False, timeout_s=120)
@@ -88,6 +89,7 @@ def test_meshscale_schedule_as_the_collective():
     np.testing.assert_allclose(sched[0]["params"], _train("allreduce", 2)[0]["params"], rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.slow  # inductor compiles in every rank
 def test_compiled_model_trains_like_the_eager_one():
     """--compile wraps the compiled model in the exchange (not the other way round): ranks stay identical and the
     parameters match the eager run (inductor reorders float sums: small tolerance)."""

@@ -41,6 +41,7 @@ def _run(args: list[str], nproc: int | None, timeout_s: float = 120) -> subproce
 
 
 # torchtitan's own checkpointing policy keeps tp's reduce-scatter outputs: another schedule, the same arithmetic
+@pytest.mark.slow  # two torchrun runs of two fresh ranks each
 @pytest.mark.parametrize("layout, policy", [("fsdp=2", "meshscale"), ("tp=2", "meshscale"), ("tp=2", "torchtitan")])
 def test_two_ranks_train_both_sides_from_the_same_first_loss(layout, policy):
     done = _run(["--dry-run", "--layout", layout, "--plain-checkpointing", policy, "--timeout-s", "60"], nproc=2)

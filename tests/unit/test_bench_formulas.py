@@ -125,5 +125,9 @@ def test_bound_all_to_all_is_limited_by_the_bisection():
 
 
 @pytest.mark.parametrize("collective", COLLECTIVES)
-def test_bound_exists_for_every_collective(collective):
+def test_bound_exists_for_every_collective_of_even_blocks(collective):
+    if kind(collective).variable:  # all_to_allv's blocks differ pair to pair: no bound is claimed
+        with pytest.raises(MeshscaleError, match="no bound"):
+            busbw_bound(load_system("hgx-h200"), collective, [0, 1])
+        return
     assert busbw_bound(load_system("hgx-h200"), collective, [0, 1]) > 0

@@ -46,6 +46,7 @@ def test_slow_rank_hook_is_checked():
         slow_rank_from_env({"MESHSCALE_SLOW_RANK": "two"})
 
 
+@pytest.mark.slow  # rounds of pairs of CPU workers
 @pytest.mark.timeout(120)
 def test_a_slowed_worker_is_named_and_bisect_finds_it(cli, tmp_path, monkeypatch):
     monkeypatch.setenv("MESHSCALE_SLOW_RANK", "2:0.02")

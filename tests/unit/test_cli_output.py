@@ -170,6 +170,7 @@ def _layout_cells(text: str) -> list[str]:
     return [" ".join(parts) for parts in cells]
 
 
+@pytest.mark.slow  # a --search of every layout of 64 GPUs
 @pytest.mark.parametrize("columns", ["80", "60"])
 def test_a_narrow_search_table_keeps_every_rows_layout(cli, monkeypatch, tmp_path, columns):
     monkeypatch.setenv("COLUMNS", columns)
@@ -180,6 +181,10 @@ def test_a_narrow_search_table_keeps_every_rows_layout(cli, monkeypatch, tmp_pat
     rows = json.loads(out.read_text())["rows"][:6]
     assert _layout_cells(run.stdout) == [row["layout"] for row in rows], run.stdout
     assert "left out" in run.stdout and "layout" not in run.stdout.split("left out")[1].split("\n")[0]
+    if columns == "80":  # what fits at 80 is printed within 80 (columns one space apart), its caption too
+        lines = run.stdout.splitlines()
+        table = lines[:next(i for i, line in enumerate(lines) if "left out at 80 columns" in line) + 1]
+        assert max(len(line) for line in table) <= 80, run.stdout
 
 
 def test_fit_table_folds_the_columns_named_as_identity_and_leaves_out_the_others():
@@ -199,3 +204,35 @@ def test_fit_table_folds_the_columns_named_as_identity_and_leaves_out_the_others
         assert {"n", "name", "kind", "time us"} <= set(kept) and "note" not in kept
     kept = [str(c.header) for c in fit_table(table, 20, console).columns]  # unnamed: only the first is kept
     assert "name" not in kept and "n" in kept
+
+
+def test_fit_table_closes_the_gaps_and_breaks_headers_before_printing_wide():
+    from rich.console import Console
+    from rich.table import Table
+    from meshscale.cli.output import fit_table
+    table = Table()
+    for name in ("layout", "batch/rank", "tokens/s/GPU", "step ms", "MFU"):
+        table.add_column(name, justify="left" if name == "layout" else "right")
+    table.add_row("tp2 fsdp8 pp2", "4", "1,021", "2,006.3", "44.7%")
+    console = Console(width=200)
+    for width, gaps in ((60, 3), (50, 1), (42, 1)):
+        fitted = fit_table(table, width, console, identity=("layout",))
+        text = Console(width=width, record=True, file=open("/dev/null", "w"))
+        text.print(fitted)
+        lines = text.export_text().splitlines()
+        assert max(len(line.rstrip()) for line in lines) <= width, lines
+        words = "\n".join(lines).split()
+        assert {"tp2", "fsdp8", "pp2", "2,006.3", "1,021"} <= set(words)  # the identity (folded) and figures whole
+        assert (fitted.padding[1] == 1) == (gaps == 3)  # one space apart only where three did not fit
+
+
+def test_every_commands_summary_is_one_line_at_80_columns(cli, monkeypatch):
+    """`meshscale -h` and `meshscale bench -h` list each command on one line of an 80-column terminal."""
+    monkeypatch.setenv("COLUMNS", "80")
+    for group, names in (([], ("topo", "train", "predict", "why-hung", "bench")), (["bench"], ("collective", "pairs"))):
+        text = cli(*group, "-h").stdout
+        panel = text.split("Commands")[1].splitlines()[1:]
+        panel = panel[:next(i for i, line in enumerate(panel) if line.startswith("╰"))]
+        assert all(len(line) <= 80 for line in text.splitlines())
+        starts = [line[2:].split()[0] for line in panel]  # every line starts with a command's name
+        assert set(names) <= set(starts) and all(not line[2:4].isspace() for line in panel), panel

@@ -24,6 +24,7 @@ def _imported(*args: str) -> set[str]:
                                   ("predict", "-s", "dgx1-v100", "--model", "resnet50", "--gpus", "1,8"),
                                   ("cluster", "--nodes", "16"), ("topo", "--system", "dgx1-v100"),
                                   ("systems",)])
+@pytest.mark.slow  # a fresh interpreter per command
 def test_commands_without_gpu_work_import_no_torch(args):
     imported = _imported(*args)
     assert "meshscale" in imported  # the report is read right

@@ -123,6 +123,7 @@ def test_a_profile_with_bad_categories_is_refused_in_one_line(tmp_path):
         _predict(path, "hgx-h200")
 
 
+@pytest.mark.slow  # a profiled training step
 def test_a_traced_step_puts_each_op_in_the_category_the_step_model_uses():
     # CPU: the leaf ops stand for kernels; a tiny GPT's forward, backward and AdamW step
     import torch

@@ -17,6 +17,7 @@ NCCL_TESTS_FACTORS = {
     "all_reduce": lambda n: 2 * (n - 1) / n, "all_gather": lambda n: (n - 1) / n,
     "reduce_scatter": lambda n: (n - 1) / n, "alltoall": lambda n: (n - 1) / n, "gather": lambda n: (n - 1) / n,
     "scatter": lambda n: (n - 1) / n, "broadcast": lambda n: 1.0, "reduce": lambda n: 1.0, "sendrecv": lambda n: 1.0,
+    "alltoallv": lambda n: (n - 1) / n,  # AlltoAllvGetBw, of the busiest rank's bytes
 }
 RANKS = range(1, 7)
 

@@ -75,6 +75,7 @@ def test_fewer_channels_slower_in_proportion_and_the_choice_stays(h200):
     assert clamped.channels == 2
 
 
+@pytest.mark.slow  # NCCL's search on several machines
 def test_p2p_disabled_goes_through_host_memory_far_below_nvlink(h200):
     """No P2P: the SHM transport stages every hop through pinned host memory over each GPU's PCIe link, so the
     ring runs at most at that link's rate; NVLS (multicast needs P2P) is off."""
@@ -98,6 +99,7 @@ def test_shm_disabled_too_sends_through_the_nic(h200):
     assert staged < _busbw(h200, [0, 1], []) / 5
 
 
+@pytest.mark.slow  # NCCL's search on several machines
 def test_sockets_between_nodes_are_slower_and_grow_with_their_streams():
     cluster = system_or_cluster("hgx-h100", 2, "ndr", 8)
     ranks = [cluster.nodes[d].index for d in cluster.devices()]

@@ -36,6 +36,7 @@ def test_a_version_takes_the_newest_family_not_newer():
         nccl.constants("latest")
 
 
+@pytest.mark.slow  # NCCL's search per communicator
 def test_the_tuning_table_is_filled_once_per_communicator(monkeypatch):
     """NCCL fills its table once (ncclTopoTuneModel) and reads it for every call: predictions of every size and
     collective on one fabric fill it once; a communicator NCCL sets up differently (fewer channels) gets its own."""

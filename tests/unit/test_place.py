@@ -1,6 +1,7 @@
 """`meshscale place`: the best K-GPU subset by NCCL's predicted all_reduce busbw, as `plan` predicts it."""
 import itertools
 import json
+import random
 
 import pytest
 
@@ -12,18 +13,28 @@ from meshscale.topology import load_system
 SYSTEMS = ("dgx1-p100", "dgx1-v100", "pcie-4gpu", "pcie-8gpu-2socket")
 
 
+# subsets the oracle prices one by one, per k: every subset up to 4 GPUs (milliseconds each); of more GPUs, where
+# NCCL's ring search takes a tenth of a second a subset, a random sample (the ranking itself still covers all)
+ORACLE_SAMPLE = 8
+
+
 @pytest.mark.parametrize("name", SYSTEMS)
 def test_place_picks_a_subset_plan_ranks_best_for_every_k(name):
     topo = load_system(name)
     every = [topo.nodes[d].index for d in topo.devices()]
+    rng = random.Random(name)
     for k in range(2, len(every) + 1):
         ranked = rank_placements(Fabric(topo), k)
-        assert len(ranked) == len(list(itertools.combinations(every, k)))
-        # plan's NCCL line predicts with nccl_result: the chosen subset reaches the best busbw over all subsets
-        best = max(Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, tuple(list(s)))).busbw_bytes_per_s
-                   for s in itertools.combinations(every, k))
-        chosen = Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, tuple(ranked[0].devices))).busbw_bytes_per_s
-        assert chosen == pytest.approx(best, rel=1e-9), (name, k, ranked[0].devices)
+        subsets = list(itertools.combinations(every, k))
+        assert len(ranked) == len(subsets) and {tuple(p.devices) for p in ranked} == set(subsets)
+        # plan's NCCL line predicts with nccl_result: each subset priced alone (a fresh fabric each) reaches the
+        # busbw the ranking gave it, and none beats the chosen one
+        priced = {tuple(p.devices): p.busbw_bytes_per_s for p in ranked}
+        sample = subsets if k <= 4 else rng.sample(subsets, min(ORACLE_SAMPLE, len(subsets)))
+        for s in {*sample, tuple(ranked[0].devices)}:
+            alone = Fabric(topo).cost(Call("all_reduce", PLACEMENT_BYTES, s)).busbw_bytes_per_s
+            assert alone == pytest.approx(priced[s], rel=1e-9), (name, k, s)
+            assert alone <= ranked[0].busbw_bytes_per_s * (1 + 1e-9), (name, k, s, ranked[0].devices)
 
 
 def test_place_keeps_a_dgx1_quad_on_its_fully_connected_half():

@@ -34,6 +34,16 @@ def test_scale_result_chart_keeps_the_train_figure_s_words():
     assert {"throughput", "speedup", "ideal"} <= set(words)
 
 
+def test_scale_plot_draws_the_predicted_column_beside_the_measured_one():
+    rows = [dict(r, predicted_samples_per_s=r["throughput_samples_per_s"] * 1.1) for r in ROWS]
+    fig = plots.scale_result_chart(Result("scale", rows, meta={"model": "m", "mode": "ddp", "scaling": "weak",
+                                                              "batch": 8, "device": "cpu"}))
+    assert {"throughput", "PREDICTED throughput", "speedup", "PREDICTED speedup", "ideal"} <= set(texts(fig))
+    heights = sorted(round(b.get_height(), 6) for b in fig.axes[0].patches)
+    assert heights == sorted(round(v, 6) for r in rows for v in (r["throughput_samples_per_s"],
+                                                                 r["predicted_samples_per_s"]))
+
+
 def test_predicted_chart_says_so_and_has_one_group_per_variant():
     rows = [dict(r, variant=v) for v in ("edr ring", "10gbe ring") for r in ROWS]
     words = texts(plots.rows_scaling_chart(rows, "resnet50", predicted=True))

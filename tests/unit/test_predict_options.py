@@ -75,6 +75,7 @@ def test_the_sweep_and_the_layout_give_a_size_the_same_figure():
     assert typed.samples_per_s == layout.samples_per_s  # train's default, typed or not
 
 
+@pytest.mark.slow  # every corpus run priced twice
 def test_every_training_corpus_run_is_priced_by_predict_as_validate_prices_it():
     from meshscale.predict.answer import answer
     from meshscale.predict.training.validate import load_training_corpus, validate_training

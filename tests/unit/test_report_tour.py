@@ -191,3 +191,77 @@ def test_legends_say_predicted_once():
     from meshscale.report.figures import _legend
     assert _legend("predicted", "whitepaper-predicted DGX-1 NVLink") == "predicted whitepaper DGX-1 NVLink"
     assert _legend("measured", "scale this-machine") == "measured scale this-machine"
+
+
+# ---- the scale stage within the tour's time, its rows consistent with their step times ---------------------
+def _scale_state(tmp_path, size, settings):
+    from types import SimpleNamespace
+
+    from meshscale.app.tour import TourState
+    state = TourState(settings, tmp_path)
+    state.world = SimpleNamespace(backend="gloo", size=size)
+    return state
+
+
+def _fake_scale(clock, seconds_per_rank, stalled=()):
+    """`train.scale.scale` for one world size: a run of ``seconds_per_rank`` x ranks on ``clock``; a world in
+    ``stalled`` had its window stretched by a stall its median step does not show."""
+    from meshscale.results import Result
+
+    def run(cfg, worlds, weak, size):
+        [n] = worlds
+        clock[0] += seconds_per_rank * n
+        batch = size if weak else size // n
+        step_s = 0.1 * (1 + 0.1 * (n - 1))
+        window = (batch * n / step_s) / (3 if n in stalled else 1)
+        return Result("scale", [{"world_size": n, "mode": "ddp", "batch_per_rank": batch, "global_batch": batch * n,
+                                 "step_time_s": step_s, "throughput_samples_per_s": window}], False, {})
+    return run
+
+
+@pytest.mark.parametrize("budget_left, runs", [(1000.0, 8), (2.0, 4), (-50.0, 2)])
+def test_the_scale_stage_runs_what_fits_in_the_time_left(tmp_path, monkeypatch, budget_left, runs):
+    """Weak scaling's one rank and most ranks always run; the rest while the time left allows, the baseline and
+    most ranks of a mode first; what is left out is named."""
+    from meshscale.app import tour
+
+    clock = [0.0]
+    monkeypatch.setattr(tour, "scale", _fake_scale(clock, 0.1))
+    monkeypatch.setattr(tour.time, "monotonic", lambda: clock[0])
+    state = _scale_state(tmp_path, 8, tour.TourSettings())
+    monkeypatch.setattr(tour.TourState, "time_left_s", lambda self: budget_left - clock[0])
+    rows = tour.scale_stage(state)["scale"].rows
+    assert len(rows) == runs
+    by_mode = {m: sorted(r["world_size"] for r in rows if r["mode"] == m) for m in ("weak", "strong")}
+    assert by_mode["weak"][:1] == [1] and by_mode["weak"][-1] == 8  # always measured: a scaling figure
+    assert by_mode["strong"] == [] or by_mode["strong"][:1] == [1] and 8 in by_mode["strong"]  # never alone
+    assert (runs < 8) == any("tour --full" in n for n in state.notes)
+
+
+def test_scale_rows_agree_with_their_step_times(tmp_path, monkeypatch):
+    """A run whose window held a stall (its throughput a third of what its steps say) reads as what its median
+    step says, so the other rows' speedup over it is not super-linear."""
+    from meshscale.app import tour
+
+    clock = [0.0]
+    monkeypatch.setattr(tour, "scale", _fake_scale(clock, 0.1, stalled=(1,)))
+    state = _scale_state(tmp_path, 4, tour.TourSettings(full=True))
+    rows = tour.scale_stage(state)["scale"].rows
+    for r in rows:
+        assert r["throughput_samples_per_s"] * r["step_time_s"] == pytest.approx(r["global_batch"])
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["world_size"]) and r["efficiency"] <= 1.0
+    assert rows[0]["window_samples_per_s"] < rows[0]["throughput_samples_per_s"]
+
+
+def test_scaling_figures_and_error_tables_say_what_their_figures_mean():
+    from meshscale.predict.validate import validate_run
+    from meshscale.report.figures import sections
+    from meshscale.report.parts import Source
+    from meshscale.results import load_result
+
+    checked = validate_run(load_result(FIXTURES / "collective.json"), load_result(FIXTURES / "sim.json"))
+    found = sections([Source("scale", load_result(FIXTURES / "scale.json")), Source("validate", checked)])
+    scaling = [p for sec in found for p in sec.plots if "scaling" in p.title and "step time" not in p.title]
+    assert scaling and all("parallel efficiency is that speedup divided by the ranks" in p.caption for p in scaling)
+    [table] = [sec for sec in found if sec.title.startswith("Model against measurement")]
+    assert "geometric mean" in table.note and "within" in table.note

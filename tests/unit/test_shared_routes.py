@@ -17,6 +17,7 @@ def _cached_routes(topo):
     ("dgx1-p100", 3, {"gpudirect": False}),      # NICs behind the CPUs
     ("dgx2", 2, {}),                             # equal flows over other NICs: which node comes first decides
 ])
+@pytest.mark.slow  # a max-flow per route of a DGX-2
 def test_every_copied_route_is_the_one_its_own_max_flow_finds(system, nodes, shape, monkeypatch):
     shared = system_or_cluster(system, nodes, **shape)
     ranks = [shared.nodes[d].index for d in shared.devices()]

@@ -52,6 +52,7 @@ def _has_hamiltonian_cycle(g):
                for perm in itertools.permutations(rest))
 
 
+@pytest.mark.slow  # every subset class of a DGX-1, simulated
 @pytest.mark.parametrize("system", ["dgx1-p100", "dgx1-v100"])
 def test_auto_beats_the_best_single_ring_on_every_subset(system):
     topo = load_system(system)

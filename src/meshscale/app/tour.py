@@ -50,9 +50,18 @@ from meshscale.units import parse_bytes, sweep_sizes
 COLLECTIVES = [k.name for k in KINDS if k.headline]
 
 
+# How long the default tour takes in all: a minute on one to eight GPUs, half a minute on CPU workers; its scale
+# stage runs the configurations that fit in what is left (--full runs them all, --fast is the tests' smoke run)
+TOUR_BUDGET_S = {"gpu": 60.0, "cpu": 30.0}
+# What the stages after the scale stage and the page take: sim and predict, then the report's figures (measured
+# on the 2-core CPU host, under load: 4-6 s; a GPU host's page has fewer of them and a faster host)
+AFTER_SCALE_S = 6.0
+
+
 @dataclass
 class TourSettings:
-    """How long a tour runs: default (minutes), ``full`` (nccl-tests-length sweeps) or ``fast`` (tests)."""
+    """How long a tour runs: default (within `TOUR_BUDGET_S`), ``full`` (nccl-tests-length sweeps, every scale
+    run) or ``fast`` (tests: the smallest sizes)."""
 
     full: bool = False
     fast: bool = False
@@ -75,6 +84,18 @@ class TourState:
     results: dict[str, Result] = field(default_factory=dict)
     sim_params: Any = None  # simulator parameters calibrated from bench p2p (sim stage)
     notes: list[str] = field(default_factory=list)
+    started_s: float = field(default_factory=time.monotonic)
+
+    @property
+    def budget_s(self) -> float | None:
+        """The whole tour's time (`TOUR_BUDGET_S`), or None: --full and --fast run every stage to its end."""
+        s = self.settings
+        return None if s.full or s.fast else TOUR_BUDGET_S["gpu" if self.gpu else "cpu"]
+
+    def time_left_s(self) -> float | None:
+        """What the budget leaves now for the scale stage (the stages after it and the page kept aside)."""
+        budget = self.budget_s
+        return None if budget is None else budget - (time.monotonic() - self.started_s) - AFTER_SCALE_S
 
     @property
     def gpu(self) -> bool:
@@ -139,9 +160,10 @@ def _needs_two_ranks(state: TourState, what: str) -> None:
 def p2p_stage(state: TourState) -> dict[str, Result]:
     _needs_two_ranks(state, "no peer to copy to (host<->device copies are measured on their own)")
     s = state.settings
-    size = "64M" if s.full else ("256K" if s.fast else ("16M" if not state.gpu else "256M"))
+    size = "64M" if s.full else ("256K" if s.fast else ("4M" if not state.gpu else "256M"))
     spec = P2PSpec(size_bytes=parse_bytes(size), iters=3, warmup_iters=1, latency_iters=10) if s.fast else \
-        P2PSpec(size_bytes=parse_bytes(size), iters=20 if s.full else 10)
+        P2PSpec(size_bytes=parse_bytes(size), iters=20 if s.full else 10) if s.full or state.gpu else \
+        P2PSpec(size_bytes=parse_bytes(size), iters=5, warmup_iters=1, latency_iters=20)  # CPU workers: seconds
     return {"p2p": bench_p2p(spec, state.world, s.timeout_s)}
 
 
@@ -154,7 +176,8 @@ def collective_stage(state: TourState) -> dict[str, Result]:
     elif s.full:
         sizes, iters = (sweep_sizes("8K", "4G", 2), 20) if state.gpu else (sweep_sizes("1K", "64M", 2), 10)
     else:
-        sizes, iters = (sweep_sizes("64K", "1G", 4), 20) if state.gpu else (sweep_sizes("4K", "4M", 4), 5)
+        # a size per factor of 8 (nccl-tests' range from the latency-bound to the bandwidth-bound end); --full: 2
+        sizes, iters = (sweep_sizes("256K", "1G", 8), 20) if state.gpu else (sweep_sizes("4K", "1M", 4), 5)
     unit = 4 * n * 8  # every size must split into n float32 chunks
     sizes = sorted({max(unit, size // unit * unit) for size in sizes})
     spec = CollectiveSpec(collectives=list(collectives), sizes_bytes=sizes, places=("out", "in"), warmup_iters=2 if s.fast else 5,
@@ -164,27 +187,82 @@ def collective_stage(state: TourState) -> dict[str, Result]:
 
 def scale_stage(state: TourState) -> dict[str, Result]:
     """Weak and strong scaling of a model sized to the hardware (small CNN on CPU workers, ResNet-50 on
-    GPUs) over 1, 2, 4 ... ranks, as one "scale" result with mode weak / strong."""
+    GPUs) over 1, 2, 4 ... ranks, as one "scale" result with mode weak / strong. Each configuration is a fresh set
+    of processes; the default tour runs those that fit in the time left (`_scale_plan`'s order: the one-rank
+    baseline and the most ranks first), the rest are named in a note. Each row's samples/s is its global batch over
+    its median step, so that its throughput, speedup and efficiency agree with the step time beside them."""
     _needs_two_ranks(state, "no scaling to measure (the single-GPU profile times it)")
     cfg, batch = _train_config(state)
-    steps = cfg.steps
     worlds = _world_sizes(state.world.size)
     step = math.lcm(*worlds)
     global_batch = -(-batch * max(worlds) // step) * step  # every world size must divide it
-    rows = []
-    # a smoke test (fast) runs weak scaling only: each configuration is a fresh set of processes
-    for weak, size in ((True, batch),) if state.settings.fast else ((True, batch), (False, global_batch)):
-        part = scale(cfg, worlds, weak, size)
+    plan = _scale_plan(worlds, weak_only=state.settings.fast)
+    rows, runs_s, left_out, dropped = [], [], [], set()
+    for k, (weak, world) in enumerate(plan):
+        left = state.time_left_s()
+        # weak scaling's one rank and most ranks always run (the least that measures scaling); a later mode's
+        # baseline only with room for its most ranks too, since one world size alone scales nothing
+        need = [world] + ([worlds[-1]] if world == worlds[0] else [])
+        if weak in dropped or k >= 2 and left is not None and \
+                sum(_run_estimate_s(runs_s, w, state.gpu) for w in need) > left:
+            left_out.append(f"{'weak' if weak else 'strong'} on {world}")
+            if world == worlds[0]:
+                dropped.add(weak)
+            continue
+        started = time.monotonic()
+        part = scale(cfg, [world], weak, batch if weak else global_batch)
+        runs_s.append((world, time.monotonic() - started))
         # the sweep's rows name the exchange (ddp) in "mode"; the report keys scaling rows by weak/strong
         rows += [dict(r, mode="weak" if weak else "strong", exchange_mode=r.get("mode")) for r in part.rows]
-    return {"scale": measured("scale", rows, model=cfg.model, device=cfg.device, batch_per_rank=batch,
-                              global_batch=global_batch, steps=steps, backend=state.world.backend)}
+    if left_out:
+        state.notes.append(f"scale: {len(left_out)} of {len(plan)} runs left out to keep the tour within "
+                           f"{state.budget_s:.0f} s ({', '.join(left_out)}); `meshscale tour --full` runs them all")
+    return {"scale": measured("scale", consistent_rows(rows), model=cfg.model, device=cfg.device,
+                              batch_per_rank=batch, global_batch=global_batch, steps=cfg.steps,
+                              backend=state.world.backend, throughput="global batch / median step")}
+
+
+def _scale_plan(worlds: list[int], weak_only: bool = False) -> list[tuple[bool, int]]:
+    """(weak, world size) of each run, in the order a short tour keeps them: per mode (weak first) the one-rank
+    baseline, then the most ranks, then those between."""
+    order = [worlds[0], worlds[-1], *worlds[1:-1]] if len(worlds) > 1 else worlds
+    return [(weak, w) for weak in ((True,) if weak_only else (True, False)) for w in order]
+
+
+def _run_estimate_s(runs_s: list[tuple[int, float]], world: int, gpu: bool) -> float:
+    """A run's time, from the runs so far: the slowest of them; on CPU workers, which share the host's cores,
+    scaled up by the ranks it adds over that run's."""
+    ranks, seconds = max(runs_s, key=lambda r: r[1])
+    return seconds if gpu else seconds * max(1.0, world / ranks)
+
+
+def consistent_rows(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Scale rows whose samples/s is their global batch over their median step (the window's figure kept as
+    ``window_samples_per_s``), with each mode's speedup over its one-rank row (else its smallest) and the
+    efficiency recomputed from it: a run whose window held a stall the median step does not no longer reads as
+    a super-linear speedup of the others."""
+    out = []
+    for r in rows:
+        r = dict(r, window_samples_per_s=r.get("throughput_samples_per_s"))
+        if r.get("step_time_s") and r.get("global_batch"):
+            r["throughput_samples_per_s"] = r["global_batch"] / r["step_time_s"]
+        out.append(r)
+    for mode in {r["mode"] for r in out}:
+        part = [r for r in out if r["mode"] == mode and r.get("throughput_samples_per_s")]
+        if not part:
+            continue
+        base = min(part, key=lambda r: r["world_size"])
+        for r in part:
+            r["speedup"] = r["throughput_samples_per_s"] / base["throughput_samples_per_s"] * base["world_size"]
+            r["efficiency"] = r["speedup"] / r["world_size"]
+    return out
 
 
 def _train_config(state: TourState) -> tuple[TrainConfig, int]:
     """The training run the tour times, sized to the hardware, and its batch per rank."""
     s = state.settings
-    steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else (12, 4))
+    # CPU workers: a short run (a step of the small CNN takes milliseconds; the run is mostly its processes' start)
+    steps, warmup = (4, 2) if s.fast else ((40, 10) if s.full else ((12, 4) if state.gpu else (8, 3)))
     # bf16 where the GPU has bf16 rates: how a GPU of that generation trains (fp32 would time a run nobody does)
     bf16 = state.gpu and bool(_gpu_attrs(state).get("bf16_flops"))
     cfg = TrainConfig(model="resnet50" if state.gpu else "small-cnn", device="cuda" if state.gpu else "cpu",

@@ -47,6 +47,56 @@ class Case:
     reset: Callable[[], None]  # refill the inputs (an in-place op overwrote them)
     result: torch.Tensor  # the part of the buffers this rank checks afterwards
     expected: Optional[Callable[[], torch.Tensor]]  # what ``result`` must equal; None: nothing to check here
+    send_counts: Optional[list[int]] = None  # all_to_allv: elements to each peer, in rank order
+    recv_counts: Optional[list[int]] = None  # all_to_allv: elements from each peer
+    count: Optional[int] = None  # all_to_allv: nccl-tests' count column (elements per peer at the even split)
+    size_bytes: Optional[int] = None  # all_to_allv: the most bytes a rank sends or receives (nccl-tests' size)
+
+
+# nccl-tests' alltoallv (src/alltoallv.cu, 2.19.6) aligns every block to 16 bytes and, by default
+# (NCCL_TESTS_ALLTOALLV_SPREAD=1), gives a peer at rank distance d a share d / (n(n-1)/2) of a rank's bytes
+ALLTOALLV_ALIGN_BYTES = 16
+ALLTOALLV_SPREAD = 1.0
+
+
+def alltoallv_bytes(src: int, dst: int, n: int, total_bytes: int, spread: float = ALLTOALLV_SPREAD) -> int:
+    """Bytes rank ``src`` sends rank ``dst`` of ``total_bytes`` per rank, as nccl-tests' generated pattern: a blend
+    of the even share (``spread`` 0) and the distance-weighted one (``spread`` 1: none to itself, the most to the
+    rank just before it), aligned down to 16 bytes."""
+    if n == 1:
+        return total_bytes // ALLTOALLV_ALIGN_BYTES * ALLTOALLV_ALIGN_BYTES
+    distance = (dst - src) % n
+    share = (1.0 - spread) * total_bytes / n + spread * distance * total_bytes / (n * (n - 1) / 2)
+    return int(share) // ALLTOALLV_ALIGN_BYTES * ALLTOALLV_ALIGN_BYTES
+
+
+def alltoallv_shape(size_bytes: int, n: int, elem_bytes: int) -> tuple[int, int]:
+    """(count, bytes per rank) of an alltoallv sweep size, as nccl-tests derives them: the even split's elements
+    per peer, aligned to 16 bytes, and the rank's total bytes they make."""
+    count = size_bytes // elem_bytes // n // (ALLTOALLV_ALIGN_BYTES // elem_bytes) * (ALLTOALLV_ALIGN_BYTES // elem_bytes)
+    return count, count * n * elem_bytes
+
+
+def alltoallv_case(size_bytes: int, dtype_name: str, rank: int, world: int, device: torch.device,
+                   spread: float = ALLTOALLV_SPREAD) -> Case:
+    """all_to_allv's buffers on this rank: the block for each peer in rank order, each of `alltoallv_bytes`,
+    its values set by (sender, receiver); the output the blocks from each peer in rank order."""
+    dtype = DTYPES[dtype_name]
+    elem = torch.empty((), dtype=dtype).element_size()
+    count, total = alltoallv_shape(size_bytes, world, elem)
+    send = [alltoallv_bytes(rank, d, world, total, spread) // elem for d in range(world)]
+    recv = [alltoallv_bytes(s, rank, world, total, spread) // elem for s in range(world)]
+    inp = torch.empty(sum(send), dtype=dtype, device=device)
+    out = torch.empty(sum(recv), dtype=dtype, device=device)
+
+    def reset() -> None:
+        out.zero_()
+        inp.copy_(torch.cat([values(rank, c, world, dtype, "sum", device, salt=d) for d, c in enumerate(send)]))
+
+    def expected() -> torch.Tensor:
+        return torch.cat([values(s, c, world, dtype, "sum", device, salt=rank) for s, c in enumerate(recv)])
+    # the pattern depends on the distance alone: every rank sends and receives this total (nccl-tests' size column)
+    return Case(inp, out, reset, out, expected, send, recv, count, sum(send) * elem)
 
 
 def values(rank: int, count: int, world: int, dtype: torch.dtype, op: str, device: torch.device,
@@ -74,9 +124,12 @@ def reduced(count: int, world: int, dtype: torch.dtype, op: str, device: torch.d
 
 
 def make_case(collective: str, size_bytes: int, dtype_name: str, op: str, root: int, inplace: bool, rank: int,
-              world: int, device: torch.device) -> Case:
-    """Buffers, reset and expected result of ``collective`` at ``size_bytes`` for this rank."""
+              world: int, device: torch.device, spread: float = ALLTOALLV_SPREAD) -> Case:
+    """Buffers, reset and expected result of ``collective`` at ``size_bytes`` for this rank (``spread``: all_to_allv's
+    blend of even and distance-weighted blocks)."""
     k, dtype = kind(collective), DTYPES[dtype_name]
+    if k.variable:
+        return alltoallv_case(size_bytes, dtype_name, rank, world, device, spread)
     c = k.count(size_bytes, world, torch.empty((), dtype=dtype).element_size())
     ins, outs = k.input_units(rank, world, root), k.output_units(rank, world, root)
     fill_op = op if k.reducing else "sum"  # values of a collective without reduction are plain

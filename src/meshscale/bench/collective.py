@@ -7,18 +7,19 @@ per-rank times and wrong counts are gathered so that every rank returns the same
 """
 from __future__ import annotations
 
+import contextlib
 import json
-import statistics
 import threading
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import torch
 
-from meshscale.bench.cases import DTYPE_LABELS, DTYPES, OPS, count_wrong, largest_value, make_case
-from meshscale.bench.harness import all_ranks, check_average, reduce_times, time_op
+from meshscale.bench.cases import (ALLTOALLV_ALIGN_BYTES, ALLTOALLV_SPREAD, DTYPE_LABELS, DTYPES, OPS, Case,
+                                  count_wrong, largest_value, make_case)
+from meshscale.bench.harness import all_ranks, check_average, per_iteration, reduce_times, time_op
 from meshscale.bench.impl import IMPLS, meshscale_op, native_op
 from meshscale.execute.world_topology import joined_topology, world_topology
 from meshscale.execute.world import World
@@ -54,10 +55,13 @@ class CollectiveSpec:
     cuda_graph: bool = False
     impl: str = "native"
     algo: str | None = None
-    iter_times: bool = False  # also time each call: the median and the slowest call beside nccl-tests' mean
+    per_iter: bool = False  # also time each call (nccl-tests' -I 1): its summary columns beside the mean
+    per_iter_skip: int = 0  # leading calls the per-iteration summary leaves out (nccl-tests' -K)
     cycles: int = 1  # the whole sweep this many times (nccl-tests' -N); each size reports the median cycle
     blocking: bool = False  # wait for each call and pass a barrier before the next (nccl-tests' -z)
     cpu_time: bool = False  # the host's time from the first timed launch to the last completion (nccl-tests' -C)
+    register: int = 0  # 1: the buffers from NCCL's allocator, registered with the communicator (nccl-tests' -R 1)
+    spread: float = ALLTOALLV_SPREAD  # all_to_allv: even (0) to distance-weighted (1) blocks (NCCL_TESTS_ALLTOALLV_SPREAD)
 
 
 def parse_collectives(names: list[str]) -> list[str]:
@@ -123,6 +127,7 @@ def validate(spec: CollectiveSpec, world: World) -> None:
         raise MeshscaleError("--cuda-graph needs GPUs (NCCL); drop it for CPU workers")
     if not 0 <= spec.root < world.size:
         raise MeshscaleError(f"--root {spec.root} is not a rank; use 0..{world.size - 1}")
+    _check_nccl_tests_options(spec, world)
     reducing = any(kind(c).reducing for c in spec.collectives)
     for dtype in (d for d in spec.dtypes if reducing and not DTYPES[d].is_floating_point):
         for op in runnable_ops(spec, world.backend):
@@ -134,6 +139,29 @@ def validate(spec: CollectiveSpec, world: World) -> None:
             _check_sizes(spec, world, c, dtype)
 
 
+def _check_nccl_tests_options(spec: CollectiveSpec, world: World) -> None:
+    """nccl-tests 2.19's -I/-K, -R and alltoallv, where torch.distributed can do them; one line where not."""
+    if spec.per_iter_skip and not spec.per_iter:
+        raise MeshscaleError("--per-iter-skip (-K) leaves out calls of the per-iteration summary; give -I 1 with it")
+    if spec.per_iter and not 0 <= spec.per_iter_skip < spec.iters:
+        raise MeshscaleError(f"--per-iter-skip {spec.per_iter_skip}: give 0..{spec.iters - 1} (fewer than --iters)")
+    if spec.register == 2:
+        raise MeshscaleError("-R 2 (NCCL symmetric windows, ncclCommWindowRegister) has no torch.distributed call for "
+                             "its collectives' buffers in torch 2.11-2.13; -R 1 registers them locally (ncclCommRegister)")
+    if spec.register and (world.backend != "nccl" or spec.impl != "native"):
+        raise MeshscaleError("-R 1 registers the buffers with torch's NCCL communicator (ProcessGroupNCCL."
+                             "register_mem_pool): it needs GPUs and --impl native" + (
+                                 "; CPU workers' Gloo has no buffers to register" if world.backend != "nccl" else ""))
+    variable = [c for c in spec.collectives if kind(c).variable]
+    if variable and spec.impl != "native":
+        raise MeshscaleError(f"{variable[0]} runs as torch.distributed's all_to_all_single with split sizes; use "
+                             "--impl native (or leave it out of the list)")
+    if not 0 <= spec.spread <= 1:
+        raise MeshscaleError(f"--spread {spec.spread}: give 0 (even blocks) to 1 (distance-weighted, the default)")
+    if spec.spread != ALLTOALLV_SPREAD and not variable:
+        raise MeshscaleError("--spread shapes all_to_allv's blocks; add all_to_allv to the collectives or drop it")
+
+
 def _check_sizes(spec: CollectiveSpec, world: World, c: str, dtype: str) -> None:
     """Every size of the sweep splits into whole ``dtype`` elements (per rank where ``c`` is segmented)."""
     elem = DTYPES[dtype].itemsize
@@ -143,6 +171,11 @@ def _check_sizes(spec: CollectiveSpec, world: World, c: str, dtype: str) -> None
     if not set(spec.places) & set(k.places):
         raise MeshscaleError(f"{c} runs only {'in-place' if k.places == ('in',) else 'out-of-place'} in "
                              f"torch.distributed; use --place both or --place {k.places[0]}")
+    if k.variable:  # nccl-tests aligns each block to 16 bytes: a rank's share of each peer must hold one
+        for size in (x for x in spec.sizes_bytes if x // world.size < ALLTOALLV_ALIGN_BYTES):
+            raise MeshscaleError(f"size {size} B leaves less than {ALLTOALLV_ALIGN_BYTES} B per peer for {c} over "
+                                 f"{world.size} ranks; use sizes of at least {ALLTOALLV_ALIGN_BYTES * world.size} B")
+        return
     unit = elem * (world.size if k.segmented else 1)
     for size in spec.sizes_bytes:
         if size % unit:
@@ -186,50 +219,91 @@ def series(spec: CollectiveSpec, backend: str) -> list[tuple[str, str, str]]:
 
 def _sweep(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, rows: list,
            row_log: str | None, cycle: int) -> None:
-    n = ctx.world_size
     for collective, dtype, op in series(spec, ctx.backend):
-        k, elem = kind(collective), DTYPES[dtype].itemsize
+        k = kind(collective)
         for size in spec.sizes_bytes:
             for place in (p for p in ("out", "in") if p in spec.places and p in k.places):
                 ctx.phase(f"{collective} {format_bytes(size)} {'in-place' if place == 'in' else 'out-of-place'}")
-                case = make_case(collective, size, dtype, op, spec.root, place == "in", ctx.rank, n, ctx.device)
-                if spec.impl == "native":
-                    run_op = native_op(collective, op, spec.root, ctx.rank, n)
-                elif spec.impl == "nccl":
-                    run_op = comm.op(collective, op, spec.root)
-                else:
-                    run_op = meshscale_op(collective, list(range(n)), size, spec.algo, elem, op, spec.root,
-                                          topology)
-                case.reset()
-                # the sweep's first op also pays the fresh communicator's connection setup: more warm-up
-                warmup = max(spec.warmup_iters, FIRST_OP_WARMUP) if not rows and ctx.device.type == "cuda" else spec.warmup_iters
-                each = [] if spec.iter_times else None
-                t = time_op(_blocking(lambda: run_op(case.inp, case.out), ctx) if spec.blocking
-                            else lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, warmup, spec.iters,
-                            spec.cuda_graph, each, spec.cpu_time)
-                wrong = -1
-                if spec.check:  # a fresh run on fresh inputs: the timed loop overwrote in-place buffers
-                    case.reset()
-                    run_op(case.inp, case.out)
-                    wrong = count_wrong(case, op, n)
-                per_rank = all_ranks([t, wrong, *((statistics.median(each), max(each)) if each else ())], ctx.device)
-                time_s = reduce_times([r[0] for r in per_rank], spec.average)
-                algbw, busbw = k.algbw_busbw(size, time_s, n)
-                rows.append({
-                    "collective": collective, "size_bytes": size, "count": k.count(size, n, elem),
-                    "dtype": dtype, "redop": op if k.reducing else "none",
-                    "root": spec.root if k.rooted else -1, "inplace": place == "in", "time_s": time_s,
-                    "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
-                    "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None,
-                    "rank_times_s": [r[0] for r in per_rank], "cycle": cycle,
-                })
-                if each:  # each rank's median and slowest call, reduced over ranks as the mean time is
-                    rows[-1]["iter_median_s"] = reduce_times([r[2] for r in per_rank], spec.average)
-                    rows[-1]["iter_max_s"] = reduce_times([r[3] for r in per_rank], spec.average)
+                row = _measure_one(ctx, spec, topology, comm, (collective, size, dtype, op, place == "in"), not rows)
+                rows.append(dict(row, cycle=cycle))
                 if row_log:
                     with open(row_log, "a") as log:
                         log.write(json.dumps(rows[-1]) + "\n")
-                del case
+
+
+def _measure_one(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, what: tuple,
+                 first: bool) -> dict[str, Any]:
+    """One (collective, size, dtype, op, in place) timed and checked on every rank; its row (the same on all)."""
+    collective, size, dtype, op, inplace = what
+    n, k, elem = ctx.world_size, kind(collective), DTYPES[dtype].itemsize
+    with _registered(ctx, spec.register) as buffers:
+        with buffers():
+            case = make_case(collective, size, dtype, op, spec.root, inplace, ctx.rank, n, ctx.device, spec.spread)
+        run_op = _operation(ctx, spec, topology, comm, collective, size, op, elem, case)
+        case.reset()
+        # the sweep's first op also pays the fresh communicator's connection setup: more warm-up
+        warmup = max(spec.warmup_iters, FIRST_OP_WARMUP) if first and ctx.device.type == "cuda" else spec.warmup_iters
+        each = [] if spec.per_iter else None
+        t = time_op(_blocking(lambda: run_op(case.inp, case.out), ctx) if spec.blocking
+                    else lambda: run_op(case.inp, case.out), ctx.device, ctx.barrier, warmup, spec.iters,
+                    spec.cuda_graph, each, spec.cpu_time)
+        wrong = -1
+        if spec.check:  # a fresh run on fresh inputs: the timed loop overwrote in-place buffers
+            case.reset()
+            run_op(case.inp, case.out)
+            wrong = count_wrong(case, op, n)
+        per_rank = all_ranks([t, wrong, *(each or ())], ctx.device)
+    time_s = reduce_times([r[0] for r in per_rank], spec.average)
+    size_bytes = case.size_bytes if k.variable else size  # all_to_allv: the bytes its aligned blocks hold
+    algbw, busbw = k.algbw_busbw(size_bytes, time_s, n)
+    row = {"collective": collective, "size_bytes": size_bytes,
+           "count": case.count if k.variable else k.count(size, n, elem), "dtype": dtype,
+           "redop": op if k.reducing else "none", "root": spec.root if k.rooted else -1, "inplace": inplace,
+           "time_s": time_s, "algbw_bytes_per_s": algbw, "busbw_bytes_per_s": busbw,
+           "wrong": int(sum(r[1] for r in per_rank)) if spec.check else None, "rank_times_s": [r[0] for r in per_rank]}
+    if each:  # every call of every rank: nccl-tests' -I summary of the slowest rank's calls
+        row.update(per_iteration([r[2:] for r in per_rank], spec.per_iter_skip))
+    return row
+
+
+def _operation(ctx: RankContext, spec: CollectiveSpec, topology: Topology | None, comm, collective: str, size: int,
+               op: str, elem: int, case: Case) -> Callable[[Any, Any], None]:
+    """The call that runs ``collective`` once on ``case``'s buffers, by ``spec.impl``."""
+    n = ctx.world_size
+    if spec.impl == "native":
+        splits = (case.send_counts, case.recv_counts) if case.send_counts is not None else None
+        return native_op(collective, op, spec.root, ctx.rank, n, splits)
+    if spec.impl == "nccl":
+        return comm.op(collective, op, spec.root)
+    return meshscale_op(collective, list(range(n)), size, spec.algo, elem, op, spec.root, topology)
+
+
+@contextlib.contextmanager
+def _registered(ctx: RankContext, register: int) -> Iterator[Callable[[], Any]]:
+    """``-R 1`` as torch.distributed does user buffer registration: the buffers made inside ``buffers()`` come
+    from NCCL's allocator (ncclMemAlloc, ProcessGroupNCCL's mem_allocator) in a pool of their own and are
+    registered with the communicator (ncclCommRegister, register_mem_pool) as ``buffers()`` ends, before the size
+    is timed; deregistered when this ends, as nccl-tests registers its buffers. ``register`` 0: nothing changes."""
+    if not register:
+        yield contextlib.nullcontext
+        return
+    import torch.distributed as dist
+    backend = dist.distributed_c10d._get_default_group()._get_backend(ctx.device)
+    pool = torch.cuda.MemPool(backend.mem_allocator)
+    registered = []
+
+    @contextlib.contextmanager
+    def buffers() -> Iterator[None]:
+        with torch.cuda.use_mem_pool(pool):
+            yield
+        backend.register_mem_pool(pool)
+        registered.append(pool)
+    try:
+        yield buffers
+    finally:
+        if registered:
+            torch.cuda.synchronize()
+            backend.deregister_mem_pool(pool)
 
 
 def _blocking(run: Callable[[], None], ctx: RankContext) -> Callable[[], None]:
@@ -339,9 +413,10 @@ def _model_figures(topology, spec: CollectiveSpec, world_size: int) -> tuple[dic
         return {}, {}
     fabric = Fabric(topology)
     ranks = [topology.nodes[d].index for d in topology.devices()]
-    bounds = {c: busbw_bound(topology, c, ranks, spec.root) for c in spec.collectives}
+    priced = [c for c in spec.collectives if not kind(c).variable]  # all_to_allv: no bound, no cost model
+    bounds = {c: busbw_bound(topology, c, ranks, spec.root) for c in priced}
     predictions = {}
-    for c in spec.collectives:
+    for c in priced:
         for size in spec.sizes_bytes:
             try:
                 predictions[(c, size)] = fabric.cost(Call(c, size, tuple(ranks), spec.root))

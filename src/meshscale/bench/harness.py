@@ -11,6 +11,7 @@ last rank is done).
 """
 from __future__ import annotations
 
+import math
 import time
 from typing import Callable
 
@@ -34,6 +35,33 @@ def check_average(average: int) -> int:
 def reduce_times(times_s: list[float], average: int) -> float:
     """One time from the per-rank times (index = rank), by nccl-tests' --average code (see `check_average`)."""
     return _REDUCE[check_average(average)](times_s)
+
+
+def iteration_stats(times_s: list[float], skip: int = 0) -> dict[str, float]:
+    """nccl-tests' per-iteration summary (``-I 1``; `computeIterStats` in its src/util.cu, 2.19.6) of ``times_s``,
+    the first ``skip`` left out (``-K``): min, max, mean, p50 (the upper middle), p95 and p99 (nearest rank, so p99
+    is the max below 100 samples), the population standard deviation and the coefficient of variation in percent."""
+    xs = sorted(times_s[skip:])
+    n = len(xs)
+    if not n:
+        raise MeshscaleError(f"--per-iter-skip {skip} leaves none of the {len(times_s)} iterations")
+
+    def nearest(percent: int) -> float:
+        return xs[min(n - 1, (n * percent + 99) // 100 - 1)]
+    mean = sum(xs) / n
+    stdev = math.sqrt(sum((x - mean) ** 2 for x in xs) / n)
+    return {"iter_min_s": xs[0], "iter_max_s": xs[-1], "iter_mean_s": mean, "iter_p50_s": xs[n // 2],
+            "iter_p95_s": nearest(95), "iter_p99_s": nearest(99), "iter_stdev_s": stdev,
+            "iter_cv_pct": 100 * stdev / mean if mean > 0 else 0.0}
+
+
+def per_iteration(rank_times_s: list[list[float]], skip: int = 0) -> dict:
+    """Each rank's per-iteration times (row r = rank r's) as nccl-tests reports them: an iteration's time is its
+    slowest rank's (the max over processes, one rank each here), summarised by `iteration_stats`; every rank's own
+    times kept (nccl-tests' JSON ``per_process_max_times_us``, which its straggler finder reads)."""
+    slowest = [max(times) for times in zip(*rank_times_s)]
+    return {"iter_times_s": slowest, "rank_iter_times_s": [list(t) for t in rank_times_s], "iter_skip": skip,
+            **iteration_stats(slowest, skip)}
 
 
 def time_op(run: Callable[[], None], device: torch.device, barrier: Callable[[], None], warmup_iters: int,

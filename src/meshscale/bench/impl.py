@@ -17,9 +17,16 @@ REDUCE_OPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": di
               "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
 
 
-def native_op(collective: str, op: str, root: int, rank: int, world: int) -> Op:
-    """One torch.distributed call of ``collective`` on this rank's (inp, out)."""
+def native_op(collective: str, op: str, root: int, rank: int, world: int,
+              splits: tuple[list[int], list[int]] | None = None) -> Op:
+    """One torch.distributed call of ``collective`` on this rank's (inp, out); ``splits``: all_to_allv's elements
+    (to each peer, from each peer), as all_to_all_single's input and output split sizes."""
     from meshscale.execute.torch_collectives import CALLS
+    if kind(collective).variable:
+        if splits is None:
+            raise MeshscaleError(f"{collective} needs its split sizes")
+        send, recv = splits
+        return lambda inp, out: dist.all_to_all_single(out, inp, output_split_sizes=recv, input_split_sizes=send)
     call, red = CALLS[kind(collective).torch_call], REDUCE_OPS[op]
     return lambda inp, out: call(inp, out, red, root, rank, world)
 

@@ -32,9 +32,9 @@ def collective_tables(result: Result) -> list[Table]:
         for col in ("size(B)", "count", "type", "redop", "root"):
             table.add_column(col, justify="right")
         places = [p for p in (False, True) if any(r["inplace"] == p for r in group)]  # torch lacks some variants
-        each = any("iter_median_s" in r for r in group)  # --iter-times
+        each = any("iter_times_s" in r for r in group)  # -I 1: nccl-tests' per-iteration columns
         spread = any("cycle_times_s" in r for r in group)  # --cycles: the slowest cycle's time over the fastest
-        columns = (("time(us)", "algbw GB/s", "busbw GB/s", "#wrong") + (("median(us)", "slowest(us)") if each else ())
+        columns = (("time(us)", "algbw GB/s", "busbw GB/s", "#wrong") + (PER_ITER_COLUMNS if each else ())
                    + (("cycles max/min",) if spread else ()))
         for inplace in places:
             for col in columns:
@@ -55,7 +55,7 @@ def collective_tables(result: Result) -> list[Table]:
                 r = by_place.get(inplace)
                 cells += ([f"{r['time_s'] * 1e6:.2f}", f"{gbps(r['algbw_bytes_per_s']):.2f}",
                            f"{gbps(r['busbw_bytes_per_s']):.2f}", "N/A" if r["wrong"] is None else str(r["wrong"])]
-                          + ([f"{r['iter_median_s'] * 1e6:.2f}", f"{r['iter_max_s'] * 1e6:.2f}"] if each else [])
+                          + (_per_iter_cells(r) if each else [])
                           + ([f"{max(r['cycle_times_s']) / min(r['cycle_times_s']):.2f}"] if spread else [])
                           if r else ["-"] * len(columns))
             bound = first.get("bound_busbw_bytes_per_s")
@@ -70,6 +70,14 @@ def collective_tables(result: Result) -> list[Table]:
 
 
 _AVERAGE = {0: "rank 0's", 1: "mean over ranks", 2: "fastest rank", 3: "slowest rank"}
+# nccl-tests' -I columns (its src/util.cu): each call's time is its slowest rank's; min, max, p99, coefficient of
+# variation
+PER_ITER_COLUMNS = ("i_min(us)", "i_max(us)", "i_p99(us)", "i_cv%")
+
+
+def _per_iter_cells(r: dict) -> list[str]:
+    return [nccl_figure(r[k] * 1e6, 7).strip() for k in ("iter_min_s", "iter_max_s", "iter_p99_s")] + \
+        [nccl_figure(r["iter_cv_pct"], 7).strip()]
 
 
 def p2p_tables(result: Result) -> list[Table]:
@@ -100,13 +108,14 @@ def p2p_tables(result: Result) -> list[Table]:
 
 class RowStream:
     """nccl-tests' text lines, one per size as soon as its places (out-of-place, in-place) are measured:
-    ``add(row)`` for each row as it comes, ``echo(line)`` prints; with ``cycles`` > 1 a line opens each cycle.
-    Narrower than nccl-tests' line (``width``), the count, type, redop and root columns go to the heading."""
+    ``add(row)`` for each row as it comes, ``echo(line)`` prints; with ``cycles`` > 1 a line opens each cycle;
+    ``per_iter`` (-I 1) adds nccl-tests' i_min, i_max, i_p99 and i_cv% columns to each place. Narrower than
+    nccl-tests' line (``width``), the count, type, redop and root columns go to the heading."""
 
     def __init__(self, places: tuple[str, ...], echo: Callable[[str], None], cycles: int = 1,
-                 width: int | None = None):
-        self.places, self.echo, self.cycles = places, echo, cycles
-        self.narrow = width is not None and width < len(_STREAM_HEADER[1])
+                 width: int | None = None, per_iter: bool = False):
+        self.places, self.echo, self.cycles, self.per_iter = places, echo, cycles, per_iter
+        self.narrow = width is not None and width < len(stream_header(False, per_iter)[1])
         self._series: tuple | None = None
         self._cycle: int | None = None
         self._pending: list[dict] = []
@@ -124,26 +133,33 @@ class RowStream:
                           f"{row['redop']}, root {row['root']}")
             else:
                 self.echo(f"# {row['collective']}")
-            for line in (_NARROW_HEADER if self.narrow else _STREAM_HEADER):
+            for line in stream_header(self.narrow, self.per_iter):
                 self.echo(line)
         self._pending.append(row)
         expected = [p for p in ("out", "in") if p in self.places and p in kind(row["collective"]).places]
         if len(self._pending) == len(expected):
-            self.echo(_stream_line(self._pending, self.narrow))
+            self.echo(_stream_line(self._pending, self.narrow, self.per_iter))
             self._pending = []
 
 
 _PLACE_HEADS = (f" {'time':>7}  {'algbw':>6}  {'busbw':>6}  {'#wrong':>6}", f" {'(us)':>7}  {'(GB/s)':>6}  {'(GB/s)':>6}  {'':>6}")
-_STREAM_HEADER = (
-    f"#{'':>64}out-of-place{'':>23}in-place",
-    f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}" + _PLACE_HEADS[0] * 2,
-    f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}" + _PLACE_HEADS[1] * 2,
-)
-_NARROW_HEADER = (
-    f"#{'':>24}out-of-place{'':>23}in-place",
-    f"#{'size':>11}" + _PLACE_HEADS[0] * 2,
-    f"#{'(B)':>11}" + _PLACE_HEADS[1] * 2,
-)
+_ITER_HEADS = (f"  {'i_min':>7}  {'i_max':>7}  {'i_p99':>7}  {'i_cv%':>7}", f"  {'(us)':>7}  {'(us)':>7}  {'(us)':>7}  {'(%)':>7}")
+
+
+def stream_header(narrow: bool, per_iter: bool = False) -> tuple[str, str, str]:
+    """nccl-tests' three heading lines (the places, the names, the units); ``per_iter``: with its -I columns."""
+    heads = [a + (b if per_iter else "") for a, b in zip(_PLACE_HEADS, _ITER_HEADS)]
+    ids = 11 if narrow else 51  # size; or size, count, type, redop and root
+    if per_iter:  # each place's name over the middle of its columns
+        names = ("out-of-place (+ per-iteration)", "in-place (+ per-iteration)")
+        first = "#" + "".join(f"{name:^{len(heads[0])}}" for name in names).rstrip()
+        first = "#" + " " * ids + first[1:]
+    else:
+        first = f"#{'':>{ids + 13}}out-of-place{'':>23}in-place"
+    if narrow:
+        return first, f"#{'size':>11}" + heads[0] * 2, f"#{'(B)':>11}" + heads[1] * 2
+    return (first, f"#{'size':>11}  {'count':>12}  {'type':>8}  {'redop':>6}  {'root':>6}" + heads[0] * 2,
+            f"#{'(B)':>11}  {'(elements)':>12}  {'':>8}  {'':>6}  {'':>6}" + heads[1] * 2)
 
 
 def nccl_figure(value: float, width: int) -> str:
@@ -156,7 +172,7 @@ def nccl_figure(value: float, width: int) -> str:
     return f"{value:>{width}.1e}" if width >= 7 else f"{value:>{width}.0e}"
 
 
-def _stream_line(rows: list[dict], narrow: bool = False) -> str:
+def _stream_line(rows: list[dict], narrow: bool = False, per_iter: bool = False) -> str:
     first = rows[0]
     line = f"{first['size_bytes']:>12}"
     if not narrow:
@@ -166,11 +182,14 @@ def _stream_line(rows: list[dict], narrow: bool = False) -> str:
     for inplace in (False, True):
         r = by_place.get(inplace)
         if r is None:
-            line += f" {'-':>7}  {'-':>6}  {'-':>6}  {'-':>6}"
+            line += f" {'-':>7}  {'-':>6}  {'-':>6}  {'-':>6}" + (f"  {'-':>7}" * 4 if per_iter else "")
             continue
         wrong = "N/A" if r["wrong"] is None else str(r["wrong"])
         line += (f" {nccl_figure(r['time_s'] * 1e6, 7)}  {nccl_figure(gbps(r['algbw_bytes_per_s']), 6)}  "
                  f"{nccl_figure(gbps(r['busbw_bytes_per_s']), 6)}  {wrong:>6}")
+        if per_iter:
+            line += "".join(f"  {nccl_figure(r[k] * 1e6, 7)}" for k in ("iter_min_s", "iter_max_s", "iter_p99_s"))
+            line += f"  {nccl_figure(r['iter_cv_pct'], 7)}"
     return line
 
 
@@ -187,15 +206,18 @@ def sweep_header(spec, world_size: int, backend: str) -> list[str]:
         lines.append("# Blocking Enabled: wait for completion and barrier after each collective")
     if spec.cpu_time:
         lines.append("# times are the host's (launch to completion), not the GPU's")
+    if spec.per_iter:
+        lines.append("# Per-Iteration Report: each call timed; i_* of each call's slowest rank"
+                     + (f", the first {spec.per_iter_skip} calls left out" if spec.per_iter_skip else ""))
+    if spec.register:
+        lines.append("# buffers from NCCL's allocator, registered with the communicator (-R 1)")
     return lines + ["#"]
 
 
 def bound_lines(result: Result) -> list[str]:
     """Under nccl-tests' lines: per collective, its best busbw against the topology's bound (`--format table`
-    has the bound and the prediction of every size, and the --iter-times columns)."""
+    has the bound and the prediction of every size)."""
     lines = []
-    if any("iter_median_s" in r for r in result.rows):
-        lines.append("# the median and slowest call of each size: --format table, or the --json result")
     for collective, group in groupby(result.rows, key=lambda r: r["collective"]):
         group = list(group)
         bound = group[0].get("bound_busbw_bytes_per_s")

@@ -29,7 +29,8 @@ _CUDA_GRAPH_HELP = ("0 off; N > 0: capture one operation in a CUDA graph and rep
                     "launch per op like a C loop; any N > 0 does the same")
 PLACE_CHOICES = {"both": ("out", "in"), "out": ("out",), "in": ("in",)}
 
-bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.")
+bench_app = typer.Typer(no_args_is_help=True, help="Measure collectives and point-to-point bandwidth on this machine.",
+                        short_help="Measure collectives, bandwidth, worker pairs and storage")
 
 
 def _is_rank0() -> bool:
@@ -49,7 +50,7 @@ def bench_algo(algo: Optional[str], impl: str) -> Optional[str]:
     return None if algo == "nccl" else algo
 
 
-@bench_app.command("collective")
+@bench_app.command("collective", short_help="Sweep collective sizes like nccl-tests")
 def collective(
     collectives: Optional[List[str]] = typer.Argument(None, help=f"{', '.join(NAMES)}, or all (the default: every one)"),
     min_bytes: str = typer.Option("1K", "--min-bytes", "-b", help="smallest size (8, 1K, 64M...)", callback=checked(size_bytes)),
@@ -74,23 +75,30 @@ def collective(
     cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks over Gloo (default when no GPU)", callback=checked(CPU_COUNT)),
     impl: str = typer.Option("native", "--impl", help="native (torch.distributed), nccl (NCCL called directly, like nccl-tests; GPUs) or meshscale (a meshscale schedule)"),
     algo: Optional[str] = typer.Option(None, "--algo", help="nccl: NCCL's own call (--impl native, torch.distributed's, or --impl nccl); auto: meshscale's fastest schedule, or a meshscale schedule name (with --impl meshscale; default ring)"),
-    iter_times: bool = typer.Option(False, "--iter-times", help="also time each call: the median and the slowest call of each size beside the mean (a stall the mean hides shows)"),
+    per_iter: int = typer.Option(0, "--per-iter-timing", "-I", help="1: also time each call (nccl-tests' -I): i_min, i_max, i_p99 and i_cv% of each call's slowest rank beside the mean (a stall the mean hides shows)", callback=checked(Range(0, 1, integer=True))),
+    per_iter_skip: int = typer.Option(0, "--per-iter-skip", "-K", help="with -I 1: leading calls the per-iteration summary leaves out (nccl-tests' -K; the JSON keeps every call)", callback=checked(COUNT_OR_ZERO)),
+    register: int = typer.Option(0, "--local-register", "-R", help="1: buffers from NCCL's allocator, registered with the communicator (nccl-tests' -R 1: torch's register_mem_pool; GPUs, --impl native); 2 (symmetric windows) is refused: torch.distributed has no call for it", callback=checked(Range(0, 2, integer=True))),
+    spread: float = typer.Option(1.0, "--spread", help="all_to_allv: 0 even blocks to 1 distance-weighted (nccl-tests' NCCL_TESTS_ALLTOALLV_SPREAD, default 1)", callback=checked(Range(0, 1))),
+    nthreads: int = typer.Option(1, "--nthreads", "-t", help="only 1 (nccl-tests' -t): torch.distributed runs one rank per process; give more ranks with --gpus"),
+    parallel_init: int = typer.Option(0, "--parallel-init", "-p", help="0 or 1, the same here (nccl-tests' -p): every rank is a process of its own and sets up its communicator beside the others", callback=checked(Range(0, 1, integer=True))),
     timeout_s: float = typer.Option(120.0, "--timeout-s", "-T", help="per-operation timeout; a stuck or dead rank ends the run (nccl-tests' -T)", callback=checked(TIMEOUT_S)),
     fmt: str = typer.Option("text", "--format", help="text: nccl-tests' lines as each size finishes; table: a table per collective with the topology's bound and the prediction (the lines go to stderr as progress)"),
     json_path: Optional[Path] = typer.Option(None, "--json", help="write the result (meshscale JSON) here", callback=checked(output_file())),
+    nccl_json: Optional[Path] = typer.Option(None, "--output-file", "-J", help="also write nccl-tests' JSON (its -J: version 3, what its tools/analyze_perf_json.py reads) here", callback=checked(output_file((".json",)))),
     csv_path: Optional[Path] = typer.Option(None, "--csv", help="write the rows as CSV here", callback=checked(output_file())),
 ) -> None:
     """Sweep collective sizes like nccl-tests: time, algbw, busbw, #wrong, and the topology's bound."""
-    from meshscale.bench.collective import (CollectiveSpec, SweepInterrupted, any_wrong, bench_collectives,
-                                            parse_collectives, parse_dtypes, parse_ops)
+    from meshscale.bench.collective import CollectiveSpec, parse_collectives, parse_dtypes, parse_ops
     from meshscale.units import sweep_sizes
-    from meshscale.bench.tables import RowStream, bound_lines, closing_lines, collective_tables, sweep_header
-    from meshscale.cli.output import stream_width
     from meshscale.errors import check_choice
     from meshscale.execute.world import resolve_world
 
     check_choice(fmt, ("text", "table"), "format")
     algo = bench_algo(algo, impl)
+    if nthreads != 1:
+        raise MeshscaleError(f"-t {nthreads}: torch.distributed runs one rank per process, so ranks cannot share a "
+                             "process as nccl-tests' threads do; give every rank a process: --gpus N (nccl-tests' "
+                             "-t T -g G is --gpus T*G)")
     if place not in PLACE_CHOICES:
         raise MeshscaleError(f"--place {place!r}: use both, out or in")
     if check < 0 or cuda_graph < 0:
@@ -103,14 +111,29 @@ def collective(
                           ops=parse_ops(op), root=root, blocking=blocking > 0, cpu_time=cpu_time > 0,
                           places=PLACE_CHOICES[place], warmup_iters=warmup_iters, iters=iters, average=average,
                           check=check > 0 and not no_check, cuda_graph=cuda_graph > 0, impl=impl, algo=algo,
-                          iter_times=iter_times, cycles=cycles)
-    # text: the lines are the output; table: they are the progress, on stderr, and the table is the output
+                          per_iter=per_iter > 0, per_iter_skip=per_iter_skip, cycles=cycles, register=register,
+                          spread=spread)
+    _sweep_and_show(spec, world, fmt, timeout_s, json_path, csv_path, nccl_json)
+
+
+def _sweep_and_show(spec, world, fmt: str, timeout_s: float, json_path: Optional[Path], csv_path: Optional[Path],
+                    nccl_json: Optional[Path]) -> None:
+    """Run the sweep, printing nccl-tests' lines as they come (the output in text format; progress on stderr for
+    a table), then the closing lines and the files; exit 1 when any result was wrong."""
+    import time
+
+    from meshscale.bench.collective import SweepInterrupted, any_wrong, bench_collectives
+    from meshscale.bench.nccl_json import write_nccl_tests_json
+    from meshscale.bench.tables import RowStream, bound_lines, closing_lines, collective_tables, sweep_header
+    from meshscale.cli.output import stream_width
+
     to_stderr = fmt == "table"
     stream = RowStream(spec.places, lambda line: typer.echo(line, err=to_stderr), spec.cycles,
-                       stream_width(err=to_stderr)) if _is_rank0() else None
+                       stream_width(err=to_stderr), spec.per_iter) if _is_rank0() else None
     if stream:
         for line in sweep_header(spec, world.size, world.backend):
             typer.echo(line, err=to_stderr)
+    started_s = time.time()
     try:
         result = bench_collectives(spec, world, timeout_s, on_row=stream.add if stream else None)
     except SweepInterrupted as stop:
@@ -126,12 +149,14 @@ def collective(
         for line in closing_lines(result) + (bound_lines(result) if fmt == "text" else []):
             typer.echo(line)
         write_result_files(result, json_path, csv_path)
+        if nccl_json:
+            typer.echo(f"wrote {write_nccl_tests_json(result, nccl_json, started_s)} (nccl-tests' JSON)")
     if any_wrong(result):
         typer.echo("meshscale: some results were wrong (see #wrong)", err=True)
         sys.exit(1)
 
 
-@bench_app.command("p2p")
+@bench_app.command("p2p", short_help="Bandwidth and latency between every pair of devices")
 def p2p(
     size: Optional[str] = typer.Option(None, "--size", help="bytes per copy (default 256M on GPUs, 16M on CPU workers)", callback=checked(size_bytes)),
     iters: int = typer.Option(10, "--iters", "-n", help="timed copies per pair", callback=checked(COUNT)),
@@ -168,7 +193,7 @@ def p2p(
         typer.echo(f"wrote {plots.save(plots.p2p_chart(result), plot)}")
 
 
-@bench_app.command("io")
+@bench_app.command("io", short_help="Read and decode rates beside a training run's demand")
 def io(
     path: str = typer.Argument(..., help="a folder of images (<class>/<image>, the ImageFolder layout) or a token file (.npy, uint16 .bin)"),
     readers: int = typer.Option(2, "--readers", help="reader (and decoder) processes", callback=checked(CPU_COUNT)),
@@ -202,7 +227,7 @@ def io(
     write_result_files(io_result(report), json_path, csv_path)
 
 
-@bench_app.command("kernels")
+@bench_app.command("kernels", short_help="Measure the kernel atlas of this GPU for the step model")
 def kernels(output: Path = typer.Option(..., "--output", help="where to write the atlas (JSON; meshscale ships "
                                         "its own in models/atlas/)", callback=checked(output_file((".json",))))) -> None:
     """Measure the kernel atlas on this GPU: matrix products over training's shapes, attention forward and backward,

@@ -236,6 +236,6 @@ def place(gpus: int = typer.Option(..., "--gpus", help="GPU count: how many GPUs
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(plan)
-    app.command()(sim)
-    app.command()(place)
+    app.command(short_help="Choose one collective's schedule beside NCCL's, and explain it")(plan)
+    app.command(short_help="Predict a collective's sweep over sizes (bench's columns)")(sim)
+    app.command(short_help="Name the best K GPUs for a data-parallel job")(place)

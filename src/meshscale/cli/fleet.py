@@ -89,5 +89,5 @@ def pairs_lines(result) -> list[str]:
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app (`bench pairs` joins the bench sub-app)."""
     from meshscale.cli.bench import bench_app
-    app.command("why-hung")(why_hung)
-    bench_app.command("pairs")(pairs)
+    app.command("why-hung", short_help="Say where a hung job's ranks stopped (Flight Recorder)")(why_hung)
+    bench_app.command("pairs", short_help="Measure every pair of workers; slow ones named")(pairs)

@@ -61,6 +61,7 @@ def _check_command(ctx: typer.Context, command: list[str]) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
+    app.command(short_help="Run a meshscale command on every rank under torchrun's agent",
+                context_settings={"allow_extra_args": True, "ignore_unknown_options": True,
                                   "allow_interspersed_args": False}, epilog=EPILOG,
                 options_metavar="[TORCHRUN OPTIONS] -- COMMAND [ARGS]")(launch)

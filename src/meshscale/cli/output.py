@@ -4,7 +4,7 @@ The width is the terminal's, or COLUMNS where it is set (piped or not). Figures 
 meshscale table, and a figure is never cut: a number cut in two is worse than a wide line. A table wider than
 the width is fitted, in this order, until it fits (`fit_table`): a lighter frame; headers on two lines; columns
 holding one value in every row said once under the table; label columns left out, the widest first, and named
-under the table. A column that tells the rows apart (the first, and any the table's maker names) is never left
+under the table; columns one space apart instead of three; headers broken after a "/" too. A column that tells the rows apart (the first, and any the table's maker names) is never left
 out: it folds instead, so that every row keeps its identity. Into a pipe at a stated COLUMNS the frame is plain
 ASCII, so that the width holds in bytes too. Where the figures and the rows' identity alone are wider than the
 width, the table prints wide rather than cut a figure or lose a row's name. Into a pipe with no COLUMNS, tables
@@ -103,7 +103,8 @@ def _rebuilt(table: Table, columns: list[Column], notes: list[str], **frame) -> 
     """A copy of ``table`` with only ``columns``, ``notes`` added to its caption and ``frame`` its new frame."""
     caption = "; ".join(([str(table.caption)] if table.caption else []) + notes) or None
     settings = {"title": table.title, "caption": caption, "box": table.box, "show_edge": table.show_edge,
-                "pad_edge": table.pad_edge, "title_style": table.title_style, "caption_justify": "left", **frame}
+                "pad_edge": table.pad_edge, "padding": table.padding, "title_style": table.title_style,
+                "caption_justify": "left", **frame}
     out = Table(**settings)
     for column in columns:
         out.add_column(column.header, justify=column.justify, style=column.style, no_wrap=column.no_wrap,
@@ -162,7 +163,29 @@ def fit_table(table: Table, width: int, console: Console, identity: Collection[s
             return current()
         left_out.append(_header(column))
         columns = [c for c in columns if c is not column]
+    if fits():
+        return current()
+    frame["padding"] = (0, 0)  # columns one space apart (the frame's blank separator) instead of three
+    if fits():
+        return current()
+    for column in columns:  # then headers broken after a "/" too: "tokens/" over "s/GPU"
+        column.header = _split_header(column)
     return current()
+
+
+def _split_header(column: Column) -> str:
+    """``column``'s header on at most two lines, broken at a space or after a "/" where its wider line is the
+    narrowest (never narrower than the column's widest cell, which sets the width anyway)."""
+    text = str(column.header).replace("\n", " ")
+    cells = max((len(str(c)) for c in _cells(column)), default=0)
+    best, width = text, len(text)
+    for i, char in enumerate(text):
+        if char in " /":
+            head, tail = (text[:i], text[i + 1:]) if char == " " else (text[:i + 1], text[i + 1:])
+            # a part of one or two characters ("samples/" over "s") reads worse than the width it saves
+            if min(len(head), len(tail)) > 2 and max(len(head), len(tail), cells) < max(width, cells):
+                best, width = f"{head}\n{tail}", max(len(head), len(tail))
+    return best
 
 
 def table_console(table: Table, console: Console | None = None) -> Console:

@@ -182,5 +182,5 @@ def _print_layouts(predictions, search: bool, top: int, json_out: Optional[Path]
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(cluster)
-    app.command()(predict)
+    app.command(short_help="Size a cluster's network: switches, hops, bandwidth, latency")(cluster)
+    app.command(short_help="Predict training on a system or cluster (PREDICTED)")(predict)

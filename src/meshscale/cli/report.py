@@ -98,11 +98,12 @@ def doctor(json_path: Optional[Path] = typer.Option(None, "--json", help="also s
 
 
 def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="report directory", callback=checked(output_dir)),
-         full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and longer scale runs"),
+         full: bool = typer.Option(False, "--full", help="nccl-tests-length sweeps and every scale run, however long (the default keeps within a minute on GPUs, half a minute on CPU workers, and names the scale runs it left out)"),
          fast: bool = typer.Option(False, "--fast", help="the smallest sizes and steps (a smoke test)"),
          cpus: Optional[int] = typer.Option(None, "--cpus", help="CPU worker ranks when there is no GPU (default 2)", callback=checked(CPU_COUNT)),
          timeout_s: float = typer.Option(120.0, "--timeout-s", help="per-operation timeout of every distributed stage", callback=checked(TIMEOUT_S))) -> None:
-    """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html."""
+    """Characterise this machine end to end (topology, p2p, collectives, scaling, predictions) into DIR/index.html,
+    within a minute on one to eight GPUs and half a minute on CPU workers (--full: the long version)."""
     from meshscale.app.tour import TourSettings, run_tour
     created = not output.exists()
     try:
@@ -121,7 +122,7 @@ def tour(output: Path = typer.Option(Path("meshscale-tour"), "--output", help="r
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(report)
-    app.command()(compare)
-    app.command()(doctor)
-    app.command()(tour)
+    app.command(short_help="Write a static HTML report from result files")(report)
+    app.command(short_help="Compare two runs row by row; exit 1 on a regression")(compare)
+    app.command(short_help="Check the driver, links, knobs and health counters")(doctor)
+    app.command(short_help="Characterise this machine end to end into a report")(tour)

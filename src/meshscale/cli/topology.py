@@ -119,5 +119,5 @@ def systems(schema: bool = typer.Option(False, "--schema", help="print the JSON 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(topo)
-    app.command()(systems)
+    app.command(short_help="Show a system's topology: the matrix, JSON or a diagram")(topo)
+    app.command(short_help="List the catalog's systems, or a system file to start from")(systems)

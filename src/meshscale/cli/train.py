@@ -105,22 +105,7 @@ def train(
         result = run_train(cfg)
         if int(os.environ.get("RANK", "0")) != 0:
             return
-        s = result.meta["summary"]
-        how = s.get("layout", cfg.mode)
-        table = Table(title=f"{cfg.model} {how} on {cfg.world} {'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
-        table.add_column("metric")
-        table.add_column("value", justify="right")
-        for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank", "step_time_s",
-                  "compute_s", "comm_s", "bubble_s", "data_s", "comm_share", "mfu", "peak_allocated_bytes", "peak_rss_bytes",
-                  "peak_reserved_bytes", "build_peak_allocated_bytes", "step_peak_allocated_bytes",
-                  "memory_needed_allocated_bytes", "memory_needed_bytes", "eval_accuracy", "eval_loss"):
-            if s.get(k) is not None:
-                table.add_row(_LABELS.get(k, k), _fmt(k, s[k]))
-        for dim, c in (s.get("comm_by_dimension") or {}).items():
-            table.add_row(f"{dim} communication / step", _dimension_cell(c))
-        for label, cell in _moe_rows(s.get("moe")):
-            table.add_row(label, cell)
-        print_tables(table)
+        print_tables(_summary_table(cfg, result.meta["summary"]))
     if cfg.logging.trace and Path(cfg.logging.trace).exists():
         typer.echo(f"wrote {cfg.logging.trace} (rank 0's steps: open it in https://ui.perfetto.dev or chrome://tracing)")
     if json_out:
@@ -194,7 +179,7 @@ def _show_scale(result, model: str, mode: str, weak: bool, json_out: Path | None
     where = f" on {len(hosts)} hosts ({', '.join(hosts)})" if hosts else ""
     _table(f"{model} {mode}: {'weak' if weak else 'strong'} scaling{where}", result.rows,
            ("world_size", "batch_per_rank", "global_batch", "throughput_samples_per_s", "predicted_samples_per_s",
-            "prediction_error", "speedup", "efficiency", "step_time_s", "compute_s", "comm_s", "data_s", "comm_share"))
+            "prediction_error", "speedup", "efficiency", "step_time_s", *_split_keys(result.rows), "comm_share"))
     typer.echo(note)
     write_result_files(result, json_out, csv_path)
     if plot:
@@ -224,7 +209,10 @@ def _scale_layouts(options: dict, text: str, gpus: Optional[str], cpus: Optional
     console = text_console()
     result = scale_layouts(cfg, parsed, on_row=lambda r: console.print(
         f"{r['layout']} on {r['world_size']}: {r['tokens_per_s'] or 0:,.0f} tokens/s"))
-    _table(f"{cfg.model}: layouts", result.rows, LAYOUT_ROW_KEYS)
+    # CPU workers have no CUDA context, allocator cache or NCCL buffers: the model's allocated peak alone
+    rest = tuple(k for k in LAYOUT_ROW_KEYS if k not in SPLIT_KEYS and (gpus or k != "memory_needed_bytes"))
+    at = rest.index("step_time_s") + 1
+    _table(f"{cfg.model}: layouts", result.rows, rest[:at] + _split_keys(result.rows) + rest[at:])
     write_result_files(result, json_out, csv_path)
 
 
@@ -236,7 +224,8 @@ _LABELS = {"predicted_samples_per_s": "PREDICTED/s", "prediction_error": "error"
            "peak_rss_bytes": "peak RSS GiB (a CPU worker)",
            "build_peak_allocated_bytes": "build's peak allocated GiB", "step_peak_allocated_bytes": "steps' peak allocated GiB",
            "memory_needed_allocated_bytes": "PREDICTED allocated GiB",
-           "memory_needed_bytes": "PREDICTED peak GiB (reserved, context, NCCL)"}
+           "memory_needed_bytes": "PREDICTED peak GiB (reserved, context, NCCL)", "idle_s": "idle ms",
+           "split_step_time_s": "profiled step ms"}
 
 
 def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:
@@ -249,6 +238,58 @@ def _moe_rows(moe: dict | None) -> list[tuple[str, str]]:
     return [("tokens per expert / step", f"{min(loads):.0f} to {max(loads):.0f} over {len(moe['tokens_per_expert'])} "
              f"MoE layers" + (f" (max/mean {worst:.2f}; dropless)" if worst else " (dropless)")),
             ("MoE balance loss", f"{moe['aux_loss']:.4g}"), ("experts GEMM", str(moe["experts_gemm"]))]
+
+def _summary_table(cfg, s: dict) -> Table:
+    """`train`'s table: throughput, the step figure beside its split from the same steps (the median timed step;
+    a layout's profiled warm-up steps, with their own step time, the throughput window being unprofiled), memory
+    measured beside the model's (its allocated peak; on a GPU the whole peak, with the allocator's cache, the
+    CUDA context and NCCL's buffers, apart), each dimension's communication and a mixture of experts' figures."""
+    table = Table(title=f"{cfg.model} {s.get('layout', cfg.mode)} on {cfg.world} "
+                        f"{'GPU' if cfg.device == 'cuda' else 'CPU worker'}(s)")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    rows: list[tuple[str, str]] = []
+
+    def add(key: str, label: str | None = None) -> None:
+        if s.get(key) is not None:
+            rows.append((label or _LABELS.get(key, key), _fmt(key, s[key])))
+    for k in ("global_batch", "samples_per_s", "tokens_per_s", "tokens_per_s_per_rank"):
+        add(k)
+    apart = s.get("split_step_time_s") is not None and s.get("split_steps") and s["split_step_time_s"] != s["step_time_s"]
+    timed = s.get("timed_steps")
+    add("step_time_s", f"step ms (median of {timed} timed step{'s' if timed != 1 else ''})" if timed else None)
+    if apart:  # the split's own step: its parts add up to it
+        add("split_step_time_s", f"step ms of the split ({s['split_from']})")
+    for k in ("data_s", "compute_s", "comm_s", "bubble_s", "idle_s", "comm_share"):
+        add(k, "  " + _SPLIT_LABELS[k])
+    for k in ("mfu", "peak_allocated_bytes", "peak_rss_bytes", "peak_reserved_bytes", "build_peak_allocated_bytes",
+              "step_peak_allocated_bytes", "memory_needed_allocated_bytes", "eval_accuracy", "eval_loss"):
+        add(k)
+    if cfg.device == "cuda":  # the allocator's cache, the CUDA context and NCCL's buffers: a GPU's alone
+        add("memory_needed_bytes")
+    for label, value in rows:
+        table.add_row(label, value)
+    for dim, c in (s.get("comm_by_dimension") or {}).items():
+        table.add_row(f"{dim} communication / step", _dimension_cell(c))
+    for label, cell in _moe_rows(s.get("moe")):
+        table.add_row(label, cell)
+    return table
+
+
+# the split's rows, under the step figure they add up to (the bubble is part of the exposed communication)
+_SPLIT_LABELS = {"data_s": "data ms", "compute_s": "compute ms", "comm_s": "comm ms (exposed)",
+                 "bubble_s": "  of it pipeline bubble ms", "idle_s": "idle ms (host between operators)",
+                 "comm_share": "comm share of the step"}
+
+
+SPLIT_KEYS = ("split_step_time_s", "data_s", "compute_s", "comm_s", "bubble_s", "idle_s")
+
+
+def _split_keys(rows: list[dict]) -> tuple[str, ...]:
+    """The split's columns; its own step column only where a row's split is of other steps than its step figure
+    (a layout's profiled warm-up steps), so that each row's parts add up to a figure beside them."""
+    apart = any(r.get("split_step_time_s") not in (None, r.get("step_time_s")) for r in rows)
+    return tuple(k for k in SPLIT_KEYS if apart or k != "split_step_time_s")
 
 
 def _dimension_cell(c: dict) -> str:
@@ -285,7 +326,7 @@ def _fmt(key: str, v) -> str:
     """Times in ms, shares in %, the rest short."""
     if v is None:
         return ""
-    if key in ("step_time_s", "compute_s", "comm_s", "bubble_s", "data_s"):
+    if key in ("step_time_s", "split_step_time_s", "compute_s", "comm_s", "bubble_s", "data_s", "idle_s"):
         return f"{v * 1e3:.2f}" if v < 0.01 else f"{v * 1e3:.1f}"
     if key.endswith("_bytes"):
         return f"{v / (1 << 30):.2f}"
@@ -294,11 +335,11 @@ def _fmt(key: str, v) -> str:
     if key == "prediction_error":
         return f"{v:+.1%}"
     if isinstance(v, float):
-        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:.3g}"
+        return f"{v:,.1f}" if abs(v) >= 100 else f"{v:#.3g}"  # 39.0 stays 39.0, as the streamed lines print it
     return str(v)
 
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command("train")(train)
-    app.command("scale")(scale)
+    app.command("train", short_help="Train data-parallel, or a transformer under a layout")(train)
+    app.command("scale", short_help="Weak or strong scaling, or layouts, beside the prediction")(scale)

@@ -240,4 +240,4 @@ def corpus_of(flags: dict[str, bool]) -> Corpus:
 
 def register(app: typer.Typer) -> None:
     """Add this module's commands to the meshscale app."""
-    app.command()(validate)
+    app.command(short_help="Predict the corpus's measurements and print the errors")(validate)

@@ -70,7 +70,10 @@ PATTERNS = {"ring": _ring, "exchange": _exchange, "root": _root, "pairs": _pairs
 def busbw_bound(topology: Topology, collective: str, ranks: list[int], root: int = 0) -> float:
     """Upper bound, bytes/s, on the nccl-tests busbw of ``collective`` over the devices with indices ``ranks``
     (rank i on device ``ranks[i]``; ``root`` is a rank). See the module docstring for the reasoning."""
-    pattern = PATTERNS[kind(collective).bound]
+    k = kind(collective)
+    if k.variable:
+        raise MeshscaleError(f"{k.name} has no bound: its blocks differ in size from pair to pair")
+    pattern = PATTERNS[k.bound]
     if len(ranks) < 2:
         raise MeshscaleError(f"a bandwidth bound needs at least 2 ranks, got {len(ranks)}")
     names = [topology.device(i) for i in ranks]

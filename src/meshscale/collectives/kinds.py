@@ -46,6 +46,7 @@ class CollectiveKind:
     nccl_function: str | None = None  # NCCL's one C entry point, if any (else a group of ncclSend/ncclRecv)
     bound: str = "ring"  # its traffic pattern in `meshscale.collectives.bounds.PATTERNS`: ring, exchange, root, pairs
     headline: bool = False  # among the collectives a short tour measures
+    variable: bool = False  # each (sender, receiver) block has a size of its own: no bound, no prediction
 
     @property
     def from_root(self) -> bool:
@@ -134,6 +135,14 @@ KINDS: tuple[CollectiveKind, ...] = (
                    lambda r, n, root: [r * n + d for d in range(n)], lambda r, n, root: [s * n + r for s in range(n)],
                    _ring_factor, segmented=True, chunk_per_unit=True, aliases=("alltoall",), places=("out",),
                    torch_call="all_to_all_single", nccl_function="ncclAlltoAll", bound="exchange", headline=True),
+    # nccl-tests' alltoallv: each rank sends a different amount to each peer (`meshscale.bench.cases.alltoallv_bytes`),
+    # the units here are all_to_all's blocks at their even size; an exchange, which no schedule, bound or cost
+    # model prices (they assume even blocks: `variable`)
+    CollectiveKind("all_to_allv", "block (s, d), of a size that depends on d - s, of rank s's input ends in rank d's "
+                   "output", lambda n: n * n,
+                   lambda r, n, root: [r * n + d for d in range(n)], lambda r, n, root: [s * n + r for s in range(n)],
+                   _ring_factor, segmented=True, chunk_per_unit=True, aliases=("alltoallv",), places=("out",),
+                   torch_call="all_to_all_single", schedulable=False, bound="exchange", variable=True),
     CollectiveKind("gather", "the root ends with every rank's segment", lambda n: n, _own, _at_root(_every),
                    _ring_factor, rooted=True, segmented=True, places=("out",), torch_call="gather",
                    nccl_function="ncclGather", bound="root"),

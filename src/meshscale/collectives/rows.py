@@ -8,9 +8,10 @@ from meshscale.collectives.kinds import kind
 
 
 def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
-    """One row per (collective, dtype, op, size, place) from the rows of every cycle: the median cycle's time (and per rank,
-    and of each call's median and slowest), bandwidths from it, the wrong elements of all cycles, and each cycle's
-    time in ``cycle_times_s``. Rows of a single cycle come back as they are, less their cycle number."""
+    """One row per (collective, dtype, op, size, place) from the rows of every cycle: the median cycle's time (and per
+    rank), bandwidths from it, the per-iteration figures of the cycle at the median (the lower middle), the wrong
+    elements of all cycles, and each cycle's time in ``cycle_times_s``. Rows of a single cycle come back as they
+    are, less their cycle number."""
     groups: dict[tuple, list[dict]] = {}
     for row in rows:
         key = (row["collective"], row.get("dtype"), row.get("redop"), row["size_bytes"], row["inplace"])
@@ -27,8 +28,8 @@ def median_over_cycles(rows: list[dict], world_size: int) -> list[dict]:
             row["size_bytes"], row["time_s"], world_size)
         row["rank_times_s"] = [statistics.median(ts) for ts in zip(*(r["rank_times_s"] for r in same))]
         row["wrong"] = None if row["wrong"] is None else sum(r["wrong"] for r in same)
-        if "iter_median_s" in row:
-            row["iter_median_s"] = statistics.median(r["iter_median_s"] for r in same)
-            row["iter_max_s"] = max(r["iter_max_s"] for r in same)
+        if "iter_times_s" in row:  # per-iteration figures (-I): the median cycle's own, a consistent set
+            middle = sorted(same, key=lambda r: r["time_s"])[(len(same) - 1) // 2]
+            row.update({k: v for k, v in middle.items() if k.startswith(("iter_", "rank_iter_"))})
         combined.append(row)
     return combined

@@ -267,13 +267,14 @@ def scaling_section(sources: list[Source]) -> Section:
                         verdict = Verdict("warn" if verdict.level == "good" else verdict.level,
                                           f"{verdict.text}. {finding}")
                     parts = {k[:-2]: [r.get(k) or 0.0 for r in sorted(rows, key=lambda r: r["world_size"])]
-                             for k in ("compute_s", "comm_s", "data_s") if any(r.get(k) for r in rows)}
+                             for k in ("compute_s", "comm_s", "data_s", "idle_s") if any(r.get(k) for r in rows)}
                     if parts:
                         pid = slug("breakdown", group, mode)
                         worlds = sorted(r["world_size"] for r in rows)
                         chart = plots.breakdown_chart(f"{mode} scaling: step time breakdown ({s.label})", worlds, parts)
                         extra.append(Plot(pid, f"{group}: {mode} scaling, step time", plots.to_svg(chart, pid),
-                                          Verdict("info", "compute, communication and data loading per step")))
+                                          Verdict("info", "compute, exposed communication, data loading and idle "
+                                                          "(the host between operators) per step, adding up to it")))
             if verdict is None:
                 last = [r for s in members for r in s.result.rows if r["mode"] == mode and r.get("efficiency") is not None]
                 verdict = scaling_verdict(last, []) if last else Verdict("info", "prediction only")
@@ -290,7 +291,7 @@ def scaling_section(sources: list[Source]) -> Section:
                 chart_bars = [x for x in chart if x in bars]
                 chart_lines = [x for x in chart if x not in chart_bars]
                 section.plots.append(Plot(pid, title, plots.to_svg(plots.scaling_chart(title, chart_bars, chart_lines),
-                                                                   pid), verdict))
+                                                                   pid), verdict, caption=SCALING_CAPTION))
             section.plots.extend(extra)
     return section
 
@@ -319,9 +320,21 @@ def train_runs_as_scale(sources: list[Source]) -> Source | None:
                                        first.env))
 
 
-TRAIN_SUMMARY = (("samples_per_s", "samples/s"), ("step_time_s", "step"), ("compute_s", "compute"), ("comm_s", "communication"),
-                 ("bubble_s", "pipeline bubble"), ("data_s", "data loading"), ("comm_share", "communication share"), ("eval_accuracy", "test accuracy"),
-                 ("eval_loss", "test loss"))
+# what the scaling figures' efficiency and the error tables' columns mean, one sentence beside each
+SCALING_CAPTION = ("Bars: throughput in samples/s (the global batch over the run's median step where the run timed its "
+                   "steps); line: speedup, each throughput over the one-rank run's; the verdict's parallel efficiency "
+                   "is that speedup divided by the ranks, 100% being linear scaling.")
+VALIDATE_NOTE = ("Each row's error is (predicted - measured) / measured time; geomean |error| is the geometric mean of "
+                 "its absolute value over a size class's rows, bound is the model's stated accuracy for that class "
+                 "(docs/validate.md; for the worst row, how many times off it may be), and within says whether the "
+                 "geomean (or the worst row) stays inside that bound.")
+PREDICTED_SCALING_NOTE = ("speedup = predicted samples/s over the series' smallest configuration's, times its GPU count "
+                          "(one GPU's speedup is 1); efficiency = speedup / GPUs, 100% being linear scaling.")
+
+TRAIN_SUMMARY = (("samples_per_s", "samples/s"), ("step_time_s", "step"), ("split_step_time_s", "step of the split"),
+                 ("compute_s", "compute"), ("comm_s", "communication"), ("bubble_s", "pipeline bubble"),
+                 ("data_s", "data loading"), ("idle_s", "idle"), ("comm_share", "communication share"),
+                 ("eval_accuracy", "test accuracy"), ("eval_loss", "test loss"))
 
 
 def train_section(sources: list[Source]) -> Section:
@@ -390,7 +403,7 @@ def validate_section(source: Source) -> Section:
                       "bound": f"{bound:.0f}x", "within": "yes" if summary["worst_times_off"] <= bound else "no"})
     where = source.result.meta.get("corpus", "")
     return Section(f"Model against measurement ({'this run' if where == 'this run' else 'the corpus'}): "
-                   "geomean |error| per size class", table=table)
+                   "geomean |error| per size class", table=table, note=VALIDATE_NOTE)
 
 
 def host_copy_section(source: Source) -> Section:
@@ -462,7 +475,7 @@ def predict_section(sources: list[Source]) -> Section:
                           "samples/s": f"{r['throughput_samples_per_s']:.0f}",
                           "speedup": _cell("speedup", r.get("speedup")),
                           "efficiency": "-" if r.get("efficiency") is None else f"{100 * r['efficiency']:.0f}%"})
-    return Section("Predicted scaling (not measured)", table=table)
+    return Section("Predicted scaling (not measured)", table=table, note=PREDICTED_SCALING_NOTE)
 
 
 def io_section(source: Source) -> Section:

@@ -54,6 +54,7 @@ h1, h2, h3, p, li, figcaption { overflow-wrap: anywhere; }
 </div>
 {% if section.table %}<table><tr>{% for k in section.table[0] %}<th>{{ k }}</th>{% endfor %}</tr>
 {% for row in section.table %}<tr>{% for v in row.values() %}<td>{{ v }}</td>{% endfor %}</tr>{% endfor %}</table>{% endif %}
+{% if section.note %}<p class="note">{{ section.note }}</p>{% endif %}
 </section>
 {% endfor %}
 <h2>Sources</h2>

@@ -34,6 +34,7 @@ class Section:
     title: str
     plots: list[Plot] = field(default_factory=list)
     table: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""  # under the table: what its figures mean, in one sentence
 
 
 def slug(*parts: Any) -> str:

@@ -55,6 +55,9 @@ def trace(step: Callable[[int], object], first: int, steps: int, device: torch.d
     """The complete events of ``steps`` steps from ``first`` under torch.profiler (``detailed``: with shapes
     and Python stacks, which categorizing needs)."""
     from torch.profiler import ProfilerActivity, profile
+
+    from meshscale.train.timing import quiet_profiler
+    quiet_profiler()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
     with profile(activities=activities, record_shapes=detailed, with_stack=detailed) as prof:
         for i in range(first, first + steps):

@@ -2,7 +2,6 @@
 measured into a Result of kind "train"; also the one-device profile over batch sizes that the predictor reads."""
 from __future__ import annotations
 
-import statistics
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -137,12 +136,9 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
     s = dict(outputs[0]["summary"])
     s["max_param_diff"] = max(o["summary"]["max_param_diff"] for o in outputs)
     timed = [r for r in outputs[0]["rows"][-s["timed_steps"]:] if "step_time_s" in r] if s["timed_steps"] else []
-    for key in ("step_time_s", "compute_s", "comm_s", "data_s"):
-        values = [r[key] for r in timed if r.get(key) is not None]  # comm_s is None inside a CUDA graph
-        s[key] = statistics.median(values) if values else None
+    s.update(median_step_split(timed))
     if s.get("samples_per_s") is None and s["step_time_s"]:
         s["samples_per_s"] = cfg.global_batch / s["step_time_s"]
-    s["comm_share"] = s["comm_s"] / s["step_time_s"] if s["step_time_s"] and s["comm_s"] is not None else None
     s.update(world_size=cfg.world, mode=cfg.mode, batch_per_rank=cfg.batch_per_rank, global_batch=cfg.global_batch)
     if cfg.is_transformer:
         for key in ("peak_allocated_bytes", "peak_reserved_bytes", "build_peak_allocated_bytes",  # the fullest rank's
@@ -159,9 +155,33 @@ def summarize(cfg: TrainConfig, outputs: list[dict[str, Any]]) -> dict[str, Any]
     return s
 
 
+# what a step splits into: the split's parts add up to SPLIT_STEP (idle is the rest: the host between operators
+# and between steps)
+SPLIT_PARTS = ("data_s", "compute_s", "comm_s", "idle_s")
+SPLIT_STEP = "split_step_time_s"
+
+
+def median_step_split(timed: list[dict[str, Any]]) -> dict[str, Any]:
+    """The step figure and its split from one and the same step: the timed step at the median (the lower middle
+    of an even count), its data / compute / exposed communication (None inside a CUDA graph, where compute holds
+    it) and idle, which add up to its step time."""
+    if not timed:
+        return {"step_time_s": None, SPLIT_STEP: None, "split_steps": 0, "split_from": None, "comm_share": None,
+                **dict.fromkeys(SPLIT_PARTS)}
+    row = sorted(timed, key=lambda r: r["step_time_s"])[(len(timed) - 1) // 2]
+    step_s = row["step_time_s"]
+    parts = {k: row.get(k) for k in ("data_s", "compute_s", "comm_s")}
+    busy_s = sum(v for v in parts.values() if v is not None)
+    return {"step_time_s": step_s, SPLIT_STEP: step_s, "split_steps": 1,
+            "split_from": f"the median of {len(timed)} timed step{'s' if len(timed) > 1 else ''}", **parts,
+            "idle_s": max(0.0, step_s - busy_s),
+            "comm_share": parts["comm_s"] / step_s if step_s and parts["comm_s"] is not None else None}
+
+
 def breakdown_summary(comm: dict[str, dict[str, Any]], parts: list[dict[str, Any] | None]) -> dict[str, Any]:
-    """The profiled steps' split (averaged over the ranks) as the summary's data / compute / comm / bubble, and each
-    dimension's busy and exposed seconds beside its operations and bytes. Nothing when no step was profiled."""
+    """The profiled steps' split (averaged over the ranks) as the summary's data / compute / comm / idle (bubble:
+    the part of comm that is the pipeline's wait) beside those steps' own step time, and each dimension's busy and
+    exposed seconds beside its operations and bytes. Nothing when no step was profiled."""
     b = mean_breakdown([p for p in parts if p])
     if b is None:
         return {}
@@ -171,8 +191,11 @@ def breakdown_summary(comm: dict[str, dict[str, Any]], parts: list[dict[str, Any
         comm[dim].update(seconds=t["busy_s"], exposed_seconds=t["exposed_s"])
     for c in comm.values():
         c.setdefault("exposed_seconds", None)
-    return {"breakdown": b, "comm_by_dimension": comm, "data_s": b["data_s"], "compute_s": b["compute_s"],
-            "comm_s": b["exposed_comm_s"], "bubble_s": b["bubble_s"],
+    # the split is the profiled steps' own, beside their own step time (the throughput window is unprofiled)
+    return {"breakdown": b, "comm_by_dimension": comm, SPLIT_STEP: b["step_time_s"], "split_steps": b["steps"],
+            "split_from": f"{b['steps']:.0f} profiled warm-up step{'s' if b['steps'] != 1 else ''}",
+            "data_s": b["data_s"], "compute_s": b["compute_s"], "comm_s": b["exposed_comm_s"], "idle_s": b["idle_s"],
+            "bubble_s": b["bubble_s"],
             "comm_share": b["exposed_comm_s"] / b["step_time_s"] if b["step_time_s"] else None}
 
 

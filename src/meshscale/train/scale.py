@@ -26,8 +26,10 @@ from meshscale.train.config import CheckpointOptions, TrainConfig
 from meshscale.train.loop import train_worker
 from meshscale.train.runner import check_rank_config, check_warmup, run, summarize, validate
 
-ROW_KEYS = ("world_size", "mode", "batch_per_rank", "global_batch", "step_time_s", "compute_s", "comm_s", "data_s",
-            "comm_share")
+# the split (data, compute, comm, idle) adds up to split_step_time_s: the step's own time, or a layout's profiled
+# steps' (`runner.median_step_split`, `runner.breakdown_summary`)
+ROW_KEYS = ("world_size", "mode", "batch_per_rank", "global_batch", "step_time_s", "split_step_time_s", "compute_s",
+            "comm_s", "data_s", "idle_s", "comm_share")
 
 RowCallback = Callable[[dict], None] | None
 
@@ -91,7 +93,7 @@ class ScaleIncomplete(WorkerError):
 
 
 def _add_row(rows: list[dict], cfg: TrainConfig, summary: dict[str, Any], on_row: RowCallback) -> None:
-    row = {k: summary[k] for k in ROW_KEYS}
+    row = {k: summary.get(k) for k in ROW_KEYS}
     row["throughput_samples_per_s"] = summary["samples_per_s"]
     rows.append(row)
     base = rows[0]
@@ -180,9 +182,9 @@ def _store_barrier(store: Any, world_size: int, timeout_s: float, training_ranks
             seen = phase
 
 
-LAYOUT_ROW_KEYS = ("world_size", "layout", "batch_per_rank", "global_batch", "step_time_s", "data_s", "compute_s",
-                   "comm_s", "bubble_s", "tokens_per_s", "tokens_per_s_per_rank", "mfu", "memory_needed_bytes", "peak_allocated_bytes",
-                   "peak_reserved_bytes")
+LAYOUT_ROW_KEYS = ("world_size", "layout", "batch_per_rank", "global_batch", "step_time_s", "split_step_time_s",
+                   "data_s", "compute_s", "comm_s", "bubble_s", "idle_s", "tokens_per_s", "tokens_per_s_per_rank", "mfu",
+                   "memory_needed_allocated_bytes", "memory_needed_bytes", "peak_allocated_bytes", "peak_reserved_bytes")
 
 
 def scale_layouts(cfg: TrainConfig, layouts: list[dict[str, int]], on_row: RowCallback = None) -> Result:

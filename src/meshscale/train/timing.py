@@ -2,11 +2,20 @@
 mark taken after `work.wait()` lands after the communication the stream waited for)."""
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+
+def quiet_profiler() -> None:
+    """Keep torch.profiler's engine (Kineto) off stderr: it prints a "USDT: ... profiler_start" and a
+    "profiler_stop" line for every profiled window at every log level up to 5 (its STAGE and USDT lines; torch
+    2.13), one pair per rank per run. Kineto reads KINETO_LOG_LEVEL when a profiler first starts in the
+    process; a level the user set stands."""
+    os.environ.setdefault("KINETO_LOG_LEVEL", "6")
 
 
 class Clock:

@@ -58,6 +58,8 @@ class StepTracer:
         self.profiler = None
 
     def _start(self) -> None:
+        from meshscale.train.timing import quiet_profiler
+        quiet_profiler()
         activities = [torch.profiler.ProfilerActivity.CPU]
         if self.trainer.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)

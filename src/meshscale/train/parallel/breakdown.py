@@ -12,7 +12,8 @@ A dimension's busy time is the union of its communication spans; its exposed tim
 compute nor data covers: what the rank could not hide. The bubble (pp > 1) is the exposed time of the pipeline's
 receives: the stage waiting for its neighbour's activations or gradients (and their transfer). The step splits
 into data + compute + exposed communication (any dimension) + idle, idle being the rest: the host between
-operators, and on a CPU a collective's own copies while no operator runs."""
+operators, and on a CPU a collective's own copies while no operator runs. Every span is clipped to the profiled
+steps, so the four parts add up to their step time."""
 from __future__ import annotations
 
 import contextlib
@@ -25,7 +26,7 @@ from typing import Any, Iterable, Iterator
 
 from meshscale.models.layout import ParallelLayout
 from meshscale.train.parallel.comm import entry_dimension, recorded_entries
-from meshscale.train.timing import Clock
+from meshscale.train.timing import Clock, quiet_profiler
 
 DATA_LABEL = "meshscale: data"
 _COMM_OPS = ("c10d::", "_c10d_functional::", "c10d_functional::", "gloo:", "nccl:", "record_param_comms")
@@ -108,6 +109,7 @@ class StepProfile:
             return
         if step == self.steps[0]:
             from torch.profiler import ProfilerActivity, profile
+            quiet_profiler()
             self.clock.sync()
             self._profiler = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.clock.cuda
                                                                           else []))
@@ -153,6 +155,12 @@ def _receives(name: str) -> bool:
 
 def _span(e: dict[str, Any]) -> Span:
     return e["start_s"], e["end_s"]
+
+
+def clip(spans: Iterable[Span], window: Span) -> list[Span]:
+    """The parts of ``spans`` inside ``window``: what the split counts of a span that began before the profiled
+    steps or ended after them, so that the parts never add up to more than the steps took."""
+    return [(max(a, window[0]), min(b, window[1])) for a, b in spans if min(b, window[1]) > max(a, window[0])]
 
 
 def _match(entries: list[dict[str, Any]], events: list[dict[str, Any]]) -> list[tuple[dict, dict]]:
@@ -202,6 +210,8 @@ def breakdown(events: list[dict[str, Any]], entries: list[dict[str, Any]], layou
     if p2p_events and layout.pp > 1:
         spans.setdefault("pp", []).extend(_span(e) for e in p2p_events)
         receives += [_span(e) for e in p2p_events if _receives(e["name"])]
+    data, compute, receives = clip(data, window), clip(compute, window), clip(receives, window)
+    spans = {dim: clip(s, window) for dim, s in spans.items()}
     hidden = compute + data
     dims = {dim: DimensionTime(length(s) / steps, length(minus(s, hidden)) / steps) for dim, s in spans.items()}
     step_s = (window[1] - window[0]) / steps
