@@ -42,7 +42,7 @@ from math import ceil, exp, log
 from meshscale.errors import MeshscaleError
 from meshscale.models.layout import CHECKPOINTING, ParallelLayout, check_layout
 from meshscale.models.allocator import DEFAULT_NCCL_CHANNELS, Communicator
-from meshscale.models.memory import RECIPES, MemoryEstimate, training_memory
+from meshscale.models.memory import RECIPES, MemoryEstimate, default_communicators, training_memory
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.gradient_tensors import GradientTensor, resnet50_gradients, transformer_gradients
 from meshscale.predict.profile import ComputeProfile
@@ -767,21 +767,17 @@ def _cp_seconds(job: TrainingJob, layer: PassKernels, r: Rates, cost, allocation
 
 
 def communicators(layout: ParallelLayout, costs: dict[str, CollectiveCost], gpus_per_node: int) -> tuple[Communicator, ...]:
-    """The NCCL communicators of a rank, each on the channels its step's largest collective runs on (NCCL's
-    model), with NVLS buffers where NCCL's model picks NVLS for it."""
+    """The NCCL communicators of a rank (`default_communicators`, the memory model's), each collective group on
+    the channels its step's largest collective runs on (NCCL's model), with NVLS buffers where NCCL's model picks
+    NVLS for it."""
     out = []
-    for dim, n in (("tp", layout.tp), ("cp", layout.cp), ("fsdp", layout.fsdp * layout.cp), ("dp", layout.dp)):
-        if n < 2:   # FSDP's group: fsdp and cp flattened into one
-            continue
-        c = costs.get(dim, CollectiveCost(0.0))
-        nvls = min(n, gpus_per_node) if c.chosen.lower().startswith("nvls") else 0
-        out.append(Communicator(dim, n, c.channels or DEFAULT_NCCL_CHANNELS, 1, nvls))
-    if layout.ep > 1:   # the experts' all-to-all: point-to-point connections to each peer of the group
-        out.append(Communicator("ep", layout.ep, channels=2, connections=layout.ep - 1))
-    if layout.pp > 1:
-        out.append(Communicator("pp", layout.pp, channels=2, connections=2))
-    if layout.world_size > 1:
-        out.append(Communicator("world", layout.world_size))
+    for c in default_communicators(layout):
+        cost = costs.get("fsdp" if c.name == "shard" else c.name) if c.name in ("tp", "cp", "shard", "dp") else None
+        if cost is not None or c.name in ("tp", "cp", "shard", "dp"):
+            cost = cost or CollectiveCost(0.0)
+            nvls = min(c.ranks, gpus_per_node) if cost.chosen.lower().startswith("nvls") else 0
+            c = replace(c, channels=cost.channels or DEFAULT_NCCL_CHANNELS, nvls_gpus=nvls)
+        out.append(c)
     return tuple(out)
 
 
