@@ -6,6 +6,9 @@ Cases (each the step `train` runs, built by train's own functions):
   gpt-small  GPT-small bf16 (autocast), batch 16 x 1024 tokens (same)
   llama-1b   llama-1b bf16 FSDP2 of one rank, full activation checkpointing, batch 2 x 2048
              (train.build + train.step.run_step)
+  fp8        llama-1b (batch 1 x 2048) and llama3-8b's layers (4 of them, batch 2 x 4096), each bf16 and fp8
+             (torchao float8, tensorwise), compiled per block as torchtitan does: where fp8's time goes
+  moe        a Mixtral-style MoE of 0.65B (benchmarks/moe_fp8_gpu.py's config), bf16, batch 4 x 2048
 For each: WARM steps, TIMED steps timed with a device sync (wall per step), then PROFILED steps under
 torch.profiler twice: plain (kernel times, counts, the GPU's busy time and idle gaps) and with Python stacks and
 shapes (to put each kernel in a category: the op that launched it, its module, its forward op for backward).
@@ -83,6 +86,50 @@ def cases(tiny: bool, device: str) -> list[Case]:
     return found
 
 
+def extra_cases(wanted: set[str], tiny: bool, device: str, tmp: str) -> list[Case]:
+    """The fp8 and mixture-of-experts cases (see the module), as config files written to ``tmp``."""
+    found = []
+    if "fp8" in wanted:
+        eight = {"model_type": "llama", "num_hidden_layers": 1 if tiny else 4, "hidden_size": 4096,
+                 "num_attention_heads": 32, "num_key_value_heads": 8, "intermediate_size": 14336,
+                 "vocab_size": 128256, "max_position_embeddings": 8192, "rope_theta": 500000.0,
+                 "tie_word_embeddings": False}
+        path = Path(tmp) / "llama3-8b-4-layers.json"
+        path.write_text(json.dumps(eight))
+        shapes = [("llama-tiny", "llama-tiny", 2, 64)] if tiny else \
+            [("llama-1b", "llama-1b", 1, 2048), ("llama3-8b x4 layers", str(path), 2, 4096)]
+        for label, model, batch, seq in shapes:
+            cfg_model = load_model_config(model)
+            for precision in ("bf16", "fp8") if device == "cuda" else ("bf16",):
+                speed = SpeedOptions(precision=precision, compile="default",
+                                     fp8_recipe="tensorwise" if precision == "fp8" else None)
+                found.append(Case(f"{label} {precision} compiled", TrainConfig(
+                    model=model, device=device, batch_per_rank=batch, timing=False, speed=speed,
+                    layout=LayoutOptions(seq_len=seq, checkpointing="none")),
+                    TrainingJob(cfg_model, ParallelLayout(), batch, seq, precision, "none", framework="compile",
+                                fp8_recipe="tensorwise"), True, cfg_model.vocab_size, cfg_model.ffn_dim))
+    if "moe" in wanted and not tiny:
+        from moe_fp8_gpu import MOE_CONFIG
+        path = Path(tmp) / "moe.json"
+        path.write_text(json.dumps(MOE_CONFIG))
+        moe = load_model_config(str(path))
+        found.append(Case("moe 0.65B bf16", TrainConfig(model=str(path), device=device, batch_per_rank=4,
+                                                        timing=False, speed=SpeedOptions(precision="bf16"),
+                                                        layout=LayoutOptions(seq_len=2048)),
+                          TrainingJob(moe, ParallelLayout(), 4, 2048, "bf16"), True, moe.vocab_size, moe.ffn_dim))
+    return found
+
+
+def top_kernels(events: list[dict], steps: int, n: int = 25) -> list[tuple[str, float, float]]:
+    """The ``n`` kernels of most GPU time per step: (name, seconds per step, launches per step)."""
+    seconds, counts = defaultdict(float), defaultdict(int)
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            seconds[e["name"][:100]] += e["dur"] * 1e-6 / steps
+            counts[e["name"][:100]] += 1
+    return [(k, s, counts[k] / steps) for k, s in sorted(seconds.items(), key=lambda x: -x[1])[:n]]
+
+
 def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: int, detailed_steps: int,
              gpu) -> dict:
     step = step_function(case.cfg, device)
@@ -97,9 +144,10 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
     first = warm + timed
     plain = trace(step, first, profiled, device, detailed=False)
     total, busy, count = busy_seconds(plain, device)
+    top = top_kernels(plain, profiled)
     detailed = trace(step, first + profiled, detailed_steps, device, detailed=True)
     measured = categorize(detailed, StepShapes(case.job.model is not None, case.vocab, case.ffn), device)
-    r = rates(gpu, case.job.precision)
+    r = rates(gpu, case.job.precision, fp8_recipe=case.job.fp8_recipe)
     predicted = {c.category: c for c in predicted_categories(case.job, r)}
     prediction = predict_step(case.job, Allocation.of("hgx-h100", 1), gpu)
     rows = []
@@ -120,7 +168,7 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
             "kernels_per_step": count / profiled, "predicted_step_s": prediction.step_s,
             "predicted_kernel_s": sum(p.seconds for p in predicted.values()),
             "predicted_host_bound_s": prediction.launch_s,
-            "predicted_kernels_per_step": sum(p.kernels for p in predicted.values())}
+            "predicted_kernels_per_step": sum(p.kernels for p in predicted.values()), "top_kernels": top}
 
 
 def print_case(out: dict) -> None:
@@ -135,6 +183,8 @@ def print_case(out: dict) -> None:
           f"GPU busy {out['gpu_busy_s_per_step'] * 1e3:.2f} ms, idle {out['gpu_idle_s_per_step'] * 1e3:.2f} ms "
           f"(predicted host-bound {out['predicted_host_bound_s'] * 1e3:.2f}); kernels {out['kernels_per_step']:.0f} "
           f"(modelled {out['predicted_kernels_per_step']})")
+    for name, seconds, launches in out.get("top_kernels", [])[:15]:
+        print(f"  {seconds * 1e3:8.3f} ms {launches:6.0f}x  {name}")
 
 
 def _init_one_rank(device: torch.device, tmp: str) -> None:
@@ -168,7 +218,7 @@ def device_and_gpu(name: str) -> tuple[torch.device, GpuSpec] | None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = common_arguments(argparse.ArgumentParser(description=__doc__.splitlines()[0]))
-    ap.add_argument("--cases", default="resnet50,gpt,llama", help="comma list of resnet50, gpt, llama")
+    ap.add_argument("--cases", default="resnet50,gpt,llama", help="comma list of resnet50, gpt, llama, fp8, moe")
     ap.add_argument("--warm", type=int, default=None)
     ap.add_argument("--timed", type=int, default=None)
     ap.add_argument("--profiled", type=int, default=None)
@@ -187,9 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         _init_one_rank(device, tmp)
         try:
-            for case in cases(args.tiny, args.device):
+            for case in cases(args.tiny, args.device) + extra_cases(wanted, args.tiny, args.device, tmp):
                 key = "resnet50" if case.job.model is None else ("llama" if case.layout else "gpt")
-                if key not in wanted:
+                if key not in wanted and " " not in case.name:
                     continue
                 try:
                     out = run_case(case, device, warm, timed, profiled, detailed, gpu)
