@@ -79,6 +79,9 @@ def test_gpus_take_their_familys_atlas_or_none():
     assert measured_kernels(b200, "bf16") is not None   # the nearest older generation's shares of its own peaks
     assert measured_kernels(a100, "bf16") is None and "datasheet roofline" in compute_source(a100, "bf16")
     assert "kernel atlas" in compute_source(h100, "bf16") and "measured on" in compute_source(h200, "bf16")
+    # fp8 prices its other kernels as bf16's: the source names the atlas wherever bf16's does
+    for gpu in (h100, h200, a100, b200):
+        assert compute_source(gpu, "fp8") == compute_source(gpu, "bf16")
 
 
 def test_no_memory_bound_kernel_beats_the_copy_of_its_bytes(atlas):

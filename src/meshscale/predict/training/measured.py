@@ -195,8 +195,8 @@ def layout_of(name: str) -> str:
 
 def compute_source(gpu: GpuSpec, precision: str) -> str:
     """What the compute of a prediction without a profile comes from, in words: the datasheet's roofline, and
-    the kernel atlas where one of the GPU's family was measured."""
-    measured = measured_kernels(gpu, precision)
+    the kernel atlas where one of the GPU's family was measured (fp8: its bf16 kernels, around the fp8 GEMMs)."""
+    measured = measured_kernels(gpu, "bf16" if precision == "fp8" else precision)
     if measured is None:
         return f"datasheet roofline ({gpu.model})"
     atlas = measured.atlas
