@@ -171,9 +171,13 @@ class MoE(nn.Module):
         self.ep_group: Any = None
         self.sequence_group: Any = None
         self.aux_scale = 1.0
-        # per rank, since the counters were last read: tokens routed to each expert, auxiliary loss, forwards
-        self.routed = torch.zeros(cfg.experts, dtype=torch.float64)
-        self.aux_sum = torch.zeros((), dtype=torch.float64)
+        self.reset_counters()
+
+    def reset_counters(self, device: torch.device | None = None) -> None:
+        """Per rank, since the counters were last read: tokens routed to each expert, auxiliary loss, forwards
+        (on ``device``: a model built on the meta device sets them again once materialized)."""
+        self.routed = torch.zeros(self.experts_count, dtype=torch.float64, device=device)
+        self.aux_sum = torch.zeros((), dtype=torch.float64, device=device)
         self.forwards = 0
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

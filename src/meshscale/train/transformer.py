@@ -21,7 +21,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from meshscale.models.transformer import TransformerConfig
-from meshscale.train.moe import MoE, is_moe_layer
+from meshscale.train.moe import GroupedExperts, MoE, is_moe_layer
+from meshscale.train.seeded_init import init_parameters
 
 # (k, v, positions of the local tokens) -> (k, v, positions of the keys) over the whole sequence: how a
 # context-parallel rank sees the other ranks' tokens; None: the local tokens are the whole sequence
@@ -113,9 +114,13 @@ class Block(nn.Module):
 
 class Transformer(nn.Module):
     """Token ids (batch, seq) -> logits (batch, seq, vocab). On a pipeline stage without the embedding the input
-    is the previous stage's hidden states (batch, seq, d_model); without the head the output is hidden states."""
+    is the previous stage's hidden states (batch, seq, d_model); without the head the output is hidden states.
 
-    def __init__(self, cfg: TransformerConfig, seq_len: int):
+    Built on a device, it starts from `initialise` with ``seed`` (default: torch's initial seed, which
+    ``torch.manual_seed`` sets); built on the meta device, it holds no memory until the layout has parallelized
+    it: then ``to_empty`` and `initialise` give each rank its part of the same values (train/parallel/engine.py)."""
+
+    def __init__(self, cfg: TransformerConfig, seq_len: int, seed: Optional[int] = None):
         super().__init__()
         self.cfg, self.seq_len = cfg, seq_len
         self.tok_embeddings: Optional[nn.Embedding] = nn.Embedding(cfg.vocab_size, cfg.d_model)
@@ -126,12 +131,42 @@ class Transformer(nn.Module):
         self.output: Optional[nn.Linear] = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.output.weight = self.tok_embeddings.weight
-        cos, sin = rotary_tables(cfg, seq_len)
-        # not saved: they follow from the shape; context parallelism slices them with the sequence
-        self.register_buffer("rope_cos", cos, persistent=False)
-        self.register_buffer("rope_sin", sin, persistent=False)
-        self.register_buffer("positions", torch.arange(seq_len), persistent=False)
-        self.apply(_init)
+        # not saved: they follow from the shape and this rank's positions (`init_buffers`)
+        self.register_buffer("rope_cos", torch.empty(seq_len, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("rope_sin", torch.empty(seq_len, cfg.head_dim // 2), persistent=False)
+        self.register_buffer("positions", torch.empty(seq_len, dtype=torch.long), persistent=False)
+        # a context-parallel rank's positions of the sequence (train/parallel/apply.py); None: all of them
+        self.local_positions: Optional[torch.Tensor] = None
+        if self.positions.device.type != "meta":
+            self.initialise(torch.initial_seed() if seed is None else seed)
+
+    def initialise(self, seed: int) -> None:
+        """Parameters from (``seed``, each one's name) as `init_rule` says, whatever the layout has split
+        (train/seeded_init.py); the buffers from this rank's positions; a mixture of experts' counters zero."""
+        init_parameters(self, seed, init_rule, self.parameter_name)
+        self.init_buffers()
+        for block in self.layers.values():
+            moe = getattr(block, "moe", None)
+            if moe is not None:
+                moe.reset_counters(self.positions.device)
+
+    @torch.no_grad()
+    def init_buffers(self) -> None:
+        """The rotary tables and positions of this rank's tokens (all, or a context-parallel rank's), computed on
+        the CPU (the same numbers on every device) and placed on the module's device."""
+        device = self.positions.device
+        with torch.device("cpu"):
+            cos, sin = rotary_tables(self.cfg, self.seq_len)
+            mine = torch.arange(self.seq_len) if self.local_positions is None else self.local_positions.cpu()
+        self.rope_cos, self.rope_sin = cos[mine].contiguous().to(device), sin[mine].contiguous().to(device)
+        self.positions = mine.to(device)
+
+    def parameter_name(self, name: str) -> str:
+        """A parameter's name as the whole model has it: without the wrappers' parts (activation checkpointing,
+        torch.compile); a tied head is the embedding."""
+        parts = [p for p in name.split(".") if p not in WRAPPER_NAMES]
+        name = ".".join(parts)
+        return "tok_embeddings.weight" if self.cfg.tie_embeddings and name == "output.weight" else name
 
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         # every layout runs at the training length: the buffers are this rank's positions (all of them, or its
@@ -146,9 +181,18 @@ class Transformer(nn.Module):
         return self.output(h) if self.output is not None else h
 
 
-def _init(m: nn.Module) -> None:
-    """GPT-2's initialisation (normal, std 0.02; zero biases) for every layout alike (routed experts: theirs)."""
-    if isinstance(m, (nn.Linear, nn.Embedding)):
-        nn.init.normal_(m.weight, std=0.02)
-    if isinstance(m, nn.Linear) and m.bias is not None:
-        nn.init.zeros_(m.bias)
+# the parts of a parameter's name that wrappers add: checkpoint_wrapper's and torch.compile's
+WRAPPER_NAMES = ("_checkpoint_wrapped_module", "_orig_mod")
+INIT_STD = 0.02   # GPT-2's (Radford et al. 2019; its released code's initializer_range)
+
+
+def init_rule(module: nn.Module, attr: str) -> tuple[str, float]:
+    """GPT-2's initialisation for every layout alike: the matrices (linears, embeddings, routed experts) normal
+    with std 0.02, biases zero, norms' scales one (their own reset)."""
+    if isinstance(module, (nn.RMSNorm, nn.LayerNorm)):
+        return ("ones", 0.0) if attr == "weight" else ("zeros", 0.0)
+    if attr == "bias":
+        return "zeros", 0.0
+    if isinstance(module, (nn.Linear, nn.Embedding, GroupedExperts)):
+        return "normal", INIT_STD
+    raise AssertionError(f"no initial value for {type(module).__name__}.{attr}")

@@ -30,7 +30,8 @@ def stage_count(layout: ParallelLayout) -> int:
 
 
 def split_stage(model: Transformer, stage: int, stages: int) -> Transformer:
-    """A copy of ``model`` keeping only what stage ``stage`` of ``stages`` runs (layer names kept)."""
+    """A copy of ``model`` keeping only what stage ``stage`` of ``stages`` runs (layer names kept; on the meta
+    device the copy costs no memory)."""
     part = copy.deepcopy(model)
     split = _as_layout(stages)
     first = sum(stage_layers(model.cfg, split, s) for s in range(stage))
@@ -94,8 +95,7 @@ def _mlp_plan() -> dict:
 # ---- mixture of experts --------------------------------------------------------------------------------------
 def apply_experts(model: Transformer, mesh: LayoutMesh) -> None:
     """Each MoE layer's part of the layout. Expert parallelism: the routed experts split over the ep ranks
-    (DTensors sharded on dim 0 of the experts' ep mesh, each rank keeping its own block of the identically built
-    whole), tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts
+    (DTensors sharded on dim 0 of the experts' ep mesh, each rank keeping its own block of the whole), tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts
     added up over them. Gradients: FSDP averages each part over its own mesh (`apply_fsdp`); the factor that
     turns that average into the mean over the data ranks (dp x fsdp x cp; the tp ranks and an expert's ep group
     add their tokens' parts): routed experts tp / ep, router and shared experts tp. The balance loss's
@@ -132,16 +132,15 @@ def context_chunks(seq_len: int, cp: int, cp_rank: int) -> torch.Tensor:
     return torch.cat([torch.arange(c * size, (c + 1) * size) for c in chunks])
 
 
-def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int) -> torch.Tensor:
-    """Each rank keeps its positions' rotary tables; attention all-gathers keys and values over the cp group
-    (differentiably: the backward reduce-scatters their gradients), as Llama 3 trained long contexts
-    (The Llama 3 Herd of Models, section 3.3.2). Returns this rank's positions (to slice inputs and targets)."""
+def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int, device: torch.device) -> torch.Tensor:
+    """Each rank keeps its positions' rotary tables (`Transformer.init_buffers`, once materialized); attention
+    all-gathers keys and values over the cp group (differentiably: the backward reduce-scatters their gradients),
+    as Llama 3 trained long contexts (The Llama 3 Herd of Models, section 3.3.2). Returns this rank's positions
+    (to slice inputs and targets)."""
     cp, rank = cp_mesh.size(), cp_mesh.get_local_rank()
-    device = model.rope_cos.device
-    mine = context_chunks(seq_len, cp, rank).to(device)
+    mine = context_chunks(seq_len, cp, rank)
     every = torch.cat([context_chunks(seq_len, cp, r) for r in range(cp)]).to(device)
-    model.rope_cos, model.rope_sin = model.rope_cos[mine].contiguous(), model.rope_sin[mine].contiguous()
-    model.positions = mine
+    model.local_positions = mine
 
     def gather(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         # along the sequence (dim 1), in rank order: `every` lists the positions in that order
@@ -214,8 +213,9 @@ def apply_compile(model: Transformer, mode: str | None) -> None:
 
 
 def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointing: str, bf16: bool,
-                compile_mode: str | None = None) -> list[Transformer]:
-    """This rank's stage modules of ``model`` (built identically on every rank), each parallelized."""
+                compile_mode: str | None = None, device: torch.device | None = None) -> list[Transformer]:
+    """This rank's stage modules of ``model`` (built on the meta device, or identically on every rank), each
+    parallelized; ``device``: where they will run (context parallelism's positions are placed there)."""
     layout = mesh.layout
     if layout.pp > 1:
         parts = [split_stage(model, s, stage_count(layout)) for s in stage_ids(layout, mesh.coordinate("pp"))]
@@ -226,9 +226,17 @@ def parallelize(model: Transformer, mesh: LayoutMesh, seq_len: int, checkpointin
             apply_tensor_parallel(part, mesh["tp"])
         apply_experts(part, mesh)
         if layout.cp > 1:
-            apply_context_parallel(part, mesh["cp"], seq_len)
+            apply_context_parallel(part, mesh["cp"], seq_len, device or part.positions.device)
         apply_checkpointing(part, checkpointing)
         apply_compile(part, compile_mode)
         # a pipeline runs each stage several times a step: keep its parameters gathered between micro-batches
         apply_fsdp(part, mesh, bf16, reshard_after_forward=layout.pp == 1)
     return parts
+
+
+def materialize(parts: list[Transformer], device: torch.device, seed: int) -> None:
+    """Give each part built on the meta device its memory on ``device`` (this rank's shards only) and its
+    initial values: those a whole-model build from ``seed`` has, whatever the layout split."""
+    for part in parts:
+        part.to_empty(device=device)
+        part.initialise(seed)

@@ -18,7 +18,7 @@ from meshscale.train.config import TrainConfig
 from meshscale.train.data import Batches
 from meshscale.train.exchange import Exchange
 from meshscale.train.fp8 import convert_to_fp8
-from meshscale.train.parallel.apply import parallelize, stage_count, stage_ids
+from meshscale.train.parallel.apply import materialize, parallelize, stage_count, stage_ids
 from meshscale.train.parallel.mesh import LayoutMesh, layout_mesh
 from meshscale.train.recipe import optimizer_factory, resolve
 from meshscale.train.step import token_loss
@@ -64,18 +64,20 @@ class LayoutExchange(Exchange):
 
 
 def build_layout(cfg: TrainConfig, device: torch.device) -> Trainer:
-    """Every rank builds the whole model from the same seed, then keeps and parallelizes its part."""
+    """Every rank builds the model on the meta device (no memory), parallelizes it as torchtitan does, then
+    materializes its own shards with the values a whole-model build from the seed has (`materialize`)."""
     spec, data = resolve(cfg)
     layout = cfg.layout.parallel_layout()
     mesh = layout_mesh(layout, device)
-    torch.manual_seed(cfg.seed)
-    with torch.device(device):
+    torch.manual_seed(cfg.seed)   # what else draws random numbers (the data) starts from the seed as before
+    with torch.device("meta"):
         model = Transformer(spec.transformer, spec.input_shape[0])
     after_update = convert_to_fp8(model, cfg.speed.fp8_recipe or "tensorwise", cfg.debug.fp8_emulate) \
         if cfg.speed.precision == "fp8" else None
     parts = parallelize(model, mesh, spec.input_shape[0], cfg.layout.checkpointing,
-                        bf16=cfg.speed.precision in ("bf16", "fp8"), compile_mode=cfg.speed.compile)
+                        bf16=cfg.speed.precision in ("bf16", "fp8"), compile_mode=cfg.speed.compile, device=device)
     del model
+    materialize(parts, device, cfg.seed)
     optimizer = optimizer_factory(cfg, spec)([p for part in parts for p in part.parameters()])
     schedule = _schedule(layout, mesh, parts, device) if layout.pp > 1 else None
     batches = Batches(data, cfg.batch_per_rank, mesh.data_rank, layout.data_parallel, cfg.seed, device,
