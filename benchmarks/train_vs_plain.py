@@ -238,8 +238,8 @@ def plain_llama(cfg: TrainConfig, model_cfg, device, x: torch.Tensor, y: torch.T
     layout = cfg.layout.parallel_layout()
     mesh = init_device_mesh(device.type, (layout.fsdp, layout.tp), mesh_dim_names=("dp_shard", "tp"))
     torch.manual_seed(cfg.seed)
-    with torch.device(device):
-        model = Transformer(model_cfg, x.shape[1])
+    with torch.device(device):   # whole on the device, the values meshscale's shards have (seeded by name)
+        model = Transformer(model_cfg, x.shape[1], seed=cfg.seed)
     if layout.tp > 1:
         plain_tensor_parallel(model, mesh["tp"])
     context = selective_policy(plain_checkpointing)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 import weakref
+from dataclasses import replace
 
 import pytest
 import torch
@@ -168,12 +169,17 @@ def test_tensor_and_context_parallelism_split_activations_but_keep_what_they_gat
         assert base / 2 < split < base   # the column-parallel inputs (tp), K and V over the sequence (cp)
 
 
-def test_meshscales_pipeline_build_holds_the_model_twice_and_meta_device_builds_nothing():
+def test_a_whole_model_build_holds_the_model_twice_under_a_pipeline_and_meta_device_builds_nothing():
     model = preset("llama3-8b")
-    one = build_bytes(model, ParallelLayout(fsdp=4), RECIPES["meshscale"])
+    whole = replace(RECIPES["meshscale"], builds_whole_model=True)
+    one = build_bytes(model, ParallelLayout(fsdp=4), whole)
     assert one == 4 * model.params()
-    assert build_bytes(model, ParallelLayout(fsdp=2, pp=2, micro_batches=4), RECIPES["meshscale"]) == 2 * one
-    assert build_bytes(model, ParallelLayout(pp=2), RECIPES["torchtitan"]) == 0
+    assert build_bytes(model, ParallelLayout(fsdp=2, pp=2, micro_batches=4), whole) == 2 * one
+    for recipe in ("meshscale", "torchtitan"):   # meta device: the shards only, which the step holds anyway
+        assert build_bytes(model, ParallelLayout(pp=2), RECIPES[recipe]) == 0
+        e = training_memory(model, ParallelLayout(fsdp=2, pp=2, micro_batches=4), batch=4, seq_len=2048,
+                            recipe=recipe)
+        assert "build" not in {m.name for m in e.moments}
 
 
 def test_fits_says_yes_tight_no_as_the_capacity_passes_the_bounds():

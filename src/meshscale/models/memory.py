@@ -2,10 +2,11 @@
 as the frameworks' own code holds them, and what PyTorch's caching allocator, the CUDA context and NCCL add.
 
 Moments (`step_moments`; the peak is the largest, and the breakdown is what is alive then):
-- build: meshscale's engine builds the whole model in fp32 on every rank before it shards it, and under a
-  pipeline deep-copies it once per local stage before dropping the other stages' layers (train/parallel/apply.py):
-  2 x 4 B per parameter of the model at once. torchtitan and llm-foundry build on the meta device and materialize
-  their shards only.
+- build: a framework that builds the whole model in fp32 on every rank before it shards it (and under a pipeline
+  deep-copies it once per local stage before dropping the other stages' layers) holds 2 x 4 B per parameter of the
+  model at once (`builds_whole_model`). meshscale's engine, torchtitan and llm-foundry build on the meta device
+  and materialize their shards only: no moment beyond the step's (meshscale draws each parameter's initial value
+  on the CPU, one block of rows at a time: train/seeded_init.py).
 - forward (at the loss), backward (the loss's backward; the first layer's backward; the end, where the first
   stage reduces its embedding) and optimizer (AdamW's step).
 
@@ -105,9 +106,9 @@ class MemoryRecipe:
 
 
 RECIPES: dict[str, MemoryRecipe] = {r.name: r for r in (
-    MemoryRecipe("meshscale", "eager", "foreach", True,
-                 source="train/: Transformer built on the device then parallelized; F.cross_entropy on fp32 "
-                        "logits; torch.optim.AdamW (foreach on CUDA)"),
+    MemoryRecipe("meshscale", "eager", "foreach", False,
+                 source="train/: Transformer built on the meta device, parallelized, then each rank's shards "
+                        "materialized; F.cross_entropy on fp32 logits; torch.optim.AdamW (foreach on CUDA)"),
     MemoryRecipe("torchtitan", "eager", "fused", False,
                  source="torchtitan: meta-device init; cross_entropy_loss on pred.float(); "
                         "optimizer.implementation = fused"),
@@ -341,8 +342,9 @@ def optimizer_temporary_bytes(r: RankShape) -> float:
 
 
 def build_bytes(model: TransformerConfig, layout: ParallelLayout, recipe: MemoryRecipe) -> float:
-    """The build's peak: meshscale's engine holds the whole fp32 model, and under a pipeline a deep copy of it
-    per local stage (the first copy whole beside the original, later ones beside the trimmed earlier ones)."""
+    """The build's peak of a framework that builds the whole fp32 model on the device, and under a pipeline a deep
+    copy of it per local stage (the first copy whole beside the original, later ones beside the trimmed earlier
+    ones); nothing for one that builds on the meta device (meshscale's engine since it materializes shards)."""
     if not recipe.builds_whole_model:
         return 0.0
     whole = model.params() * 4.0
