@@ -43,7 +43,7 @@ def normal_block(seed: int, name: str, shape: tuple[int, ...], block: int, std: 
     rows = block_rows(shape)
     first = block * rows
     out = torch.empty((min(rows, shape[0] - first), *shape[1:]), dtype=torch.float32, device="cpu")
-    return out.normal_(0.0, std, generator=torch.Generator().manual_seed(block_seed(seed, name, block)))
+    return out.normal_(0.0, std, generator=torch.Generator(device="cpu").manual_seed(block_seed(seed, name, block)))
 
 
 def full_value(seed: int, name: str, shape: tuple[int, ...], kind: str, std: float) -> torch.Tensor:
