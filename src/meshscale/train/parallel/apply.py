@@ -95,11 +95,12 @@ def _mlp_plan() -> dict:
 # ---- mixture of experts --------------------------------------------------------------------------------------
 def apply_experts(model: Transformer, mesh: LayoutMesh) -> None:
     """Each MoE layer's part of the layout. Expert parallelism: the routed experts split over the ep ranks
-    (DTensors sharded on dim 0 of the experts' ep mesh, each rank keeping its own block of the whole), tokens exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts
-    added up over them. Gradients: FSDP averages each part over its own mesh (`apply_fsdp`); the factor that
-    turns that average into the mean over the data ranks (dp x fsdp x cp; the tp ranks and an expert's ep group
-    add their tokens' parts): routed experts tp / ep, router and shared experts tp. The balance loss's
-    gradient: cp on each of a sequence's ranks, whose shares FSDP averages over the cp ranks (tp ranks' add up)."""
+    (DTensors sharded on dim 0 of the experts' ep mesh, each rank keeping its own block of the whole), tokens
+    exchanged over the ep group. A sequence split over cp and tp ranks: its balance-loss counts added up over
+    them. Gradients: FSDP averages each part over its own mesh (`apply_fsdp`); the factor that turns that average
+    into the mean over the data ranks (dp x fsdp x cp; the tp ranks and an expert's ep group add their tokens'
+    parts): routed experts tp / ep, router and shared experts tp. The balance loss's gradient: cp on each of a
+    sequence's ranks, whose shares FSDP averages over the cp ranks (tp ranks' add up)."""
     from torch.distributed.tensor import Shard, distribute_tensor
     layout = mesh.layout
     for block in model.layers.values():
@@ -141,6 +142,8 @@ def apply_context_parallel(model: Transformer, cp_mesh: DeviceMesh, seq_len: int
     mine = context_chunks(seq_len, cp, rank)
     every = torch.cat([context_chunks(seq_len, cp, r) for r in range(cp)]).to(device)
     model.local_positions = mine
+    if model.positions.device.type != "meta":   # built on a device: its tables now, not at materialization
+        model.init_buffers()
 
     def gather(k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         # along the sequence (dim 1), in rank order: `every` lists the positions in that order
