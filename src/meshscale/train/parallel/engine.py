@@ -69,7 +69,7 @@ def build_layout(cfg: TrainConfig, device: torch.device) -> Trainer:
     spec, data = resolve(cfg)
     layout = cfg.layout.parallel_layout()
     mesh = layout_mesh(layout, device)
-    torch.manual_seed(cfg.seed)   # what else draws random numbers (the data) starts from the seed as before
+    torch.manual_seed(cfg.seed)   # torch's generators as before (the weights and the data draw from their own)
     with torch.device("meta"):
         model = Transformer(spec.transformer, spec.input_shape[0])
     after_update = convert_to_fp8(model, cfg.speed.fp8_recipe or "tensorwise", cfg.debug.fp8_emulate) \
