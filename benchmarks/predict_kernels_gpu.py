@@ -6,8 +6,8 @@ Cases (each the step `train` runs, built by train's own functions):
   gpt-small  GPT-small bf16 (autocast), batch 16 x 1024 tokens (same)
   llama-1b   llama-1b bf16 FSDP2 of one rank, full activation checkpointing, batch 2 x 2048
              (train.build + train.step.run_step)
-  fp8        llama-1b (batch 1 x 2048) and llama3-8b's layers (4 of them, batch 2 x 4096), each bf16 and fp8
-             (torchao float8, tensorwise), compiled per block as torchtitan does: where fp8's time goes
+  fp8        llama-1b (batch 1 x 2048) and llama3-8b's layers (4 of them, batch 2 x 8192: eager bf16 too),
+             bf16 and fp8 (torchao float8, tensorwise) compiled per block as torchtitan does: where fp8's time goes
   moe        a Mixtral-style MoE of 0.65B (benchmarks/moe_fp8_gpu.py's config), bf16, batch 4 x 2048
 For each: WARM steps, TIMED steps timed with a device sync (wall per step), then PROFILED steps under
 torch.profiler twice: plain (kernel times, counts, the GPU's busy time and idle gaps) and with Python stacks and
@@ -97,17 +97,22 @@ def extra_cases(wanted: set[str], tiny: bool, device: str, tmp: str) -> list[Cas
         path = Path(tmp) / "llama3-8b-4-layers.json"
         path.write_text(json.dumps(eight))
         shapes = [("llama-tiny", "llama-tiny", 2, 64)] if tiny else \
-            [("llama-1b", "llama-1b", 1, 2048), ("llama3-8b x4 layers", str(path), 2, 4096)]
+            [("llama-1b", "llama-1b", 1, 2048), ("llama3-8b x4 layers", str(path), 2, 8192)]
         for label, model, batch, seq in shapes:
             cfg_model = load_model_config(model)
-            for precision in ("bf16", "fp8") if device == "cuda" else ("bf16",):
-                speed = SpeedOptions(precision=precision, compile="default",
+            variants = [("bf16", None), ("bf16", "default"), ("fp8", "default")] if device == "cuda" else \
+                [("bf16", "default")]
+            if label.startswith("llama-1b"):
+                variants = variants[1:]
+            for precision, compiled in variants:
+                speed = SpeedOptions(precision=precision, compile=compiled,
                                      fp8_recipe="tensorwise" if precision == "fp8" else None)
-                found.append(Case(f"{label} {precision} compiled", TrainConfig(
+                found.append(Case(f"{label} {precision} {'compiled' if compiled else 'eager'}", TrainConfig(
                     model=model, device=device, batch_per_rank=batch, timing=False, speed=speed,
                     layout=LayoutOptions(seq_len=seq, checkpointing="none")),
-                    TrainingJob(cfg_model, ParallelLayout(), batch, seq, precision, "none", framework="compile",
-                                fp8_recipe="tensorwise"), True, cfg_model.vocab_size, cfg_model.ffn_dim))
+                    TrainingJob(cfg_model, ParallelLayout(), batch, seq, precision, "none",
+                                framework="compile" if compiled else "eager", fp8_recipe="tensorwise"), True,
+                    cfg_model.vocab_size, cfg_model.ffn_dim))
     if "moe" in wanted and not tiny:
         from moe_fp8_gpu import MOE_CONFIG
         path = Path(tmp) / "moe.json"
