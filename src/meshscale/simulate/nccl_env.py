@@ -12,14 +12,15 @@ What each setting changes, after NCCL's source (2.28) and its environment-variab
   PCIe links, the host's memory taking each byte twice); with NCCL_SHM_DISABLE=1 as well, through the network
   (the NET transport and the node's NIC).
 - NCCL_SHM_DISABLE=1: no SHM transport (matters where P2P is not possible).
-- NCCL_NET=Socket or NCCL_IB_DISABLE=1: the socket transport between nodes: no GPUDirect RDMA (data staged in
-  host memory), and a NIC carries what its streams move: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD streams
-  (default 1 x 1), each about a quarter of a 100 Gb/s port (NCCL's documentation: "for generic 100G networks,
-  this value can be manually set to 4" threads).
+- NCCL_NET=Socket or NCCL_IB_DISABLE=1: the socket transport (NET/Socket) wherever NCCL goes through the network,
+  as it does by itself where the NICs do no RDMA (plain Ethernet); NCCL_NET=IB: the IB transport, also on an
+  Ethernet NIC (RoCE). NCCL_SOCKET_NTHREADS (0-16) and NCCL_NSOCKS_PERTHREAD: the helper threads and sockets of
+  each connection (unset: NCCL's own choice by the NIC's vendor; `nccl.net_socket` prices them).
 - NCCL_ALGO, NCCL_PROTO (a name, a comma list, or ``^`` and a list to exclude), NCCL_NVLS_ENABLE.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
@@ -28,9 +29,13 @@ from meshscale.units import is_digits
 # path types nearest first, as NCCL_P2P_LEVEL names them (LOC: P2P nowhere; NVL: NVLink only)
 P2P_LEVELS = ("LOC", "NVL", "PIX", "PXB", "PHB", "SYS")
 _P2P_LEVEL_ALIASES = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS", "NODE": "PHB"}
-SOCKET_STREAM_GBPS = 100 / 8 / 4  # GB/s of one socket stream: 4 threads fill a generic 100 Gb/s port (NCCL docs)
-MAX_SOCKET_STREAMS = 64  # NCCL: NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD may not exceed 64
+# net_socket.cc: NCCL_SOCKET_NTHREADS above MAX_THREADS is set to 16 (a WARN); threads x sockets per thread above
+# MAX_SOCKETS lowers the sockets per thread to 64 / threads. Either is refused here: the value would not count.
+MAX_SOCKET_THREADS = 16
+MAX_SOCKETS = 64
 MAX_CHANNELS = 64  # NCCL's MAXCHANNELS
+# several settings in one --nccl-env value: split before each KEY= (NCCL_ALGO's own lists keep their commas)
+_NEXT_SETTING = re.compile(r",\s*(?=[Nn][Cc][Cc][Ll]_[A-Za-z0-9_]*=)")
 KEYS = ("NCCL_MAX_NCHANNELS", "NCCL_MIN_NCHANNELS", "NCCL_P2P_DISABLE", "NCCL_P2P_LEVEL", "NCCL_SHM_DISABLE",
         "NCCL_NET", "NCCL_IB_DISABLE", "NCCL_SOCKET_NTHREADS", "NCCL_NSOCKS_PERTHREAD", "NCCL_ALGO", "NCCL_PROTO",
         "NCCL_NVLS_ENABLE")
@@ -44,8 +49,10 @@ class NcclEnv:
     min_channels: int | None = None
     p2p_level: str | None = None          # one of P2P_LEVELS; None: NCCL's default (P2P wherever it works)
     shm: bool = True
-    socket: bool = False                  # the socket transport between nodes (NCCL_NET=Socket, NCCL_IB_DISABLE=1)
-    socket_streams: int = 1               # NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD
+    net: str | None = None                # NCCL_NET: "ib" or "socket"; None: IB where the NIC does RDMA
+    ib_disable: bool = False              # NCCL_IB_DISABLE=1: the socket transport
+    socket_threads: int | None = None     # NCCL_SOCKET_NTHREADS; None: NCCL's choice (net_socket.py)
+    socks_per_thread: int | None = None   # NCCL_NSOCKS_PERTHREAD; None: NCCL's choice
     algos: frozenset[str] | None = None   # the algorithms NCCL may pick (None: all)
     protos: frozenset[str] | None = None
     nvls: bool | None = None
@@ -58,14 +65,24 @@ class NcclEnv:
         return P2P_LEVELS.index(path_type) <= P2P_LEVELS.index(self.p2p_level) and self.p2p_level != "LOC"
 
     @property
+    def socket_forced(self) -> bool:
+        """The socket transport wherever NCCL uses the network (NCCL_NET=Socket, NCCL_IB_DISABLE=1)."""
+        return self.net == "socket" or self.ib_disable
+
+    def uses_socket(self, rdma: bool) -> bool:
+        """Whether NCCL goes through a NIC by the socket transport: forced, or the NIC does no RDMA and
+        NCCL_NET=IB does not say it does (RoCE)."""
+        return self.socket_forced or (not rdma and self.net != "ib")
+
+    @property
     def search_key(self) -> tuple:
         """What changes the graphs NCCL's search finds (the transports); the channel counts are applied after it."""
-        return self.p2p_level, self.shm, self.socket, self.socket_streams
+        return self.p2p_level, self.shm, self.net, self.ib_disable
 
     @property
     def system_key(self) -> tuple:
-        """What changes what NCCL derives from the topology (its graphs, transports, channels)."""
-        return self.p2p_level, self.shm, self.socket, self.socket_streams, self.max_channels, self.min_channels
+        """What changes what NCCL derives from the topology (its graphs, transports, channels, sockets)."""
+        return (*self.search_key, self.socket_threads, self.socks_per_thread, self.max_channels, self.min_channels)
 
     def channels(self, natural: int) -> int:
         """The channels a communicator runs when NCCL's search gives it ``natural``: NCCL_MAX_NCHANNELS first,
@@ -74,10 +91,6 @@ class NcclEnv:
         if self.min_channels is not None:
             n = max(n, self.min_channels)
         return max(1, min(n, MAX_CHANNELS))
-
-    def socket_gbps(self, port_gbps: float) -> float:
-        """GB/s one NIC carries over the socket transport: its streams, at most the port."""
-        return min(port_gbps, self.socket_streams * SOCKET_STREAM_GBPS)
 
     def describe(self) -> str:
         return " ".join(self.settings) if self.settings else "NCCL defaults"
@@ -92,10 +105,16 @@ def _bool(key: str, value: str) -> bool:
     raise MeshscaleError(f"{key}={value}: use 0 or 1")
 
 
-def _count(key: str, value: str, hi: int) -> int:
-    if not is_digits(value) or not 1 <= int(value) <= hi:
-        raise MeshscaleError(f"{key}={value}: use a whole number from 1 to {hi}")
+def _count(key: str, value: str, hi: int, lo: int = 1, why: str = "") -> int:
+    if not is_digits(value) or not lo <= int(value) <= hi:
+        raise MeshscaleError(f"{key}={value}: use a whole number from {lo} to {hi}{why}")
     return int(value)
+
+
+def split_settings(pairs) -> list[str]:
+    """The KEY=VALUE settings of ``--nccl-env`` values, each given alone or several joined by commas
+    (NCCL_P2P_DISABLE=1,NCCL_SHM_DISABLE=1)."""
+    return [part for pair in pairs for part in _NEXT_SETTING.split(str(pair))]
 
 
 def _names(key: str, value: str, normalize) -> frozenset[str]:
@@ -116,8 +135,7 @@ def parse_nccl_env(pairs: list[str] | tuple[str, ...] | None) -> NcclEnv:
         return DEFAULT_ENV
     fields: dict = {}
     seen: dict[str, str] = {}
-    threads = socks = 1
-    for pair in pairs:
+    for pair in split_settings(pairs):
         key, eq, value = str(pair).partition("=")
         key, value = key.strip().upper(), value.strip()
         if not eq or key not in KEYS:
@@ -139,30 +157,45 @@ def parse_nccl_env(pairs: list[str] | tuple[str, ...] | None) -> NcclEnv:
             fields.setdefault("p2p_level", level)  # NCCL_P2P_DISABLE=1 wins over a level
         elif key == "NCCL_SHM_DISABLE":
             fields["shm"] = not _bool(key, value)
-        elif key == "NCCL_NET":
-            if value.lower() not in ("ib", "socket"):
-                raise MeshscaleError(f"{key}={value}: use IB or Socket")
-            fields["socket"] = fields.get("socket", False) or value.lower() == "socket"
-        elif key == "NCCL_IB_DISABLE":
-            fields["socket"] = fields.get("socket", False) or _bool(key, value)
-        elif key == "NCCL_SOCKET_NTHREADS":
-            threads = _count(key, value, 16)
-        elif key == "NCCL_NSOCKS_PERTHREAD":
-            socks = _count(key, value, MAX_SOCKET_STREAMS)
-        elif key == "NCCL_ALGO":
-            fields["algos"] = _names(key, value, normalize_algo)
-        elif key == "NCCL_PROTO":
-            fields["protos"] = _names(key, value, normalize_proto)
-        elif key == "NCCL_NVLS_ENABLE":
-            fields["nvls"] = _bool(key, value)
-    if threads * socks > MAX_SOCKET_STREAMS:
-        raise MeshscaleError(f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = {threads * socks}: NCCL allows at most "
-                             f"{MAX_SOCKET_STREAMS}")
-    env = NcclEnv(**fields, socket_streams=threads * socks, settings=tuple(f"{k}={v}" for k, v in seen.items()))
+        else:
+            fields.update(_other_setting(key, value, normalize_algo, normalize_proto))
+    _check_sockets(fields, seen)
+    env = NcclEnv(**fields, settings=tuple(f"{k}={v}" for k, v in seen.items()))
     for name, allowed, known in (("NCCL_ALGO", env.algos, ALGORITHMS), ("NCCL_PROTO", env.protos, PROTOCOLS)):
         if allowed is not None and not [x for x in known if allows(allowed, x)]:
             raise MeshscaleError(f"{name}={seen[name]} leaves nothing to run")
     return env
+
+
+def _other_setting(key: str, value: str, normalize_algo, normalize_proto) -> dict:
+    """The `NcclEnv` fields of one setting of the network, the sockets, the algorithms or NVLS."""
+    if key == "NCCL_NET":
+        if value.lower() not in ("ib", "socket"):
+            raise MeshscaleError(f"{key}={value}: use IB or Socket")
+        return {"net": value.lower()}
+    if key == "NCCL_IB_DISABLE":
+        return {"ib_disable": _bool(key, value)}
+    if key == "NCCL_SOCKET_NTHREADS":  # 0: no helper thread (the proxy thread does the socket calls)
+        return {"socket_threads": _count(key, value, MAX_SOCKET_THREADS, 0, " (NCCL sets larger values to 16)")}
+    if key == "NCCL_NSOCKS_PERTHREAD":
+        return {"socks_per_thread": _count(key, value, MAX_SOCKETS, 0)}
+    if key == "NCCL_ALGO":
+        return {"algos": _names(key, value, normalize_algo)}
+    if key == "NCCL_PROTO":
+        return {"protos": _names(key, value, normalize_proto)}
+    return {"nvls": _bool(key, value)}  # NCCL_NVLS_ENABLE
+
+
+def _check_sockets(fields: dict, seen: dict[str, str]) -> None:
+    """NCCL_NET=IB beside NCCL_IB_DISABLE=1 leaves NCCL no network; threads x sockets per thread above 64 are
+    lowered by NCCL (net_socket.cc), so refused (one set alone is checked against NCCL's default of the other
+    where the NIC is known: `nccl.net_socket.socket_setup`)."""
+    if fields.get("net") == "ib" and fields.get("ib_disable"):
+        raise MeshscaleError("NCCL_NET=IB with NCCL_IB_DISABLE=1 leaves NCCL no network; give one of them")
+    threads, socks = fields.get("socket_threads"), fields.get("socks_per_thread")
+    if threads is not None and socks is not None and threads * socks > MAX_SOCKETS:
+        raise MeshscaleError(f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = {threads * socks}: NCCL allows at most "
+                             f"{MAX_SOCKETS} (it would lower NCCL_NSOCKS_PERTHREAD to {MAX_SOCKETS // threads})")
 
 
 def allows(allowed: frozenset[str] | None, name: str) -> bool:

@@ -297,7 +297,7 @@ def build_cluster(plan: ClusterPlan) -> Topology:
                 nic = f"net{j}"
                 nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
                 links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
-            nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect)
+            nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect, rdma=net.rdma)
             if plan.rails:
                 nodes[p + nic].attrs["rail"] = j
             if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory

@@ -27,6 +27,7 @@ class NetLink:
     switch_latency_s: float       # per switch hop
     system_latency_s: float       # NIC to NIC, both NIC links together, without the switches
     whitepaper_encoding: float    # the DGX-1 whitepaper counts IB bisection as nominal x 64/66 (table 1, note a)
+    rdma: bool = True             # its NICs do RDMA (InfiniBand, RoCE): NCCL's IB transport; else TCP sockets
 
 
 NET_LINKS = {
@@ -36,9 +37,11 @@ NET_LINKS = {
     # XDR: Quantum-X800 Q3400 switches have 144 ports of 800 Gb/s (NVIDIA Quantum-X800 datasheet); no switch or
     # NIC latency is published for it, so NDR's stand
     "xdr": NetLink("xdr", "infiniband", calc.infiniband_bandwidth("xdr"), 800, 144, 0.13e-6, 1.01e-6, 64 / 66),
-    "10gbe": NetLink("10gbe", "ethernet", calc.ethernet_bandwidth(10), 10, 48, 0.5e-6, 3.5e-6, 1.0),
-    "25gbe": NetLink("25gbe", "ethernet", calc.ethernet_bandwidth(25), 25, 48, 0.5e-6, 3.5e-6, 1.0),
-    "100gbe": NetLink("100gbe", "ethernet", calc.ethernet_bandwidth(100), 100, 32, 0.4e-6, 3.0e-6, 1.0),
+    # commodity Ethernet: NICs without RDMA, so NCCL's socket transport (a RoCE NIC: NCCL_NET=IB)
+    "10gbe": NetLink("10gbe", "ethernet", calc.ethernet_bandwidth(10), 10, 48, 0.5e-6, 3.5e-6, 1.0, rdma=False),
+    "25gbe": NetLink("25gbe", "ethernet", calc.ethernet_bandwidth(25), 25, 48, 0.5e-6, 3.5e-6, 1.0, rdma=False),
+    "100gbe": NetLink("100gbe", "ethernet", calc.ethernet_bandwidth(100), 100, 32, 0.4e-6, 3.0e-6, 1.0, rdma=False),
+    # 400GbE / 800GbE: NVIDIA Spectrum-X, RoCE (RDMA over Converged Ethernet) end to end
     "400gbe": NetLink("400gbe", "ethernet", calc.ethernet_bandwidth(400), 400, 64, 0.4e-6, 3.0e-6, 1.0),
     # 800GbE: Spectrum-X800 SN5600 switches have 64 ports of 800GbE (NVIDIA Spectrum-X800 datasheet); latencies as
     # 400GbE's
@@ -86,7 +89,7 @@ def network_of(kind: str, bytes_per_s: float) -> NetLink:
     if abs(nearest.bandwidth_bytes_per_s / bytes_per_s - 1) < 1e-3:
         return nearest
     return NetLink(f"{bytes_per_s / 1e9:g}GBps-{kind}", kind, bytes_per_s, bytes_per_s * 8 / 1e9, nearest.radix,
-                   nearest.switch_latency_s, nearest.system_latency_s, nearest.whitepaper_encoding)
+                   nearest.switch_latency_s, nearest.system_latency_s, nearest.whitepaper_encoding, nearest.rdma)
 
 
 @dataclass(frozen=True)

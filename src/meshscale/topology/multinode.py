@@ -103,8 +103,10 @@ def join_hosts(reports: list[HostReport]) -> Topology:
         for j, port in enumerate(used[report.hostname]):
             kind = _port_kind(port)
             nic = f"{prefix}nic{j}"
+            # an InfiniBand device's port does RDMA (also RoCE, its link layer Ethernet); an Ethernet interface not
             nodes[nic] = Node(nic, "nic", {"port": port.name, "port_kind": kind, "port_rate": port.rate_text
-                                           or f"{port.rate_gbits:g} Gb/s", "numa": port.numa, "node": k})
+                                           or f"{port.rate_gbits:g} Gb/s", "numa": port.numa, "node": k,
+                                           "rdma": port.kind == "infiniband"})
             generation = _nic_pcie_generation(port.bandwidth_bytes_per_s)
             links.append(Link(nic, prefix + _attach_point(topo, port), "pcie", calc.pcie_bandwidth(generation, 16),
                               DEFAULT_LATENCY_S["pcie"], generation=generation, width=16))

@@ -50,7 +50,7 @@ NODE_ATTR_CHECKS = {  # attrs other layers read as numbers; any other attr is fr
     "nvlink_generation": Range(1, 16, integer=True),
 }
 # attrs other layers read as true or false: "false" (text) or [false] would read as true, so only true or false
-BOOLEAN_NODE_ATTRS = ("gpudirect_rdma", "multicast")
+BOOLEAN_NODE_ATTRS = ("gpudirect_rdma", "multicast", "rdma")
 _LINK_NUMBERS = {"generation": Range(1, 16, integer=True), "width": Range(1, 32, integer=True),
                  "count": Range(1, MAX_LINK_COUNT, integer=True), "latency_s": Range(0, MAX_LATENCY_S),
                  "bandwidth_bytes_per_s": Range(), "bandwidth_gb_per_s": Range()}

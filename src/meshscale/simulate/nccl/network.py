@@ -33,6 +33,8 @@ class NicPath:
     port_gbps: float
     gbps: float
     staged_latency_s: float = 0.0  # without GPUDirect RDMA: the legs through host memory each message crosses
+    socket: bool = False           # NCCL's socket transport through it (`nccl_env.NcclEnv.uses_socket`)
+    vendor: str | None = None      # its PCI vendor (the system file's ``pci_vendor``): NCCL's socket defaults
 
 
 def links_gbps(topo: Topology, directed: list, c: dict) -> dict:
@@ -76,6 +78,19 @@ def pci_gbps(link, c: dict) -> float:
     return (link.width or 16) * rate / 80 * (link.count or 1)
 
 
+def nic_rdma(topo: Topology, nic: str) -> bool:
+    """Whether a NIC does RDMA (NCCL's IB transport): its ``rdma`` attribute where given (a cluster's NICs carry
+    their network's, joined hosts' their port's), else InfiniBand yes and Ethernet as the catalog's port of its
+    rate says (10/25/100 GbE no, 400/800 GbE RoCE yes; a rate it does not know: no)."""
+    attrs = topo.nodes[nic].attrs
+    if isinstance(attrs.get("rdma"), bool):
+        return attrs["rdma"]
+    if str(attrs.get("port_kind", "infiniband")).lower() != "ethernet":
+        return True
+    net = NET_LINKS.get(str(attrs.get("port_rate", "")).lower())
+    return bool(net and net.rdma)
+
+
 def port_gbps(topo: Topology, nic: str) -> float:
     return sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9 \
         or float(topo.nodes[nic].attrs.get("port_gbps", 0) or 0) or _catalog_port_gbps(topo, nic)
@@ -111,13 +126,17 @@ def network_paths(topo: Topology, local: list[str], c: dict, env: NcclEnv = DEFA
     default GDR level), or a Grace's NVLink-C2C and PCIe (`through_c2c`): the NIC reads GPU memory at the path's
     bottleneck. Otherwise the data is staged through host memory: GPU -> CPU -> NIC, and links both legs cross
     (a PCIe switch's up-link) carry it twice. Equally near GPUs are spread over the NICs, as NCCL's rings start on
-    different GPUs. The socket transport (``env``) stages through host memory too, and a NIC carries what its
-    streams move. In a rack of several hosts a NIC serves its own host's GPUs, routed inside that host."""
+    different GPUs. The socket transport (``env``, or a NIC without RDMA) stages through host memory too; what
+    its threads copy is `net_socket.SocketRun`'s. In a rack of several hosts a NIC serves its own host's GPUs,
+    routed inside that host."""
     k = node_of(topo, local[0])
     cluster, topo = topo, node_view(topo, k)  # ports from the cluster, routes inside the node
     out, served = [], set()
     for nic in topo.nodes_of("nic"):
-        port = sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
+        # a cluster's ports are its network links; one host's (P2P and SHM disabled: NCCL's nodes are its GPUs)
+        # its NICs' own rates
+        port = port_gbps(cluster, nic) if cluster.cluster is None else \
+            sum(l.bandwidth_bytes_per_s for l in cluster.links_of(nic) if l.kind in ("infiniband", "ethernet")) / 1e9
         near = [g for g in local if same_host(topo, g, nic)]
         if port and near:  # a NIC of a host where the communicator has no rank: its ranks use their own hosts'
             out.append(_nic_path(host_part(topo, nic), nic, near, served, port, c, env))
@@ -134,7 +153,8 @@ def _nic_path(topo: Topology, nic: str, near: list[str], served: set, port: floa
     _, gpu, path = min(shapes, key=lambda x: (x[0], x[1] in served))  # equally near: a GPU no NIC serves yet
     served.add(gpu)
     kind_name = path_class(topo, path.nodes, nccl=True)
-    gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and not env.socket \
+    socket = env.uses_socket(nic_rdma(topo, nic))  # NET/Socket reads host memory only (NCCL_PTR_HOST)
+    gdr = topo.nodes[nic].attrs.get("gpudirect_rdma", True) is not False and not socket \
         and (kind_name in GDR_PATH_TYPES or through_c2c(topo, path))
     staged_s = 0.0
     if gdr:
@@ -150,11 +170,10 @@ def _nic_path(topo: Topology, nic: str, near: list[str], served: set, port: floa
             rates.update(links_gbps(topo, leg.directed_links, c))
             for i, _d in leg.directed_links:  # a PCIe link carries the staged copy once per leg that crosses it
                 uses[i] = uses.get(i, 0) + 1
-        stagers = _staging_gpus(topo, host) if host else {}
+        stagers = staging_gpus(topo, host) if host else {}
         gbps = min([port, *(rate / (uses[i] * max(1, stagers.get(i, 0))) for (i, _d), rate in rates.items())])
-    if env.socket:
-        gbps = env.socket_gbps(gbps)
-    return NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s)
+    vendor = topo.nodes[nic].attrs.get("pci_vendor")
+    return NicPath(nic, gpu, kind_name, gdr, port, gbps, staged_s, socket, str(vendor) if vendor else None)
 
 
 def host_part(topo: Topology, name: str) -> Topology:
@@ -184,7 +203,7 @@ def through_c2c(topo: Topology, path) -> bool:
     return bool(path.directed_links) and topo.links[path.directed_links[0][0]].kind == "c2c" and len(cpus) == 1
 
 
-def _staging_gpus(topo: Topology, host: str) -> dict[int, int]:
+def staging_gpus(topo: Topology, host: str) -> dict[int, int]:
     """Link index -> how many of the node's GPUs cross it on their way to host memory. Without GPUDirect RDMA
     every GPU of the node stages its traffic there at once (a layout dimension runs all its groups together, and
     multi-node jobs take whole nodes), so a PCIe switch's up-link carries the copies of every GPU below it."""

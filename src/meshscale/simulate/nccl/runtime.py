@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import math
 
+from meshscale.simulate.nccl.net_socket import BUFFER_BYTES, NCCL_STEPS, SLICE_STEPS, WIRE_DATA_SHARE
 from meshscale.simulate.nccl.search import System
 from meshscale.simulate.nccl.tables import RING_ONLY, constants, data_file, version_key
-from meshscale.simulate.nccl.tuning import (NVLS_ALGOS, arch_row, bus_bandwidth, enabled, index2, latency_us,
-                                             nvls_channel_gbps, ring_steps, tree_size_factor, tuning_table)
+from meshscale.simulate.nccl.tuning import (NVLS_ALGOS, alg_from_bus, arch_row, bus_bandwidth, enabled, index2,
+                                             latency_us, nvls_channel_gbps, ring_steps, tree_size_factor,
+                                             tuning_table)
 
 
 def host_launch_s(version: str | None = None) -> float:
@@ -211,6 +213,8 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         bw = ring_loop_gbps(s, c, collective, proto, nc, share) * scale
     if algo == "tree" and not chain:  # NCCL's own size correction stands for the pipeline of trees not modelled
         bw *= tree_size_factor(c, collective, proto, nbytes)
+    if s.socket is not None and s.n_nodes > 1:  # the socket transport: what its threads copy through the kernel
+        bw = min(bw, socket_alg_gbps(s, collective, algo, proto, nbytes, nc) * scale)
     ring_loop = algo == "ring" and proto != "LL" and s.n_nodes == 1  # its blocks' ceiling is in ring_loop_gbps
     if not nvls_algo and not ring_loop and comm_channels(s, c, algo) < natural_channels(s, c, algo):
         bw = min(bw, block_ceiling_gbps(s, c, collective, algo, nc) * scale)
@@ -218,8 +222,37 @@ def predicted_us(s: System, c: dict, collective: str, algo: str, proto: str, nby
         # three warp groups pipeline the loops (scatter, reduce + multicast, gather): the first loop's bytes
         # pass the stages one after another before the pipeline runs full
         moved += (c["nvls_pipeline_stages"] - 1) * min(nbytes, nvls_loop_bytes(s, c, nbytes, nc))
-    nccl_latency_us = tuning_table(s, c).entries[(collective, algo, proto)].latency_us
+    nccl_latency_us = tuning_table(s, c).entries[(collective, algo, proto)].latency_us + socket_latency_us(s, collective, algo)
     return launch_overhead_us(proto) + nccl_latency_us + moved / (1000 * bw), nc
+
+
+def socket_alg_gbps(s: System, collective: str, algo: str, proto: str, nbytes: int, channels: int) -> float:
+    """Algorithm bandwidth (GB/s) the socket transport's copies allow a call of ``nbytes`` on ``channels``: the
+    node's copy rate each way (`net_socket.SocketRun.node_gbps`) for the messages NCCL's proxy posts (a slice of
+    a step buffer, net.cc; a small call's share per channel and rank where less), at the protocol's data share
+    of the bytes on the wire, from bus to algorithm bandwidth as NCCL converts it."""
+    steps = SLICE_STEPS.get(collective, 1)
+    step_bytes = BUFFER_BYTES[proto] / NCCL_STEPS * steps
+    per_channel = nbytes / max(1, channels) / (1 if collective in RING_ONLY else s.n_ranks)
+    node = s.socket.node_gbps(min(step_bytes, per_channel), channels, steps)
+    return alg_from_bus(s, collective, algo, node * WIRE_DATA_SHARE[proto])
+
+
+def network_steps(nodes: int, collective: str, algo: str) -> int:
+    """Messages one call sends node to node one after another (tuning.cc's inter-node steps): a ring's nodes-1
+    (all-reduce twice), a tree's 2 log2(nodes), PAT's and NVLS's log2(nodes)."""
+    log_nodes = max(1, int(math.log2(max(2, nodes))))
+    if algo == "ring":
+        return 2 * (nodes - 1) if collective == "all_reduce" else nodes - 1
+    return 2 * log_nodes if algo in ("tree", "nvls_tree") else log_nodes
+
+
+def socket_latency_us(s: System, collective: str, algo: str) -> float:
+    """What the kernel's TCP path adds to each message node to node (the host's measured one-way latency;
+    none where unmeasured, NCCL's NET latency standing), over the call's network steps."""
+    if s.socket is None or s.n_nodes < 2 or not s.socket.host.latency_s:
+        return 0.0
+    return network_steps(s.n_nodes, collective, algo) * s.socket.host.latency_s * 1e6
 
 
 def ring_chunked_bytes(s: System, c: dict, collective: str, proto: str, nbytes: int, channels: int) -> float:

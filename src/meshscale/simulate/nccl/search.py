@@ -7,9 +7,10 @@ import math
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
+from meshscale.simulate.nccl.net_socket import UNKNOWN_SPEED_GBPS, SocketRun, socket_setup, tcp_host
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, host_memory_gbps,
                                              host_run_gbps, links_gbps, network_latency_s, network_paths, node_of,
-                                             node_view, port_gbps, same_host)
+                                             node_view, port_gbps, same_host, staging_gpus)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
@@ -79,6 +80,8 @@ class System:
     env: NcclEnv = DEFAULT_ENV  # NCCL's environment (channels, transports)
     mixed_sm: bool = False  # GPUs of several generations: NCCL disables LL128 (min != max compute capability)
     tables: dict = field(default_factory=dict)  # NCCL family -> its `tuning.TuningTable`, kept by tuning_table
+    socket: SocketRun | None = None  # the socket transport between NCCL's nodes: what its threads copy
+    inter_run_gbps: float = 0.0  # what a run moves node to node where NCCL's NIC speed does not say (loopback)
 
     @property
     def ppn(self) -> float:
@@ -198,11 +201,13 @@ def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env:
     node = node_of(topo, a)
     nics = [n for n in topo.nodes_of("nic") if node_of(topo, n) == node and port_gbps(topo, n)]
     if not nics:
-        raise MeshscaleError(f"{topo.name}: with P2P and SHM disabled NCCL sends through the network, and this "
-                             "node has no NIC; enable one of them or describe the NICs")
+        if not env.uses_socket(False):
+            raise MeshscaleError(f"{topo.name}: with P2P and SHM disabled NCCL sends through the network, and NCCL_NET="
+                                 "IB needs a NIC this node does not describe; describe the NICs or drop NCCL_NET=IB")
+        capacity[("nic", "lo")] = UNKNOWN_SPEED_GBPS  # sockets over an interface whose speed NCCL does not read
+        return _PairPath("SYS", [(("nic", "lo"), 1.0)], "net")
     nic = min(nics, key=lambda n: len(route(topo, a, n).paths[0].nodes))
-    port = port_gbps(topo, nic)
-    capacity[("nic", nic)] = env.socket_gbps(port) if env.socket else port
+    capacity[("nic", nic)] = port_gbps(topo, nic)  # as NCCL rates it; a socket run's copies: `p2p.p2p_us`
     return _PairPath("SYS", [(("nic", nic), 1.0)], "net")
 
 
@@ -455,9 +460,7 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
         raise MeshscaleError(f"{topo.name} has no GPUs; NCCL's model applies to GPUs only")
     sms = {gpu_sm(topo.nodes[n].attrs.get("model", "")) for n in names}
     sm = min(sms)
-    nodes: dict[int, list[str]] = {}
-    for n in names:
-        nodes.setdefault(node_of(topo, n), []).append(n)
+    nodes = nccl_nodes(topo, names, c, sm, env)
     local = next(iter(nodes.values()))
     if len(local) > MAX_NODE_GPUS:
         raise MeshscaleError(f"{topo.name}: {len(local)} GPUs in one node; NCCL's model searches rings over at most "
@@ -469,16 +472,134 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
     multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
     nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
-    inter, net_extra_us, nics = 0.0, 0.0, []
+    net = _Network()
     if len(nodes) > 1:
-        nics = node_nics
-        inter = fabric_gbps(topo, nodes, sum(n.gbps for n in nics) or c["net_bw_default"])
-        latency_s = network_latency_s(topo, nics)
-        net_extra_us = max(0.0, latency_s - REFERENCE_NET_LATENCY_S) * 1e6
-        if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
-            graph = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
+        net = _network(topo, nodes, local, graph, node_nics, c, env)
+        graph = net.graph or graph
     mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
-    system = System(sm, len(names), len(nodes), graph, nvls, cpu, inter, tree=tree, net_extra_us=net_extra_us,
-                    nics=nics, gpu_mesh=mesh, env=env, mixed_sm=len(sms) > 1)
+    system = System(sm, len(names), len(nodes), graph, nvls, cpu, net.inter_gbps, tree=tree,
+                    net_extra_us=net.extra_us, nics=net.nics, gpu_mesh=mesh, env=env, mixed_sm=len(sms) > 1,
+                    socket=net.socket, inter_run_gbps=net.run_gbps)
     topo.route_cache[memo] = system
     return system
+
+
+def nccl_nodes(topo: Topology, names: list[str], c: dict, sm: int, env: NcclEnv) -> dict:
+    """NCCL's nodes of the GPUs ``names``: each node's GPUs, and where P2P is denied and SHM disabled, each group
+    of them that P2P still joins (paths.cc marks the other pairs PATH_NET and ncclTopoTrimSystem cuts them into
+    systems of their own; init.cc counts a node per ring's first rank): with NCCL_P2P_DISABLE=1 and
+    NCCL_SHM_DISABLE=1, every GPU a node across the network, even on one host. Keys: the node, or (node, group)."""
+    nodes: dict = {}
+    for n in names:
+        nodes.setdefault(node_of(topo, n), []).append(n)
+    if env.shm or env.p2p_level is None:
+        return nodes
+    out: dict = {}
+    for k, group in nodes.items():
+        inside, parts = node_view(topo, k), []
+        for g in group:  # a GPU joins the first group one of whose GPUs it reaches by P2P (both ways)
+            home = next((part for part in parts if any(_p2p_joined(inside, g, x, c, sm, env) for x in part)), None)
+            if home is None:
+                parts.append([g])
+            else:
+                home.append(g)
+        for i, part in enumerate(parts):
+            out[k if len(parts) == 1 else (k, i)] = part
+    return out
+
+
+def _p2p_joined(topo: Topology, a: str, b: str, c: dict, sm: int, env: NcclEnv) -> bool:
+    paths = [_p2p_pair_path(topo, x, y, c, sm, {}) for x, y in ((a, b), (b, a))]
+    return all(p is not None and env.p2p_allowed(p.path_type) for p in paths)
+
+
+@dataclass
+class _Network:
+    """What NCCL's nodes see of the network between them (several nodes only): the 1-GPU node's graph, the
+    node's rate (NCCL's), its latency beyond the reference fabric's, its NICs, the socket transport's run and
+    what a run moves where NCCL's rate is a NIC speed the data does not cross (one host's loopback)."""
+
+    graph: Graph | None = None
+    inter_gbps: float = 0.0
+    extra_us: float = 0.0
+    nics: list[NicPath] = field(default_factory=list)
+    socket: SocketRun | None = None
+    run_gbps: float = 0.0
+
+
+def _network(topo: Topology, nodes: dict, local: list[str], graph: Graph, node_nics: list[NicPath], c: dict,
+             env: NcclEnv) -> _Network:
+    hosts = {(node_of(topo, g), topo.nodes[g].attrs.get("host")) for part in nodes.values() for g in part}
+    nics, node_gbps = node_nics, sum(n.gbps for n in node_nics)
+    if len(nodes) > len({node_of(topo, g) for part in nodes.values() for g in part}):
+        nics = _nearest_nics(topo, local, nics, env)  # one host's GPUs apart: each uses its nearest NIC
+        node_gbps = min(sum(n.gbps for n in nics), _gpus_link_gbps(topo, local, nics, c))
+    inter = fabric_gbps(topo, {k: v for k, v in nodes.items() if isinstance(k, int)} or {0: local},
+                        node_gbps or c["net_bw_default"])
+    extra_us = max(0.0, network_latency_s(topo, nics) - REFERENCE_NET_LATENCY_S) * 1e6
+    one_gpu = None
+    if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
+        one_gpu = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
+    socket = None
+    if any(n.socket for n in nics):
+        socket = _socket_run(topo, nodes, local, one_gpu or graph, nics, c, env, loopback=len(hosts) == 1)
+    return _Network(one_gpu, inter, extra_us, nics, socket, socket.link_gbps if socket and socket.loopback else 0.0)
+
+
+def _nearest_nics(topo: Topology, local: list[str], nics: list[NicPath], env: NcclEnv) -> list[NicPath]:
+    """A group's NICs when one host's GPUs are NCCL's nodes: the nearest to its GPUs (by path type); where the
+    host describes none, sockets over an interface NCCL cannot read the speed of (10 Gb/s)."""
+    if nics:
+        rank = {n.nic: PATH_TYPES.index(n.path_type) if n.path_type in PATH_TYPES else len(PATH_TYPES) for n in nics}
+        return [n for n in nics if rank[n.nic] == min(rank.values())]
+    if not env.uses_socket(False):
+        raise MeshscaleError(f"{topo.name}: with P2P and SHM disabled NCCL sends through the network, and NCCL_NET=IB "
+                             "needs a NIC this node does not describe; describe the NICs or drop NCCL_NET=IB")
+    return [NicPath("lo", local[0], "SYS", False, UNKNOWN_SPEED_GBPS, UNKNOWN_SPEED_GBPS, socket=True)]
+
+
+def _gpus_link_gbps(topo: Topology, local: list[str], nics: list[NicPath], c: dict) -> float:
+    """GB/s the GPUs ``local`` reach their NICs through at most: each GPU's own first link, which all its NICs'
+    paths share (NCCL's search spends it once)."""
+    inside, total = node_view(topo, node_of(topo, local[0])), 0.0
+    for g in local:
+        mine = [n.nic for n in nics if n.gpu == g and n.nic in inside.nodes]
+        if not mine:
+            return math.inf
+        first = route(inside, g, mine[0]).paths[0].directed_links[:1]
+        total += min(links_gbps(inside, first, c).values(), default=math.inf)
+    return total
+
+
+def _socket_run(topo: Topology, nodes: dict, local: list[str], graph: Graph, nics: list[NicPath], c: dict,
+                env: NcclEnv, loopback: bool) -> SocketRun:
+    """The socket transport of the node ``local``: NCCL's threads and sockets for its NIC, the host's TCP path
+    (its CPU model's), the node's network channels (the graph's, doubled, one pair per NIC at most twice: each a
+    send and a receive connection), its share of the host's cores and, on one host, of the loopback and of its
+    GPUs' PCIe staging."""
+    host_gpus = [g for part in nodes.values() for g in part
+                 if node_of(topo, g) == node_of(topo, local[0]) and same_host(topo, g, local[0])]
+    inside = node_view(topo, node_of(topo, local[0]))
+    cpus = [x for x in inside.nodes_of("cpu") if same_host(inside, x, local[0])]
+    share = len(local) / max(1, len(host_gpus))  # the host's cores and loopback are shared by its ranks
+    cores = sum(float(inside.nodes[x].attrs.get("cores") or 0) for x in cpus) * share
+    tcp = tcp_host(str(inside.nodes[cpus[0]].attrs.get("model", "")) if cpus else "")
+    connections = env.channels(min(2 * graph.channels, 2 * max(1, len(nics)), c["max_channels"]))
+    link = 0.0
+    if loopback:
+        memory = sum(host_memory_gbps(inside, x) for x in cpus)
+        link = min(tcp.loopback_of(memory) * share, sum(_staging_gbps(inside, g, c) for g in local))
+    setup = socket_setup(env, next((n.vendor for n in nics if n.socket and n.vendor), None))
+    return SocketRun(setup, tcp, connections, len(local), cores, link, loopback)
+
+
+def _staging_gbps(topo: Topology, gpu: str, c: dict) -> float:
+    """GB/s a GPU's SMs move to (or from) pinned host memory over its PCIe path to its CPU, at the links' payload
+    rate, each link shared by the host's GPUs that stage through it."""
+    host = local_cpu(topo, gpu)
+    if host is None:
+        return math.inf
+    directed = route(topo, gpu, host).paths[0].directed_links
+    stagers = staging_gpus(topo, host)
+    return min((host_run_gbps(topo.links[i], rate) / max(1, stagers.get(i, 1))
+                for (i, _d), rate in links_gbps(topo, directed, c).items()), default=math.inf)

@@ -48,6 +48,10 @@ def enabled(s: System, c: dict, collective: str, algo: str, proto: str, nvls: bo
         ok = (s.sm in sms) if sms else s.sm >= c["ll128_min_sm"]
         if not ok or s.ring.path_type != "NVL" or s.mixed_sm:
             return False
+        # tuning.cc: LL128 only where the GPU reaches its NIC within typeInter <= PXN (PXB before sm90); a NIC
+        # without GPUDirect RDMA (the socket transport too) is reached through the CPU (PHB, SYS)
+        if s.n_nodes > 1 and any(not n.gdr for n in s.nics):
+            return False
     return True
 
 
@@ -63,10 +67,13 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
     (a ring's LL: its lines' data share at most llMaxBw, whatever share a version's estimate credits)."""
     g = s.tree if algo == "tree" and s.tree is not None else s.ring  # tuning.cc reads graphs[algo]
     nch = g.channels * share
-    n, i2 = s.n_ranks, index2(s)
+    i2 = index2(s)
     bw = g.bw_gbps
     if s.n_nodes > 1:  # the network carries every channel once per node
-        bw = min(bw, s.inter_gbps / g.channels)
+        if run and s.inter_run_gbps:  # a run over one host's loopback: not the NIC speed NCCL reads
+            bw = s.inter_run_gbps / g.channels if g.path_type == "NET" else min(bw, s.inter_run_gbps / g.channels)
+        else:
+            bw = min(bw, s.inter_gbps / g.channels)
     if algo in NVLS_ALGOS:
         return nvls_bus_bandwidth(s, c, collective, algo, share)
     bus = nch * bw
@@ -89,9 +96,15 @@ def bus_bandwidth(s: System, c: dict, collective: str, algo: str, proto: str, sh
             bus = min(bus * f, nch * arch_row(c["per_channel_max_tree_ll128_bw"], s)[i2])
     if algo == "pat":
         bus *= c["pat_factor"]
+    return alg_from_bus(s, collective, algo, bus)
+
+
+def alg_from_bus(s: System, collective: str, algo: str, bus: float) -> float:
+    """NCCL's algorithm bandwidth of a bus bandwidth (tuning.cc): a ring's n / steps, a tree's half, the others'
+    all-gather and reduce-scatter as they are."""
     if algo != "ring" and collective in ("all_gather", "reduce_scatter"):
         return bus
-    return bus * (n / ring_steps(collective, n) if algo == "ring" else 0.5)
+    return bus * (s.n_ranks / ring_steps(collective, s.n_ranks) if algo == "ring" else 0.5)
 
 
 def ring_ll_factor(s: System, c: dict, collective: str) -> float:
