@@ -6,6 +6,7 @@ setting, and writes every result under --out.
 
   PYTHONPATH=src python3 benchmarks/collectives_env.py --out $OUT/collectives-env          # GPU machine, 2+ GPUs
   PYTHONPATH=src python3 benchmarks/collectives_env.py --out /tmp/ce --dry-run --gpus 4    # anywhere: sims only
+  PYTHONPATH=src python3 benchmarks/collectives_env.py --out $OUT/ce-sockets --sockets     # NCCL over TCP sockets
 
 Every process runs with NVLink SHARP off (NCCL_NVLS_ENABLE=0, TORCH_SYMM_MEM_DISABLE_MULTICAST=1,
 NVSHMEM_DISABLE_NVLS=1), and the model is told so (--nccl-env NCCL_NVLS_ENABLE=0). The prediction is for the
@@ -34,6 +35,14 @@ SETTINGS: dict[str, list[str]] = {
     "MAX_NCHANNELS=2": ["NCCL_MAX_NCHANNELS=2"],
     "MAX_NCHANNELS=8": ["NCCL_MAX_NCHANNELS=8"],
     "P2P_DISABLE=1": ["NCCL_P2P_DISABLE=1"],
+}
+# --sockets: NCCL's socket transport between the GPUs of this host (each GPU a node of NCCL's, over loopback):
+# NCCL's default (no helper thread), 4 helper threads, 4 threads x 4 sockets
+_NET_SOCKET = ["NCCL_P2P_DISABLE=1", "NCCL_SHM_DISABLE=1", "NCCL_NET=Socket"]
+SOCKET_SETTINGS: dict[str, list[str]] = {
+    "SOCKET": _NET_SOCKET,
+    "SOCKET_4x1": [*_NET_SOCKET, "NCCL_SOCKET_NTHREADS=4"],
+    "SOCKET_4x4": [*_NET_SOCKET, "NCCL_SOCKET_NTHREADS=4", "NCCL_NSOCKS_PERTHREAD=4"],
 }
 COLLECTIVES = ("all_reduce", "all_gather", "broadcast")
 SIZES = ["-b", "1M", "-e", "1G", "-f", "4"]
@@ -203,7 +212,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--system", default=None, help="catalog system or file for the prediction; 'this': this machine "
                     "(default: the catalog board of this machine's GPUs)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU work: the predictions only")
+    ap.add_argument("--sockets", action="store_true", help="the socket transport's settings instead (P2P and SHM "
+                    "disabled, NCCL_NET=Socket; default, 4 threads, 4 x 4 sockets)")
     args = ap.parse_args(argv)
+    global SETTINGS
+    if args.sockets:
+        SETTINGS = SOCKET_SETTINGS
     started = time.monotonic()
     names = [] if args.dry_run else _gpus_here()
     if not args.dry_run and len(names) < 2:

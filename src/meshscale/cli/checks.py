@@ -86,9 +86,9 @@ def nccl_settings(value: Any, where: str) -> Any:
 
 NCCL_ENV_OPTION = typer.Option(
     None, "--nccl-env", callback=checked(nccl_settings),
-    help="NCCL's environment as KEY=VALUE (repeatable): NCCL_MAX_NCHANNELS, NCCL_MIN_NCHANNELS, NCCL_P2P_DISABLE, "
-         "NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_NET, NCCL_IB_DISABLE, NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, "
-         "NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE")
+    help="NCCL's environment as KEY=VALUE (repeatable, or several joined by commas): NCCL_MAX_NCHANNELS, "
+         "NCCL_MIN_NCHANNELS, NCCL_P2P_DISABLE, NCCL_P2P_LEVEL, NCCL_SHM_DISABLE, NCCL_NET, NCCL_IB_DISABLE, "
+         "NCCL_SOCKET_NTHREADS, NCCL_NSOCKS_PERTHREAD, NCCL_ALGO, NCCL_PROTO, NCCL_NVLS_ENABLE")
 
 
 # ---- numbers as typed ------------------------------------------------------------------------------------------

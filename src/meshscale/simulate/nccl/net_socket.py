@@ -86,6 +86,10 @@ def socket_setup(env: NcclEnv, vendor: str | None = None) -> SocketSetup:
     if threads * socks > MAX_SOCKETS:
         raise MeshscaleError(f"NCCL_SOCKET_NTHREADS x NCCL_NSOCKS_PERTHREAD = {threads} x {socks} with NCCL's "
                              f"default for a {name} NIC: NCCL allows at most {MAX_SOCKETS}; set the other too")
+    if env.socks_per_thread is not None and threads == 0:  # no helper thread: the sockets are never opened
+        raise MeshscaleError(f"NCCL_NSOCKS_PERTHREAD={env.socks_per_thread} with no helper thread (NCCL_SOCKET_NTHREADS"
+                             f"={threads}{' as set' if env.socket_threads is not None else ', the default for a ' + name + ' NIC'})"
+                             " changes nothing: NCCL moves the data on the proxy thread; set NCCL_SOCKET_NTHREADS too")
     given = [k for k, v in (("NCCL_SOCKET_NTHREADS", env.socket_threads),
                             ("NCCL_NSOCKS_PERTHREAD", env.socks_per_thread)) if v is not None]
     source = " and ".join(given) + " as set" if len(given) == 2 else \
@@ -162,12 +166,13 @@ class SocketRun:
     link_gbps: float
     loopback: bool
 
-    def node_gbps(self, message_bytes: float, channels: int | None = None, slice_steps: int = 2) -> float:
-        """GB/s each way the node's connections copy through the kernel with messages of ``message_bytes`` on
-        ``channels`` of them: without sockets each of its ranks' proxy threads copies its sends and its
-        receives on one core (half the core's rate each way); with sockets each connection's engaged helper
-        threads copy on a core each (half of them send, half receive), as many at once as the cores allow."""
-        conns = max(1, min(self.connections, channels or self.connections))
+    def node_gbps(self, message_bytes: float, connections: int | None = None, slice_steps: int = 2) -> float:
+        """GB/s each way the node copies through the kernel with messages of ``message_bytes`` over
+        ``connections`` each way (default: its network channels'): without sockets each of its ranks' proxy
+        threads copies its sends and its receives on one core (half the core's rate each way); with sockets each
+        connection's engaged helper threads copy on a core each (half of them send, half receive), as many at
+        once as the cores allow."""
+        conns = max(1, connections or self.connections)
         if self.setup.sockets == 0:
             busy = min(self.ranks, 2 * conns)
         else:

@@ -67,10 +67,15 @@ def p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int]
     n = len(ranks)
     lat = c["base_latency_us"]["ring"]["Simple"] + c["hw_latency_us"][s.hw]["ring"]["Simple"]
     names = [topo.device(r) for r in ranks]
-    per_gpu = s.ring.link_gbps * scale if s.n_nodes == 1 else min(s.ring.total_gbps, s.inter_gbps) * scale
+    per_gpu = s.ring.link_gbps * scale if s.n_nodes == 1 else \
+        (s.inter_run_gbps or min(s.ring.total_gbps, s.inter_gbps)) * scale
     block = nbytes if collective == "send_recv" else nbytes / n  # bytes of one send
     op_channels, p2p_channels = p2p_op_channels(topo, s, c, names, block)
     channel_gbps = p2p_channel_gbps(s, c) * scale
+    if s.socket is not None and s.n_nodes > 1:  # what the socket transport's threads copy, a GPU's share
+        remote = 1 if collective == "send_recv" else max(1, n - int(s.ppn))  # a GPU's peers on other nodes
+        message = min(block / op_channels, c["p2p_chunk_bytes"]["net"])
+        per_gpu = min(per_gpu, s.socket.node_gbps(message, int(s.ppn) * remote * op_channels, 1) / s.ppn * scale)
     if s.n_nodes == 1:  # across nodes the network sets the pace
         peers = 1 if collective == "send_recv" else n - 1  # the busiest GPU's sends (or receives)
         per_gpu = min(per_gpu, min(p2p_channels, peers * op_channels) * channel_gbps)
@@ -81,8 +86,8 @@ def p2p_us(topo: Topology, s: System, c: dict, collective: str, ranks: list[int]
 
     def pair(a: str, b: str) -> float:
         path = pair_gbps(topo, s, c, a, b) * scale
-        if node_of(topo, a) != node_of(topo, b):
-            return min(path, gpu_net_gbps(s) * scale)  # one GPU's flow leaves through its own NIC
+        if node_of(topo, a) != node_of(topo, b):  # one GPU's flow leaves through its own NIC
+            return min(path, gpu_net_gbps(s) * scale, per_gpu if s.socket is not None else path)
         return min(per_gpu, path, op_channels * channel_gbps if s.n_nodes == 1 else path)
 
     if collective == "send_recv":

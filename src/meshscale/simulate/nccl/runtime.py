@@ -234,7 +234,7 @@ def socket_alg_gbps(s: System, collective: str, algo: str, proto: str, nbytes: i
     steps = SLICE_STEPS.get(collective, 1)
     step_bytes = BUFFER_BYTES[proto] / NCCL_STEPS * steps
     per_channel = nbytes / max(1, channels) / (1 if collective in RING_ONLY else s.n_ranks)
-    node = s.socket.node_gbps(min(step_bytes, per_channel), channels, steps)
+    node = s.socket.node_gbps(min(step_bytes, per_channel), min(channels, s.socket.connections), steps)
     return alg_from_bus(s, collective, algo, node * WIRE_DATA_SHARE[proto])
 
 

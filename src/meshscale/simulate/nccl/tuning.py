@@ -48,9 +48,9 @@ def enabled(s: System, c: dict, collective: str, algo: str, proto: str, nvls: bo
         ok = (s.sm in sms) if sms else s.sm >= c["ll128_min_sm"]
         if not ok or s.ring.path_type != "NVL" or s.mixed_sm:
             return False
-        # tuning.cc: LL128 only where the GPU reaches its NIC within typeInter <= PXN (PXB before sm90); a NIC
-        # without GPUDirect RDMA (the socket transport too) is reached through the CPU (PHB, SYS)
-        if s.n_nodes > 1 and any(not n.gdr for n in s.nics):
+        # tuning.cc: LL128 only where the graph reaches its NICs within typeInter <= PXN (PXB before sm90); NICs
+        # without GPUDirect RDMA (the socket transport never has it) are reached through the CPU (PHB, SYS)
+        if s.n_nodes > 1 and s.nics and not any(n.gdr for n in s.nics):
             return False
     return True
 
