@@ -18,7 +18,9 @@ once, as NCCL's proxy thread does without helper threads), the one-way latency o
 rate, and ``summary``: ``per_core_gbps`` (one sender and one receiver thread, the best message size),
 ``loopback_gbps`` (the most any row moved) and ``latency_s``. Copy it into src/meshscale/simulate/tcp_hosts/
 (named after the machine) and meshscale's socket model takes these figures, in place of its published default,
-on systems whose CPU model is the one measured (`meshscale.simulate.nccl.net_socket.tcp_host`).
+on systems whose CPU model is the one measured (`meshscale.simulate.nccl.net_socket.tcp_host`); ``--cpu-model``
+files it under a catalog system's CPU where a VM's /proc/cpuinfo names it otherwise (``cpu_model_seen`` keeps
+what the machine said).
 """
 from __future__ import annotations
 
@@ -225,7 +227,7 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def run(seconds: float) -> dict:
+def run(seconds: float, cpu_as: str | None = None) -> dict:
     """Every row within about ``seconds`` in all: each row moves what its share of the time carries at the rate
     of a first quick row (at least one message)."""
     rate = measure(1, 1, 1 << 20, 32)
@@ -246,7 +248,8 @@ def run(seconds: float) -> dict:
     return {
         "kind": "tcp-loopback", "version": 1,
         "date": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "cpu_model": cpu_model(), "logical_cpus": os.cpu_count(), "kernel": platform.release(),
+        "cpu_model": cpu_as or cpu_model(), "cpu_model_seen": cpu_model(), "logical_cpus": os.cpu_count(),
+        "kernel": platform.release(),
         "python": platform.python_version(), "command": " ".join(sys.argv),
         "min_task_bytes": MIN_TASK_BYTES, "rows": rows,
         "duplex": {"message_bytes": m, "bytes_each_way": moved, "seconds": took, "gbps_each_way": moved / took / 1e9},
@@ -278,10 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True, help="JSON file to write")
     parser.add_argument("--seconds", type=float, default=15.0, help="time for all rows together (default 15)")
+    parser.add_argument("--cpu-model", default=None, help="the CPU model to file the measurement under (default: "
+                        "/proc/cpuinfo's): the catalog system's, e.g. 'Intel Xeon Platinum 8480C' for hgx-h200, "
+                        "where a VM names its CPU otherwise")
     args = parser.parse_args(argv)
     if not 1 <= args.seconds <= 600:
         parser.error("--seconds: give 1 to 600")
-    result = run(args.seconds)
+    result = run(args.seconds, args.cpu_model)
     print(table(result))
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
