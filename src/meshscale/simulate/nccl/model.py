@@ -48,6 +48,10 @@ class NcclPrediction:
             text = f"nccl p2p/Simple, {self.channels} channels"
         else:
             text = f"nccl {self.algo}/{self.proto}, {self.channels} channels"
+        sock = self.system.socket if self.system.n_nodes > 1 else None
+        if sock is not None:  # what NCCL's socket transport ran with, and whose TCP figures priced it
+            text += (f", TCP sockets {sock.setup.threads}x{sock.setup.socks_per_thread} "
+                     f"({'measured' if sock.host.source.startswith('measured') else 'published'} TCP rates)")
         return text + (" (host launch bound)" if self.host_bound else "")
 
 
