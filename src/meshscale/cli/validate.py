@@ -146,6 +146,35 @@ def _groups_tables(corpus: Corpus, summary: dict[str, Any]) -> list[Table]:
     return tables
 
 
+def _memory_table(result: Result) -> Table | None:
+    """The runs that state the memory they used: the figure, what it counts, the estimate's same figure, the
+    error; then each publication's geomean (reported, not bounded)."""
+    rows = [r for r in result.rows if r.get("memory_ratio")]
+    if not rows:
+        return None
+    table = _table("memory the runs state - PREDICTED vs published (GiB)",
+                   (ROW, Column("counts", str, True), Column("published", str), Column("predicted", str),
+                    Column("error", str), Column("publication", str, True)))
+    for r in rows:
+        table.add_row(str(r["row"]), r["memory_counts"], f"{r['memory_published_gib']:.2f}",
+                      f"{r['memory_predicted_gib']:.2f}", _percent(r["memory_error"]), r["publication"][:70])
+    return table
+
+
+def _memory_lines(width: int, memory: dict[str, Any]) -> list[str]:
+    """The memory figure against the runs that state one, per publication and weighted (reported)."""
+    found = memory.get("published")
+    if not found:
+        return []
+    each = "; ".join(f"{name}: {g['geomean_abs_error']:.1%} over {g['rows']}"
+                     for name, g in found.get("groups", {}).items())
+    weighted = (f", publications weighted {found['weighted_geomean_abs_error']:.1%}"
+                if found.get("weighted_geomean_abs_error") is not None else "")
+    return [f"{'memory figure':>{width}}: geomean |error| {found['geomean_abs_error']:.1%} over {found['rows']} runs "
+            f"that state it, mean {_percent(found['mean_error'])}{weighted} (reported)",
+            *([f"{'':>{width}}  {each}"] if each else [])]
+
+
 def _bound_lines(corpus: Corpus, summary: dict[str, Any]) -> list[str]:
     """One line per bound the corpus is held to: the figure, the bound, ok or out."""
     bounds, noun = summary["bounds"], corpus.noun
@@ -181,7 +210,7 @@ def _bound_lines(corpus: Corpus, summary: dict[str, Any]) -> list[str]:
         lines.append(f"{'memory':>{width}}: fits for {fit} of {memory['rows']} {noun}s that ran (yes "
                      f"{memory['yes']}, tight {memory['tight']}{missed}; bound: every {noun}) "
                      f"{OK if not memory['no'] else OUT}")
-    return lines
+    return lines + _memory_lines(width, memory)
 
 
 def report(corpus: Corpus, result: Result, show_all: bool, json_out: Optional[Path], csv_path: Optional[Path]) -> None:
@@ -189,7 +218,9 @@ def report(corpus: Corpus, result: Result, show_all: bool, json_out: Optional[Pa
     summary = result.meta["summary"]
     console = text_console()
     table = _rows_table(corpus, result, show_all)
-    print_tables(*([table] if table else []), *_groups_tables(corpus, summary), console=console)
+    memory = _memory_table(result)
+    print_tables(*([table] if table else []), *_groups_tables(corpus, summary), *([memory] if memory else []),
+                 console=console)
     for line in _bound_lines(corpus, summary):
         console.print(line)
     if summary["unpredicted"]:

@@ -87,6 +87,25 @@ LOSS_BYTES_PER_LOGIT = {
     "fused": (2, 2, 2 + 2),
     # Megatron's vocab-parallel cross-entropy on fp32 logits, its softmax and gradient in place
     "fp32-inplace": (2 + 4, 4, 4 + 2),
+    # the eager loss under torch.compile (torchtitan's components/loss.py compiles it with the blocks): Inductor
+    # reduces over the vocabulary without writing the fp32 copy or log_softmax's output, the partitioner saves the
+    # bf16 logits (and per-token statistics), and backward is generated kernels writing the bf16 gradient (nll_loss's
+    # zeros-and-scatter a pointwise where: Inductor's scatter_upon_const_tensor)
+    "compiled": (2, 2, 2 + 2),
+}
+# The same losses as the allocator sees them, bf16 logits: each vocabulary-sized tensor made (+) or freed (-) in the
+# step's order, in bytes per logit. Each is larger than 10 MiB, so it gets a segment of its own, and a freed one
+# serves a later tensor only if it holds it (`loss_segments_per_logit`). The eager loss: the head's bf16 logits,
+# their fp32 copy and log_softmax's output; the copy freed with the call, the logits by the training loop's
+# `del pred`; backward: nll_loss's fp32 gradient, log_softmax's, then the cast to the bf16 gradient.
+LOSS_EVENTS: dict[str, tuple[tuple[str, str, int], ...]] = {
+    "eager": (("+", "logits", 2), ("+", "fp32", 4), ("+", "log_softmax", 4), ("-", "fp32", 0), ("-", "logits", 0),
+              ("+", "nll grad", 4), ("+", "log_softmax grad", 4), ("-", "nll grad", 0), ("-", "log_softmax", 0),
+              ("+", "logits grad", 2), ("-", "log_softmax grad", 0), ("-", "logits grad", 0)),
+    "fused": (("+", "logits", 2), ("+", "logits grad", 2), ("-", "logits", 0), ("-", "logits grad", 0)),
+    "compiled": (("+", "logits", 2), ("+", "logits grad", 2), ("-", "logits", 0), ("-", "logits grad", 0)),
+    "fp32-inplace": (("+", "logits", 2), ("+", "fp32", 4), ("-", "logits", 0), ("+", "logits grad", 2),
+                     ("-", "fp32", 0), ("-", "logits grad", 0)),
 }
 OPTIMIZER_IMPLEMENTATIONS = ("foreach", "fused", "for-loop")
 
@@ -102,16 +121,22 @@ class MemoryRecipe:
     bf16_gathers: bool = False       # FSDP gathers bf16 parameters even under autocast (Composer's DEFAULT)
     megatron_states: bool = False    # bf16 parameters and fp32 main gradients whole, master/m/v over data ranks
     repeats_kv: bool = True          # K and V repeated to the query heads before attention (saved at their width)
+    compiles_loss: bool = True       # under torch.compile the loss is compiled with the blocks
     source: str = ""
 
 
 RECIPES: dict[str, MemoryRecipe] = {r.name: r for r in (
-    MemoryRecipe("meshscale", "eager", "foreach", False,
+    MemoryRecipe("meshscale", "eager", "foreach", False, compiles_loss=False,
                  source="train/: Transformer built on the meta device, parallelized, then each rank's shards "
-                        "materialized; F.cross_entropy on fp32 logits; torch.optim.AdamW (foreach on CUDA)"),
+                        "materialized; F.cross_entropy on fp32 logits, outside the compiled blocks under --compile "
+                        "(train/step.py); torch.optim.AdamW (foreach on CUDA)"),
     MemoryRecipe("torchtitan", "eager", "fused", False,
-                 source="torchtitan: meta-device init; cross_entropy_loss on pred.float(); "
-                        "optimizer.implementation = fused"),
+                 source="torchtitan since 2025-04 (bbb1b616e): meta-device init; cross_entropy_loss on pred.float(), "
+                        "compiled under --training.compile (components/loss.py); optimizer.implementation = fused"),
+    MemoryRecipe("torchtitan-2024", "eager", "foreach", False, compiles_loss=False,
+                 source="torchtitan through 2024 (9dec370, its Dec 2024 performance tables): meta-device init; the "
+                        "loss left eager under compile (train.py: 'compiling loss function causes CUDA errors'); "
+                        "AdamW foreach (optimizer.fused off by default)"),
     MemoryRecipe("llm-foundry", "fused", "for-loop", False, bf16_gathers=True, repeats_kv=False,
                  source="llm-foundry MPT: init_device meta, loss_fn fused_crossentropy, Composer "
                         "DecoupledAdamW (a loop over parameters), FSDP mixed precision DEFAULT (bf16 parameters)"),
@@ -133,6 +158,7 @@ class Moment:
     parts: dict[str, float]
     pools: dict[str, float] = field(default_factory=dict)
     transient: float = 0.0      # of ``parts``, what this phase makes and frees (its own cached blocks)
+    idle: float = 0.0           # beside ``parts``: segments this phase made, free now but too small for its tensors
 
     @property
     def allocated_bytes(self) -> float:
@@ -237,6 +263,8 @@ class RankShape:
     micro: int              # sequences per micro-batch
     seq_len: int
     moe_imbalance: float = 1.0   # mixture of experts: the busiest rank's routed tokens over the mean
+    compiled: bool = False       # the blocks (and, where the recipe does, the loss) under torch.compile
+    fp8_gather: bool = False     # the layers' weights all-gathered in fp8 (torchao's float8 all-gather, tensorwise)
 
     @property
     def e(self) -> int:
@@ -249,6 +277,20 @@ class RankShape:
         if self.precision == "fp32" or (self.autocast and not self.recipe.bf16_gathers):
             return 4
         return 2
+
+    @property
+    def layer_gather_bytes(self) -> int:
+        """Bytes of a layer's parameter as FSDP gathers it: fp8's one byte under torchao's float8 all-gather (the
+        unsharded weight is the fp8 tensor the matmul takes), else `gather_bytes`; the root stays unconverted."""
+        return 1 if self.fp8_gather else self.gather_bytes
+
+    @property
+    def loss(self) -> str:
+        """The loss as it runs (LOSS_BYTES_PER_LOGIT's key): the recipe's, compiled under torch.compile where the
+        recipe compiles its eager loss."""
+        if self.compiled and self.recipe.loss == "eager" and self.recipe.compiles_loss:
+            return "compiled"
+        return self.recipe.loss
 
     @property
     def tokens(self) -> float:
@@ -359,13 +401,24 @@ def gathered_bytes(r: RankShape, backward: bool) -> tuple[float, float]:
     """(compute-stream bytes, all-gather-stream bytes) of a layer's gathers at its forward or backward: the
     unsharded parameters of the current layer and one all-gather buffer (in forward the current layer's, kept
     until the next layer's copy-out; in backward the next layer's, prefetched; a shard group of one copies
-    without a buffer), and in backward the layer's unsharded gradient and its fp32 reduce-scatter input. A
-    pipeline keeps its layers gathered instead (`pipeline_gathered_bytes`)."""
+    without a buffer), and in backward the layer's unsharded gradient (in the parameters' compute dtype, fp8's
+    too) and its fp32 reduce-scatter input. A pipeline keeps its layers gathered instead
+    (`pipeline_gathered_bytes`)."""
     if not r.fsdp or r.layout.pp > 1:
         return 0.0, 0.0
-    g, p = r.gather_bytes, r.layer_params
+    g, p = r.layer_gather_bytes, r.layer_params
     buffer = g * p if r.shards > 1 else 0.0
-    return (g * p + p * (g + 4), buffer) if backward else (g * p, buffer)
+    return (g * p + p * (r.gather_bytes + 4), buffer) if backward else (g * p, buffer)
+
+
+def root_gather_buffer_bytes(r: RankShape) -> float:
+    """FSDP2's all-gather output of the root (embedding, final norm, head), the step's first all-gather: made on
+    the all-gather copy-in stream (foreach_all_gather under implicit prefetch) and released only at the next
+    group's wait_for_unshard, so that stream's pool holds it beside the first layer's buffer, and keeps both cached
+    (models/allocator.py: a stream's cached blocks serve that stream only)."""
+    if r.sharding != "fsdp2" or not r.fsdp or r.layout.pp > 1 or r.shards < 2:
+        return 0.0
+    return r.gather_bytes * r.ends_params
 
 
 def root_bytes(r: RankShape) -> float:
@@ -476,7 +529,12 @@ def ffn_saved_bytes(r: RankShape, w: LayerWidths, policy: str, moe_share: float 
     (GPT-2: GELU's input and output); selective, its matmuls' outputs (torchtitan's policy: the fifth and seventh
     of the block's, the gate and the down projection; GPT-2's fifth, the up projection). A mixture of experts:
     the mean over the layers (``moe_share``: the share of MoE layers, default the model's) of the dense MLP's and
-    `moe_ffn_saved_bytes`."""
+    `moe_ffn_saved_bytes`.
+
+    A compiled block (`compiled_saved_discount`) saves what its backward graph reads: AOTAutograd's partitioner
+    drops the saved values no backward node uses and recomputes the element-wise ops whose output backward does
+    not hand to a library kernel, so SiLU's output is recomputed from the gate (none) and the down projection's
+    output, which only the residual add consumes, is not kept (selective policies that save it)."""
     e, llama = r.e, r.model.style == "llama"
     if policy == "none":
         dense = e * (4 if llama else 2) * w.f * w.local
@@ -484,10 +542,26 @@ def ffn_saved_bytes(r: RankShape, w: LayerWidths, policy: str, moe_share: float 
         dense = e * (w.f + (w.d if llama else 0)) * w.local
     else:
         dense = e * ((2 if llama else 1) * w.f + w.d) * w.local
+    dense -= compiled_saved_discount(r, w, policy)
     if not r.model.is_moe:
         return dense
     share = r.model.moe_share() if moe_share is None else moe_share
     return (1 - share) * dense + share * moe_ffn_saved_bytes(r, w, policy)
+
+
+def compiled_saved_discount(r: RankShape, w: LayerWidths, policy: str) -> float:
+    """What a compiled dense MLP does not save that the eager one does (`ffn_saved_bytes`): under no
+    checkpointing SwiGLU's SiLU output (recomputed in backward's fused kernel from the gate; GELU's output is the
+    second matmul's input, which its weight gradient reads, so GPT-2 keeps both); under a selective policy that
+    saves the down projection's output (torchtitan's every odd matmul on Llama, meshscale's every matmul), that
+    output."""
+    if not r.compiled or policy == "full":
+        return 0.0
+    llama = r.model.style == "llama"
+    if policy == "none":
+        return r.e * w.f * w.local if llama else 0.0
+    keeps_down = r.selective_policy == "matmuls" or (r.selective_policy == "torchtitan" and llama)
+    return r.e * w.d * w.local if keeps_down else 0.0
 
 
 def moe_ffn_saved_bytes(r: RankShape, w: LayerWidths, policy: str) -> float:
@@ -558,19 +632,75 @@ def loss_bytes(r: RankShape) -> tuple[float, float, float]:
     the loss is vocabulary-parallel; before the gather each holds its slice)."""
     if not r.last:
         return 0.0, 0.0, 0.0
-    forward, saved, backward = LOSS_BYTES_PER_LOGIT[r.recipe.loss]
+    forward, saved, backward = LOSS_BYTES_PER_LOGIT[r.loss]
     if r.precision == "fp32":   # fp32 logits: the eager loss's .float() is the tensor itself
-        forward, backward = forward + 2 - (4 if r.recipe.loss == "eager" else 0), backward + 2
+        forward, backward = forward + 2 - (4 if r.loss == "eager" else 0), backward + 2
+    logits = _logits(r)
     tp = r.layout.tp
-    logits = r.tokens * r.model.vocab_size / (tp if r.loss_parallel else 1)
     slice_ = r.e * r.tokens * r.model.vocab_size / tp if tp > 1 and not r.loss_parallel else 0.0
     return forward * logits + slice_, saved * logits, backward * logits
 
 
+def _logits(r: RankShape) -> float:
+    """The logits one rank's loss holds: its tokens times the vocabulary (its slice under a vocabulary-parallel
+    loss)."""
+    return r.tokens * r.model.vocab_size / (r.layout.tp if r.loss_parallel else 1)
+
+
+def loss_segments_per_logit(events: tuple[tuple[str, str, int], ...], steps: int = 2) -> tuple[float, float]:
+    """(the allocator's segments, the most alive at once) in bytes per logit, replaying ``events`` (LOSS_EVENTS)
+    for ``steps`` steps as the caching allocator serves them: a request takes the smallest free block that holds it
+    (best fit), splitting off the rest; a freed block merges with its free neighbours in its segment; where no free
+    block holds it, a new segment of its size is made; segments are kept (no memory pressure)."""
+    segments: list[list[list]] = []   # per segment, its blocks in order: [size, owner or None]
+    alive = peak = 0.0
+    for _ in range(steps):
+        for op, name, size in events:
+            if op == "-":
+                blocks = next(b for b in segments if any(x[1] == name for x in b))
+                block = next(x for x in blocks if x[1] == name)
+                alive -= block[0]
+                block[1] = None
+                _merge_free(blocks)
+                continue
+            free = [(x[0], s, j) for s, blocks in enumerate(segments) for j, x in enumerate(blocks)
+                    if x[1] is None and x[0] >= size]
+            if free:
+                held, s, j = min(free)
+                segments[s][j:j + 1] = [[size, name]] + ([[held - size, None]] if held > size else [])
+            else:
+                segments.append([[size, name]])
+            alive += size
+            peak = max(peak, alive)
+    return float(sum(b[0] for blocks in segments for b in blocks)), peak
+
+
+def _merge_free(blocks: list[list]) -> None:
+    """Merge adjacent free blocks of one segment (the caching allocator's free_block)."""
+    i = 0
+    while i < len(blocks) - 1:
+        if blocks[i][1] is None and blocks[i + 1][1] is None:
+            blocks[i][0] += blocks.pop(i + 1)[0]
+        else:
+            i += 1
+
+
+def loss_idle_bytes(r: RankShape) -> float:
+    """At the loss's backward, what the allocator holds for the loss beyond its tensors alive then: segments it
+    made earlier in the step that are free but too small for the tensors it makes now (the eager loss: the bf16
+    logits' segment, freed by `del pred`, cannot hold the fp32 gradients: 14 B per logit reserved for 12 alive).
+    bf16 logits only (fp32 ones have no bf16 copy)."""
+    if not r.last or r.precision != "bf16":
+        return 0.0
+    segments, _ = loss_segments_per_logit(LOSS_EVENTS[r.loss])
+    return max(0.0, segments - LOSS_BYTES_PER_LOGIT[r.loss][2]) * _logits(r)
+
+
 # ---- the step's moments -----------------------------------------------------------------------------------
-def _moment(name: str, pools: dict[str, float], made: float = 0.0, **parts: float) -> Moment:
-    """A moment of ``parts``; ``made``: of them, what this phase makes and frees again."""
-    return Moment(name, {k: v for k, v in parts.items() if v}, {k: v for k, v in pools.items() if v}, made)
+def _moment(name: str, pools: dict[str, float], made: float = 0.0, idle: float = 0.0, **parts: float) -> Moment:
+    """A moment of ``parts``; ``made``: of them, what this phase makes and frees again; ``idle``: what it holds
+    cached beside them that it cannot use (`Moment.idle`)."""
+    return Moment(name, {k: v for k, v in parts.items() if v}, {k: v for k, v in pools.items() if v}, made, idle)
 
 
 def _accumulated(r: RankShape, in_flight: float) -> bool:
@@ -600,11 +730,15 @@ def step_moments(r: RankShape) -> list[Moment]:
     layer_grad = r.layer_params * (r.gather_bytes + 4) if r.layout.pp > 1 and r.fsdp else 0.0
     layer_bwd = layer_backward_bytes(r) + layer_grad
     head_grad = root_grad_bytes(r, end=False)
-    moments = [
+    root_ag = root_gather_buffer_bytes(r)
+    # the step's start (FSDP2): the root's all-gather output not yet released beside the first layer's
+    moments = [_moment("forward", {**pools, "all-gather": root_ag + fwd_ag}, **base,
+                       gathered=fwd_c + fwd_ag + root_ag + held_params)] if root_ag else []
+    moments += [
         _moment("forward", pools, loss_f, **base, gathered=fwd_c + fwd_ag + held_params, activations=acts,
                 logits=kept_loss + loss_f),
-        _moment("backward", pools, loss_b, **base, gathered=fwd_ag + held_params, activations=acts,
-                logits=kept_loss + loss_b),
+        _moment("backward", pools, loss_b, loss_idle_bytes(r), **base, gathered=fwd_ag + held_params,
+                activations=acts, logits=kept_loss + loss_b),
         _moment("backward", {**pools, "all-gather": bwd_ag}, layer_bwd, **base, activations=acts,
                 gathered=bwd_c + bwd_ag + held_params + head_grad, logits=kept_loss, transient=layer_bwd),
     ]
@@ -664,7 +798,7 @@ def reserved_bytes(moments: list[Moment]) -> tuple[float, float]:
         made = sum(m.parts.get(k, 0.0) for k in ("activations", "gathered", "transient"))
         return max(0.0, optimizer - made)
 
-    high = max(c + left_cached(m) for c, m in zip(compute, moments)) + side
+    high = max(c + left_cached(m) + m.idle for c, m in zip(compute, moments)) + side
     return max(build, high), max(build, max(compute) + side)
 
 
@@ -700,14 +834,17 @@ def training_memory(model: TransformerConfig, layout: ParallelLayout, *, batch: 
                     precision: str = "bf16", checkpointing: str = "none", loss_parallel: bool = False,
                     stage: int | None = None, selective_policy: str = "matmuls", recipe: str = "meshscale",
                     sharding: str = "fsdp2", autocast: bool = False, moe_imbalance: float = 1.0,
-                    communicators: tuple[Communicator, ...] | None = None) -> MemoryEstimate:
+                    communicators: tuple[Communicator, ...] | None = None, compiled: bool = False,
+                    fp8_gather: bool = False) -> MemoryEstimate:
     """Peak memory of one rank. ``batch``: sequences per data-parallel rank per step (split into the layout's
     micro-batches). ``stage``: a pipeline stage, or None for the one with the largest peak. ``recipe``: the
     framework (RECIPES); ``moe_imbalance``: a mixture of experts' busiest rank's routed tokens over the mean;
-    ``communicators``: NCCL's (default: `default_communicators`)."""
+    ``communicators``: NCCL's (default: `default_communicators`); ``compiled``: the blocks (and the recipe's loss)
+    under torch.compile; ``fp8_gather``: the layers' weights all-gathered in fp8 (torchao's tensorwise float8)."""
     assert checkpointing in CHECKPOINTING and precision in MEMORY_PRECISIONS and sharding in SHARDINGS
     shape = RankShape(model, layout, 0, RECIPES[recipe], precision, checkpointing, selective_policy, sharding,
-                      autocast, loss_parallel, max(1, batch // layout.micro_batches), seq_len, moe_imbalance)
+                      autocast, loss_parallel, max(1, batch // layout.micro_batches), seq_len, moe_imbalance,
+                      compiled, fp8_gather)
     stages = range(layout.pp) if stage is None else [stage]
     found = [stage_memory(replace(shape, stage=s), communicators) for s in stages]
     return max(found, key=lambda e: (e.total_bytes, e.allocated_bytes))

@@ -181,7 +181,7 @@ def summarize(corpus: Corpus, rows: list[dict[str, Any]]) -> dict[str, Any]:
         weighted, count = weighted_geomean_abs_error(rows, corpus.weight_by)
         whole.update(weighted_geomean_abs_error=weighted, weighted_by=corpus.weight_by, weighted_groups=count)
         bounded = weighted or 0
-    memory = memory_figures(rows)
+    memory = memory_figures(rows, corpus.weight_by)
     within = [not bounds.fits or not memory["no"], all(g["passed"] for g in groups.values()), not unpredicted,
               bounds.geomean_abs_error is None or bounded <= bounds.geomean_abs_error,
               bounds.worst_times_off is None or whole.get("worst_times_off", 1) <= bounds.worst_times_off,
@@ -190,11 +190,22 @@ def summarize(corpus: Corpus, rows: list[dict[str, Any]]) -> dict[str, Any]:
             "bounds": asdict(bounds), "passed": all(within), "error_definition": corpus.error_definition}
 
 
-def memory_figures(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """How many rows the memory model says fit (``fits``: yes, tight, no), and the rows it says do not."""
+def memory_figures(rows: list[dict[str, Any]], weight_by: str = "") -> dict[str, Any]:
+    """How many rows the memory model says fit (``fits``: yes, tight, no), and the rows it says do not; where
+    rows state the memory they used (``memory_ratio``: predicted / published), the figures of those (reported,
+    not bounded): over all of them, per ``weight_by`` group, and each group weighing the same."""
     verdicts = [r["fits"] for r in rows if r.get("fits") in ("yes", "tight", "no")]
-    return {"rows": len(verdicts), **{v: verdicts.count(v) for v in ("yes", "tight", "no")},
-            "no_rows": [r["row"] for r in rows if r.get("fits") == "no"]}
+    out = {"rows": len(verdicts), **{v: verdicts.count(v) for v in ("yes", "tight", "no")},
+           "no_rows": [r["row"] for r in rows if r.get("fits") == "no"]}
+    stated = [{**r, "ratio": r["memory_ratio"]} for r in rows if r.get("memory_ratio")]
+    if stated:
+        out["published"] = _figures(stated)
+        if weight_by:
+            groups = sorted({r[weight_by] for r in stated})
+            out["published"]["groups"] = {g: _figures([r for r in stated if r[weight_by] == g]) for g in groups}
+            weighted, count = weighted_geomean_abs_error(stated, weight_by)
+            out["published"].update(weighted_geomean_abs_error=weighted, weighted_groups=count)
+    return out
 
 
 def validation_result(corpus: Corpus, rows: list[dict[str, Any]], where: str | Path, **meta: Any) -> Result:

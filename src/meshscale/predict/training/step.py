@@ -784,11 +784,14 @@ def communicators(layout: ParallelLayout, costs: dict[str, CollectiveCost], gpus
 def job_memory(job: TrainingJob, comms: tuple[Communicator, ...] | None = None) -> MemoryEstimate:
     """The memory model's estimate for a transformer job (models/memory.training_memory) under its framework:
     the framework's memory recipe where it has one (Megatron's, DeepSpeed's), the job's otherwise; ZeRO's
-    partitioned state over the --fsdp group (`framework.framework_memory`)."""
+    partitioned state over the --fsdp group (`framework.framework_memory`). A compiled step (its layers from a
+    graph) saves what its compiled blocks and loss save; fp8's tensorwise recipe gathers the layers in fp8 (as
+    the step model prices its all-gathers, `fp8.gathered_bytes`)."""
     fw = step_framework(job.framework)
     found = training_memory(job.model, job.layout, batch=job.batch, seq_len=job.seq_len,
                             precision="fp32" if job.precision in FULL_WIDTH else "bf16",
                             checkpointing=job.checkpointing, selective_policy=job.selective_policy,
                             recipe=fw.memory_recipe or job.memory_recipe, sharding=job.sharding,
-                            autocast=job.autocast, moe_imbalance=job.moe_imbalance, communicators=comms)
+                            autocast=job.autocast, moe_imbalance=job.moe_imbalance, communicators=comms,
+                            compiled=fw.graph_layers, fp8_gather=gathered_bytes(job.precision, job.fp8_recipe, 2) == 1)
     return framework_memory(found, fw, stage_params(job), job.layout.fsdp)

@@ -14,7 +14,7 @@ from meshscale.predict.corpus_check import CORPORA, error, validation_result
 from meshscale.predict.question import PredictRequest
 from meshscale.predict.request import predict_training
 from meshscale.predict.training.hardware import gpu_spec, system_gpu
-from meshscale.models.memory import MemoryEstimate
+from meshscale.models.memory import GIB, MemoryEstimate
 from meshscale.predict.training.step import TrainingJob, TrainingPrediction, job_memory
 from meshscale.results import Result
 from meshscale.validation import load_structured, typed
@@ -37,6 +37,15 @@ class PublishedRun:
     gpu_model: str
     measured: float
     metric: str          # tokens_per_s_per_gpu | samples_per_s
+    memory_gib: float | None = None   # the memory the publication states for the run, GiB
+    memory_counts: str = "reserved"   # what that figure counts (MEMORY_COUNTS)
+
+
+# What a published memory figure counts, and the estimate's figure it is held against: PyTorch's caching allocator's
+# reserved peak (torch.cuda.max_memory_reserved; torchtitan's logged and tabled "memory", reserved_bytes.all.peak
+# in GiB: components/metrics.py), its allocated peak (max_memory_allocated), or the device's (nvidia-smi: reserved
+# with the CUDA context and NCCL's buffers, which are outside the allocator).
+MEMORY_COUNTS = {"reserved": "reserved_bytes", "allocated": "allocated_bytes", "device": "total_bytes"}
 
 
 def _memory_recipe(raw: dict) -> str:
@@ -78,14 +87,33 @@ def _run(raw: dict, row: int, shapes: dict, where: str, publication: str = "") -
             sharding=str(raw.get("sharding", "fsdp2")), selective_policy=str(raw.get("selective_policy", "matmuls")),
             rotary=str(raw.get("rotary", "pairs")), framework=str(raw.get("framework", "eager")),
             cp_attention=raw.get("cp_attention"), memory_recipe=_memory_recipe(raw), **moe)
-        (metric, value), = raw["measured"].items()
+        measured = dict(raw["measured"])
+        memory = measured.pop("memory_gib", None)
+        (metric, value), = measured.items()
     except (KeyError, TypeError, ValueError) as e:
         raise MeshscaleError(f"{where}: run {row}: missing or malformed field ({e})") from None
     if metric not in ("tokens_per_s_per_gpu", "samples_per_s") or float(value) <= 0:
         raise MeshscaleError(f"{where}: run {row}: measured must be tokens_per_s_per_gpu or samples_per_s > 0")
+    counts = _memory_counts(raw, memory, f"{where}: run {row}")
     source = str(raw.get("source", ""))
     publication = str(raw.get("publication") or publication or source.split(", ")[0])
-    return PublishedRun(row, source, publication, request, str(raw["gpu"]), float(value), metric)
+    return PublishedRun(row, source, publication, request, str(raw["gpu"]), float(value), metric,
+                        None if memory is None else float(memory), counts)
+
+
+def _memory_counts(raw: dict, memory: object, where: str) -> str:
+    """What the row's published memory counts (MEMORY_COUNTS; reserved unless the row says), checked: a positive
+    figure, and no memory_counts without one."""
+    counts = str(raw.get("memory_counts", "reserved"))
+    if memory is None:
+        if "memory_counts" in raw:
+            raise MeshscaleError(f"{where}: memory_counts says what measured.memory_gib counts; the run states none")
+        return counts
+    if counts not in MEMORY_COUNTS:
+        raise MeshscaleError(f"{where}: memory_counts {counts}: use one of {', '.join(MEMORY_COUNTS)}")
+    if not isinstance(memory, (int, float)) or isinstance(memory, bool) or memory <= 0:
+        raise MeshscaleError(f"{where}: measured.memory_gib must be a number of GiB > 0")
+    return counts
 
 
 @lru_cache(maxsize=None)
@@ -119,7 +147,8 @@ def run_memory(run: PublishedRun) -> tuple[MemoryEstimate, TrainingJob] | None:
     job = TrainingJob(model.transformer, layout, req.batch, req.seq_len or 0, req.precision, req.checkpointing,
                       autocast=model.autocast if req.autocast is None else req.autocast,
                       selective_policy=req.selective_policy, sharding=sharding, memory_recipe=req.memory_recipe,
-                      moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, framework=step)
+                      moe_imbalance=req.moe_imbalance or DEFAULT_IMBALANCE, framework=step,
+                      fp8_recipe=req.fp8_recipe or "tensorwise")
     return job_memory(job), job
 
 
@@ -149,5 +178,16 @@ def validate_training(path: str | Path | None = None) -> Result:
                      "measured": run.measured, "predicted": predicted, "error": error(ratio), "ratio": ratio,
                      "mfu_predicted": p.mfu, "fits": p.memory_verdict, "throughput_samples_per_s": p.samples_per_s,
                      "memory_peak_bytes": p.memory.total_bytes if p.memory else None,
-                     "memory_margin_bytes": p.memory_margin_bytes})
+                     "memory_margin_bytes": p.memory_margin_bytes, **_memory_row(run, p.memory)})
     return validation_result(TRAINING, rows, where, training=True)
+
+
+def _memory_row(run: PublishedRun, memory: MemoryEstimate | None) -> dict:
+    """The run's published memory against the estimate's figure that counts the same (MEMORY_COUNTS), in GiB:
+    memory_ratio predicted / published; nothing for a run that states none."""
+    if run.memory_gib is None or memory is None:
+        return {}
+    predicted = getattr(memory, MEMORY_COUNTS[run.memory_counts]) / GIB
+    ratio = predicted / run.memory_gib
+    return {"memory_counts": run.memory_counts, "memory_published_gib": run.memory_gib,
+            "memory_predicted_gib": predicted, "memory_error": error(ratio), "memory_ratio": ratio}

@@ -107,7 +107,7 @@ def memory_needed(cfg: TrainConfig, layout: ParallelLayout) -> MemoryEstimate:
     seq_len = get_model(cfg.model, cfg.layout.seq_len).input_shape[0]
     return training_memory(model_config(cfg), layout, batch=cfg.batch_per_rank, seq_len=seq_len,
                            precision="bf16" if cfg.speed.precision in ("bf16", "fp8") else "fp32",
-                           checkpointing=cfg.layout.checkpointing)
+                           checkpointing=cfg.layout.checkpointing, compiled=cfg.speed.compile is not None)
 
 
 def check_fits(cfg: TrainConfig, layout: ParallelLayout, capacity_bytes: float, gpu_name: str) -> None:
