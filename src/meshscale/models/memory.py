@@ -30,7 +30,8 @@ What is alive, by component (one rank: its pipeline stage's layers, its tensor-p
   framework), times the layers of the stage and the micro-batches in flight (`in_flight_micro_batches`: 1F1B's
   warm-up, all of them under GPipe, PyTorch's interleaved schedule's warm-up), with the final norm's and a
   pipeline's receive buffers (one per micro-batch, made once by PipelineStage) and kept stage outputs.
-- logits: the loss's tensors per logit (`LOSS_BYTES_PER_LOGIT`).
+- logits: the loss's tensors per logit (`LOSS_BYTES_PER_LOGIT`): the recipe's loss, or under torch.compile the
+  compiled one where the framework compiles its loss (torchtitan since April 2025), which writes no fp32 copy.
 - transient: a layer's backward (the gradients in flight, what checkpointing recomputes) and AdamW's step:
   torch's foreach implementation (meshscale: torch.optim.AdamW's default on CUDA) makes sqrt(v) for every
   parameter at once (4 B each), the fused one nothing, a for-loop one parameter's.
@@ -49,11 +50,18 @@ against the tensors autograd saves for meshscale's own block in tests/unit/test_
   and the input (4 d + kv + f); Megatron's selective recomputation recomputes the core attention only, which
   with FlashAttention keeps nothing else, so it keeps what none keeps.
 - full: the block's input; while a layer's backward runs, what it recomputed lives again.
+- compiled blocks (torch.compile, `compiled`): what AOTAutograd's partitioner hands to backward: none, SwiGLU's
+  SiLU output recomputed (8 d + 3 f); a selective policy's saved outputs that no backward node reads are dropped,
+  the down projection's (torchtitan's policy: 3 d + kv + f; meshscale's: 4 d + 2 kv + 2 f). Checked against the
+  partitioner on meshscale's block in tests/unit/test_memory_frameworks.py.
 
 Above the tensors: the caching allocator's cache (`reserved_bytes`: each stream's pool grows to its own peak
 and keeps what it freed: FSDP's all-gather and reduce-scatter streams beside the compute stream; and a phase's
 transients, a few vocabulary-sized loss buffers against per-parameter optimizer temporaries, are taken as not
-reusing each other's cached blocks), the CUDA context and NCCL's buffers (models/allocator.py).
+reusing each other's cached blocks; the loss's own segments replayed as the allocator serves them,
+`loss_segments_per_logit`: the eager loss's bf16 logits leave a segment its fp32 gradients cannot use; FSDP2's root
+all-gather output held in the copy-in stream's pool beside the first layer's), the CUDA context and NCCL's buffers
+(models/allocator.py). Published figures count one of these: torchtitan's "memory" is the reserved peak.
 
 `fits`: the allocator returns its cache to the driver and retries before it raises out-of-memory, so what must
 fit is the allocated peak; what is reserved without pressure is the upper end. Both carry the accounting's own
