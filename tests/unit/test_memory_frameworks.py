@@ -137,6 +137,10 @@ def test_a_compiled_loss_never_holds_more_than_the_eager_one():
         assert loss_idle_bytes(compiled) <= loss_idle_bytes(eager)
     # a recipe that leaves its loss eager under compile (torchtitan of 2024, meshscale's engine) keeps it
     assert replace(base, recipe=RECIPES["torchtitan-2024"], compiled=True).loss == "eager"
+    # the eager loss's idle segment: 2 B a logit of bf16 logits, none where a pipeline stage keeps them alive
+    eager = replace(base, precision="bf16", compiled=False, layout=ParallelLayout())
+    assert loss_idle_bytes(eager) == 2 * eager.tokens * cfg.vocab_size
+    assert loss_idle_bytes(replace(eager, layout=ParallelLayout(pp=2, micro_batches=2), stage=1)) == 0
 
 
 def test_the_loss_segments_replay_matches_hand_counts_and_never_holds_less_than_is_alive():

@@ -697,8 +697,9 @@ def loss_idle_bytes(r: RankShape) -> float:
     """At the loss's backward, what the allocator holds for the loss beyond its tensors alive then: segments it
     made earlier in the step that are free but too small for the tensors it makes now (the eager loss: the bf16
     logits' segment, freed by `del pred`, cannot hold the fp32 gradients: 14 B per logit reserved for 12 alive).
-    bf16 logits only (fp32 ones have no bf16 copy)."""
-    if not r.last or r.precision != "bf16":
+    bf16 logits only (fp32 ones have no bf16 copy); none on a pipeline's last stage, which keeps its output, the
+    logits, until their backward (`pipeline_buffers_bytes`), so their segment is in use, not idle."""
+    if not r.last or r.precision != "bf16" or r.layout.pp > 1:
         return 0.0
     segments, _ = loss_segments_per_logit(LOSS_EVENTS[r.loss])
     return max(0.0, segments - LOSS_BYTES_PER_LOGIT[r.loss][2]) * _logits(r)
