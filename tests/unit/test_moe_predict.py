@@ -152,3 +152,30 @@ def test_search_ranks_layouts_with_expert_parallelism():
     assert eps == {1, 2, 4}
     assert {j.layout.ep for j in candidate_layouts(_job(preset("llama-tiny"), ParallelLayout(), seq_len=64),
                                                    8, 8, 8)} == {1}
+
+
+@pytest.mark.parametrize("fsdp", [1, 8])
+def test_tensorwise_under_fsdp2_casts_the_weight_shards_not_the_gathered_weights(fsdp):
+    # torchao's float8 all-gather: each linear's fp32 shard is cast before every all-gather (forward and the
+    # re-gather for backward: 4 + 4, 4 + 4, 4 + 1 bytes per element) and its amax taken once a step; the layer
+    # only copies the fp8 weight transposed for backward. Oracle: the same sums over llama-tiny's projections.
+    from meshscale.predict.training.step import step_kernels
+    model = preset("llama-tiny")
+    d, kv, f = model.d_model, model.kv_dim, model.ffn_dim
+    weights, tensors = d * (d + 2 * kv + d) + 3 * d * f, 7
+    job = TrainingJob(model, ParallelLayout(fsdp=fsdp), 8, 128, "fp8", fp8_recipe="tensorwise")
+    k = step_kernels(job)
+    passes = list(k.layer.forward) + list(k.layer.backward)
+    casts = [x for x in passes if x.name.startswith("float8 weight casts")]
+    assert len(casts) == 2 and all(c.ops == 4 * tensors for c in casts)
+    assert sum(c.bytes for c in casts) == (2 * 21 * weights if fsdp == 1 else 0)   # the copy-in stream's beyond one
+    amax = [x for x in k.per_step if x.name == "float8 amax precompute"]
+    assert len(amax) == 1 and amax[0].bytes == pytest.approx(4 * model.layers * weights / fsdp)
+    in_layer = next(x for x in k.layer.forward if x.name == "fp8 casts")
+    rowwise = next(x for x in step_kernels(replace(job, fp8_recipe="rowwise")).layer.forward if x.name == "fp8 casts")
+    tokens = 8 * 128
+    # tensorwise in the layer: input (6, 0) and grad_output (0, 6) per element, weight (0, 2)
+    assert in_layer.bytes == 6 * tokens * (6 * d + f)   # q, k, v, o, w1, w3 read d wide; w2 f wide
+    assert in_layer.backward_bytes == 6 * tokens * (d + 2 * kv + d + 2 * f + d) + 2 * weights
+    assert not [x for x in step_kernels(replace(job, fp8_recipe="rowwise")).per_step if "amax" in x.name]
+    assert rowwise.bytes > 0

@@ -54,7 +54,7 @@ from meshscale.predict.training.replicas import (GradientExchange, ReplicaCost, 
                                                  replica_exchange)
 from meshscale.predict.training.hardware import FULL_WIDTH, STEP_PRECISIONS, GpuSpec, storage_precision
 from meshscale.predict.training.measured import compute_source
-from meshscale.predict.training.fp8 import FP8_RECIPES, gathered_bytes
+from meshscale.predict.training.fp8 import FP8_RECIPES, amax_precompute, gathered_bytes, gathered_weights, gathers_fp8
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
 from meshscale.predict.training.context import CP_METHODS, ring_exposed_s
@@ -119,10 +119,13 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
     fw = step_framework(job.framework)
+    fsdp2 = job.sharding == "fsdp2" and fw.sharding == "fsdp2"
+    fp8_gathered = gathers_fp8(job.precision, job.fp8_recipe, fsdp2)
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=precision,
                               checkpointing=job.checkpointing, autocast=job.autocast,
                               selective_policy=job.selective_policy, rotary_style=job.rotary, ep=layout.ep,
-                              moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe, cp_method=cp_method_of(job))
+                              moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe, cp_method=cp_method_of(job),
+                              fp8_gathered=fp8_gathered)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
@@ -133,10 +136,14 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     shards = layout.tp * layout.fsdp
     numels = [ceil(n / shards) for n in stage_layers * layer_tensor_numels(model, layout.ep) + end_tensor_numels(model)]
     per_step = _optimizer_step(job, fw, on_rank, numels)
-    if job.sharding == "fsdp2" and fw.sharding == "fsdp2":
+    if fsdp2:
         param_bytes = gathered_bytes(job.precision, job.fp8_recipe, 4 if job.autocast else element_bytes(job.precision))
         gathered = layer_params_on_rank(model, layout.ep, layout.tp)
-        unshard = fsdp2_unshard_kernels(model, gathered, layout.fsdp, param_bytes)
+        fp8_weights = gathered_weights(list(layer.forward)) if fp8_gathered else (0.0, 0)
+        unshard = fsdp2_unshard_kernels(model, gathered, layout.fsdp, param_bytes, fp8_weights=fp8_weights)
+        if fp8_gathered:
+            per_step.append(amax_precompute(stage_layers * fp8_weights[0] / layout.fsdp,
+                                            stage_layers * fp8_weights[1]))
         root = fsdp2_unshard_kernels(model, ends_params / layout.tp, layout.fsdp, param_bytes, tensors=2)
         ends = replace(ends, forward=ends.forward + tuple(root),       # the root stays gathered until backward
                        backward=ends.backward + tuple(fsdp2_reduce_kernels(ends_params / layout.tp, layout.fsdp)))

@@ -25,7 +25,7 @@ from math import ceil
 from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_blocks, resnet_params,
                                      small_cnn_layers, small_cnn_tensor_numels)
 from meshscale.models.transformer import TransformerConfig
-from meshscale.predict.training.fp8 import to_fp8
+from meshscale.predict.training.fp8 import gather_casts, to_fp8
 from meshscale.predict.training.context import CpShape, cp_attention_kernels
 from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
 from meshscale.predict.training.moe import layer_params_on_rank, moe_mlp, shared_by
@@ -218,14 +218,14 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
                       selective_policy: str = "matmuls", rotary_style: str = "pairs", ep: int = 1,
                       moe_imbalance: float = 1.0, fp8_recipe: str = "tensorwise",
-                      cp_method: str = "masked") -> PassKernels:
+                      cp_method: str = "masked", fp8_gathered: bool = False) -> PassKernels:
     """One layer's kernels for ``tokens`` tokens on this rank (a micro-batch's share after cp), as eager PyTorch
     launches them. ``autocast``: the parameters stay fp32 and torch.autocast casts each weight (4 + 2 B per
     parameter per forward) and each GEMM input coming from an fp32 norm (LayerNorm runs in fp32 under autocast,
     so the residual stream is fp32); otherwise (FSDP2 mixed precision) every activation is in the compute
     precision. Either way each weight's gradient is made in bf16 and cast to fp32 (for .grad or the
     reduce-scatter). A mixture of experts' MLP: `moe.moe_mlp` (``ep``, ``moe_imbalance``); fp8: the linears as
-    fp8 GEMMs with their casts (`fp8.to_fp8`, ``fp8_recipe``). Under context parallelism attention is
+    fp8 GEMMs with their casts (`fp8.to_fp8`, ``fp8_recipe``; ``fp8_gathered``: weights gathered in fp8). Under context parallelism attention is
     ``cp_method``'s (context.py)."""
     e = element_bytes(precision)
     r = 4 if autocast else e                      # the residual stream and its norms
@@ -266,7 +266,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     forward = [*casts, norm, *redistributes, *qkv, *rotary, *attention, on_dtensor(out, tp), add, norm, *ffn, add]
     elementwise = [norm, *redistributes, *rotary, *ffn_elementwise, norm]
     if precision == "fp8":
-        forward, fp8_casts = to_fp8(forward, fp8_recipe)
+        forward, fp8_casts = to_fp8(forward, fp8_recipe, fp8_gathered)
         if fp8_casts is not None:
             forward, elementwise = [fp8_casts, *forward], [fp8_casts, *elementwise]
     return _passes(forward, elementwise, checkpointing, grads + bias_grads + cp_backward, selective_policy)
@@ -394,16 +394,25 @@ def layer_tensors(model: TransformerConfig) -> int:
 
 
 def fsdp2_unshard_kernels(model: TransformerConfig, params: float, fsdp: int, param_bytes: int,
-                          tensors: int | None = None) -> list[Kernel]:
+                          tensors: int | None = None, fp8_weights: tuple[float, int] = (0.0, 0)) -> list[Kernel]:
     """What gathering one FSDP2 module's ``params`` (this rank's tp share) costs the compute stream beyond the
     all-gather (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py): the gathered buffer copied out into
     each parameter (split_with_sizes_copy: read and write, one kernel); the copy-in runs on the all-gather's own
     stream. A shard group of one rank gathers nothing (_fsdp_param_group.py): each parameter is cast from its
-    fp32 shard to the compute dtype and copied into place on the compute stream, two kernels per tensor."""
+    fp32 shard to the compute dtype and copied into place on the compute stream, two kernels per tensor.
+    ``fp8_weights`` (elements, tensors of the module gathered in fp8, `fp8.gathered_weights`): their cast is
+    float8's own (`fp8.gather_casts`: on the copy-in stream but for its host ops, alone on the compute stream)."""
     tensors = tensors or layer_tensors(model)
+    fp8_elements, fp8_tensors = fp8_weights
+    casts = [gather_casts(fp8_elements / fsdp, fp8_tensors, compute_stream=fsdp == 1)] if fp8_tensors else []
     if fsdp > 1:
-        return [memory_op("FSDP copy-out", 2 * param_bytes * params)]
-    return [memory_op("FSDP cast and copy", (4 + param_bytes + 2 * param_bytes) * params, ops=2 * tensors)]
+        return [memory_op("FSDP copy-out", 2 * param_bytes * params), *casts]
+    rest, rest_tensors = params - fp8_elements, tensors - fp8_tensors
+    copies = [memory_op("FSDP cast and copy", (4 + param_bytes + 2 * param_bytes) * rest, ops=2 * rest_tensors)] \
+        if rest_tensors else []
+    if fp8_tensors:
+        copies.append(memory_op("FSDP copy (fp8)", 2.0 * fp8_elements, ops=fp8_tensors))
+    return copies + casts
 
 
 def fsdp2_reduce_kernels(params: float, fsdp: int) -> list[Kernel]:
