@@ -70,19 +70,24 @@ class ParallelLayout:
     def expert_groups(self, rank: int = 0) -> dict[str, list[int]]:
         """``rank``'s expert-parallel group ("ep"), the group its experts are sharded over ("expert_fsdp") and
         their replicas ("expert_dp"), as global ranks: positions of the combined cp x fsdp x dp index."""
-        c = self.coordinates(rank)
-        base = {"tp": c["tp"], "pp": c["pp"]}
-        index = c["cp"] + self.cp * (c["fsdp"] + self.fsdp * c["dp"])
+        return {name: list(group) for name, group in self.expert_ranges(rank).items()}
 
-        def at(i: int) -> int:
-            cp, rest = i % self.cp, i // self.cp
-            return self.rank_of({**base, "cp": cp, "fsdp": rest % self.fsdp, "dp": rest // self.fsdp})
+    def expert_ranges(self, rank: int = 0) -> dict[str, range]:
+        """`expert_groups` as ranges. The combined cp x fsdp x dp index is contiguous in the rank order (tp
+        innermost, pp outermost), position i at ``base + tp * i``, so every such group is an arithmetic
+        progression: named in constant time, whatever its size."""
+        c = self.coordinates(rank)
+        base = c["tp"] + self.stride("pp") * c["pp"]
+        index = c["cp"] + self.cp * (c["fsdp"] + self.fsdp * c["dp"])
         start = index - index % self.ep
         shard_span = self.ep * self.expert_fsdp
         first = index - index % shard_span + index % self.ep
-        return {"ep": [at(start + i) for i in range(self.ep)],
-                "expert_fsdp": [at(first + i * self.ep) for i in range(self.expert_fsdp)],
-                "expert_dp": [at(index % shard_span + i * shard_span) for i in range(self.expert_dp)]}
+
+        def progression(at: int, step: int, count: int) -> range:
+            return range(base + self.tp * at, base + self.tp * (at + step * count), self.tp * step)
+        return {"ep": progression(start, 1, self.ep),
+                "expert_fsdp": progression(first, self.ep, self.expert_fsdp),
+                "expert_dp": progression(index % shard_span, shard_span, self.expert_dp)}
 
     def describe(self) -> str:
         parts = [f"{name}{n}" for name, n in self.degrees().items() if n > 1]
@@ -119,8 +124,21 @@ class ParallelLayout:
         return list(seen.values())
 
     def group_of(self, dim: str, rank: int = 0) -> list[int]:
-        c = self.coordinates(rank)
-        return [self.rank_of({**c, dim: i}) for i in range(getattr(self, dim))]
+        return list(self.group_ranks(dim, rank))
+
+    def group_ranks(self, dim: str, rank: int = 0) -> range:
+        """`group_of` as a range: the ranks that differ from ``rank`` only along ``dim`` are ``stride(dim)``
+        apart, so a group of any size is named in constant time."""
+        stride = self.stride(dim)
+        start = rank - self.coordinates(rank)[dim] * stride
+        return range(start, start + getattr(self, dim) * stride, stride)
+
+    def stride(self, dim: str) -> int:
+        """How far apart in rank two neighbours along ``dim`` are: the product of the inner dimensions."""
+        out = 1
+        for name in DIMENSIONS[:DIMENSIONS.index(dim)]:
+            out *= getattr(self, name)
+        return out
 
 
 def filled_degrees(given: dict[str, int], world: int, fill: str) -> dict[str, int]:

@@ -10,7 +10,9 @@ priced on the whole cluster it spans (NCCL's model picks Ring, Tree or NVLS-Tree
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from math import gcd
 from typing import TYPE_CHECKING
 
 from meshscale.collectives.kinds import kind
@@ -102,9 +104,15 @@ def _with_nics(fabric: Fabric, nics: int) -> Fabric:
         return fabric
 
 
-def group_shape(ranks: list[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
+def group_shape(ranks: Sequence[int], gpus_per_node: int) -> tuple[tuple[int, ...], int]:
     """(local GPU indices used on each node, nodes spanned) of a group of global ranks. Groups of one layout
-    dimension use the same local GPUs on every node they span."""
+    dimension use the same local GPUs on every node they span. A range (`ParallelLayout.group_ranks`) is shaped
+    in closed form: its ranks step less than a node (every node between its ends is visited) or at least one
+    (each on a node of its own), and its local indices repeat every gpus_per_node / gcd(step, gpus_per_node)."""
+    if isinstance(ranks, range) and ranks.step > 0 and len(ranks):
+        step, g = ranks.step, gpus_per_node
+        nodes = len(ranks) if step >= g else ranks[-1] // g - ranks[0] // g + 1
+        return tuple(sorted({r % g for r in ranks[:g // gcd(step, g)]})), nodes
     nodes = sorted({r // gpus_per_node for r in ranks})
     local = tuple(sorted({r % gpus_per_node for r in ranks}))
     return local, len(nodes)
@@ -120,7 +128,7 @@ class CollectiveCost:
     chosen: str = ""
 
 
-def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Allocation,
+def collective_cost(collective: str, nbytes: float, ranks: Sequence[int], fabric: Allocation,
                     nccl_version: str | None = None) -> CollectiveCost:
     """Time and channels of ``collective`` of ``nbytes`` (the nccl-tests size: the whole gathered / reduced
     buffer; the message for send_recv) among global ``ranks`` placed on ``fabric`` (by NCCL ``nccl_version``:
@@ -136,7 +144,7 @@ def collective_cost(collective: str, nbytes: float, ranks: list[int], fabric: Al
     return found
 
 
-def collective_seconds(collective: str, nbytes: float, ranks: list[int], fabric: Allocation) -> float:
+def collective_seconds(collective: str, nbytes: float, ranks: Sequence[int], fabric: Allocation) -> float:
     """Seconds for ``collective`` (see `collective_cost`)."""
     return collective_cost(collective, nbytes, ranks, fabric).seconds
 

@@ -27,6 +27,7 @@ dense MLP by the rest.
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 from meshscale.models.layout import ParallelLayout
@@ -103,7 +104,7 @@ def all_to_all_costs(model: TransformerConfig, layout: ParallelLayout, tokens: f
     the expert-parallel group; nothing without experts or with ep 1."""
     if not model.is_moe or layout.ep == 1:
         return CollectiveCost(0.0), CollectiveCost(0.0)
-    group = layout.expert_groups()["ep"]
+    group = layout.expert_ranges()["ep"]
     tokens_a2a = collective_cost("all_to_all", dispatch_bytes(model, tokens, layout.ep, imbalance, e), group,
                                  allocation)
     splits = collective_cost("all_to_all", SPLITS_BYTES_PER_RANK * layout.ep, group, allocation)
@@ -133,14 +134,14 @@ def fsdp_layer_costs(model: TransformerConfig, layout: ParallelLayout, allocatio
     experts = model.expert_layer_params() / layout.tp
     rest = model.layer_params() / layout.tp - experts
     mine = experts / layout.ep
-    groups = layout.expert_groups()
+    groups = layout.expert_ranges()
 
-    def over(name: str, nbytes: float, ranks: list[int]) -> CollectiveCost:
+    def over(name: str, nbytes: float, ranks: Sequence[int]) -> CollectiveCost:
         return collective_cost(name, nbytes, ranks, allocation) if len(ranks) > 1 else CollectiveCost(0.0)
 
     def both(a: CollectiveCost, b: CollectiveCost) -> CollectiveCost:
         return CollectiveCost(a.seconds + b.seconds, max(a.channels, b.channels), a.chosen or b.chosen)
-    fsdp, dp = layout.group_of("fsdp"), layout.group_of("dp")
+    fsdp, dp = layout.group_ranks("fsdp"), layout.group_ranks("dp")
     gather = both(over("all_gather", rest * gather_bytes, fsdp),
                   over("all_gather", mine * gather_bytes, groups["expert_fsdp"]))
     reduce = both(over("reduce_scatter", rest * reduce_bytes, fsdp),

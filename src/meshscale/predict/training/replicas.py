@@ -14,6 +14,7 @@ DDP, a model timed by its measured profile):
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshscale.errors import MeshscaleError, check_choice
@@ -85,7 +86,7 @@ def exposed_exchange_s(bucket_times_s: list[float], ready_shares: list[float], b
     return max(0.0, end)
 
 
-def replica_exchange(exchange: GradientExchange, gradients: list[GradientTensor], group: list[int],
+def replica_exchange(exchange: GradientExchange, gradients: list[GradientTensor], group: Sequence[int],
                      allocation: Allocation, backward_s: float, compute_s: float) -> ReplicaCost:
     """The step's gradient exchange among the replicas ``group`` (global ranks) on ``allocation``, after
     ``backward_s`` of backward ending ``compute_s`` of compute."""

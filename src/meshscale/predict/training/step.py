@@ -565,7 +565,7 @@ def _replicated(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rates
     as the framework does (`replicas.replica_exchange`), overlapped with backward where it overlaps."""
     (forward, backward, optimizer), launch = _passes_of(job, r)
     compute = forward + backward + optimizer
-    group = job.layout.group_of("dp") if job.layout.dp > 1 else job.layout.group_of("fsdp")
+    group = job.layout.group_ranks("dp") if job.layout.dp > 1 else job.layout.group_ranks("fsdp")
     found = replica_exchange(job.exchange, job.gradients(), group, allocation, backward, forward + backward)
     p = _with_replicas(TrainingPrediction(job, allocation, gpu, source, compute, compute, launch_s=launch,
                                           host_ops=0 if job.cuda_graph or job.measured is not None
@@ -597,14 +597,14 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
     layer_b, wait_lb = _pass_seconds(layer.backward + layer.recompute, r, job)
 
     def cost(name: str, nbytes: float, dim: str) -> CollectiveCost:
-        return collective_cost(name, nbytes, layout.group_of(dim), allocation) if getattr(layout, dim) > 1 \
+        return collective_cost(name, nbytes, layout.group_ranks(dim), allocation) if getattr(layout, dim) > 1 \
             else CollectiveCost(0.0)
 
     activation = tokens * model.d_model * e
     tp_f, tp_b = _tp_seconds(job, layer, r, cost, activation)
     kv = tokens * 2 * model.kv_dim / layout.tp * e   # this rank's K and V of one micro-batch
     cp_f, cp_b = _cp_seconds(job, layer, r, cost, allocation, kv)
-    hop = collective_seconds("send_recv", activation / layout.tp, layout.group_of("pp")[:2], allocation) \
+    hop = collective_seconds("send_recv", activation / layout.tp, layout.group_ranks("pp")[:2], allocation) \
         if layout.pp > 1 else 0.0
     # expert parallelism: each MoE layer's dispatch and combine (and the token counts before the dispatch),
     # again in backward and in a full recompute; by the share of MoE layers
@@ -645,7 +645,7 @@ def _transformer(job: TrainingJob, allocation: Allocation, gpu: GpuSpec, r: Rate
         return found
     # the last micro-batch's backward exchanges the accumulated gradients; the optimizer waits for it
     backward = stage_layers * layer_b + ends_b
-    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_of("dp"), allocation, backward,
+    exchange = replica_exchange(job.exchange, job.gradients(), layout.group_ranks("dp"), allocation, backward,
                                 pipeline)
     return _with_replicas(found, exchange, backward, gpu)
 
@@ -759,7 +759,7 @@ def _cp_seconds(job: TrainingJob, layer: PassKernels, r: Rates, cost, allocation
     gather = cost("all_gather", kv_bytes * layout.cp, "cp").seconds
     if method == "masked":
         return gather, gather * (2 if recompute else 1) + cost("reduce_scatter", kv_bytes * layout.cp, "cp").seconds
-    pair = layout.group_of("cp")[:2]
+    pair = layout.group_ranks("cp")[:2]
     hop = collective_seconds("send_recv", kv_bytes, pair, allocation)
     # torch's ring sends the gradients in fp32 (its accumulators); Transformer Engine's in the activations'
     grad_hop = hop if method == "p2p" else collective_seconds("send_recv", kv_bytes * 4 / element_bytes(
