@@ -25,8 +25,11 @@ NVLink to the NIC of the right rail (NCCL's PXN), as in a rail-only network.
 from __future__ import annotations
 
 import math
+import re
+from collections.abc import Iterator, Mapping
 from dataclasses import astuple, dataclass, field, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache
+from numbers import Integral
 
 from meshscale.errors import TopologyError
 import meshscale.topology.links as calc
@@ -36,6 +39,7 @@ from meshscale.topology.schema import require_devices
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.topology.model import Link, Node, Topology
 from meshscale.topology.multinode import node_copy
+from meshscale.units import is_digits
 from meshscale.validation import Range, text
 
 
@@ -278,58 +282,238 @@ def _bundled(pairs: list[tuple[str, str]], net: NetLink) -> list[Link]:
 
 
 def build_cluster(plan: ClusterPlan) -> Topology:
-    """The cluster as one `Topology`: every node copied with prefix ``n<k>/``, NICs linked to leaf switches
-    (`ClusterPlan.leaves_of_node`), leaves to level-2 switches (a fat tree: one link to each; rails: each leaf's
-    up-links spread over the spines), level-2 to level-3 by pod. Switches carry latency_s."""
+    """The cluster as one `Topology`: every node copied with prefix ``n<k>/`` (`_node_part`), NICs linked to leaf
+    switches (`ClusterPlan.leaves_of_node`), leaves to level-2 switches (a fat tree: one link to each; rails: each
+    leaf's up-links spread over the spines), level-2 to level-3 by pod. Switches carry latency_s. A node whose
+    devices are numbered without gaps gives a `ClusterTopology`, which builds the whole graph only when asked."""
+    node = plan.node_topology
+    indices = sorted(node.nodes[d].index for d in node.devices())
+    if indices == list(range(indices[0], indices[0] + len(indices))):
+        return ClusterTopology(plan)
+    nodes, links = _whole_cluster(plan, lambda k: _node_part(plan, _attach_points(node, plan), k))
+    return Topology(_cluster_name(plan), nodes, links, _cluster_title(plan), cluster=plan.cluster)
+
+
+def _cluster_name(plan: ClusterPlan) -> str:
+    return f"{plan.node_topology.name}x{plan.spec.nodes}-{plan.net.name}{'-rail' if plan.rails else ''}"
+
+
+def _cluster_title(plan: ClusterPlan) -> str:
+    node, spec = plan.node_topology, plan.spec
+    return f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {plan.net.name.upper()} per node, {plan.layout()}"
+
+
+def _node_part(plan: ClusterPlan, points: list[tuple[str, str | None]], k: int) -> tuple[dict[str, Node], list[Link]]:
+    """Node ``k`` as the cluster holds it: the node's parts and links named ``n<k>/...`` (devices numbered from
+    k x its GPUs), its NICs (the node's own, or added on a x16 slot) at the network's rate, re-hung off their CPU
+    without GPUDirect RDMA, each linked to its leaf switch."""
     node, net, spec = plan.node_topology, plan.net, plan.spec
-    gpus = len(node.devices())
-    nodes: dict[str, Node] = {}
-    links: list[Link] = []
+    p = f"n{k}/"
+    nodes, links = node_copy(node, k, k * len(node.devices()))
     nic_latency = net.system_latency_s / 2  # the 1.01 us split over the two NIC links of a path
-    points = _attach_points(node, plan)
-    for k in range(spec.nodes):
-        p = f"n{k}/"
-        copied, copied_links = node_copy(node, k, k * gpus)
-        nodes.update(copied)
-        links += copied_links
-        for j, ((nic, at), leaf) in enumerate(zip(points, plan.leaves_of_node(k))):
-            if nic is None:  # a NIC the system file does not have: add it on a x16 slot
-                nic = f"net{j}"
-                nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
-                links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
-            nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect, rdma=net.rdma)
-            if plan.rails:
-                nodes[p + nic].attrs["rail"] = j
-            if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory
-                for i, l in enumerate(links):
-                    if p + nic in (l.a, l.b) and l.kind == "pcie":
-                        links[i] = Link(**{**vars(l), "a": p + nic, "b": p + _host_of(node, l.other(p + nic)[len(p):])})
-            links.append(Link(p + nic, f"l1/{leaf}", net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
-    sw = {"latency_s": net.switch_latency_s, "radix": plan.radix, "rate": net.name}
-    for level, count in enumerate(plan.switches, start=1):
-        for s in range(count):
-            rail = {"rail": s % plan.rails, "group": s // plan.rails} if plan.rails and level == 1 else {}
-            nodes[f"l{level}/{s}"] = Node(f"l{level}/{s}", "net_switch", dict(sw, level=level, **rail))
-    bw = net.bandwidth_bytes_per_s
+    for j, ((nic, at), leaf) in enumerate(zip(points, plan.leaves_of_node(k))):
+        if nic is None:  # a NIC the system file does not have: add it on a x16 slot
+            nic = f"net{j}"
+            nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
+            links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
+        nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect, rdma=net.rdma)
+        if plan.rails:
+            nodes[p + nic].attrs["rail"] = j
+        if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory
+            for i, l in enumerate(links):
+                if p + nic in (l.a, l.b) and l.kind == "pcie":
+                    links[i] = Link(**{**vars(l), "a": p + nic, "b": p + _host_of(node, l.other(p + nic)[len(p):])})
+        links.append(Link(p + nic, f"l1/{leaf}", net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
+    return nodes, links
+
+
+def _switch(plan: ClusterPlan, level: int, s: int) -> Node:
+    """Switch ``s`` of ``level`` (1: the leaves; on rails, each leaf's rail and group)."""
+    rail = {"rail": s % plan.rails, "group": s // plan.rails} if plan.rails and level == 1 else {}
+    sw = {"latency_s": plan.net.switch_latency_s, "radix": plan.radix, "rate": plan.net.name}
+    return Node(f"l{level}/{s}", "net_switch", dict(sw, level=level, **rail))
+
+
+def _leaf_up_links(plan: ClusterPlan, leaf: int) -> list[Link]:
+    """A leaf's links up to level 2: a fat tree's one to each spine of its pod, a rail leaf's up-links spread
+    over the spines (bundled where several reach one)."""
+    net = plan.net
     if plan.rails and plan.levels == 2:
         spines, up = plan.switches[1], plan.up_ports_per_leaf
-        links += _bundled([(f"l1/{leaf}", f"l2/{(leaf * up + u) % spines}")
-                           for leaf in range(plan.switches[0]) for u in range(up)], net)
-    elif plan.levels >= 2:
-        pod_leaves = plan.ports_used // 2 if plan.levels == 3 else plan.switches[0]
-        for leaf in range(plan.switches[0]):
-            pod = leaf // pod_leaves
-            for s in range(plan.up_ports_per_leaf):
-                spine = pod * plan.up_ports_per_leaf + s if plan.levels == 3 else s
-                links.append(Link(f"l1/{leaf}", f"l2/{spine}", net.kind, bw, 0.0, rate=net.name))
+        return _bundled([(f"l1/{leaf}", f"l2/{(leaf * up + u) % spines}") for u in range(up)], net)
+    if plan.levels < 2:
+        return []
+    pod = leaf // (plan.ports_used // 2 if plan.levels == 3 else plan.switches[0])
+    spines = [pod * plan.up_ports_per_leaf + s if plan.levels == 3 else s for s in range(plan.up_ports_per_leaf)]
+    return [Link(f"l1/{leaf}", f"l2/{spine}", net.kind, net.bandwidth_bytes_per_s, 0.0, rate=net.name)
+            for spine in spines]
+
+
+def _whole_cluster(plan: ClusterPlan, part) -> tuple[dict[str, Node], list[Link]]:
+    """Every node's parts (``part(k)``: `_node_part`) and every switch, with all their links, in one graph."""
+    nodes: dict[str, Node] = {}
+    links: list[Link] = []
+    for k in range(plan.spec.nodes):
+        copied, copied_links = part(k)
+        nodes.update(copied)
+        links += copied_links
+    for level, count in enumerate(plan.switches, start=1):
+        nodes.update((f"l{level}/{s}", _switch(plan, level, s)) for s in range(count))
+    for leaf in range(plan.switches[0]):
+        links += _leaf_up_links(plan, leaf)
     if plan.levels == 3:
         up = plan.ports_used - plan.ports_used // 2
         # spread each level-2 switch's up-links over the level-3 switches
         links += _bundled([(f"l2/{spine}", f"l3/{(spine * up + j) % plan.switches[2]}")
-                           for spine in range(plan.switches[1]) for j in range(up)], net)
-    title = f"{spec.nodes} x {node.title or node.name}, {spec.nics}x {net.name.upper()} per node, {plan.layout()}"
-    suffix = "-rail" if plan.rails else ""
-    return Topology(f"{node.name}x{spec.nodes}-{net.name}{suffix}", nodes, links, title, cluster=plan.cluster)
+                           for spine in range(plan.switches[1]) for j in range(up)], plan.net)
+    return nodes, links
+
+
+_PART_NAME = re.compile(r"(n|l)(0|[1-9][0-9]*)/")
+
+
+class ClusterTopology(Topology):
+    """A cluster of identical nodes as `build_cluster` lays it out, built from one node and the network's shape.
+    Node k's parts are the node's, renamed ``n<k>/`` and renumbered (`_node_part`); each switch and up-link
+    follows from the plan. What NCCL's model and the step model ask of a cluster -- a device by index, a part by
+    name, a node's own view, a part's links, a leaf's up-links -- is answered from node k's part alone, so pricing
+    a collective does work that does not grow with the nodes. The whole graph (`nodes` iterated, `links`: every
+    node's parts, every switch) is built on first use, for the commands that walk it (drawing, routing across
+    the network, the flow simulator), and checked as any topology is."""
+
+    def __init__(self, plan: ClusterPlan):
+        # Topology's fields but nodes and links, which `_whole` builds (`nodes` looks parts up before that)
+        self.name, self.title, self.attrs, self.cluster = _cluster_name(plan), _cluster_title(plan), {}, plan.cluster
+        self.plan = plan
+        self._points = _attach_points(plan.node_topology, plan)
+        self._node_devices = plan.node_topology.devices()
+        self._parts: dict[int, tuple[dict[str, Node], list[Link]]] = {}
+        self._switches: dict[str, Node] = {}
+
+    @cached_property
+    def _whole(self) -> tuple[dict[str, Node], list[Link]]:
+        nodes, links = _whole_cluster(self.plan, self.part)
+        nodes.update(self._switches)  # the switches already looked up stay the objects handed out
+        Topology(self.name, nodes, links, self.title, self.attrs, self.cluster)  # checked as every topology is
+        return nodes, links
+
+    @property
+    def nodes(self) -> Mapping[str, Node]:
+        return self._whole[0] if "_whole" in self.__dict__ else _PartLookup(self)
+
+    @property
+    def links(self) -> list[Link]:
+        return self._whole[1]
+
+    def part(self, k: int) -> tuple[dict[str, Node], list[Link]]:
+        """Node ``k``'s parts and their links (`_node_part`), built once."""
+        if k not in self._parts:
+            self._parts[k] = _node_part(self.plan, self._points, k)
+        return self._parts[k]
+
+    def node_named(self, name: str) -> Node:
+        """The part or switch called ``name``; KeyError for any other name."""
+        found = _PART_NAME.match(name)
+        if found is None:
+            raise KeyError(name)
+        kind, number = found.group(1), int(found.group(2))
+        if kind == "n" and number < self.plan.spec.nodes:
+            return self.part(number)[0][name]
+        level, rest = number, name[found.end():]
+        if kind == "l" and 1 <= level <= len(self.plan.switches) and is_digits(rest) and str(int(rest)) == rest \
+                and int(rest) < self.plan.switches[level - 1]:
+            return self._switches.setdefault(name, _switch(self.plan, level, int(rest)))
+        raise KeyError(name)
+
+    def node_of_part(self, name: str) -> int | None:
+        """The node whose part ``name`` is (None: a switch)."""
+        found = _PART_NAME.match(name)
+        return int(found.group(2)) if found and found.group(1) == "n" else None
+
+    def links_of(self, name: str, kind: str | None = None) -> list[Link]:
+        k = self.node_of_part(name)
+        if k is None or "_whole" in self.__dict__ or k >= self.plan.spec.nodes:
+            return super().links_of(name, kind)
+        return [l for l in self.part(k)[1] if name in (l.a, l.b) and (kind is None or l.kind == kind)]
+
+    def links_between(self, a: str, b: str) -> list[Link]:
+        return [l for l in self.links_of(a) if l.other(a) == b and a != b]
+
+    def node_view(self, k: int) -> Topology:
+        """Node ``k`` on its own (its parts and the links among them), as `simulate.nccl.network.node_view` cuts
+        it out of a cluster."""
+        key = ("meshscale.simulate.nccl.node_view", k)
+        if key not in self.route_cache:
+            nodes, links = self.part(k)
+            self.route_cache[key] = Topology(f"{self.name}/n{k}", dict(nodes),
+                                             [l for l in links if l.a in nodes and l.b in nodes], self.title)
+        return self.route_cache[key]
+
+    def up_links(self, leaf: str) -> list[Link]:
+        """Level-1 switch ``leaf``'s links to the level above (none on one level)."""
+        return _leaf_up_links(self.plan, int(leaf.removeprefix("l1/")))
+
+    def leaves_of(self, k: int) -> list[str]:
+        """The switch each network port of node ``k`` links to, in the order of its NICs."""
+        return [f"l1/{leaf}" for leaf in self.plan.leaves_of_node(k)]
+
+    @cached_property
+    def _of_kind(self) -> dict[str, list[str]]:
+        """Node 0's part names by kind (without the prefix), then the switches: the order `nodes` keeps."""
+        out: dict[str, list[str]] = {}
+        for name, node in self.part(0)[0].items():
+            out.setdefault(node.kind, []).append(name[len("n0/"):])
+        return out
+
+    def nodes_of(self, kind: str) -> list[str]:
+        if "_whole" in self.__dict__:
+            return super().nodes_of(kind)
+        names = [f"n{k}/{x}" for k in range(self.plan.spec.nodes) for x in self._of_kind.get(kind, ())]
+        if kind == "net_switch":
+            names += [f"l{level}/{s}" for level, count in enumerate(self.plan.switches, start=1) for s in range(count)]
+        return names
+
+    @cached_property
+    def _devices(self) -> list[str]:
+        return [f"n{k}/{d}" for k in range(self.plan.spec.nodes) for d in self._node_devices]
+
+    def devices(self) -> list[str]:
+        return list(self._devices)
+
+    def device_indices(self) -> list[int]:
+        return list(range(len(self._devices)))
+
+    def device(self, index: int) -> str:
+        k, i = divmod(index, len(self._node_devices)) if isinstance(index, Integral) else (-1, 0)
+        if 0 <= k < self.plan.spec.nodes:
+            return f"n{k}/{self._node_devices[i]}"
+        have = self.device_indices()
+        raise TopologyError(f"{self.name} has no {self.device_kind} {index}; its {self.device_kind}s are {have}")
+
+    @property
+    def device_kind(self) -> str:
+        return self.plan.node_topology.device_kind
+
+    @property
+    def gpu_model(self) -> str:
+        return self.plan.node_topology.gpu_model
+
+
+class _PartLookup(Mapping):
+    """A `ClusterTopology`'s nodes before its whole graph is built: a name is looked up in its node's part (or
+    made, for a switch); iterating them, or counting them, builds the whole graph."""
+
+    def __init__(self, topo: ClusterTopology):
+        self._topo = topo
+
+    def __getitem__(self, name: str) -> Node:
+        return self._topo.node_named(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._topo._whole[0])
+
+    def __len__(self) -> int:
+        return len(self._topo._whole[0])
 
 
 CLUSTER_FILE_KEYS = ("node", "nodes", "nics", "link", "levels", "nodes_per_leaf", "radix", "oversubscription",

@@ -137,6 +137,10 @@ class Topology:
         kind = "gpu" if self.nodes_of("gpu") else "worker"
         return sorted(self.nodes_of(kind), key=lambda name: self.nodes[name].index)
 
+    def device_indices(self) -> list[int]:
+        """The rank devices' indices, in the order `devices` names them."""
+        return [self.nodes[d].index for d in self.devices()]
+
     @property
     def device_kind(self) -> str:
         return "gpu" if self.nodes_of("gpu") else "worker"

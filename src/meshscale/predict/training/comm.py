@@ -164,12 +164,22 @@ def _priced(collective: str, nbytes: int, local: tuple[int, ...], nodes: int, nc
         groups = allocation.gpus_per_node // len(local)
         fabric = allocation.at(nodes, nccl_version, max(1, fabric.cluster.nics // groups))
         local = tuple(range(len(local)))
-    topo = fabric.topology
-    devices, per_node = topo.devices(), allocation.gpus_per_node
-    if collective == "send_recv":   # one message between two ranks of the group (a pipeline hop)
-        ranks = [topo.nodes[devices[local[0]]].index,
-                 topo.nodes[devices[(per_node if nodes > 1 else 0) + local[-1]]].index]
-    else:
-        ranks = [topo.nodes[devices[n * per_node + i]].index for n in range(nodes) for i in local]
-    found = fabric.cost(Call(kind(collective).name, nbytes, tuple(ranks)))
+    found = fabric.cost(Call(kind(collective).name, nbytes, _device_ranks(allocation, fabric, local, nodes,
+                                                                         collective == "send_recv")))
     return CollectiveCost(found.time_s, found.channels, found.chosen.split(",")[0])
+
+
+def _device_ranks(allocation: Allocation, fabric: Fabric, local: tuple[int, ...], nodes: int,
+                  pair: bool) -> tuple[int, ...]:
+    """The devices of ``fabric`` a group of ``local`` GPUs on each of ``nodes`` nodes runs on (``pair``: one
+    message between two of them, a pipeline hop), built once per group shape: every collective and size of a
+    group asks the same."""
+    key = ("devices", fabric, local, nodes, pair)   # a fabric is its own key (compared by identity)
+    if key not in allocation._cache:
+        indices, per_node = fabric.topology.device_indices(), allocation.gpus_per_node
+        if pair:
+            ranks = [indices[local[0]], indices[(per_node if nodes > 1 else 0) + local[-1]]]
+        else:
+            ranks = [indices[n * per_node + i] for n in range(nodes) for i in local]
+        allocation._cache[key] = tuple(ranks)
+    return allocation._cache[key]

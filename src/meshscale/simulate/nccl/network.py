@@ -3,11 +3,15 @@ through host memory), a node's rate when every node sends around the ring, and t
 per-node view of a cluster that searches inside a node use."""
 from __future__ import annotations
 
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+
+import numpy as np
 
 from meshscale.simulate.nccl.tables import PATH_TYPES, cpu_class, host_memory_of
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
 from meshscale.topology import Topology, route
+from meshscale.topology.cluster import ClusterTopology
 from meshscale.topology.fabric import NET_LINKS
 from meshscale.topology.queries import path_class
 
@@ -106,6 +110,8 @@ def node_view(topo: Topology, k: int) -> Topology:
     """Node ``k`` of a cluster on its own (its nodes and the links among them), built once per topology: the
     routes inside a node are found there, not by a max-flow over the whole cluster's graph. A topology of one
     node is its own view."""
+    if isinstance(topo, ClusterTopology) and 0 <= k < topo.plan.spec.nodes:
+        return topo.node_view(k)  # node k's part, not a scan of the whole cluster
     key = ("meshscale.simulate.nccl.node_view", k)
     if key not in topo.route_cache:
         # a cluster marks every node's parts with node=k; its switches belong to no node
@@ -217,7 +223,7 @@ def staging_gpus(topo: Topology, host: str) -> dict[int, int]:
     return topo.route_cache[key]
 
 
-def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -> float:
+def fabric_gbps(topo: Topology, nodes: Collection[int], node_gbps: float) -> float:
     """A node's network rate when every node sends at once around NCCL's ring over the nodes in rank order. The
     ring crosses nodes NIC k to NIC k (NCCL keeps each channel on one NIC, rail-aligned), so it passes inside
     any set of nodes whose NICs share their leaf switches: one leaf in a fat tree, one leaf per rail (a rail
@@ -230,17 +236,24 @@ def fabric_gbps(topo: Topology, nodes: dict[int, list[str]], node_gbps: float) -
     cluster = topo.cluster
     if cluster is not None and cluster.placement == "spread" and cluster.oversubscription > 1 and len(nodes) > 1:
         return node_gbps / cluster.oversubscription
-    leaves = _leaves_by_node(topo)
+    leaves = _leaves_by_node(topo, nodes)
     groups = {tuple(leaves.get(k, ())) for k in nodes}
     if () in groups or len(groups) < 2:
         return node_gbps
     rate = node_gbps
     for group in groups:
         for leaf in set(group):
-            up = sum(l.bandwidth_bytes_per_s for l in topo.links_of(leaf) if topo.nodes[l.other(leaf)].kind == "net_switch"
-                     and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1)
+            up = sum(l.bandwidth_bytes_per_s for l in _up_links(topo, leaf))
             rate = min(rate, up / 1e9 * len(group) / group.count(leaf))  # the leaf carries its NICs' share
     return rate
+
+
+def _up_links(topo: Topology, leaf: str) -> list:
+    """A leaf switch's links to the switches above it (a cluster's from its plan, not its whole graph)."""
+    if isinstance(topo, ClusterTopology):
+        return topo.up_links(leaf)
+    return [l for l in topo.links_of(leaf) if topo.nodes[l.other(leaf)].kind == "net_switch"
+            and topo.nodes[l.other(leaf)].attrs.get("level", 1) > 1]
 
 
 def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
@@ -260,14 +273,61 @@ def network_latency_s(topo: Topology, nics: list[NicPath]) -> float:
     return REFERENCE_NET_LATENCY_S + staged_s
 
 
-def _leaves_by_node(topo: Topology) -> dict[int, list[str]]:
-    """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out)."""
+def _leaves_by_node(topo: Topology, nodes: Collection[int]) -> dict[int, list[str]]:
+    """Node -> the switch each of its NICs links to, in NIC order (NICs without a switch left out), for
+    ``nodes`` at least (a cluster's from its plan)."""
+    if isinstance(topo, ClusterTopology):
+        return {k: topo.leaves_of(k) for k in nodes}
     out: dict[int, list[str]] = {}
     for nic in topo.nodes_of("nic"):
         switch = next((l.other(nic) for l in topo.links_of(nic) if topo.nodes[l.other(nic)].kind == "net_switch"), None)
         if switch is not None:
             out.setdefault(node_of(topo, nic), []).append(switch)
     return out
+
+
+def ranks_by_node(topo: Topology, ranks: Sequence[int]) -> tuple[Mapping[int, list[str]], set[str]]:
+    """(each node's devices among ``ranks``, in rank order, the nodes in the order of their first rank; the
+    devices' models). On a cluster built from one node (`ClusterTopology`) by the index arithmetic alone, each
+    node's devices named when asked (`_NodesOfRanks`): a call over a whole cluster names its first node's."""
+    if isinstance(topo, ClusterTopology) and len(ranks):
+        per, found = len(topo.plan.node_topology.devices()), np.asarray(ranks)
+        outside = np.flatnonzero((found < 0) | (found >= per * topo.plan.spec.nodes))
+        if len(outside):
+            topo.device(int(found[outside[0]]))  # raises as for any topology, naming the device
+        models = {topo.nodes[topo.device(int(i))].attrs.get("model", "") for i in np.unique(found % per)}
+        return _NodesOfRanks(topo, found, per), models
+    names = [topo.device(r) for r in ranks]
+    nodes: dict[int, list[str]] = {}
+    for n in names:
+        nodes.setdefault(node_of(topo, n), []).append(n)
+    return nodes, {topo.nodes[n].attrs.get("model", "") for n in names}
+
+
+class _NodesOfRanks(Mapping):
+    """`ranks_by_node`'s nodes on a `ClusterTopology`: node -> the names of its devices among the ranks (in rank
+    order), the nodes in the order of their first rank; a node's names made when it is asked for."""
+
+    def __init__(self, topo: ClusterTopology, ranks: np.ndarray, per_node: int):
+        node = ranks // per_node
+        order = np.argsort(node, kind="stable")   # each node's ranks together, in rank order
+        spanned, first, count = np.unique(node, return_index=True, return_counts=True)
+        start = np.concatenate(([0], np.cumsum(count)[:-1]))
+        self._topo, self._sorted = topo, ranks[order]
+        self._slices = {int(spanned[i]): (int(start[i]), int(start[i] + count[i])) for i in np.argsort(first)}
+        self._names: dict[int, list[str]] = {}
+
+    def __getitem__(self, k: int) -> list[str]:
+        if k not in self._names:
+            a, b = self._slices[k]
+            self._names[k] = [self._topo.device(int(r)) for r in self._sorted[a:b]]
+        return self._names[k]
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._slices)
+
+    def __len__(self) -> int:
+        return len(self._slices)
 
 
 def node_of(topo: Topology, name: str) -> int:

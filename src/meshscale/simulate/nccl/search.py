@@ -4,13 +4,14 @@ channels, duplication), and `analyse`, which gathers it all in a `System` as NCC
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from meshscale.errors import MeshscaleError
 from meshscale.simulate.nccl.net_socket import UNKNOWN_SPEED_GBPS, SocketRun, socket_setup, tcp_host
 from meshscale.simulate.nccl.network import (REFERENCE_NET_LATENCY_S, NicPath, fabric_gbps, host_memory_gbps,
                                              host_run_gbps, links_gbps, network_latency_s, network_paths, node_of,
-                                             node_view, port_gbps, same_host, staging_gpus)
+                                             node_view, port_gbps, ranks_by_node, same_host, staging_gpus)
 from meshscale.simulate.nccl.tables import (ARCH, DFS_VISIT_LIMIT, MAX_NODE_GPUS, PATH_TYPES, constants, cpu_class,
                                             data_file, gpu_sm)
 from meshscale.simulate.nccl_env import DEFAULT_ENV, NcclEnv
@@ -422,28 +423,40 @@ _NODE_GRAPHS: dict = {}  # node type -> what NCCL's search finds inside it (see 
 NODE_GRAPHS_KEPT = 64
 
 
-def _node_signature(topo: Topology, inside: Topology) -> tuple:
-    """What makes two nodes of clusters the same to NCCL's search: their nodes, links and NIC ports."""
+def _node_signature(topo: Topology, inside: Topology) -> tuple[tuple, tuple]:
+    """What makes two nodes of clusters the same to NCCL's search: their parts and links; and to its view of the
+    network, their NIC ports too."""
     ports = tuple(sorted((nic, sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic)
                                    if l.kind in ("infiniband", "ethernet"))) for nic in inside.nodes_of("nic")))
     return (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
-            tuple(repr(vars(l)) for l in inside.links), ports)
+            tuple(repr(vars(l)) for l in inside.links)), ports
+
+
+def _kept(key: tuple, make):
+    """``make()``, kept under ``key`` in `_NODE_GRAPHS` (the oldest of `NODE_GRAPHS_KEPT` goes first)."""
+    if key not in _NODE_GRAPHS:
+        if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
+            _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
+        _NODE_GRAPHS[key] = make()
+    return _NODE_GRAPHS[key]
 
 
 def _node_graphs(topo: Topology, local: list[str], c: dict, sm: int, env: NcclEnv,
                  several_nodes: bool) -> tuple[Graph, Graph | None, list[NicPath]]:
     """The ring and tree graphs NCCL's search lays over the GPUs ``local`` of one node, and its NICs' paths
     (several nodes): searched once per node type and reused by every cluster of that node (NCCL searches
-    inside a node; a cluster of thousands of the same node needs the search once)."""
+    inside a node; a cluster of thousands of the same node needs the search once), whatever its network,
+    its NICs' share of it or its size (the graphs do not depend on them)."""
     inside = node_view(topo, node_of(topo, local[0]))
-    key = (_node_signature(topo, inside), tuple(local), c["family"], sm, env.search_key, several_nodes)
-    if key not in _NODE_GRAPHS:
-        if len(_NODE_GRAPHS) >= NODE_GRAPHS_KEPT:
-            _NODE_GRAPHS.pop(next(iter(_NODE_GRAPHS)))
+    parts, ports = _node_signature(topo, inside)
+    key = (parts, tuple(local), c["family"], sm, env.search_key)
+
+    def graphs() -> tuple[Graph, Graph | None]:
         ring = ring_graph(inside, local, c, sm, env)
-        tree = tree_graph(inside, local, c, sm, ring, env) if len(local) > 1 else None
-        _NODE_GRAPHS[key] = ring, tree, network_paths(topo, local, c, env) if several_nodes else []
-    return _NODE_GRAPHS[key]
+        return ring, tree_graph(inside, local, c, sm, ring, env) if len(local) > 1 else None
+    ring, tree = _kept(("graphs", *key), graphs)
+    nics = _kept(("nics", ports, *key), lambda: network_paths(topo, local, c, env)) if several_nodes else []
+    return ring, tree, nics
 
 
 def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: NcclEnv = DEFAULT_ENV) -> System:
@@ -453,22 +466,22 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
     memo = ("meshscale.simulate.nccl", tuple(ranks), c["family"], env.system_key)
     if memo in topo.route_cache:
         return topo.route_cache[memo]
-    names = [topo.device(r) for r in ranks]
-    if len(set(names)) != len(names):
+    by_node, models = ranks_by_node(topo, ranks)
+    if len(set(ranks)) != len(ranks):
         raise MeshscaleError(f"device list {list(ranks)} repeats a device; give each GPU once")
     if topo.device_kind != "gpu":
         raise MeshscaleError(f"{topo.name} has no GPUs; NCCL's model applies to GPUs only")
-    sms = {gpu_sm(topo.nodes[n].attrs.get("model", "")) for n in names}
+    sms = {gpu_sm(model) for model in models}
     sm = min(sms)
-    nodes = nccl_nodes(topo, names, c, sm, env)
+    nodes = nccl_nodes(topo, by_node, c, sm, env)
     local = next(iter(nodes.values()))
     if len(local) > MAX_NODE_GPUS:
         raise MeshscaleError(f"{topo.name}: {len(local)} GPUs in one node; NCCL's model searches rings over at most "
                              f"{MAX_NODE_GPUS} GPUs of a node (an NVL72 domain): describe larger machines as a "
                              "cluster of nodes (--nodes, a cluster file)")
     graph, tree, node_nics = _node_graphs(topo, local, c, sm, env, len(nodes) > 1)
-    cpus = [topo.nodes[x].attrs.get("model", "") for x in topo.nodes_of("cpu")]
-    cpu = cpu_class(cpus[0]) if cpus else data_file()["cpu_class_default"]
+    first_cpu = next(iter(topo.nodes_of("cpu")), None)
+    cpu = cpu_class(topo.nodes[first_cpu].attrs.get("model", "")) if first_cpu else data_file()["cpu_class_default"]
     nvs = {v for a in local for l in topo.links_of(a, "nvlink") for v in (l.other(a),) if topo.nodes[v].kind == "nvswitch"}
     multicast = [topo.nodes[v].attrs.get("multicast") for v in nvs]
     nvls = bool(nvs) and len(local) >= c.get("nvls_min_gpus", 3) and sm >= 90 and all(m is not False for m in multicast) and graph.path_type == "NVL"
@@ -477,25 +490,23 @@ def analyse(topo: Topology, ranks: list[int], version: str | None = None, env: N
         net = _network(topo, nodes, local, graph, node_nics, c, env)
         graph = net.graph or graph
     mesh = any(l.kind == "nvlink" for a in local for b in local if a != b for l in topo.links_between(a, b))
-    system = System(sm, len(names), len(nodes), graph, nvls, cpu, net.inter_gbps, tree=tree,
+    system = System(sm, len(ranks), len(nodes), graph, nvls, cpu, net.inter_gbps, tree=tree,
                     net_extra_us=net.extra_us, nics=net.nics, gpu_mesh=mesh, env=env, mixed_sm=len(sms) > 1,
                     socket=net.socket, inter_run_gbps=net.run_gbps)
     topo.route_cache[memo] = system
     return system
 
 
-def nccl_nodes(topo: Topology, names: list[str], c: dict, sm: int, env: NcclEnv) -> dict:
-    """NCCL's nodes of the GPUs ``names``: each node's GPUs, and where P2P is denied and SHM disabled, each group
-    of them that P2P still joins (paths.cc marks the other pairs PATH_NET and ncclTopoTrimSystem cuts them into
-    systems of their own; init.cc counts a node per ring's first rank): with NCCL_P2P_DISABLE=1 and
-    NCCL_SHM_DISABLE=1, every GPU a node across the network, even on one host. Keys: the node, or (node, group)."""
-    nodes: dict = {}
-    for n in names:
-        nodes.setdefault(node_of(topo, n), []).append(n)
+def nccl_nodes(topo: Topology, by_node: Mapping, c: dict, sm: int, env: NcclEnv) -> Mapping:
+    """NCCL's nodes of the GPUs ``by_node`` (`network.ranks_by_node`: each node's GPUs): those nodes, and where
+    P2P is denied and SHM disabled, each group of a node's GPUs that P2P still joins (paths.cc marks the other
+    pairs PATH_NET and ncclTopoTrimSystem cuts them into systems of their own; init.cc counts a node per ring's
+    first rank): with NCCL_P2P_DISABLE=1 and NCCL_SHM_DISABLE=1, every GPU a node across the network, even on one
+    host. Keys: the node, or (node, group)."""
     if env.shm or env.p2p_level is None:
-        return nodes
+        return by_node
     out: dict = {}
-    for k, group in nodes.items():
+    for k, group in by_node.items():
         inside, parts = node_view(topo, k), []
         for g in group:  # a GPU joins the first group one of whose GPUs it reaches by P2P (both ways)
             home = next((part for part in parts if any(_p2p_joined(inside, g, x, c, sm, env) for x in part)), None)
@@ -527,21 +538,20 @@ class _Network:
     run_gbps: float = 0.0
 
 
-def _network(topo: Topology, nodes: dict, local: list[str], graph: Graph, node_nics: list[NicPath], c: dict,
+def _network(topo: Topology, nodes: Mapping, local: list[str], graph: Graph, node_nics: list[NicPath], c: dict,
              env: NcclEnv) -> _Network:
-    hosts = {(node_of(topo, g), topo.nodes[g].attrs.get("host")) for part in nodes.values() for g in part}
     nics, node_gbps = node_nics, sum(n.gbps for n in node_nics)
-    if len(nodes) > len({node_of(topo, g) for part in nodes.values() for g in part}):
+    if len(nodes) > len({k if isinstance(k, int) else k[0] for k in nodes}):   # a node's GPUs NCCL's nodes apart
         nics = _nearest_nics(topo, local, nics, env)  # one host's GPUs apart: each uses its nearest NIC
         node_gbps = min(sum(n.gbps for n in nics), _gpus_link_gbps(topo, local, nics, c))
-    inter = fabric_gbps(topo, {k: v for k, v in nodes.items() if isinstance(k, int)} or {0: local},
-                        node_gbps or c["net_bw_default"])
+    inter = fabric_gbps(topo, [k for k in nodes if isinstance(k, int)] or [0], node_gbps or c["net_bw_default"])
     extra_us = max(0.0, network_latency_s(topo, nics) - REFERENCE_NET_LATENCY_S) * 1e6
     one_gpu = None
     if len(local) == 1:  # one GPU per node: NCCL's channels run GPU -> NIC, one per NIC at its rate
         one_gpu = Graph(max(1, len(nics)), inter / max(1, len(nics)), "NET", orders=[list(local)])
     socket = None
     if any(n.socket for n in nics):
+        hosts = {(node_of(topo, g), topo.nodes[g].attrs.get("host")) for part in nodes.values() for g in part}
         socket = _socket_run(topo, nodes, local, one_gpu or graph, nics, c, env, loopback=len(hosts) == 1)
     return _Network(one_gpu, inter, extra_us, nics, socket, socket.link_gbps if socket and socket.loopback else 0.0)
 
