@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import networkx as nx
 import numpy as np
-from scipy.optimize import linprog
 
 from meshscale.collectives.algorithms.base import Builder, check_ranks, check_root
 from meshscale.collectives.algorithms.dbtree import tree_bcast, tree_reduce
@@ -277,6 +276,8 @@ def pack_trees(topo: Topology, devices: list[int], root: int = 0, both_direction
 
 
 def _pack_trees(topo: Topology, devices: list[int], root: int, both_directions: bool, max_rounds: int) -> TreePacking:
+    from scipy.optimize import linprog  # 0.13 s to load: only where trees are packed
+
     root_dev = devices[check_root("broadcast", root, len(devices))]
     if len(devices) == 1:
         return TreePacking(root_dev, [], [], {"rounds": 0})

@@ -13,7 +13,7 @@ FLOPs follow from the shape.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from functools import lru_cache
+from functools import cached_property, lru_cache, wraps
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +48,21 @@ SHAPE_LIMITS: dict[str, tuple[int, str]] = {
     **{name: (1 << 17, "the hidden size's limit, 6x MT-NLG 530B's 20,480") for name in
        ("attn_head_dim", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")},
 }
+
+
+def _per_shape(method):
+    """``method`` of a (frozen) shape, found once per shape and arguments: the step and memory models ask a
+    layer's parameter counts millions of times in a layout search. Kept beside the fields, never compared."""
+    name = method.__name__
+
+    @wraps(method)
+    def kept(self, *args, **kwargs):
+        memo = self.__dict__.setdefault("_per_shape", {})
+        key = (name, args, tuple(sorted(kwargs.items())))
+        if key not in memo:
+            memo[key] = method(self, *args, **kwargs)
+        return memo[key]
+    return kept
 
 
 @dataclass(frozen=True)
@@ -113,25 +128,25 @@ class TransformerConfig:
     def is_mla(self) -> bool:
         return self.kv_lora_rank > 0
 
-    @property
+    @cached_property
     def head_dim(self) -> int:
         return self.attn_head_dim or self.d_model // self.heads
 
-    @property
+    @cached_property
     def kv_dim(self) -> int:
         """Width of K (and of V): kv_heads x head_dim."""
         return self.kv_heads * self.head_dim
 
-    @property
+    @cached_property
     def qk_head_dim(self) -> int:
         """Width of one head's query and key (MLA: its nope and rotary parts)."""
         return self.qk_nope_head_dim + self.qk_rope_head_dim if self.is_mla else self.head_dim
 
-    @property
+    @cached_property
     def value_head_dim(self) -> int:
         return self.v_head_dim if self.is_mla else self.head_dim
 
-    @property
+    @cached_property
     def q_dim(self) -> int:
         """Width of all query heads together (d_model for a Llama or GPT-2 shape)."""
         return self.heads * self.qk_head_dim
@@ -151,12 +166,14 @@ class TransformerConfig:
         return self.shared_expert_ffn_dim or self.routed_ffn_dim
 
     # ---- layers ----------------------------------------------------------------------------------------
+    @_per_shape
     def moe_layer_count(self) -> int:
         """Layers whose MLP is a mixture of experts: after the dense ones, every moe_every-th."""
         if not self.is_moe:
             return 0
         return sum(1 for i in range(self.dense_layers, self.layers) if (i - self.dense_layers + 1) % self.moe_every == 0)
 
+    @_per_shape
     def moe_share(self) -> float:
         """The share of the layers that are MoE layers (what an average layer of the step model carries)."""
         return self.moe_layer_count() / self.layers
@@ -174,6 +191,7 @@ class TransformerConfig:
               (self.kv_lora_rank, h * (self.qk_nope_head_dim + self.v_head_dim))]
         return q + kv + [(h * self.v_head_dim, d)]
 
+    @_per_shape
     def attention_params(self) -> int:
         """The attention projections of one layer, their biases (GPT-2, Qwen2, gpt-oss), MLA's latent norms,
         Qwen3's per-head q/k norms and gpt-oss's sinks."""
@@ -184,6 +202,7 @@ class TransformerConfig:
         norms = (self.q_lora_rank + self.kv_lora_rank) + (2 * self.head_dim if self.qk_norm else 0)
         return weights + biases + norms + (self.heads if self.attention_sinks else 0)
 
+    @_per_shape
     def mlp_params(self) -> int:
         """The dense MLP: SwiGLU's three matrices (Llama) or GELU's two (GPT-2, with biases)."""
         d, f = self.d_model, self.ffn_dim
@@ -191,60 +210,74 @@ class TransformerConfig:
             return 3 * d * f
         return 2 * d * f + f + d
 
+    @_per_shape
     def expert_params(self) -> int:
         """One routed expert: SwiGLU's three matrices (gpt-oss: with biases)."""
         d, f = self.d_model, self.routed_ffn_dim
         return 3 * d * f + ((2 * f + d) if self.expert_bias else 0)
 
+    @_per_shape
     def router_params(self) -> int:
         return self.d_model * self.experts + (self.experts if self.router_bias else 0)
 
+    @_per_shape
     def shared_params(self) -> int:
         """The shared experts (and Qwen2-MoE's gate on them)."""
         return self.shared_experts * 3 * self.d_model * self.shared_ffn_dim + \
             (self.d_model if self.shared_expert_gate else 0)
 
+    @_per_shape
     def moe_mlp_params(self, active: bool = False) -> int:
         """A MoE layer's MLP: the router, the routed experts (``active``: a token's top-k of them) and the shared
         ones."""
         routed = self.experts_per_token if active else self.experts
         return self.router_params() + routed * self.expert_params() + self.shared_params()
 
+    @_per_shape
     def norm_params(self) -> int:
         """One norm: RMSNorm has a scale, LayerNorm a scale and a bias."""
         return self.d_model * (1 if self.style == "llama" else 2)
 
+    @_per_shape
     def dense_layer_params(self) -> int:
         return self.attention_params() + self.mlp_params() + 2 * self.norm_params()
 
+    @_per_shape
     def moe_layer_params(self, active: bool = False) -> int:
         return self.attention_params() + self.moe_mlp_params(active) + 2 * self.norm_params()
 
+    @_per_shape
     def all_layer_params(self, active: bool = False) -> int:
         """Every layer's parameters (``active``: those one token passes through)."""
         moe = self.moe_layer_count()
         return (self.layers - moe) * self.dense_layer_params() + moe * self.moe_layer_params(active)
 
+    @_per_shape
     def layer_params(self) -> float:
         """A layer's parameters: of a MoE model, the mean over its layers (dense and MoE)."""
         return self.all_layer_params() / self.layers if self.is_moe else self.dense_layer_params()
 
+    @_per_shape
     def expert_layer_params(self) -> float:
         """Of `layer_params`, the routed experts' (what expert parallelism shards), mean over the layers."""
         return self.moe_layer_count() * self.experts * self.expert_params() / self.layers
 
+    @_per_shape
     def embedding_params(self) -> int:
         """Token embedding (and learned positions for GPT-2)."""
         return self.vocab_size * self.d_model + (self.max_seq_len * self.d_model if self.style == "gpt2" else 0)
 
+    @_per_shape
     def head_params(self) -> int:
         """The output projection to the vocabulary: none of its own when tied to the embedding."""
         return 0 if self.tie_embeddings else self.vocab_size * self.d_model
 
+    @_per_shape
     def params(self) -> int:
         """All parameters: embeddings, layers, final norm, head."""
         return self.embedding_params() + self.all_layer_params() + self.norm_params() + self.head_params()
 
+    @_per_shape
     def active_params(self, embedding: bool = True) -> int:
         """Parameters one token passes through: every layer's attention and dense MLP, a MoE layer's router, its
         top-k routed experts and its shared ones, the ends (``embedding`` False: without the input embedding's
@@ -254,6 +287,7 @@ class TransformerConfig:
             ends += self.vocab_size * self.d_model   # the tied matrix still multiplies every token as the head
         return self.all_layer_params(active=True) + ends
 
+    @_per_shape
     def matmul_params(self) -> int:
         """Parameters that multiply every token: the layers' matrices (of a MoE layer the router, a token's top-k
         experts and the shared ones) and the head (the tied embedding counts once, as the head); embedding

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import networkx as nx
 import numpy as np
-from scipy.sparse import csr_matrix
-from scipy.sparse.csgraph import maximum_flow
 
 from meshscale.errors import TopologyError
 from meshscale.topology.model import DEVICE_KINDS, Link, Node, Topology
@@ -224,6 +222,9 @@ def bisection_bandwidth(topo: Topology, names: list[str] | None = None, max_exha
 
 
 def _bisection(topo: Topology, names: list[str], max_exhaustive: int, link_kinds: set[str] | None) -> float:
+    from scipy.sparse import csr_matrix  # scipy's graph tools take 0.2 s to load: only where a cut is asked
+    from scipy.sparse.csgraph import maximum_flow
+
     links = [l for l in topo.links if link_kinds is None or l.kind in link_kinds]
     index = {n: i for i, n in enumerate(topo.nodes)}
     size = len(index) + 2

@@ -47,7 +47,8 @@ achievable fractions GPU libraries document; on a GPU whose family has a measure
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from functools import lru_cache
 from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
@@ -281,8 +282,12 @@ class Rates:
     dtensor_host_s_per_op: float = DTENSOR_HOST_SECONDS_PER_OP
     conv_host_s_per_op: float = HOST_SECONDS_PER_OP  # ... of a CNN's ops (cuDNN's convolutions, batch norms)
     kernel_floor_s: float = KERNEL_FLOOR_S
+    # each kernel's time at these rates, once found (`kernel_seconds`): a layout search prices the same layers'
+    # kernels for every split of the data-parallel ranks. Not an argument: `replace` gives a new one
+    seconds_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
+@lru_cache(maxsize=64)
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa",
           fp8_recipe: str = "tensorwise") -> Rates:
     """What each kernel kind reaches on ``gpu`` in ``precision``; ``attention_kernel`` "sdpa" is resolved to the
@@ -373,7 +378,14 @@ def attention_rate(kernel: Kernel, r: Rates) -> float:
 def kernel_seconds(kernel: Kernel, r: Rates) -> float:
     """One kernel's time (x its count): the slower of its compute and its memory traffic, never below the
     launch floor; scaled by the calibration factor, or moved from a profile's category (`CategoryCalibration`).
-    Host work runs no kernel."""
+    Host work runs no kernel. Found once per kernel at these rates (`Rates.seconds_memo`)."""
+    found = r.seconds_memo.get(kernel)
+    if found is None:
+        found = r.seconds_memo[kernel] = _kernel_seconds(kernel, r)
+    return found
+
+
+def _kernel_seconds(kernel: Kernel, r: Rates) -> float:
     if kernel.kind == "host":
         return 0.0
     if r.calibrated is not None:

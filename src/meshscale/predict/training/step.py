@@ -89,14 +89,18 @@ class StepKernels:
 
     def every(self) -> list[Kernel]:
         """Every kernel and host work of the step, counts multiplied out (micro-batches, layers of the stage)."""
+        return [replace(x, count=count) for x, count in self._counted()]
+
+    def _counted(self) -> list[tuple[Kernel, int]]:
+        """Every kernel of the step with its count multiplied out (what `every` makes of it)."""
         per_layer = self.layer.forward + self.layer.backward + self.layer.recompute
-        return ([replace(x, count=x.count * self.stage_layers * self.micro_batches) for x in per_layer]
-                + [replace(x, count=x.count * self.micro_batches) for x in self.ends.forward + self.ends.backward]
-                + list(self.per_step))
+        return ([(x, x.count * self.stage_layers * self.micro_batches) for x in per_layer]
+                + [(x, x.count * self.micro_batches) for x in self.ends.forward + self.ends.backward]
+                + [(x, x.count) for x in self.per_step])
 
     def host_ops(self) -> int:
         """The aten ops eager PyTorch issues from the host for the step."""
-        return int(round(sum(k.ops * k.count for k in self.every())))
+        return int(round(sum(k.ops * count for k, count in self._counted())))
 
 
 def step_kernels(job: TrainingJob) -> StepKernels:

@@ -214,6 +214,9 @@ def _ffn(model: TransformerConfig, tokens: float, tp: int, e: int, ep: int,
             shared_by(act, 1 - share) + shared_by(elementwise, share), bias_grads)
 
 
+# A layer's and the ends' kernels are a function of the shape alone, asked again for every layout a search
+# tries with the same tensor, context and micro-batch shape (every split of its data-parallel ranks): kept.
+@lru_cache(maxsize=4096)
 def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, tp: int = 1, cp: int = 1,
                       precision: str = "bf16", checkpointing: str = "none", autocast: bool = False,
                       selective_policy: str = "matmuls", rotary_style: str = "pairs", ep: int = 1,
@@ -272,6 +275,7 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     return _passes(forward, elementwise, checkpointing, grads + bias_grads + cp_backward, selective_policy)
 
 
+@lru_cache(maxsize=4096)
 def transformer_ends(model: TransformerConfig, tokens: float, *, tp: int = 1, precision: str = "bf16",
                      autocast: bool = False) -> PassKernels:
     """The embedding lookup (and GPT-2's learned positions), the final norm, the head's GEMM over the vocabulary

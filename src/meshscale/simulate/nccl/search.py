@@ -212,53 +212,88 @@ def _net_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, env:
     return _PairPath("SYS", [(("nic", nic), 1.0)], "net")
 
 
-def _cycles(names: list[str], paths: dict, left: dict, speed: float, budget: list[int], closed: bool = True,
-            kinds: dict | None = None):
-    """Rings through ``names`` whose every hop has ``speed`` GB/s left on each resource it uses (depth-first,
-    nearest path types first); ``closed`` False: chains (a tree's intra-node pattern), from any first GPU.
-    Each ring is yielded with its resources taken; they are given back after."""
-    n = len(names)
+@dataclass
+class _Hop:
+    """One pair's path as the ring search reads it: its path type's rank, its uses (resource, consumption per
+    unit of speed), per resource what a hop at the search's speed needs left (less a tolerance) and takes, and
+    a path of two uses (through NVSwitches: the sender's links out, the receiver's in) as those two, which the
+    search's ranking reads without a loop (it ranks every candidate of every GPU it places)."""
 
-    def fits(u, v):
-        p = paths.get((u, v))
-        return p is not None and all(left[k] >= speed * f - 1e-9 for k, f in p.uses)
+    kind: int
+    uses: list
+    needs: tuple
+    two: tuple | None = None
 
-    def take(u, v, sign):
-        for k, f in paths[(u, v)].uses:
-            left[k] -= sign * speed * f
 
+def _hops(paths: dict, speed: float) -> dict:
+    return {pair: _Hop(PATH_TYPES.index(p.path_type), p.uses, tuple((k, speed * f - 1e-9, speed * f) for k, f in p.uses),
+                       (*p.uses[0], *p.uses[1]) if len(p.uses) == 2 else None) for pair, p in paths.items()}
+
+
+def _cycles(names: list[str], hops: dict, left: dict, budget: list[int], closed: bool = True):
+    """Rings through ``names`` whose every hop (``hops``: `_hops` at the search's speed) has that speed left on
+    each resource it uses (depth-first, nearest path types first); ``closed`` False: chains (a tree's
+    intra-node pattern), from any first GPU. Each ring is yielded with its resources taken; they are given back
+    after. ``budget``: visits left, shared by the whole search."""
+    n, first = len(names), names[0]
+    after = {u: [(v, hops[(u, v)]) for v in names if (u, v) in hops] for u in names}   # in ``names`` order
     order: list[str] = []
-    kinds = kinds or {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
-    uses = {pair: p.uses for pair, p in paths.items()}
+    placed: set[str] = set()
 
-    def dfs():
+    def fits(hop: _Hop) -> bool:
+        for k, need, _ in hop.needs:
+            if not left[k] >= need:
+                return False
+        return True
+
+    def take(hop: _Hop, sign: float) -> None:
+        for k, _, amount in hop.needs:
+            left[k] -= sign * amount
+
+    def ranked(u: str) -> list:
+        """The GPUs not placed yet that ``u`` reaches, nearest path type first, then most left on the hop's
+        busiest resource (ties in ``names`` order: the position breaks them, as a stable sort would)."""
+        found = []
+        for i, (v, hop) in enumerate(after[u]):
+            if v not in placed:
+                if hop.two is None:
+                    most = min([left[k] / f for k, f in hop.uses])
+                else:   # min() of the two, as min() picks it
+                    k1, f1, k2, f2 = hop.two
+                    x, y = left[k1] / f1, left[k2] / f2
+                    most = y if y < x else x
+                found.append((hop.kind, -most, i, v, hop))
+        found.sort()
+        return found
+
+    def dfs(u: str):
         budget[0] -= 1
         if budget[0] < 0:
             return
-        u = order[-1]
-        if len(order) == n and not closed:
-            yield list(order)
-            return
         if len(order) == n:
-            if fits(u, names[0]):
-                take(u, names[0], 1)
+            hop = hops.get((u, first))
+            if not closed:
                 yield list(order)
-                take(u, names[0], -1)
+            elif hop is not None and fits(hop):
+                take(hop, 1)
+                yield list(order)
+                take(hop, -1)
             return
-        placed = set(order)
-        rest = [v for v in names if v not in placed and (u, v) in paths]
-        rest.sort(key=lambda v: (kinds[(u, v)], -min([left[k] / f for k, f in uses[(u, v)]])))
-        for v in rest:
-            if fits(u, v):
-                take(u, v, 1)
+        for _kind, _left, _i, v, hop in ranked(u):
+            if fits(hop):
+                take(hop, 1)
                 order.append(v)
-                yield from dfs()
+                placed.add(v)
+                yield from dfs(v)
+                placed.discard(v)
                 order.pop()
-                take(u, v, -1)
+                take(hop, -1)
 
-    for first in (names if not closed else names[:1]):
-        order.append(first)
-        yield from dfs()
+    for start in (names if not closed else names[:1]):
+        order.append(start)
+        placed.add(start)
+        yield from dfs(start)
+        placed.discard(start)
         order.pop()
 
 
@@ -304,18 +339,47 @@ def uniform_switch_capacity(names: list[str], paths: dict, capacity: dict) -> fl
     return caps.pop() if len(caps) == 1 else None
 
 
+_SEARCHED: dict = {}  # a canonical search (`_search_shape`) -> the rings it found, as positions in ``names``
+
+
 def _searched_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
                     closed: bool) -> list[list[str]]:
-    """`_pack_rings` by depth-first search: rings taken one after another, backtracking within a visit budget."""
+    """`_pack_rings` by depth-first search: rings taken one after another, backtracking within a visit budget.
+    The search reads its GPUs by position and its resources by key only, so two searches alike but for the names
+    (the same node alone and as node k of a cluster, any cluster size) find the same rings: searched once."""
+    shape = _search_shape(names, paths, capacity, speed, bound, closed)
+    if shape not in _SEARCHED:
+        if len(_SEARCHED) >= NODE_GRAPHS_KEPT:
+            _SEARCHED.pop(next(iter(_SEARCHED)))
+        at = {name: i for i, name in enumerate(names)}
+        _SEARCHED[shape] = [[at[n] for n in ring] for ring in _dfs_rings(names, paths, capacity, speed, bound, closed)]
+    return [[names[i] for i in ring] for ring in _SEARCHED[shape]]
+
+
+def _search_shape(names: list[str], paths: dict, capacity: dict, speed: float, bound: int, closed: bool) -> tuple:
+    """What `_dfs_rings` depends on, with GPUs named by position and resources numbered in order of first use:
+    each pair's path type and uses, each resource's capacity, the speed, the bound and the pattern."""
+    resources: dict = {}
+    pairs = []
+    for i, a in enumerate(names):
+        for j, b in enumerate(names):
+            p = paths.get((a, b))
+            if p is not None:
+                pairs.append((i, j, p.path_type, tuple((resources.setdefault(k, len(resources)), f) for k, f in p.uses)))
+    return len(names), tuple(pairs), tuple(capacity[k] for k in resources), speed, bound, closed
+
+
+def _dfs_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
+               closed: bool) -> list[list[str]]:
     left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
-    kinds = {pair: PATH_TYPES.index(p.path_type) for pair, p in paths.items()}
+    hops = _hops(paths, speed)
 
     def rec():
         if len(rings) > len(best[0]):
             best[0] = list(rings)
         if len(rings) >= bound or budget[0] <= 0:
             return
-        for ring in _cycles(names, paths, left, speed, budget, closed, kinds):
+        for ring in _cycles(names, hops, left, budget, closed):
             rings.append(ring)
             rec()
             rings.pop()

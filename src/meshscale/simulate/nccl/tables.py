@@ -32,7 +32,7 @@ MAX_NODE_GPUS = 72
 @lru_cache(maxsize=1)
 def data_file() -> dict:
     with resources.files("meshscale.simulate").joinpath("nccl_tuning.yaml").open() as f:
-        return yaml.safe_load(f)
+        return yaml.load(f, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))  # libyaml where built: 5x faster
 
 
 def _merge(base: dict, over: dict) -> dict:
