@@ -70,7 +70,7 @@ class Placement:
 
 def free_devices(topo: Topology, free: list[int] | None) -> list[int]:
     """The free device indices (default: every device), checked against the topology."""
-    every = sorted(topo.nodes[d].index for d in topo.devices())
+    every = sorted(topo.device_indices())
     if free is None:
         return every
     unknown = sorted(set(free) - set(every))
@@ -138,7 +138,7 @@ def visible_devices(topo: Topology, devices: list[int]) -> list[str]:
     one per host (a cluster's node k; an NVL72 rack's compute tray h), each with the host's own numbering (the
     rank of the GPU among its host's)."""
     hosts: dict[tuple, list[int]] = {}
-    for d in sorted(topo.nodes[g].index for g in topo.devices()):
+    for d in sorted(topo.device_indices()):
         hosts.setdefault(_domain(topo, d), []).append(d)
     chosen: dict[tuple, list[int]] = {}
     for d in devices:

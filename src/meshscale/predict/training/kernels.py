@@ -48,7 +48,6 @@ achievable fractions GPU libraries document; on a GPU whose family has a measure
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import lru_cache
 from math import ceil, log2
 
 from meshscale.predict.training.hardware import GpuSpec
@@ -287,13 +286,30 @@ class Rates:
     seconds_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
-@lru_cache(maxsize=64)
+_RATES: dict = {}   # (rates' arguments) -> (the atlases and host costs read, the Rates made of them)
+
+
 def rates(gpu: GpuSpec, precision: str, factor: float = 1.0, attention_kernel: str = "sdpa",
           fp8_recipe: str = "tensorwise") -> Rates:
     """What each kernel kind reaches on ``gpu`` in ``precision``; ``attention_kernel`` "sdpa" is resolved to the
     kernel PyTorch's SDPA runs there. Under a power limit below the TDP the SMs' clock, and with it every rate
     the SMs set (tensor cores, instruction issue), is `GpuSpec.power_clock_ratio` of the datasheet's; the HBM
-    bandwidth is not."""
+    bandwidth is not. The same arguments and data (the kernel atlases, the host's costs) give the same `Rates`,
+    so that the kernels a layout search prices again are timed once (`Rates.seconds_memo`)."""
+    from meshscale.predict.training.measured import host_costs, measured_kernels
+
+    key = (gpu, precision, factor, attention_kernel, fp8_recipe)
+    data = (measured_kernels(gpu, "bf16" if precision == "fp8" else precision),
+            measured_kernels(gpu, f"fp8-{fp8_recipe}") if precision == "fp8" else None, host_costs())
+    kept = _RATES.get(key)
+    if kept is None or any(a is not b for a, b in zip(kept[0], data)):
+        if len(_RATES) >= 64:
+            _RATES.pop(next(iter(_RATES)))
+        kept = _RATES[key] = data, _rates(gpu, precision, factor, attention_kernel, fp8_recipe)
+    return kept[1]
+
+
+def _rates(gpu: GpuSpec, precision: str, factor: float, attention_kernel: str, fp8_recipe: str) -> Rates:
     if attention_kernel == "sdpa":
         attention_kernel = sdpa_kernel(gpu.family)
     attention = ATTENTION_FRACTION.get(gpu.family, ATTENTION_FRACTION_OTHER)

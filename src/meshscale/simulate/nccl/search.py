@@ -159,14 +159,15 @@ def _switches_of(topo: Topology, gpu: str) -> tuple[set[str], int]:
 
 
 def local_cpu(topo: Topology, gpu: str) -> str | None:
-    """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route)."""
-    cpus = topo.nodes_of("cpu") + topo.nodes_of("host")
-    beside = [l.other(gpu) for l in topo.links_of(gpu) if l.kind in ("c2c", "pcie") and l.other(gpu) in cpus]
-    if beside:  # linked to a CPU (a Grace over NVLink-C2C): that one, without routing the whole cluster
+    """The CPU a GPU's PCIe tree hangs off (its nearest CPU by route), found in its own node (`node_view`: a
+    GPU's PCIe and its CPUs stay in its node, so a cluster of thousands is neither scanned nor routed)."""
+    inside = node_view(topo, node_of(topo, gpu))
+    cpus = inside.nodes_of("cpu") + inside.nodes_of("host")
+    beside = [l.other(gpu) for l in inside.links_of(gpu) if l.kind in ("c2c", "pcie") and l.other(gpu) in cpus]
+    if beside:  # linked to a CPU (a Grace over NVLink-C2C): that one, without routing
         return beside[0]
-    node = node_of(topo, gpu)
-    mine = [x for x in cpus if node_of(topo, x) == node and same_host(topo, x, gpu)]
-    return min(mine, key=lambda x: len(route(topo, gpu, x).paths[0].nodes), default=None)
+    mine = [x for x in cpus if same_host(inside, x, gpu)]
+    return min(mine, key=lambda x: len(route(inside, gpu, x).paths[0].nodes), default=None)
 
 
 def _host_pair_path(topo: Topology, a: str, b: str, c: dict, capacity: dict, run: dict) -> _PairPath:
