@@ -412,7 +412,7 @@ def _model_figures(topology, spec: CollectiveSpec, world_size: int) -> tuple[dic
     if topology is None or world_size < 2:
         return {}, {}
     fabric = Fabric(topology)
-    ranks = [topology.nodes[d].index for d in topology.devices()]
+    ranks = topology.device_indices()
     priced = [c for c in spec.collectives if not kind(c).variable]  # all_to_allv: no bound, no cost model
     bounds = {c: busbw_bound(topology, c, ranks, spec.root) for c in priced}
     predictions = {}

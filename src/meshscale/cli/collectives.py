@@ -48,7 +48,7 @@ def resolve_scenario(system: Optional[str], devices: Optional[str] = None, gpus:
         typer.echo(notice, err=True)
     if devices and gpus is not None:
         raise MeshscaleError("give --devices (which devices) or --gpus (how many), not both")
-    every = [topology.nodes[d].index for d in topology.devices()]
+    every = topology.device_indices()
     if devices:
         ranks = parse_ints(devices, "--devices (device indices)", minimum=0)
     elif gpus is not None:

@@ -168,7 +168,7 @@ def load_corpus(path: str | Path | None = None, multi_node: bool = False) -> lis
 
 
 def _predict_time_s(m: Measurement, topology: Topology, algorithm: str) -> tuple[float, str]:
-    ranks = tuple(topology.nodes[d].index for d in topology.devices()[:m.gpus])
+    ranks = tuple(topology.device_indices()[:m.gpus])
     # only what NCCL was forced to do: otherwise the model makes NCCL's own choice
     settings = NcclSettings(version=m.nccl_version or None, algo=m.algo.lower() if m.algo else None,
                             proto=m.proto or None, nvls=False if m.nvls == "off" else None,

@@ -148,7 +148,7 @@ class _Predictor:
 
         topology, _ = self.fit(key, sweep)
         measured = {int(r["size_bytes"]): float(r["time_s"]) for r in sweep.rows}
-        ranks = [topology.nodes[d].index for d in topology.devices()]
+        ranks = topology.device_indices()
         predicted = {int(r["size_bytes"]): r["time_s"] for r in sim_sweep(Fabric(topology), "all_reduce", ranks, sorted(measured)).rows}
         return [(size, predicted[size], measured[size]) for size in sorted(measured)]
 

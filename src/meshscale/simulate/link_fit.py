@@ -190,7 +190,7 @@ def calibrate_collective(topo: Topology, bench: Result, params: SimParams, colle
     n = bench.meta.get("world_size") or 0
     if not isinstance(n, int) or isinstance(n, bool):
         raise MeshscaleError(f"the bench-collective result's meta.world_size {n!r} is not a rank count; measure again")
-    ranks = [topo.nodes[d].index for d in topo.devices()][:n]
+    ranks = topo.device_indices()[:n]
     if n < 2 or len(ranks) < n:
         raise MeshscaleError(f"the measured run had {n} ranks; the topology {topo.name} has {len(ranks)} devices")
     kinds = {topo.links[i].kind for a in ranks for b in ranks if a != b

@@ -38,7 +38,7 @@ from meshscale.topology.fabric import NET_LINKS, NETWORKS, PLACEMENTS, STATED_RA
 from meshscale.topology.schema import require_devices
 from meshscale.topology.limits import CLUSTER_RANGES
 from meshscale.topology.model import Link, Node, Topology
-from meshscale.topology.multinode import node_copy
+from meshscale.topology.multinode import node_copy_links, node_copy_nodes
 from meshscale.units import is_digits
 from meshscale.validation import Range, text
 
@@ -304,27 +304,41 @@ def _cluster_title(plan: ClusterPlan) -> str:
 
 
 def _node_part(plan: ClusterPlan, points: list[tuple[str, str | None]], k: int) -> tuple[dict[str, Node], list[Link]]:
-    """Node ``k`` as the cluster holds it: the node's parts and links named ``n<k>/...`` (devices numbered from
-    k x its GPUs), its NICs (the node's own, or added on a x16 slot) at the network's rate, re-hung off their CPU
-    without GPUDirect RDMA, each linked to its leaf switch."""
-    node, net, spec = plan.node_topology, plan.net, plan.spec
-    p = f"n{k}/"
-    nodes, links = node_copy(node, k, k * len(node.devices()))
-    nic_latency = net.system_latency_s / 2  # the 1.01 us split over the two NIC links of a path
-    for j, ((nic, at), leaf) in enumerate(zip(points, plan.leaves_of_node(k))):
-        if nic is None:  # a NIC the system file does not have: add it on a x16 slot
+    """Node ``k`` as the cluster holds it: its parts (`_part_nodes`) and their links (`_part_links`)."""
+    return _part_nodes(plan, points, k), _part_links(plan, points, k)
+
+
+def _part_nodes(plan: ClusterPlan, points: list[tuple[str, str | None]], k: int) -> dict[str, Node]:
+    """Node ``k``'s parts: the node's named ``n<k>/...`` (devices numbered from k x its GPUs), its NICs (the node's
+    own, or added on a x16 slot) marked with the network's rate, rail and GPUDirect RDMA."""
+    node, net, p = plan.node_topology, plan.net, f"n{k}/"
+    nodes = node_copy_nodes(node, k, k * len(node.devices()))
+    for j, (nic, _at) in enumerate(points):
+        if nic is None:  # a NIC the system file does not have: added
             nic = f"net{j}"
             nodes[p + nic] = Node(p + nic, "nic", {"port_kind": net.kind, "port_rate": net.name, "node": k})
-            links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
-        nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=spec.gpudirect, rdma=net.rdma)
+        nodes[p + nic].attrs.update(port_rate=net.name, gpudirect_rdma=plan.spec.gpudirect, rdma=net.rdma)
         if plan.rails:
             nodes[p + nic].attrs["rail"] = j
+    return nodes
+
+
+def _part_links(plan: ClusterPlan, points: list[tuple[str, str | None]], k: int) -> list[Link]:
+    """Node ``k``'s links: the node's, an added NIC's on a x16 slot, a NIC re-hung off its CPU without
+    GPUDirect RDMA, and each NIC's to its leaf switch."""
+    node, net, spec, p = plan.node_topology, plan.net, plan.spec, f"n{k}/"
+    links = node_copy_links(node, k)
+    nic_latency = net.system_latency_s / 2  # the 1.01 us split over the two NIC links of a path
+    for j, ((nic, at), leaf) in enumerate(zip(points, plan.leaves_of_node(k))):
+        if nic is None:
+            nic = f"net{j}"
+            links.append(Link(p + nic, p + at, "pcie", calc.pcie_bandwidth(3, 16), 1.0e-6, generation=3, width=16))
         if not spec.gpudirect:  # re-hang the NIC off its CPU: traffic must cross host memory
             for i, l in enumerate(links):
                 if p + nic in (l.a, l.b) and l.kind == "pcie":
                     links[i] = Link(**{**vars(l), "a": p + nic, "b": p + _host_of(node, l.other(p + nic)[len(p):])})
         links.append(Link(p + nic, f"l1/{leaf}", net.kind, net.bandwidth_bytes_per_s, nic_latency, rate=net.name))
-    return nodes, links
+    return links
 
 
 def _switch(plan: ClusterPlan, level: int, s: int) -> Node:
@@ -387,7 +401,8 @@ class ClusterTopology(Topology):
         self.plan = plan
         self._points = _attach_points(plan.node_topology, plan)
         self._node_devices = plan.node_topology.devices()
-        self._parts: dict[int, tuple[dict[str, Node], list[Link]]] = {}
+        self._part_nodes: dict[int, dict[str, Node]] = {}
+        self._part_links: dict[int, list[Link]] = {}
         self._switches: dict[str, Node] = {}
 
     @cached_property
@@ -406,10 +421,18 @@ class ClusterTopology(Topology):
         return self._whole[1]
 
     def part(self, k: int) -> tuple[dict[str, Node], list[Link]]:
-        """Node ``k``'s parts and their links (`_node_part`), built once."""
-        if k not in self._parts:
-            self._parts[k] = _node_part(self.plan, self._points, k)
-        return self._parts[k]
+        """Node ``k``'s parts and their links (`_node_part`), each built once."""
+        return self.part_nodes(k), self.part_links(k)
+
+    def part_nodes(self, k: int) -> dict[str, Node]:
+        if k not in self._part_nodes:
+            self._part_nodes[k] = _part_nodes(self.plan, self._points, k)
+        return self._part_nodes[k]
+
+    def part_links(self, k: int) -> list[Link]:
+        if k not in self._part_links:
+            self._part_links[k] = _part_links(self.plan, self._points, k)
+        return self._part_links[k]
 
     def node_named(self, name: str) -> Node:
         """The part or switch called ``name``; KeyError for any other name."""
@@ -418,7 +441,7 @@ class ClusterTopology(Topology):
             raise KeyError(name)
         kind, number = found.group(1), int(found.group(2))
         if kind == "n" and number < self.plan.spec.nodes:
-            return self.part(number)[0][name]
+            return self.part_nodes(number)[name]
         level, rest = number, name[found.end():]
         if kind == "l" and 1 <= level <= len(self.plan.switches) and is_digits(rest) and str(int(rest)) == rest \
                 and int(rest) < self.plan.switches[level - 1]:
@@ -434,7 +457,7 @@ class ClusterTopology(Topology):
         k = self.node_of_part(name)
         if k is None or "_whole" in self.__dict__ or k >= self.plan.spec.nodes:
             return super().links_of(name, kind)
-        return [l for l in self.part(k)[1] if name in (l.a, l.b) and (kind is None or l.kind == kind)]
+        return [l for l in self.part_links(k) if name in (l.a, l.b) and (kind is None or l.kind == kind)]
 
     def links_between(self, a: str, b: str) -> list[Link]:
         return [l for l in self.links_of(a) if l.other(a) == b and a != b]
@@ -461,7 +484,7 @@ class ClusterTopology(Topology):
     def _of_kind(self) -> dict[str, list[str]]:
         """Node 0's part names by kind (without the prefix), then the switches: the order `nodes` keeps."""
         out: dict[str, list[str]] = {}
-        for name, node in self.part(0)[0].items():
+        for name, node in self.part_nodes(0).items():
             out.setdefault(node.kind, []).append(name[len("n0/"):])
         return out
 

@@ -150,7 +150,7 @@ class Topology:
         name = self._device_by_index.get(index)
         if name is not None:
             return name
-        have = [self.nodes[d].index for d in self.devices()]
+        have = self.device_indices()
         raise TopologyError(f"{self.name} has no {self.device_kind} {index}; its {self.device_kind}s are {have}")
 
     @cached_property

@@ -71,6 +71,11 @@ def _port_kind(port: Port) -> str:
 def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[dict[str, Node], list[Link]]:
     """Node (or host) ``k`` of a cluster: every node and link of ``topology`` named ``n<k>/...``, marked with
     ``node=k`` (and ``attrs``), its devices numbered from ``first_index`` as the cluster's ranks are."""
+    return node_copy_nodes(topology, k, first_index, **attrs), node_copy_links(topology, k)
+
+
+def node_copy_nodes(topology: Topology, k: int, first_index: int, **attrs) -> dict[str, Node]:
+    """The nodes of `node_copy`."""
     p = f"n{k}/"
     base = min((topology.nodes[d].index for d in topology.devices()), default=0)
     nodes = {}
@@ -79,7 +84,13 @@ def node_copy(topology: Topology, k: int, first_index: int, **attrs) -> tuple[di
         if n.kind in ("gpu", "worker") and n.index is not None:
             node_attrs["index"] = first_index + n.index - base
         nodes[p + n.name] = Node(p + n.name, n.kind, node_attrs)
-    return nodes, [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
+    return nodes
+
+
+def node_copy_links(topology: Topology, k: int) -> list[Link]:
+    """The links of `node_copy`."""
+    p = f"n{k}/"
+    return [Link(**{**vars(l), "a": p + l.a, "b": p + l.b}) for l in topology.links]
 
 
 def join_hosts(reports: list[HostReport]) -> Topology:

@@ -394,7 +394,7 @@ def gres_binding(topo, devices: list[int]) -> SlurmBinding:
     --gpu-bind=map_gpu:... --cpu-bind=map_ldom:...`` (one task per GPU, each on its GPU's NUMA domain)."""
     from meshscale.topology.queries import relation
 
-    every = [topo.nodes[d].index for d in topo.devices()]
+    every = topo.device_indices()
     lines, domains, notes = [], [], []
     for i in devices:
         attrs = topo.nodes[topo.device(i)].attrs
