@@ -18,8 +18,8 @@ from meshscale.errors import MeshscaleError
 
 # inner (consecutive ranks) to outer
 DIMENSIONS = ("tp", "cp", "fsdp", "dp", "pp")
-# The most ranks a layout may span: 10x the largest GPU clusters built (about 100,000 GPUs), so a product of
-# degrees is refused before any work sized by it (groups, a cluster of that many nodes).
+# The most ranks a layout may span: 5x the largest GPU cluster announced (xAI's Colossus, 100,000 Hopper GPUs being
+# doubled to 200,000; docs/references.md), so a product of degrees is refused before any work sized by it.
 MAX_LAYOUT_RANKS = 1 << 20
 PP_SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 CHECKPOINTING = ("none", "selective", "full")
@@ -167,7 +167,7 @@ def check_degrees(degrees: dict[str, int]) -> int:
     if total > MAX_LAYOUT_RANKS:
         shown = " x ".join(f"--{k} {v}" for k, v in degrees.items() if v != 1)
         raise MeshscaleError(f"layout {shown} = {total:,} ranks, above meshscale's limit of {MAX_LAYOUT_RANKS:,} "
-                             "(10x the largest GPU clusters built, about 100,000 GPUs)")
+                             "(5x the largest GPU cluster announced, 200,000 GPUs)")
     return total
 
 

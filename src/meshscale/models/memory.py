@@ -71,7 +71,6 @@ between.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from functools import cached_property
 from math import ceil
 
 from meshscale.models.allocator import (CUBLAS_WORKSPACE_BYTES, CUDA_CONTEXT_BYTES, GIB, Communicator,
@@ -255,6 +254,23 @@ class MemoryEstimate:
         return self.largest("logits")
 
 
+class _once:
+    """A property of a frozen instance computed on first use and kept in its ``__dict__`` (which then answers):
+    functools.cached_property without the lock Python 3.11's takes on every first use."""
+
+    def __init__(self, method):
+        self.method, self.__doc__ = method, method.__doc__
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, instance, owner=None):
+        if instance is None:
+            return self
+        value = instance.__dict__[self.name] = self.method(instance)
+        return value
+
+
 @dataclass(frozen=True)
 class RankShape:
     """One rank of one pipeline stage: what its components are computed from (each derived figure found once:
@@ -276,25 +292,25 @@ class RankShape:
     compiled: bool = False       # the blocks (and, where the recipe does, the loss) under torch.compile
     fp8_gather: bool = False     # the layers' weights all-gathered in fp8 (torchao's float8 all-gather, tensorwise)
 
-    @cached_property
+    @_once
     def e(self) -> int:
         """Bytes of an activation element."""
         return 2 if self.precision == "bf16" else 4
 
-    @cached_property
+    @_once
     def gather_bytes(self) -> int:
         """Bytes of a parameter as FSDP gathers it (fp32 under autocast, unless the framework casts it)."""
         if self.precision == "fp32" or (self.autocast and not self.recipe.bf16_gathers):
             return 4
         return 2
 
-    @cached_property
+    @_once
     def layer_gather_bytes(self) -> int:
         """Bytes of a layer's parameter as FSDP gathers it: fp8's one byte under torchao's float8 all-gather (the
         unsharded weight is the fp8 tensor the matmul takes), else `gather_bytes`; the root stays unconverted."""
         return 1 if self.fp8_gather else self.gather_bytes
 
-    @cached_property
+    @_once
     def loss(self) -> str:
         """The loss as it runs (LOSS_BYTES_PER_LOGIT's key): the recipe's, compiled under torch.compile where the
         recipe compiles its eager loss."""
@@ -302,36 +318,36 @@ class RankShape:
             return "compiled"
         return self.recipe.loss
 
-    @cached_property
+    @_once
     def tokens(self) -> float:
         """This rank's tokens of one micro-batch (context parallelism: its share of the sequence)."""
         return self.micro * self.seq_len / self.layout.cp
 
-    @cached_property
+    @_once
     def first(self) -> bool:
         return self.stage == 0
 
-    @cached_property
+    @_once
     def last(self) -> bool:
         return self.stage == self.layout.pp - 1
 
-    @cached_property
+    @_once
     def layers(self) -> int:
         return stage_layers(self.model, self.layout, self.stage)
 
-    @cached_property
+    @_once
     def expert_params(self) -> float:
         """Of a layer, the routed experts on this rank (experts / ep of them; the mean over the layers)."""
         return self.model.expert_layer_params() / self.layout.tp / self.layout.ep
 
-    @cached_property
+    @_once
     def layer_params(self) -> float:
         """A layer's parameters as this rank gathers them: the layer but its routed experts (its tensor-parallel
         slice), and its own experts."""
         m = self.model
         return (m.layer_params() - m.expert_layer_params()) / self.layout.tp + self.expert_params
 
-    @cached_property
+    @_once
     def ends_params(self) -> float:
         """The embedding (first stage), final norm and head (last stage) on this rank."""
         m, ends = self.model, 0.0
@@ -343,23 +359,23 @@ class RankShape:
                 ends += m.vocab_size * m.d_model
         return ends / self.layout.tp
 
-    @cached_property
+    @_once
     def stage_params(self) -> float:
         return self.layers * self.layer_params + self.ends_params
 
-    @cached_property
+    @_once
     def fsdp(self) -> bool:
         """Whether FSDP holds the parameters (gathers them, reduce-scatters their gradients): not under DDP or
         Megatron's distributed optimizer."""
         return self.sharding != "none" and not self.recipe.megatron_states
 
-    @cached_property
+    @_once
     def shards(self) -> int:
         """The ranks FSDP shards over: fsdp and cp (context-parallel ranks hold the same parameters:
         torchtitan's dp_shard_cp, meshscale's sharding_mesh)."""
         return 1 if self.sharding == "none" else self.layout.fsdp * self.layout.cp
 
-    @cached_property
+    @_once
     def state_params(self) -> float:
         """The parameters whose state the rank keeps: its stage's sharded over `shards`, the routed experts over
         what expert parallelism leaves of them (`ParallelLayout.expert_fsdp`)."""

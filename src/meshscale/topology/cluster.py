@@ -403,6 +403,7 @@ class ClusterTopology(Topology):
         self._node_devices = plan.node_topology.devices()
         self._part_nodes: dict[int, dict[str, Node]] = {}
         self._part_links: dict[int, list[Link]] = {}
+        self._part_index: dict[int, dict[str, list[Link]]] = {}   # node k: each part's links, in order
         self._switches: dict[str, Node] = {}
 
     @cached_property
@@ -457,7 +458,14 @@ class ClusterTopology(Topology):
         k = self.node_of_part(name)
         if k is None or "_whole" in self.__dict__ or k >= self.plan.spec.nodes:
             return super().links_of(name, kind)
-        return [l for l in self.part_links(k) if name in (l.a, l.b) and (kind is None or l.kind == kind)]
+        if k not in self._part_index:
+            index: dict[str, list[Link]] = {}
+            for l in self.part_links(k):
+                index.setdefault(l.a, []).append(l)
+                if l.b != l.a:
+                    index.setdefault(l.b, []).append(l)
+            self._part_index[k] = index
+        return [l for l in self._part_index[k].get(name, ()) if kind is None or l.kind == kind]
 
     def links_between(self, a: str, b: str) -> list[Link]:
         return [l for l in self.links_of(a) if l.other(a) == b and a != b]

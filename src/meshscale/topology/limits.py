@@ -3,7 +3,9 @@ from topology/cluster.py so that parsing options imports nothing heavy."""
 from meshscale.validation import Range
 
 # One bound on nodes, here only: the entries of a system file (schema.py) and the machines of a cluster. 100k
-# machines is several times the largest GPU clusters, and it keeps a system file's graph quick to route.
+# machines is 8x the largest GPU cluster announced (xAI's Colossus: 100,000 Hopper GPUs, 12,500 nodes of 8;
+# docs/references.md); a cluster is priced from one node's graph (cluster.ClusterTopology), and a system file's
+# graph of that many entries stays quick to route.
 MAX_NODES = 100_000
 # Network ports of one machine: the densest servers have 8 to 16; 64 leaves room.
 MAX_NICS = 64

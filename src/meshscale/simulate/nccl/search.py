@@ -493,8 +493,11 @@ def _node_signature(topo: Topology, inside: Topology) -> tuple[tuple, tuple]:
     network, their NIC ports too."""
     ports = tuple(sorted((nic, sum(l.bandwidth_bytes_per_s for l in topo.links_of(nic)
                                    if l.kind in ("infiniband", "ethernet"))) for nic in inside.nodes_of("nic")))
-    return (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
-            tuple(repr(vars(l)) for l in inside.links)), ports
+    key = "meshscale.simulate.nccl.signature"   # kept on the node's view: asked for every group priced on it
+    if key not in inside.route_cache:
+        inside.route_cache[key] = (tuple((n.name, n.kind, repr(sorted(n.attrs.items()))) for n in inside.nodes.values()),
+                                   tuple(repr(vars(l)) for l in inside.links))
+    return inside.route_cache[key], ports
 
 
 def _kept(key: tuple, make):
