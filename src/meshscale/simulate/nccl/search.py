@@ -226,9 +226,14 @@ class _Hop:
     two: tuple | None = None
 
 
-def _hops(paths: dict, speed: float) -> dict:
-    return {pair: _Hop(PATH_TYPES.index(p.path_type), p.uses, tuple((k, speed * f - 1e-9, speed * f) for k, f in p.uses),
-                       (*p.uses[0], *p.uses[1]) if len(p.uses) == 2 else None) for pair, p in paths.items()}
+def _hops(paths: dict, speed: float, slot: dict) -> dict:
+    """Each pair's `_Hop` at ``speed``, its resources named by their ``slot`` in the search's list of what is left."""
+    out = {}
+    for pair, p in paths.items():
+        uses = [(slot[k], f) for k, f in p.uses]
+        out[pair] = _Hop(PATH_TYPES.index(p.path_type), uses, tuple((k, speed * f - 1e-9, speed * f) for k, f in uses),
+                         (*uses[0], *uses[1]) if len(uses) == 2 else None)
+    return out
 
 
 def _cycles(names: list[str], hops: dict, left: dict, budget: list[int], closed: bool = True):
@@ -372,8 +377,9 @@ def _search_shape(names: list[str], paths: dict, capacity: dict, speed: float, b
 
 def _dfs_rings(names: list[str], paths: dict, capacity: dict, speed: float, bound: int,
                closed: bool) -> list[list[str]]:
-    left, rings, best, budget = dict(capacity), [], [[]], [DFS_VISIT_LIMIT]
-    hops = _hops(paths, speed)
+    slot = {k: i for i, k in enumerate(capacity)}   # what is left by position: no key hashed per look-up
+    left, rings, best, budget = list(capacity.values()), [], [[]], [DFS_VISIT_LIMIT]
+    hops = _hops(paths, speed, slot)
 
     def rec():
         if len(rings) > len(best[0]):
