@@ -114,6 +114,12 @@ def measure(threads: int, socks: int, message: int, messages: int) -> tuple[int,
         sub = [plan[i] for i in mine]
         workers.append(threading.Thread(target=_send, args=([pairs[i][0] for i in mine], sub, start)))
         workers.append(threading.Thread(target=_recv, args=([pairs[i][1] for i in mine], sub, start)))
+    seconds = _timed(workers, start, pairs)
+    return message * messages, seconds
+
+
+def _timed(workers: list[threading.Thread], start: threading.Barrier, pairs: list) -> float:
+    """Start ``workers``, release them together at ``start``, wait for all; close ``pairs``. Seconds they ran."""
     for w in workers:
         w.start()
     start.wait()
@@ -124,7 +130,7 @@ def measure(threads: int, socks: int, message: int, messages: int) -> tuple[int,
     for a, b in pairs:
         a.close()
         b.close()
-    return message * messages, seconds
+    return seconds
 
 
 def duplex(message: int, messages: int) -> tuple[int, float]:
@@ -154,15 +160,7 @@ def duplex(message: int, messages: int) -> tuple[int, float]:
                     pass
 
     workers = [threading.Thread(target=end, args=(s,)) for s in (a, b)]
-    for w in workers:
-        w.start()
-    start.wait()
-    t0 = time.perf_counter()
-    for w in workers:
-        w.join()
-    seconds = time.perf_counter() - t0
-    a.close()
-    b.close()
+    seconds = _timed(workers, start, [(a, b)])
     return message * messages, seconds
 
 

@@ -10,7 +10,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn as nn
 
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.memory import (LOSS_BYTES_PER_LOGIT, LOSS_EVENTS, RECIPES, RankShape, layer_saved_bytes,
@@ -19,33 +18,7 @@ from meshscale.models.memory import (LOSS_BYTES_PER_LOGIT, LOSS_EVENTS, RECIPES,
 from meshscale.models.registry import preset
 from meshscale.models.transformer import TransformerConfig
 
-
-class _RMSNorm(torch.autograd.Function):
-    """RMSNorm as CUDA's fused kernel saves it (input, per-token rstd), with its backward: the partitioner traces
-    it."""
-
-    @staticmethod
-    def forward(ctx, x, weight):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
-        ctx.save_for_backward(x, rstd, weight)
-        return (x.float() * rstd).to(x.dtype) * weight
-
-    @staticmethod
-    def backward(ctx, grad):
-        x, rstd, weight = ctx.saved_tensors
-        normed = x.float() * rstd
-        g = grad.float() * weight.float()
-        dx = rstd * (g - normed * (g * normed).mean(-1, keepdim=True))
-        return dx.to(x.dtype), (grad.float() * normed).sum((0, 1)).to(weight.dtype)
-
-
-class _FusedRMSNorm(nn.Module):
-    def __init__(self, d: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d, dtype=torch.bfloat16))
-
-    def forward(self, x):
-        return _RMSNorm.apply(x, self.weight)
+from block_probe import probe_block
 
 
 def _compiled_saved_bytes(cfg: TransformerConfig, policy: str, batch: int, seq: int) -> int:
@@ -55,17 +28,7 @@ def _compiled_saved_bytes(cfg: TransformerConfig, policy: str, batch: int, seq: 
     from functorch.compile import min_cut_rematerialization_partition, make_boxed_func
     from torch._dynamo.backends.common import aot_autograd
 
-    from meshscale.train.parallel.apply import apply_checkpointing
-    from meshscale.train.transformer import Block, rotary_tables
-
-    holder = nn.Module()
-    holder.layers = nn.ModuleDict({"0": Block(cfg).to(torch.bfloat16)})
-    if cfg.style == "llama":
-        block = holder.layers["0"]
-        block.attention_norm, block.ffn_norm = _FusedRMSNorm(cfg.d_model), _FusedRMSNorm(cfg.d_model)
-    apply_checkpointing(holder, policy)
-    cos, sin = rotary_tables(cfg, seq)
-    positions = torch.arange(seq)
+    holder, cos, sin, positions = probe_block(cfg, policy, seq)
     kept = {p.untyped_storage().data_ptr() for p in [*holder.parameters(), cos, sin, positions]}
     found = {}
 

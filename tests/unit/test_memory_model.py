@@ -9,7 +9,6 @@ from dataclasses import replace
 
 import pytest
 import torch
-import torch.nn as nn
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
@@ -20,6 +19,8 @@ from meshscale.models.memory import (RECIPES, RankShape, build_bytes, in_flight_
                                      training_memory)
 from meshscale.models.registry import preset
 from meshscale.models.transformer import TransformerConfig
+
+from block_probe import probe_block
 
 MIB = 1 << 20
 
@@ -60,44 +61,10 @@ class _Live(TorchDispatchMode):
         return sum(n for ptr, (ref, n) in self.made.items() if ref() is not None and ptr not in exclude)
 
 
-class _FusedRMSNorm(nn.Module):
-    """RMSNorm as CUDA's fused kernel saves it (its input and a per-token rstd); on a CPU PyTorch decomposes
-    it and keeps fp32 copies instead."""
-
-    def __init__(self, d: int):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(d, dtype=torch.bfloat16))
-
-    def forward(self, x):
-        return _RMSNormFunction.apply(x, self.weight)
-
-
-class _RMSNormFunction(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, weight):
-        rstd = torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-5)
-        ctx.save_for_backward(x, rstd, weight)
-        return (x.float() * rstd).to(x.dtype) * weight
-
-    @staticmethod
-    def backward(ctx, grad):   # not run: the test looks at forward only
-        raise NotImplementedError
-
-
 def _saved_by_autograd(cfg: TransformerConfig, policy: str, batch: int, seq: int) -> int:
     """Bytes one of meshscale's blocks keeps alive after its forward (parameters, rotary tables and its output
     aside), its input included (every policy keeps it)."""
-    from meshscale.train.parallel.apply import apply_checkpointing
-    from meshscale.train.transformer import Block, rotary_tables
-
-    holder = nn.Module()
-    holder.layers = nn.ModuleDict({"0": Block(cfg).to(torch.bfloat16)})
-    if cfg.style == "llama":
-        block = holder.layers["0"]
-        block.attention_norm, block.ffn_norm = _FusedRMSNorm(cfg.d_model), _FusedRMSNorm(cfg.d_model)
-    apply_checkpointing(holder, policy)
-    cos, sin = rotary_tables(cfg, seq)
-    positions = torch.arange(seq)
+    holder, cos, sin, positions = probe_block(cfg, policy, seq)
     x = torch.randn(batch, seq, cfg.d_model, dtype=torch.bfloat16, requires_grad=True)
     mode = _Live()
     with mode:
