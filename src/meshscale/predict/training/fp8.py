@@ -48,14 +48,14 @@ NOT_CONVERTED = ("router",)
 FEATURE_MULTIPLE = 16
 
 
-def gathered_bytes(precision: str, recipe: str, param_bytes: int) -> float:
-    """Bytes per parameter FSDP all-gathers: fp8's one with tensorwise's float8 all-gather, else as given."""
-    return 1.0 if precision == "fp8" and recipe == "tensorwise" else float(param_bytes)
-
-
 def gathers_fp8(precision: str, recipe: str, fsdp2: bool) -> bool:
     """Whether the linears' weights reach the layers already in fp8: tensorwise float8 under FSDP2."""
     return precision == "fp8" and recipe == "tensorwise" and fsdp2
+
+
+def gathered_bytes(precision: str, recipe: str, param_bytes: int) -> float:
+    """Bytes per parameter FSDP2 all-gathers: fp8's one where its weights are gathered in fp8, else as given."""
+    return 1.0 if gathers_fp8(precision, recipe, True) else float(param_bytes)
 
 
 def _casts(kernel: Kernel, recipe: str, gathered: bool = False) -> tuple[float, float, int, int]:

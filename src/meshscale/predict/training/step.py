@@ -103,6 +103,11 @@ class StepKernels:
         return int(round(sum(k.ops * count for k, count in self._counted())))
 
 
+def _fsdp2(job: TrainingJob, fw: StepFramework) -> bool:
+    """Whether FSDP2 shards the job's layers (fully_shard per block): the job's sharding and its framework's."""
+    return job.sharding == "fsdp2" and fw.sharding == "fsdp2"
+
+
 def step_kernels(job: TrainingJob) -> StepKernels:
     """The kernels the step model prices for ``job`` (what `_transformer` and `_resnet` time, and what
     `breakdown` groups by category)."""
@@ -123,7 +128,7 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     m = layout.micro_batches
     tokens = job.batch // m * job.seq_len / layout.cp
     fw = step_framework(job.framework)
-    fsdp2 = job.sharding == "fsdp2" and fw.sharding == "fsdp2"
+    fsdp2 = _fsdp2(job, fw)
     fp8_gathered = gathers_fp8(job.precision, job.fp8_recipe, fsdp2)
     layer = transformer_layer(model, tokens, job.seq_len, tp=layout.tp, cp=layout.cp, precision=precision,
                               checkpointing=job.checkpointing, autocast=job.autocast,
@@ -796,13 +801,14 @@ def job_memory(job: TrainingJob, comms: tuple[Communicator, ...] | None = None) 
     """The memory model's estimate for a transformer job (models/memory.training_memory) under its framework:
     the framework's memory recipe where it has one (Megatron's, DeepSpeed's), the job's otherwise; ZeRO's
     partitioned state over the --fsdp group (`framework.framework_memory`). A compiled step (its layers from a
-    graph) saves what its compiled blocks and loss save; fp8's tensorwise recipe gathers the layers in fp8 (as
-    the step model prices its all-gathers, `fp8.gathered_bytes`)."""
+    graph) saves what its compiled blocks and loss save; fp8's tensorwise recipe gathers the layers in fp8 under FSDP2
+    (as the step model prices its all-gathers, `fp8.gathers_fp8`)."""
     fw = step_framework(job.framework)
     found = training_memory(job.model, job.layout, batch=job.batch, seq_len=job.seq_len,
                             precision="fp32" if job.precision in FULL_WIDTH else "bf16",
                             checkpointing=job.checkpointing, selective_policy=job.selective_policy,
                             recipe=fw.memory_recipe or job.memory_recipe, sharding=job.sharding,
                             autocast=job.autocast, moe_imbalance=job.moe_imbalance, communicators=comms,
-                            compiled=fw.graph_layers, fp8_gather=gathered_bytes(job.precision, job.fp8_recipe, 2) == 1)
+                            compiled=fw.graph_layers,
+                            fp8_gather=gathers_fp8(job.precision, job.fp8_recipe, _fsdp2(job, fw)))
     return framework_memory(found, fw, stage_params(job), job.layout.fsdp)
