@@ -135,6 +135,37 @@ def top_kernels(events: list[dict], steps: int, n: int = 25) -> list[tuple[str, 
     return [(k, s, counts[k] / steps) for k, s in sorted(seconds.items(), key=lambda x: -x[1])[:n]]
 
 
+def idle_gaps(events: list[dict], steps: int, min_us: float = 20.0, n: int = 12) -> dict:
+    """Where the GPU ran dry: each gap of at least ``min_us`` between the GPU's work (kernels, copies, sets) is
+    charged to the host op that issued the work after it (the innermost op around the runtime call whose
+    correlation id the work carries) and to the runtime calls that overlap it (a synchronize, an allocation);
+    seconds per step, the largest ``n`` of each."""
+    kinds = ("kernel", "gpu_memcpy", "gpu_memset")
+    work = sorted((e for e in events if e.get("cat") in kinds), key=lambda e: e["ts"])
+    runtime = [e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")]
+    by_corr = {(e.get("args") or {}).get("correlation"): e for e in runtime}
+    ops = sorted((e for e in events if e.get("cat") in ("cpu_op", "user_annotation")), key=lambda e: e["ts"])
+    issuer, during = defaultdict(float), defaultdict(float)
+    end = None
+    for e in work:
+        gap = e["ts"] - end if end is not None else 0.0
+        if gap >= min_us:
+            call = by_corr.get((e.get("args") or {}).get("correlation"))
+            name = "(no launch found)"
+            if call is not None:
+                around = [o for o in ops if o["ts"] <= call["ts"] and o["ts"] + o["dur"] >= call["ts"] + call["dur"]
+                          and o.get("tid") == call.get("tid")]
+                name = min(around, key=lambda o: o["dur"])["name"] if around else call["name"]
+            issuer[name[:90]] += gap * 1e-6 / steps
+            for r in runtime:
+                overlap = min(r["ts"] + r["dur"], e["ts"]) - max(r["ts"], end)
+                if overlap > 0.2 * gap:
+                    during[r["name"][:90]] += overlap * 1e-6 / steps
+        end = max(end or e["ts"], e["ts"] + e["dur"])
+    top = lambda d: sorted(d.items(), key=lambda x: -x[1])[:n]  # noqa: E731
+    return {"issued_after_gap": top(issuer), "runtime_calls_in_gaps": top(during)}
+
+
 def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: int, detailed_steps: int,
              gpu) -> dict:
     step = step_function(case.cfg, device)
@@ -150,6 +181,7 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
     plain = trace(step, first, profiled, device, detailed=False)
     total, busy, count = busy_seconds(plain, device)
     top = top_kernels(plain, profiled)
+    gaps = idle_gaps(plain, profiled)
     detailed = trace(step, first + profiled, detailed_steps, device, detailed=True)
     measured = categorize(detailed, StepShapes(case.job.model is not None, case.vocab, case.ffn), device)
     r = rates(gpu, case.job.precision, fp8_recipe=case.job.fp8_recipe)
@@ -173,7 +205,8 @@ def run_case(case: Case, device: torch.device, warm: int, timed: int, profiled: 
             "kernels_per_step": count / profiled, "predicted_step_s": prediction.step_s,
             "predicted_kernel_s": sum(p.seconds for p in predicted.values()),
             "predicted_host_bound_s": prediction.launch_s,
-            "predicted_kernels_per_step": sum(p.kernels for p in predicted.values()), "top_kernels": top}
+            "predicted_kernels_per_step": sum(p.kernels for p in predicted.values()), "top_kernels": top,
+            "idle_gaps": gaps}
 
 
 def print_case(out: dict) -> None:
@@ -190,6 +223,11 @@ def print_case(out: dict) -> None:
           f"(modelled {out['predicted_kernels_per_step']})")
     for name, seconds, launches in out.get("top_kernels", [])[:15]:
         print(f"  {seconds * 1e3:8.3f} ms {launches:6.0f}x  {name}")
+    for key, label in (("issued_after_gap", "GPU idle before work issued by"), ("runtime_calls_in_gaps",
+                                                                              "runtime calls in the idle gaps")):
+        print(f"  {label}:")
+        for name, seconds in out.get("idle_gaps", {}).get(key, []):
+            print(f"    {seconds * 1e3:8.3f} ms  {name}")
 
 
 def _init_one_rank(device: torch.device, tmp: str) -> None:

@@ -231,8 +231,9 @@ def io(
 def kernels(output: Path = typer.Option(..., "--output", help="where to write the atlas (JSON; meshscale ships "
                                         "its own in models/atlas/)", callback=checked(output_file((".json",))))) -> None:
     """Measure the kernel atlas on this GPU: matrix products over training's shapes, attention forward and backward,
-    the memory-bound kernels, a kernel's floor and eager PyTorch's host cost per op (plain and DTensor). The step
-    model prices GPUs of an atlas's family from it (`predict`)."""
+    the memory-bound kernels, a kernel's floor, eager PyTorch's host cost per op (plain and DTensor), and one
+    Llama block's element-wise kernels eager and torch.compile'd (bf16; float8 where torchao is installed). The
+    step model prices GPUs of an atlas's family from it (`predict`)."""
     import torch
 
     from meshscale.bench.kernels import measure_atlas
@@ -249,7 +250,8 @@ def kernels(output: Path = typer.Option(..., "--output", help="where to write th
     atlas = measure_atlas(float(facts["bf16_flops"]), float(facts["memory_bandwidth_bytes_per_s"]),
                           "meshscale bench kernels", progress=lambda what: typer.echo(f"measuring {what}", err=True))
     atomic_write(output, atlas.to_json())
-    typer.echo(f"wrote {output}: {len(atlas.gemm)} matrix products, {len(atlas.attention)} attention points on {name}")
+    typer.echo(f"wrote {output}: {len(atlas.gemm)} matrix products, {len(atlas.attention)} attention points, "
+               f"{len(atlas.blocks)} blocks on {name}")
 
 
 def register(app: typer.Typer) -> None:

@@ -14,7 +14,10 @@ One atlas is one GPU, one date, one software stack (torch, CUDA, cuDNN versions,
 - ``host_s_per_op`` / ``dtensor_host_s_per_op`` / ``conv_host_s_per_op``: eager PyTorch's host time to issue
   one op (with autograd recording), over a tiny Llama block's forward and backward, what the same block's ops
   on DTensors add (tensor parallel on a one-rank mesh, a warm sharding-propagation cache), and over a tiny ResNet
-  bottleneck's; ``host_samples`` the same figures from each machine the atlas was measured on.
+  bottleneck's; ``host_samples`` the same figures from each machine the atlas was measured on;
+- ``blocks``: one Llama block's forward and backward (meshscale's train block, each rotary formulation, eager
+  and torch.compile'd, bf16 and float8) with the GPU time of its kernels other than matrix products and
+  attention: what the kernels an engine generates around them take (bench/blocks.py).
 
 Torch-free: predict reads it, bench writes it. Every figure is a measurement; nothing here is fitted."""
 from __future__ import annotations
@@ -51,6 +54,26 @@ class AttentionPoint:
 
 
 @dataclass(frozen=True)
+class BlockPoint:
+    """One Llama block (d_model, heads, kv_heads, ffn_dim; batch x seq_len tokens) run forward and backward:
+    GPU seconds of its element-wise kernels (everything but matrix products and attention), how many there were,
+    and the matrix products' and attention's seconds beside them."""
+    style: str           # rotary: pairs (meshscale's engine) | complex (torchtitan's)
+    precision: str       # bf16 | fp8-tensorwise (torchao's float8 linears)
+    compiled: bool       # torch.compile'd (inductor's generated kernels) or eager
+    d_model: int
+    heads: int
+    kv_heads: int
+    ffn_dim: int
+    batch: int
+    seq_len: int
+    elementwise_s: float
+    elementwise_kernels: int
+    matmul_s: float
+    attention_s: float
+
+
+@dataclass(frozen=True)
 class KernelAtlas:
     """One GPU's measured kernels (see the module docstring); ``gpu`` is its name as NVML and the catalog spell
     it, ``dense_flops`` its datasheet dense tensor-core peak in bf16 (what fractions are taken against)."""
@@ -74,6 +97,7 @@ class KernelAtlas:
     # the host figures of every machine this GPU's atlas was measured on (host work varies from one host, or
     # one VM runtime, to the next): the step model takes their median
     host_samples: tuple[dict, ...] = ()
+    blocks: tuple[BlockPoint, ...] = ()
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=1) + "\n"
@@ -111,6 +135,7 @@ def from_dict(data: dict) -> KernelAtlas:
     fields["attention"] = tuple(AttentionPoint(**p) for p in data["attention"])
     fields["stream"] = tuple(tuple(map(float, p)) for p in data["stream"])
     fields["host_samples"] = tuple(dict(s) for s in data.get("host_samples", ()))
+    fields["blocks"] = tuple(BlockPoint(**p) for p in data.get("blocks", ()))
     return KernelAtlas(**fields)
 
 

@@ -196,6 +196,9 @@ class Kernel:
     fused_bytes: float | None = None
     fused_backward_bytes: float | None = None
     causal: bool = True             # attention: under the causal mask (False: every block computed)
+    # a memory op inside a torch.compile'd block: the rotary formulation of that block ("pairs", "complex");
+    # its time follows the atlas's measured compiled blocks (`MeasuredKernels.block_ratio`)
+    compiled_block: str = ""
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -281,6 +284,7 @@ class Rates:
     dtensor_host_s_per_op: float = DTENSOR_HOST_SECONDS_PER_OP
     conv_host_s_per_op: float = HOST_SECONDS_PER_OP  # ... of a CNN's ops (cuDNN's convolutions, batch norms)
     kernel_floor_s: float = KERNEL_FLOOR_S
+    block_precision: str = "bf16"   # the compiled blocks' precision that prices this step's (bf16, fp8-<recipe>)
     # each kernel's time at these rates, once found (`kernel_seconds`): a layout search prices the same layers'
     # kernels for every split of the data-parallel ranks. Not an argument: `replace` gives a new one
     seconds_memo: dict = field(default_factory=dict, init=False, repr=False, compare=False)
@@ -323,7 +327,8 @@ def _rates(gpu: GpuSpec, precision: str, factor: float, attention_kernel: str, f
     found = Rates(dense * ceiling, gpu.matmul_flops(precision, conv=True) * clock * ceiling,
                   dense * attention, gpu.memory_bandwidth_bytes_per_s * HBM_FRACTION,
                   gpu.sm_count, factor, 4 if precision in ("fp32", "tf32") else 2, gpu.family, dense,
-                  sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel, fp8_flops=fp8)
+                  sm_clocks * ISSUE_LANES_PER_SM, sm_clocks * XU_LANES_PER_SM, attention_kernel, fp8_flops=fp8,
+                  block_precision=f"fp8-{fp8_recipe}" if fp8 else "bf16")
     from meshscale.predict.training.measured import host_costs, measured_kernels
 
     measured = measured_kernels(gpu, precision)
@@ -420,7 +425,11 @@ def _kernel_seconds(kernel: Kernel, r: Rates) -> float:
         compute_s = kernel.flops / attention_rate(kernel, r)
     else:
         compute_s = instruction_seconds(kernel.instructions, r)
-        if r.measured is not None:   # the measured copy curve at these bytes, times the category's own measured ratio
+        block = r.measured.block_ratio(kernel.compiled_block, r.block_precision) \
+            if r.measured is not None and kernel.compiled_block else None
+        if block is not None:        # generated inside a compiled block: what the atlas's compiled blocks reach
+            memory_s = kernel.bytes / r.bandwidth_bytes_per_s * block
+        elif r.measured is not None:   # the measured copy curve at these bytes, times the category's own measured ratio
             memory_s = r.measured.memory_seconds(kernel.bytes, category_of(kernel, True), r.bandwidth_bytes_per_s)
     return kernel.count * max(compute_s, memory_s, r.kernel_floor_s * launches_of(kernel)) * r.factor
 

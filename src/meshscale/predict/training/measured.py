@@ -21,7 +21,7 @@ from functools import lru_cache
 from math import log2
 from typing import Callable
 
-from meshscale.models.atlas import KernelAtlas, MEMORY_CATEGORIES, shipped_atlases
+from meshscale.models.atlas import BlockPoint, KernelAtlas, MEMORY_CATEGORIES, shipped_atlases
 from meshscale.predict.training.hardware import GpuSpec
 
 # a generation no atlas measured takes the nearest older one's measured shares of its own peaks (as the attention
@@ -107,6 +107,17 @@ class MeasuredKernels:
         value = sum(w * log2(statistics.fmean(rates[s])) for s, w in _bracket(seqs, seq_len) if w)
         return 2 ** value / self.atlas.dense_bf16_flops
 
+    def block_ratio(self, style: str, precision: str) -> float | None:
+        """What the element-wise kernels of a torch.compile'd block of rotary ``style`` take against their bytes
+        at the copy's rate: the atlas's compiled blocks (bench/blocks.py) of that style and ``precision`` (else
+        another fp8 recipe's, else bf16's), each block's measured element-wise seconds over the step model's
+        bytes for the same block (`compiled_block_bytes`) at the atlas's copy rate, geometric mean over the
+        shapes measured; None where the atlas has none."""
+        key = (id(self), style, precision)
+        if key not in _BLOCKS:
+            _BLOCKS[key] = _block_ratio(self.atlas, style, precision)
+        return _BLOCKS[key]
+
     def memory_seconds(self, nbytes: float, category: str, bandwidth_bytes_per_s: float) -> float:
         """A memory-bound kernel of ``nbytes`` in ``category`` at ``bandwidth_bytes_per_s`` (the measured copy's
         rate, moved to this GPU's datasheet): its bytes at that rate times its category's measured ratio to the
@@ -121,6 +132,43 @@ class MeasuredKernels:
 # (MeasuredKernels are made once per GPU and precision and kept, so their ids stay theirs)
 _GRIDS: dict = {}
 _RATIOS: dict = {}
+_BLOCKS: dict = {}
+
+
+def compiled_block_bytes(point: BlockPoint) -> float:
+    """The bytes the step model moves in the memory-bound kernels of one block as ``point`` ran it (forward and
+    backward, no checkpointing, bf16 weights without FSDP: fp8's weights cast in the layer), as torch.compile runs
+    it (`framework.framework_pass`): what `block_ratio` holds the measured seconds against."""
+    from meshscale.models.transformer import TransformerConfig
+    from meshscale.predict.training.framework import STEP_FRAMEWORKS, framework_pass
+    from meshscale.predict.training.workload import transformer_layer
+
+    model = TransformerConfig("atlas block", 1, point.d_model, point.heads, point.kv_heads, point.ffn_dim, 32000,
+                              point.seq_len)
+    fp8 = point.precision.startswith("fp8-")
+    layer = transformer_layer(model, float(point.batch * point.seq_len), point.seq_len,
+                              precision="fp8" if fp8 else "bf16", rotary_style=point.style,
+                              fp8_recipe=point.precision[4:] if fp8 else "tensorwise")
+    fw = STEP_FRAMEWORKS["compile" if point.compiled else "eager"]
+    kernels = framework_pass(layer.forward, fw, layer=True) + framework_pass(layer.backward, fw, layer=True)
+    return sum(k.bytes * k.count for k in kernels if k.kind == "memory" and not outside_block(k.name))
+
+
+def outside_block(name: str) -> bool:
+    """A layer's memory op that runs outside its block's graph: FSDP2's copies and its cast of the gradients
+    to fp32 for the reduce-scatter, DDP's buckets."""
+    return name.startswith(("FSDP", "DDP")) or "gradients to fp32" in name
+
+
+def _block_ratio(atlas: KernelAtlas, style: str, precision: str) -> float | None:
+    stream_bytes_per_s = atlas.memory_bandwidth_bytes_per_s * atlas.stream_fraction
+    compiled = [p for p in atlas.blocks if p.compiled and p.style == style]
+    for want in (precision, "fp8-" if precision.startswith("fp8-") else precision, "bf16"):
+        points = [p for p in compiled if p.precision.startswith(want)]
+        if points:
+            logs = [log2(p.elementwise_s * stream_bytes_per_s / compiled_block_bytes(p)) for p in points]
+            return 2 ** statistics.fmean(logs)
+    return None
 
 
 def _bracket(axis: list[int], value: float) -> list[tuple[int, float]]:

@@ -53,7 +53,7 @@ from meshscale.predict.training.framework import (DEFAULT_FRAMEWORK, StepFramewo
 from meshscale.predict.training.replicas import (GradientExchange, ReplicaCost, exposed_exchange_s,
                                                  replica_exchange)
 from meshscale.predict.training.hardware import FULL_WIDTH, STEP_PRECISIONS, GpuSpec, storage_precision
-from meshscale.predict.training.measured import compute_source
+from meshscale.predict.training.measured import compute_source, outside_block
 from meshscale.predict.training.fp8 import FP8_RECIPES, amax_precompute, gathered_bytes, gathered_weights, gathers_fp8
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
@@ -135,6 +135,8 @@ def step_kernels(job: TrainingJob) -> StepKernels:
                               selective_policy=job.selective_policy, rotary_style=job.rotary, ep=layout.ep,
                               moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe, cp_method=cp_method_of(job),
                               fp8_gathered=fp8_gathered)
+    if fw.graph_layers:
+        layer = in_compiled_block(layer, job.rotary)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
@@ -165,6 +167,15 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     layer = PassKernels(*(framework_pass(p, fw, layer=True) for p in (layer.forward, layer.backward, layer.recompute)))
     ends = PassKernels(*(framework_pass(p, fw, layer=False) for p in (ends.forward, ends.backward, ends.recompute)))
     return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
+
+
+def in_compiled_block(layer: PassKernels, style: str) -> PassKernels:
+    """A layer whose block torch.compile runs: its memory ops inside the block's graph (all but those FSDP2 runs
+    around it, `measured.outside_block`) are priced as the atlas's compiled blocks of rotary ``style`` ran."""
+    def tag(kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
+        return tuple(replace(k, compiled_block=style) if k.kind == "memory" and not outside_block(k.name) else k
+                     for k in kernels)
+    return PassKernels(tag(layer.forward), tag(layer.backward), tag(layer.recompute))
 
 
 def cp_method_of(job: TrainingJob) -> str:
