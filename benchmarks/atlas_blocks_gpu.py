@@ -1,4 +1,4 @@
-"""Measure the kernel atlas's compiled blocks alone (`meshscale.bench.blocks`) into a copy of the shipped H100
+"""Measure the kernel atlas's compiled blocks alone (`meshscale.train.blocks`) into a copy of the shipped H100
 atlas, its other figures kept, and print each block beside the bytes the step model counts for it.
 
   PYTHONPATH=src:/tmp/ao python3 benchmarks/atlas_blocks_gpu.py OUT.json [ATLAS.json]
@@ -10,9 +10,9 @@ from dataclasses import replace
 
 import torch
 
-from meshscale.bench.blocks import measure_blocks
+from meshscale.train.blocks import measure_blocks
 from meshscale.models.atlas import load_atlas
-from meshscale.predict.training.measured import compiled_block_bytes
+from meshscale.predict.training.step import compiled_block_bytes
 
 
 def main() -> None:

@@ -1,4 +1,4 @@
-"""The atlas's compiled blocks (bench/blocks.py) and how the step model prices a torch.compile'd layer from them:
+"""The atlas's compiled blocks (train/blocks.py) and how the step model prices a torch.compile'd layer from them:
 the two rotary formulations the bench runs compute the same block, the kernel classes split by name as the
 profiler reports them, and a compiled layer's own memory ops (only those) take the measured blocks' ratio to
 their bytes."""
@@ -9,15 +9,14 @@ from dataclasses import replace
 import pytest
 import torch
 
-from meshscale.bench.blocks import complex_attention, kernel_class
+from meshscale.train.blocks import complex_attention, kernel_class
 from meshscale.models.atlas import BlockPoint, from_dict, shipped_atlases
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.kernels import kernel_seconds, rates
 from meshscale.predict.training.hardware import gpu_spec
-from meshscale.predict.training.measured import (MeasuredKernels, _BLOCKS, compiled_block_bytes, measured_kernels,
-                                                 outside_block)
-from meshscale.predict.training.step import TrainingJob, step_kernels
+from meshscale.predict.training.measured import MeasuredKernels, _BLOCKS, measured_kernels, outside_block
+from meshscale.predict.training.step import TrainingJob, compiled_block_bytes, step_kernels
 from meshscale.train.transformer import Block, rotary_tables
 
 

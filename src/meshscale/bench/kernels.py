@@ -414,11 +414,8 @@ def measure_atlas(dense_bf16_flops: float, memory_bandwidth_bytes_per_s: float, 
     attention = measure_attention(device)
     progress("matrix products")
     gemms = measure_gemms(device) + measure_fp8_gemms(device)
-    progress("transformer blocks, eager and compiled")
-    from meshscale.bench.blocks import measure_blocks
-    blocks = measure_blocks(device, progress)
     return KernelAtlas(props.name, datetime.date.today().isoformat(), versions(), props.multi_processor_count,
                        dense_bf16_flops, memory_bandwidth_bytes_per_s, tuple(gemms), tuple(attention),
                        tuple(stream), memory_ops, floor, eager_floor, host, dtensor, command, conv_host,
                        ({"date": datetime.date.today().isoformat(), "host_s_per_op": host,
-                         "dtensor_host_s_per_op": dtensor, "conv_host_s_per_op": conv_host},), tuple(blocks))
+                         "dtensor_host_s_per_op": dtensor, "conv_host_s_per_op": conv_host},))

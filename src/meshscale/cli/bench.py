@@ -247,8 +247,15 @@ def kernels(output: Path = typer.Option(..., "--output", help="where to write th
     if not known or not facts.get("bf16_flops"):
         raise MeshscaleError(f"bench kernels: no datasheet for {name!r} in the GPU table (topology/gpu_models.yaml); "
                              "add its bf16 peak and memory bandwidth first")
+    progress = lambda what: typer.echo(f"measuring {what}", err=True)  # noqa: E731
     atlas = measure_atlas(float(facts["bf16_flops"]), float(facts["memory_bandwidth_bytes_per_s"]),
-                          "meshscale bench kernels", progress=lambda what: typer.echo(f"measuring {what}", err=True))
+                          "meshscale bench kernels", progress=progress)
+    # the blocks run train's own transformer block (bench measures kernels, train builds models)
+    from dataclasses import replace
+
+    from meshscale.train.blocks import measure_blocks
+    progress("transformer blocks, eager and compiled")
+    atlas = replace(atlas, blocks=tuple(measure_blocks(torch.device("cuda", torch.cuda.current_device()), progress)))
     atomic_write(output, atlas.to_json())
     typer.echo(f"wrote {output}: {len(atlas.gemm)} matrix products, {len(atlas.attention)} attention points, "
                f"{len(atlas.blocks)} blocks on {name}")

@@ -17,7 +17,7 @@ One atlas is one GPU, one date, one software stack (torch, CUDA, cuDNN versions,
   bottleneck's; ``host_samples`` the same figures from each machine the atlas was measured on;
 - ``blocks``: one Llama block's forward and backward (meshscale's train block, each rotary formulation, eager
   and torch.compile'd, bf16 and float8) with the GPU time of its kernels other than matrix products and
-  attention: what the kernels an engine generates around them take (bench/blocks.py).
+  attention: what the kernels an engine generates around them take (train/blocks.py).
 
 Torch-free: predict reads it, bench writes it. Every figure is a measurement; nothing here is fitted."""
 from __future__ import annotations

@@ -109,10 +109,12 @@ class MeasuredKernels:
 
     def block_ratio(self, style: str, precision: str) -> float | None:
         """What the element-wise kernels of a torch.compile'd block of rotary ``style`` take against their bytes
-        at the copy's rate: the atlas's compiled blocks (bench/blocks.py) of that style and ``precision`` (else
+        at the copy's rate: the atlas's compiled blocks (train/blocks.py) of that style and ``precision`` (else
         another fp8 recipe's, else bf16's), each block's measured element-wise seconds over the step model's
-        bytes for the same block (`compiled_block_bytes`) at the atlas's copy rate, geometric mean over the
+        bytes for the same block (`step.compiled_block_bytes`) at the atlas's copy rate, geometric mean over the
         shapes measured; None where the atlas has none."""
+        if not BLOCK_BYTES:   # nothing counts the model's bytes yet: not kept, asked again later
+            return None
         key = (id(self), style, precision)
         if key not in _BLOCKS:
             _BLOCKS[key] = _block_ratio(self.atlas, style, precision)
@@ -135,23 +137,10 @@ _RATIOS: dict = {}
 _BLOCKS: dict = {}
 
 
-def compiled_block_bytes(point: BlockPoint) -> float:
-    """The bytes the step model moves in the memory-bound kernels of one block as ``point`` ran it (forward and
-    backward, no checkpointing, bf16 weights without FSDP: fp8's weights cast in the layer), as torch.compile runs
-    it (`framework.framework_pass`): what `block_ratio` holds the measured seconds against."""
-    from meshscale.models.transformer import TransformerConfig
-    from meshscale.predict.training.framework import STEP_FRAMEWORKS, framework_pass
-    from meshscale.predict.training.workload import transformer_layer
-
-    model = TransformerConfig("atlas block", 1, point.d_model, point.heads, point.kv_heads, point.ffn_dim, 32000,
-                              point.seq_len)
-    fp8 = point.precision.startswith("fp8-")
-    layer = transformer_layer(model, float(point.batch * point.seq_len), point.seq_len,
-                              precision="fp8" if fp8 else "bf16", rotary_style=point.style,
-                              fp8_recipe=point.precision[4:] if fp8 else "tensorwise")
-    fw = STEP_FRAMEWORKS["compile" if point.compiled else "eager"]
-    kernels = framework_pass(layer.forward, fw, layer=True) + framework_pass(layer.backward, fw, layer=True)
-    return sum(k.bytes * k.count for k in kernels if k.kind == "memory" and not outside_block(k.name))
+# what the step model counts for an atlas block (`step.compiled_block_bytes`): the model's kernels are built above
+# this module, which prices them, so step.py hands its count down when it loads; until then (nothing has built a
+# step) no compiled block is read
+BLOCK_BYTES: list[Callable[[BlockPoint], float]] = []
 
 
 def outside_block(name: str) -> bool:
@@ -161,12 +150,13 @@ def outside_block(name: str) -> bool:
 
 
 def _block_ratio(atlas: KernelAtlas, style: str, precision: str) -> float | None:
+    count = BLOCK_BYTES[-1]
     stream_bytes_per_s = atlas.memory_bandwidth_bytes_per_s * atlas.stream_fraction
     compiled = [p for p in atlas.blocks if p.compiled and p.style == style]
     for want in (precision, "fp8-" if precision.startswith("fp8-") else precision, "bf16"):
         points = [p for p in compiled if p.precision.startswith(want)]
         if points:
-            logs = [log2(p.elementwise_s * stream_bytes_per_s / compiled_block_bytes(p)) for p in points]
+            logs = [log2(p.elementwise_s * stream_bytes_per_s / count(p)) for p in points]
             return 2 ** statistics.fmean(logs)
     return None
 

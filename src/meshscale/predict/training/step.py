@@ -53,7 +53,8 @@ from meshscale.predict.training.framework import (DEFAULT_FRAMEWORK, StepFramewo
 from meshscale.predict.training.replicas import (GradientExchange, ReplicaCost, exposed_exchange_s,
                                                  replica_exchange)
 from meshscale.predict.training.hardware import FULL_WIDTH, STEP_PRECISIONS, GpuSpec, storage_precision
-from meshscale.predict.training.measured import compute_source, outside_block
+from meshscale.models.atlas import BlockPoint
+from meshscale.predict.training.measured import BLOCK_BYTES, compute_source, outside_block
 from meshscale.predict.training.fp8 import FP8_RECIPES, amax_precompute, gathered_bytes, gathered_weights, gathers_fp8
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
@@ -176,6 +177,24 @@ def in_compiled_block(layer: PassKernels, style: str) -> PassKernels:
         return tuple(replace(k, compiled_block=style) if k.kind == "memory" and not outside_block(k.name) else k
                      for k in kernels)
     return PassKernels(tag(layer.forward), tag(layer.backward), tag(layer.recompute))
+
+
+def compiled_block_bytes(point: BlockPoint) -> float:
+    """The bytes the step model moves in the memory-bound kernels of one block as the atlas ran it (``point``:
+    forward and backward, no checkpointing, bf16 weights without FSDP, so fp8's weights cast in the layer), as
+    torch.compile runs it (or eager): what `MeasuredKernels.block_ratio` holds the measured seconds against."""
+    model = TransformerConfig("atlas block", 1, point.d_model, point.heads, point.kv_heads, point.ffn_dim, 32000,
+                              point.seq_len)
+    fp8 = point.precision.startswith("fp8-")
+    layer = transformer_layer(model, float(point.batch * point.seq_len), point.seq_len,
+                              precision="fp8" if fp8 else "bf16", rotary_style=point.style,
+                              fp8_recipe=point.precision[4:] if fp8 else "tensorwise")
+    fw = step_framework("compile" if point.compiled else "eager")
+    kernels = framework_pass(layer.forward, fw, layer=True) + framework_pass(layer.backward, fw, layer=True)
+    return sum(k.bytes * k.count for k in kernels if k.kind == "memory" and not outside_block(k.name))
+
+
+BLOCK_BYTES[:] = [compiled_block_bytes]
 
 
 def cp_method_of(job: TrainingJob) -> str:

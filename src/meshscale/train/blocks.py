@@ -1,5 +1,5 @@
 """The kernels around a transformer block's matrix products and attention, measured as the engines generate
-them (`meshscale bench kernels`, the atlas's ``blocks``).
+them (`meshscale bench kernels` writes them in the atlas, ``blocks``).
 
 A fused element-wise chain's cost is not its bytes at the copy's rate: what torch.compile's generated kernels
 reach depends on the layouts around them (rotary's pairs, the heads' transposes before attention, grouped-query
@@ -9,7 +9,7 @@ torchao's float8 linears, with each rotary formulation the step model names: ``p
 train/transformer.apply_rotary, grouped-query heads by repeat_interleave) and ``complex`` (torchtitan's Llama 3:
 one complex product with the table, grouped-query heads by expand and reshape). torch.profiler times every GPU
 kernel; what is not a matrix product or attention is the block's element-wise time, which the step model holds
-against the bytes it counts for the same block (predict/training/measured.py).
+against the bytes it counts for the same block (`predict.training.step.compiled_block_bytes`).
 """
 from __future__ import annotations
 
