@@ -13,7 +13,7 @@ from meshscale.train.blocks import complex_attention, kernel_class
 from meshscale.models.atlas import BlockPoint, from_dict, shipped_atlases
 from meshscale.models.layout import ParallelLayout
 from meshscale.models.transformer import TransformerConfig
-from meshscale.predict.training.kernels import kernel_seconds, rates
+from meshscale.predict.training.kernels import BlockShape, kernel_seconds, rates
 from meshscale.predict.training.hardware import gpu_spec
 from meshscale.predict.training.measured import MeasuredKernels, _BLOCKS, measured_kernels, outside_block
 from meshscale.predict.training.step import TrainingJob, compiled_block_bytes, step_kernels
@@ -58,32 +58,46 @@ def _measured_with(points) -> MeasuredKernels:
     return MeasuredKernels(atlas, "bf16", atlas.dense_bf16_flops, 1.0)
 
 
-def test_a_block_measured_at_q_times_its_bytes_at_the_copy_rate_gives_q():
-    rng = random.Random(3)
+def _shape(p: BlockPoint) -> BlockShape:
+    return BlockShape(p.style, p.heads, p.kv_heads, p.d_model, p.ffn_dim)
+
+
+def _at(q: float, p: BlockPoint) -> BlockPoint:
+    """``p`` measured at q times its model bytes at the shipped atlas's copy rate."""
     atlas = shipped_atlases()[0]
-    rate = atlas.memory_bandwidth_bytes_per_s * atlas.stream_fraction
+    return replace(p, elementwise_s=q * compiled_block_bytes(p) / (atlas.memory_bandwidth_bytes_per_s *
+                                                                   atlas.stream_fraction))
+
+
+def test_a_block_measured_at_q_times_its_bytes_at_the_copy_rate_gives_q_to_its_own_shape():
+    rng = random.Random(3)
     for _ in range(6):
         style, fp8 = rng.choice(("pairs", "complex")), rng.random() < 0.5
         precision = "fp8-tensorwise" if fp8 else "bf16"
-        qs = [rng.uniform(1.0, 3.0) for _ in range(2)]
-        points = [_point(style, precision, seconds=1.0, kv=kv, seq=seq) for kv, seq in ((8, 8192), (32, 4096))]
-        points = [replace(p, elementwise_s=q * compiled_block_bytes(p) / rate) for p, q in zip(points, qs)]
+        shapes = [dict(kv=8, seq=8192), dict(kv=32, seq=4096), dict(kv=8, seq=4096)]
+        qs = [rng.uniform(1.0, 3.0) for _ in shapes]
+        points = [_at(q, _point(style, precision, **s)) for q, s in zip(qs, shapes)]
+        points[2] = replace(points[2], d_model=8192, heads=64, ffn_dim=28672)   # a wider grouped-query block
+        points[2] = _at(qs[2], points[2])
         # an eager block and the other style's are not read for this one
         points += [_point(style, precision, compiled=False, seconds=9.0),
                    _point("complex" if style == "pairs" else "pairs", precision, seconds=9.0)]
-        got = _measured_with(points).block_ratio(style, precision)
-        assert got == pytest.approx((qs[0] * qs[1]) ** 0.5, rel=1e-9)
+        measured = _measured_with(points)
+        for q, p in zip(qs, points[:3]):
+            assert measured.block_ratio(_shape(p), precision) == pytest.approx(q, rel=1e-9)
+        # between the two grouped-query widths: the nearer one; multi-head: the multi-head block
+        assert measured.block_ratio(BlockShape(style, 40, 8, 5120, 17920), precision) == pytest.approx(qs[0])
+        assert measured.block_ratio(BlockShape(style, 64, 64, 8192, 22016), precision) == pytest.approx(qs[1])
 
 
 def test_a_precision_not_measured_falls_back_to_another_fp8_recipe_then_bf16_and_none_without_blocks():
-    atlas = shipped_atlases()[0]
-    rate = atlas.memory_bandwidth_bytes_per_s * atlas.stream_fraction
-    bf16, fp8 = _point(), _point(precision="fp8-tensorwise")
-    bf16 = replace(bf16, elementwise_s=2 * compiled_block_bytes(bf16) / rate)
-    fp8 = replace(fp8, elementwise_s=3 * compiled_block_bytes(fp8) / rate)
-    assert _measured_with([bf16, fp8]).block_ratio("pairs", "fp8-rowwise") == pytest.approx(3)
-    assert _measured_with([bf16]).block_ratio("pairs", "fp8-rowwise") == pytest.approx(2)
-    assert _measured_with([]).block_ratio("pairs", "bf16") is None
+    bf16, fp8 = _at(2, _point()), _at(3, _point(precision="fp8-tensorwise"))
+    shape = _shape(bf16)
+    assert _measured_with([bf16, fp8]).block_ratio(shape, "fp8-rowwise") == pytest.approx(3)
+    assert _measured_with([bf16]).block_ratio(shape, "fp8-rowwise") == pytest.approx(2)
+    assert _measured_with([]).block_ratio(shape, "bf16") is None
+    # a kind of attention not measured takes the other's
+    assert _measured_with([bf16]).block_ratio(replace(shape, kv_heads=shape.heads), "bf16") == pytest.approx(2)
 
 
 def test_fusion_leaves_a_compiled_block_fewer_bytes_than_the_eager_one():
@@ -103,7 +117,7 @@ def test_a_compiled_layers_own_memory_ops_are_tagged_and_fsdps_are_not():
     kernels = step_kernels(_job("compile"))
     layer = kernels.layer.forward + kernels.layer.backward
     inside = [k for k in layer if k.kind == "memory" and not outside_block(k.name)]
-    assert inside and all(k.compiled_block == "complex" for k in inside)
+    assert inside and all(k.compiled_block == BlockShape("complex", 16, 4, 2048, 5632) for k in inside)
     around = [k for k in layer if outside_block(k.name)]
     assert around and not any(k.compiled_block for k in around)      # FSDP2's copies, the gradients' cast
     assert not any(k.compiled_block for k in kernels.ends.forward + kernels.ends.backward + tuple(kernels.per_step))
@@ -119,7 +133,7 @@ def test_the_measured_ratio_scales_only_the_tagged_kernels(monkeypatch):
     kernels = [k for k in step_kernels(job).every() if k.kind != "host"]
     base = {k: kernel_seconds(k, replace(r)) for k in kernels}
     for q in (1.0, 2.5):
-        monkeypatch.setattr(MeasuredKernels, "block_ratio", lambda self, style, precision, q=q: q)
+        monkeypatch.setattr(MeasuredKernels, "block_ratio", lambda self, shape, precision, q=q: q)
         scaled = replace(r)     # a fresh memo
         for k in kernels:
             t = kernel_seconds(k, scaled)
@@ -134,13 +148,40 @@ def test_the_shipped_atlas_prices_compiled_blocks_slower_than_their_bytes_at_the
     """Inductor's generated kernels do not beat the copy of their bytes (they are element-wise)."""
     measured = measured_kernels(gpu_spec({"model": "NVIDIA H100 80GB HBM3"}), "bf16")
     _BLOCKS.clear()
-    for style in ("pairs", "complex"):
-        for precision in ("bf16", "fp8-tensorwise"):
-            ratio = measured.block_ratio(style, precision)
-            assert ratio is None or ratio >= 1.0
+    for p in measured.atlas.blocks:
+        ratio = measured.block_ratio(_shape(p), p.precision)
+        assert ratio is None or ratio >= 1.0
 
 
 def test_blocks_survive_the_atlas_json():
     atlas = replace(shipped_atlases()[0], blocks=(_point(), _point("complex", "fp8-tensorwise", seconds=2.0)))
     import json
     assert from_dict(json.loads(atlas.to_json())).blocks == atlas.blocks
+
+
+def test_grouped_query_expansion_moves_what_repeat_interleave_reads_and_writes():
+    """Oracle: the tensors train's attention expands (k and v, each read narrow and written wide) counted on
+    random shapes; none for multi-head attention; a framework whose attention takes grouped heads has none."""
+    from meshscale.predict.training.framework import STEP_FRAMEWORKS, framework_pass
+    from meshscale.predict.training.kernels import GQA_EXPANSION
+    from meshscale.predict.training.workload import gqa_expansion, transformer_layer
+
+    rng = random.Random(5)
+    for _ in range(8):
+        kv = rng.choice((1, 2, 4, 8))
+        heads, hd, tokens, tp = kv * rng.choice((1, 2, 4)), rng.choice((16, 32)), rng.choice((8, 24)), 1
+        model = TransformerConfig("t", 1, heads * hd, heads, kv, 4 * heads * hd, 100, tokens)
+        k = torch.zeros(1, kv, tokens, hd, dtype=torch.bfloat16)
+        wide = k.repeat_interleave(heads // kv, dim=1)
+        moved = 2 * (k.numel() + wide.numel()) * k.element_size()    # k and v
+        found = gqa_expansion(model, tokens, tp, 2)
+        if kv == heads:
+            assert found == []
+            continue
+        (op,) = found
+        assert op.bytes == moved and op.backward_bytes == moved
+        assert op.fused_bytes == 2 * wide.numel() * 2                 # fused: the wide k and v written
+        layer = transformer_layer(model, float(tokens), tokens)
+        assert any(x.name == GQA_EXPANSION for x in layer.forward)
+        megatron = framework_pass(layer.forward + layer.backward, STEP_FRAMEWORKS["megatron"], layer=True)
+        assert not any(x.name.startswith(GQA_EXPANSION) for x in megatron)

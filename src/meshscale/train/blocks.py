@@ -18,8 +18,10 @@ from typing import Callable
 
 from meshscale.models.atlas import BlockPoint
 
-# llama3-8b's layer (grouped-query, 4 query heads per key/value head) and llama2-7b's (multi-head)
-BLOCK_SHAPES = ((4096, 32, 8, 14336, 1, 8192), (4096, 32, 32, 11008, 2, 4096))  # d, heads, kv, ffn, batch, seq
+# (d_model, heads, kv_heads, ffn_dim, batch, seq): llama3-8b's layer (grouped-query, 4 query heads per key/value
+# head), llama2-7b's (multi-head), llama-1b's (grouped-query, narrow) and llama3-70b's (grouped-query 8:1, wide)
+BLOCK_SHAPES = ((4096, 32, 8, 14336, 1, 8192), (4096, 32, 32, 11008, 2, 4096), (2048, 32, 8, 8192, 2, 8192),
+                (8192, 64, 8, 28672, 1, 4096))
 STYLES = ("pairs", "complex")
 ATTENTION_MARKS = ("flash", "fmha", "sdpa", "cudnn", "attention")
 MATMUL_MARKS = ("gemm", "nvjet", "cutlass", "xmma", "cublas", "splitk")

@@ -46,7 +46,7 @@ from math import ceil
 
 from meshscale.errors import MeshscaleError
 from meshscale.models.memory import MemoryEstimate, Moment, reserved_bytes
-from meshscale.predict.training.kernels import Kernel, launches_of, memory_op
+from meshscale.predict.training.kernels import GQA_EXPANSION, Kernel, launches_of, memory_op
 
 # Megatron-Core DistributedDataParallelConfig.bucket_size: max(40M, 1M x dp) parameters per bucket
 MEGATRON_BUCKET_PARAMS, MEGATRON_BUCKET_PER_RANK = 40_000_000, 1_000_000
@@ -74,6 +74,7 @@ class StepFramework:
     fused_optimizer: bool = False   # Adam as multi-tensor fused kernels on fp32 main parameters
     grad_accumulation_fusion: bool = False   # wgrad GEMMs accumulate into fp32 main gradients (no cast)
     sharding: str = "fsdp2"         # what the --fsdp dimension does: fsdp2, distopt, zero1, zero2, zero3
+    expands_gqa: bool = True        # grouped-query heads expanded before attention (False: its attention takes them)
     wire_bytes: int = 0             # a sharded dimension's gradients on the wire (0: FSDP2's fp32 reduce)
     # how it holds memory (models/memory.RECIPES); "": the run's own (eager and compiled steps are run by
     # meshscale's engine, torchtitan and llm-foundry alike, which hold memory differently)
@@ -88,6 +89,7 @@ STEP_FRAMEWORKS = {f.name: f for f in (
                                        "distributed/compile.py apply_compile, components/loss.py)"),
     StepFramework("megatron", fuses=True, fused_ends=("cross-entropy", "final norm"), dtensor=False,
                   tp_overlap=True, fused_optimizer=True, grad_accumulation_fusion=True, sharding="distopt",
+                  expands_gqa=False,
                   wire_bytes=4, memory_recipe="megatron",
                   source="Megatron-Core with Transformer Engine (distributed optimizer, overlapped grad reduce and "
                          "param gather, TP comm overlap)"),
@@ -164,6 +166,8 @@ def framework_pass(kernels: tuple[Kernel, ...], fw: StepFramework, layer: bool) 
     """A layer's (``layer``) or the ends' pass as ``fw`` runs it."""
     if fw.name == DEFAULT_FRAMEWORK:
         return kernels
+    if not fw.expands_gqa:   # its attention kernel reads grouped key/value heads (Transformer Engine's)
+        kernels = tuple(k for k in kernels if not k.name.startswith(GQA_EXPANSION))
     if fw.grad_accumulation_fusion:   # the wgrad GEMMs write fp32 main gradients: no casts, no accumulation
         kernels = tuple(k for k in kernels if "gradient to fp32" not in k.name and "gradients to fp32" not in k.name)
     if layer:

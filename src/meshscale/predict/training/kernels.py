@@ -153,6 +153,7 @@ def attention_fraction(family: str, head_dim: int, seq_len: int, backward: bool 
 
 
 KINDS = ("matmul", "conv", "attention", "memory", "host")
+GQA_EXPANSION = "grouped-query expansion"   # the memory op of grouped-query heads expanded (workload.gqa_expansion)
 
 
 @dataclass(frozen=True)
@@ -168,6 +169,18 @@ class Instructions:
 
 
 NO_INSTRUCTIONS = Instructions()
+
+
+@dataclass(frozen=True)
+class BlockShape:
+    """A transformer block as the atlas's compiled blocks are told apart: its rotary formulation ("pairs",
+    "complex") and its widths."""
+
+    style: str
+    heads: int
+    kv_heads: int
+    d_model: int
+    ffn_dim: int
 
 
 @dataclass(frozen=True)
@@ -196,9 +209,9 @@ class Kernel:
     fused_bytes: float | None = None
     fused_backward_bytes: float | None = None
     causal: bool = True             # attention: under the causal mask (False: every block computed)
-    # a memory op inside a torch.compile'd block: the rotary formulation of that block ("pairs", "complex");
-    # its time follows the atlas's measured compiled blocks (`MeasuredKernels.block_ratio`)
-    compiled_block: str = ""
+    # a memory op inside a torch.compile'd block (that block's rotary formulation and shape): its time follows
+    # the atlas's measured compiled blocks (`MeasuredKernels.block_ratio`); None: not in a compiled block
+    compiled_block: "BlockShape | None" = None
 
 
 def gemm(name: str, m: float, n: float, k: float, element_bytes: int, kind: str = "matmul") -> Kernel:
@@ -426,7 +439,7 @@ def _kernel_seconds(kernel: Kernel, r: Rates) -> float:
     else:
         compute_s = instruction_seconds(kernel.instructions, r)
         block = r.measured.block_ratio(kernel.compiled_block, r.block_precision) \
-            if r.measured is not None and kernel.compiled_block else None
+            if r.measured is not None and kernel.compiled_block is not None else None
         if block is not None:        # generated inside a compiled block: what the atlas's compiled blocks reach
             memory_s = kernel.bytes / r.bandwidth_bytes_per_s * block
         elif r.measured is not None:   # the measured copy curve at these bytes, times the category's own measured ratio
@@ -517,7 +530,7 @@ def category_of(kernel: Kernel, transformer: bool) -> str:
         return "optimizer"
     if name.startswith("FSDP"):
         return "FSDP copies"
-    if name.startswith("DDP") or "permute" in name or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
+    if name.startswith("DDP") or name.startswith(GQA_EXPANSION) or "permute" in name or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
         return "copies/casts"
     return "elementwise/activation"
 

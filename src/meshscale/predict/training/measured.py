@@ -107,17 +107,18 @@ class MeasuredKernels:
         value = sum(w * log2(statistics.fmean(rates[s])) for s, w in _bracket(seqs, seq_len) if w)
         return 2 ** value / self.atlas.dense_bf16_flops
 
-    def block_ratio(self, style: str, precision: str) -> float | None:
-        """What the element-wise kernels of a torch.compile'd block of rotary ``style`` take against their bytes
-        at the copy's rate: the atlas's compiled blocks (train/blocks.py) of that style and ``precision`` (else
-        another fp8 recipe's, else bf16's), each block's measured element-wise seconds over the step model's
-        bytes for the same block (`step.compiled_block_bytes`) at the atlas's copy rate, geometric mean over the
-        shapes measured; None where the atlas has none."""
+    def block_ratio(self, shape, precision: str) -> float | None:
+        """What the element-wise kernels of a torch.compile'd block like ``shape`` (`kernels.BlockShape`) take against their bytes at
+        the copy's rate: the atlas's compiled blocks (train/blocks.py) of its rotary formulation in ``precision``
+        (else another fp8 recipe's, else bf16's), of its kind of attention (grouped-query or not) where measured,
+        the nearest in width (log of d_model and of the MLP's ratio to it; ties averaged): each block's measured
+        element-wise seconds over the step model's bytes for the same block (`step.compiled_block_bytes`) at the
+        atlas's copy rate; None where the atlas has none."""
         if not BLOCK_BYTES:   # nothing counts the model's bytes yet: not kept, asked again later
             return None
-        key = (id(self), style, precision)
+        key = (id(self), shape, precision)
         if key not in _BLOCKS:
-            _BLOCKS[key] = _block_ratio(self.atlas, style, precision)
+            _BLOCKS[key] = _block_ratio(self.atlas, shape, precision)
         return _BLOCKS[key]
 
     def memory_seconds(self, nbytes: float, category: str, bandwidth_bytes_per_s: float) -> float:
@@ -149,16 +150,25 @@ def outside_block(name: str) -> bool:
     return name.startswith(("FSDP", "DDP")) or "gradients to fp32" in name
 
 
-def _block_ratio(atlas: KernelAtlas, style: str, precision: str) -> float | None:
+def _block_ratio(atlas: KernelAtlas, shape, precision: str) -> float | None:
     count = BLOCK_BYTES[-1]
     stream_bytes_per_s = atlas.memory_bandwidth_bytes_per_s * atlas.stream_fraction
-    compiled = [p for p in atlas.blocks if p.compiled and p.style == style]
+    compiled = [p for p in atlas.blocks if p.compiled and p.style == shape.style]
     for want in (precision, "fp8-" if precision.startswith("fp8-") else precision, "bf16"):
         points = [p for p in compiled if p.precision.startswith(want)]
         if points:
-            logs = [log2(p.elementwise_s * stream_bytes_per_s / count(p)) for p in points]
-            return 2 ** statistics.fmean(logs)
-    return None
+            break
+    else:
+        return None
+    grouped = shape.kv_heads < shape.heads
+    points = [p for p in points if (p.kv_heads < p.heads) == grouped] or points
+
+    def distance(p: BlockPoint) -> float:
+        return abs(log2(p.d_model / shape.d_model)) + \
+            abs(log2(p.ffn_dim / p.d_model * shape.d_model / shape.ffn_dim))
+    nearest = min(distance(p) for p in points)
+    logs = [log2(p.elementwise_s * stream_bytes_per_s / count(p)) for p in points if distance(p) <= nearest + 1e-9]
+    return 2 ** statistics.fmean(logs)
 
 
 def _bracket(axis: list[int], value: float) -> list[tuple[int, float]]:

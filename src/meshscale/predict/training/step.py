@@ -59,7 +59,7 @@ from meshscale.predict.training.fp8 import FP8_RECIPES, amax_precompute, gathere
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
 from meshscale.predict.training.context import CP_METHODS, ring_exposed_s
-from meshscale.predict.training.kernels import (ATTENTION_KERNELS, CategoryCalibration, Kernel, Rates, host_seconds,
+from meshscale.predict.training.kernels import (ATTENTION_KERNELS, BlockShape, CategoryCalibration, Kernel, Rates, host_seconds,
                                                issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
                                      resnet_tensor_numels, resnet_tensors, small_cnn_tensor_numels)
@@ -137,7 +137,7 @@ def step_kernels(job: TrainingJob) -> StepKernels:
                               moe_imbalance=job.moe_imbalance, fp8_recipe=job.fp8_recipe, cp_method=cp_method_of(job),
                               fp8_gathered=fp8_gathered)
     if fw.graph_layers:
-        layer = in_compiled_block(layer, job.rotary)
+        layer = in_compiled_block(layer, model, job.rotary)
     ends = transformer_ends(model, tokens, tp=layout.tp, precision=precision, autocast=job.autocast)
     stage_layers = ceil(model.layers / layout.pp)
     ends_params = model.embedding_params() + model.head_params() if layout.pp == 1 else \
@@ -170,11 +170,13 @@ def step_kernels(job: TrainingJob) -> StepKernels:
     return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
 
 
-def in_compiled_block(layer: PassKernels, style: str) -> PassKernels:
+def in_compiled_block(layer: PassKernels, model: TransformerConfig, style: str) -> PassKernels:
     """A layer whose block torch.compile runs: its memory ops inside the block's graph (all but those FSDP2 runs
-    around it, `measured.outside_block`) are priced as the atlas's compiled blocks of rotary ``style`` ran."""
+    around it, `measured.outside_block`) are priced as the atlas's compiled blocks nearest this one ran."""
+    shape = BlockShape(style, model.heads, model.kv_heads, model.d_model, model.ffn_dim)
+
     def tag(kernels: tuple[Kernel, ...]) -> tuple[Kernel, ...]:
-        return tuple(replace(k, compiled_block=style) if k.kind == "memory" and not outside_block(k.name) else k
+        return tuple(replace(k, compiled_block=shape) if k.kind == "memory" and not outside_block(k.name) else k
                      for k in kernels)
     return PassKernels(tag(layer.forward), tag(layer.backward), tag(layer.recompute))
 

@@ -27,7 +27,7 @@ from meshscale.models.images import (SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_
 from meshscale.models.transformer import TransformerConfig
 from meshscale.predict.training.fp8 import gather_casts, to_fp8
 from meshscale.predict.training.context import CpShape, cp_attention_kernels
-from meshscale.predict.training.kernels import Instructions, Kernel, gemm, gemm_backward, memory_op
+from meshscale.predict.training.kernels import GQA_EXPANSION, Instructions, Kernel, gemm, gemm_backward, memory_op
 from meshscale.predict.training.moe import layer_params_on_rank, moe_mlp, shared_by
 
 # Optimizer traffic per parameter as PyTorch's default (foreach) implementations run it, one pass per foreach op:
@@ -155,6 +155,22 @@ def rotary_op(style: str, e: int, elements: float) -> Kernel:
     return memory_op("rotary", (casts + 36) * elements, (casts + 56) * elements, ops=15, fused=fused)
 
 
+def gqa_expansion(model: TransformerConfig, keys: float, tp: int, e: int) -> list[Kernel]:
+    """Grouped-query attention's keys and values expanded to every query head before SDPA, as eager engines do it
+    (meshscale's train: repeat_interleave; torchtitan's Llama 3 and Hugging Face's: repeat_kv, expand and
+    reshape), for ``keys`` key positions: k and v read at the key/value width and written at the query heads'
+    width; backward, the expanded gradients summed back (read wide, write narrow). Fused (inductor): k's
+    expansion joins rotary's kernel (it writes the wide k instead of the narrow one), v's stays a copy: the wide
+    k and v written forward, read backward. None for multi-head attention (and latent attention, whose heads
+    are their own); a framework whose attention takes grouped heads itself drops it (`StepFramework.expands_gqa`)."""
+    if model.is_mla or model.kv_heads >= model.heads:
+        return []
+    narrow, wide = model.kv_dim / tp, model.heads * model.value_head_dim / tp
+    nbytes = 2 * e * keys * (narrow + wide)
+    fused = 2 * e * keys * wide
+    return [memory_op(GQA_EXPANSION, nbytes, nbytes, ops=2, fused=(fused, fused))]
+
+
 def _projections(model: TransformerConfig, tokens: float, tp: int, e: int) -> list[Kernel]:
     """The attention's input projections: q, k and v apart, as train's one transformer (train/transformer.py) and
     torchtitan's Llama project them; under multi-head latent attention (torchtitan's DeepSeek-V3) the query and
@@ -253,6 +269,8 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     add = memory_op("residual add", *add_bytes, fused=add_bytes)
     ffn, ffn_elementwise, bias_grads = _ffn(model, tokens, tp, e, ep, moe_imbalance)
     rotary = [rotary_op(rotary_style, e, tokens * rotary_width / tp)] if model.style == "llama" else []
+    # the keys each rank's attention reads: its own tokens, or under context parallelism the gathered sequence
+    expand = gqa_expansion(model, tokens * cp, tp, e)
     casts = []
     if autocast and precision != "fp32":
         # each weight to bf16; the two norms' fp32 outputs to bf16 before the GEMMs they feed
@@ -266,8 +284,9 @@ def transformer_layer(model: TransformerConfig, tokens: float, seq_len: int, *, 
     qkv, casts = ([on_dtensor(k, tp) for k in group] for group in (_projections(model, tokens, tp, e), casts))
     redistributes = [dtensor_host("DTensor redistributes", TP_LAYER_REDISTRIBUTES)] if tp > 1 else []
     out = gemm("attention out", tokens, d, model.heads * model.value_head_dim / tp, e)
-    forward = [*casts, norm, *redistributes, *qkv, *rotary, *attention, on_dtensor(out, tp), add, norm, *ffn, add]
-    elementwise = [norm, *redistributes, *rotary, *ffn_elementwise, norm]
+    forward = [*casts, norm, *redistributes, *qkv, *rotary, *expand, *attention, on_dtensor(out, tp), add, norm, *ffn,
+               add]
+    elementwise = [norm, *redistributes, *rotary, *expand, *ffn_elementwise, norm]
     if precision == "fp8":
         forward, fp8_casts = to_fp8(forward, fp8_recipe, fp8_gathered)
         if fp8_casts is not None:
