@@ -284,6 +284,9 @@ def main(argv: list[str] | None = None) -> int:
                 key = "resnet50" if case.job.model is None else ("llama" if case.layout else "gpt")
                 if key not in wanted and " " not in case.name:
                     continue
+                # each case compiles afresh, as its own run would: dynamo's cache from an earlier case would make
+                # its recompile mark sizes dynamic (automatic dynamic shapes), whose kernels index slower
+                torch._dynamo.reset()
                 try:
                     out = run_case(case, device, warm, timed, profiled, detailed, gpu)
                 except MeshscaleError as e:   # torchvision is unusable on CPU builds of torch
