@@ -118,7 +118,9 @@ TRITON_ATTENTION_SLOWDOWN = {"forward": 1.4, "backward": 2.0}
 
 
 def sdpa_kernel(family: str) -> str:
-    """The attention kernel PyTorch's SDPA runs on a GPU family (cuDNN's first from compute capability 9.0)."""
+    """The attention kernel PyTorch's SDPA runs on a GPU family today (cuDNN's first on compute capability 9.0
+    and 10.0 since PyTorch 2.9, pytorch/pytorch#162073; from 2.5.1 to 2.8 cuDNN's was opt-in, #138522, and SDPA
+    ran FlashAttention-2 there: a run of those versions says `attention: flash`)."""
     return "cudnn" if family in ("hopper", "blackwell") else "flash"
 
 
@@ -209,6 +211,9 @@ class Kernel:
     fused_bytes: float | None = None
     fused_backward_bytes: float | None = None
     causal: bool = True             # attention: under the causal mask (False: every block computed)
+    # a recomputed kernel that its checkpointing policy saves instead where the attention kernel is one of these
+    # (costs nothing then): torchtitan's save list names some of SDPA's kernels only
+    saved_with: tuple[str, ...] = ()
     # a memory op inside a torch.compile'd block (that block's rotary formulation and shape): its time follows
     # the atlas's measured compiled blocks (`MeasuredKernels.block_ratio`); None: not in a compiled block
     compiled_block: "BlockShape | None" = None
@@ -420,7 +425,7 @@ def kernel_seconds(kernel: Kernel, r: Rates) -> float:
 
 
 def _kernel_seconds(kernel: Kernel, r: Rates) -> float:
-    if kernel.kind == "host":
+    if kernel.kind == "host" or r.attention_kernel in kernel.saved_with:
         return 0.0
     if r.calibrated is not None:
         return r.calibrated.seconds(kernel, r) * r.factor
@@ -487,7 +492,7 @@ def roofline_seconds(kernel: Kernel, r: Rates) -> float:
     achievable rate over the tiles it fills (matrix products, attention) or its bytes at the HBM's, whichever
     is longer. The rest of a kernel's time (a tile's loads not overlapped, instruction issue, latency, the
     launch and tail) is the SMs' own."""
-    if kernel.kind == "host":
+    if kernel.kind == "host" or r.attention_kernel in kernel.saved_with:
         return 0.0
     memory_s = kernel.bytes / r.bandwidth_bytes_per_s
     compute_s = 0.0
@@ -587,6 +592,8 @@ def issue_seconds(kernel: Kernel, r: Rates | None = None) -> float:
     """What the host spends issuing one kernel's ops from eager PyTorch (x its count): plain ops through the
     dispatcher, ops on DTensors through DTensor's dispatch as well (``r``'s measured costs, else the stated
     allowances)."""
+    if r is not None and r.attention_kernel in kernel.saved_with:
+        return 0.0
     plain = kernel.ops - kernel.dtensor_ops
     per_op, per_dtensor_op = (r.host_s_per_op, r.dtensor_host_s_per_op) if r is not None else \
         (HOST_SECONDS_PER_OP, DTENSOR_HOST_SECONDS_PER_OP)

@@ -80,6 +80,12 @@ def element_bytes(precision: str) -> int:
 
 
 SELECTIVE_POLICIES = ("matmuls", "torchtitan")
+# torchtitan's op-level selective checkpointing (models/llama3/parallelize_llama.py `_save_list` at e7c0cae, June
+# 2025, and until #2095 of 2025-12-01): it saves aten.mm (every second one recomputed), SDPA's flash and
+# memory-efficient kernels, reduce_scatter and max; every other op is PREFER_RECOMPUTE, which torch.compile's
+# partitioner recomputes too. So float8's GEMMs (aten._scaled_mm) are all recomputed, and so is cuDNN's attention
+# (aten._scaled_dot_product_cudnn_attention), the kernel SDPA runs on Hopper where it prefers cuDNN.
+TORCHTITAN_SAVED_ATTENTION = ("flash", "efficient", "triton")
 
 
 def on_dtensor(kernel: Kernel, tp: int) -> Kernel:
@@ -103,7 +109,8 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     element-wise: its own backward traffic, else BACKWARD_TRAFFIC x its bytes; host work: its own again),
     ``backward_only`` kernels, and the recomputation ``checkpointing`` asks for (selective: ``elementwise``;
     under torchtitan's own op-level policy, whose `_custom_policy` saves "all compute ops, except every second
-    mm", also the 2nd, 4th, ... GEMMs of the block). A linear on DTensors keeps its backward's products on them
+    mm" of its save list, also the 2nd, 4th, ... bf16 GEMMs of the block, every fp8 GEMM, and attention unless
+    its kernel is one the list saves: `TORCHTITAN_SAVED_ATTENTION`). A linear on DTensors keeps its backward's products on them
     and, recomputed selectively with its product saved, replays its views."""
     backward: list[Kernel] = []
     for k in forward:
@@ -128,7 +135,10 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     elif checkpointing == "selective":
         recompute = list(elementwise)
         linears = [k for k in forward if k.kind == "matmul"]
-        rerun = linears[1::2] if selective_policy == "torchtitan" else []
+        rerun = []
+        if selective_policy == "torchtitan":   # see TORCHTITAN_SAVED_ATTENTION
+            rerun = [k for k in linears if not k.fp8][1::2] + [k for k in linears if k.fp8]
+            recompute += [replace(k, saved_with=TORCHTITAN_SAVED_ATTENTION) for k in forward if k.kind == "attention"]
         recompute += rerun
         saved = sum(1 for k in linears if k.dtensor_ops) - sum(1 for k in rerun if k.dtensor_ops)
         if saved:
