@@ -169,7 +169,8 @@ def measure_stream(device) -> list[tuple[float, float]]:
 
 def measure_memory_ops(device, stream: list[tuple[float, float]]) -> dict:
     """What the step's memory-bound kernels take against the copy curve at the bytes the step model counts
-    for them (predict/training/workload.py: an op's inputs read and outputs written)."""
+    for them (predict/training/workload.py: an op's inputs read and outputs written), forward; the loss's backward
+    too ("embedding/loss backward": its kernels differ from the forward's)."""
     import torch
     import torch.nn.functional as F
 
@@ -192,6 +193,11 @@ def measure_memory_ops(device, stream: list[tuple[float, float]]) -> dict:
         a, b = x[..., ::2], x[..., 1::2]
         return torch.cat((a * cos - b * sin, a * sin + b * cos), -1)
 
+    leaf = logits.detach().requires_grad_()
+
+    def loss_backward():   # cross_entropy(logits.float())'s backward alone: fill, log_softmax's, the cast back
+        return torch.autograd.grad(F.cross_entropy(leaf.float(), target), leaf)
+
     cases = {   # category: (the op, the bytes the step model counts for it)
         "norm": (lambda: F.rms_norm(x, (d,), w), 2 * 2 * tokens * d),
         "elementwise/activation": (lambda: F.silu(h1) * h2, 2 * 2 * tokens * hidden + 3 * 2 * tokens * hidden),
@@ -199,7 +205,12 @@ def measure_memory_ops(device, stream: list[tuple[float, float]]) -> dict:
         "embedding/loss": (lambda: F.cross_entropy(logits.float(), target), 14.0 * 8192 * vocab),
         "optimizer": (opt.step, 80.0 * sum(p.numel() for p in params)),
     }
-    return {name: _gpu_seconds(fn, reps=5) / curve.stream_seconds(nbytes) for name, (fn, nbytes) in cases.items()}
+    found = {name: _gpu_seconds(fn, reps=5) / curve.stream_seconds(nbytes) for name, (fn, nbytes) in cases.items()}
+    # the loss's backward (workload.LOSS_BACKWARD_BYTES, 22 B a logit): forward and backward less the forward
+    both = _gpu_seconds(loss_backward, reps=5)
+    forward = found["embedding/loss"] * curve.stream_seconds(14.0 * 8192 * vocab)
+    found["embedding/loss backward"] = max(both - forward, 1e-9) / curve.stream_seconds(22.0 * 8192 * vocab)
+    return found
 
 
 def measure_kernel_floor(device) -> float:

@@ -132,6 +132,11 @@ class MemoryRecipe:
     compiles_loss: bool = True       # under torch.compile the loss is compiled with the blocks
     source: str = ""
 
+    def loss_under(self, compiled: bool) -> str:
+        """The loss as it runs (LOSS_BYTES_PER_LOGIT's key) with the blocks compiled or not: the recipe's, compiled
+        where the recipe compiles its eager loss with them. The step's memory and its time read this one rule."""
+        return "compiled" if compiled and self.loss == "eager" and self.compiles_loss else self.loss
+
 
 RECIPES: dict[str, MemoryRecipe] = {r.name: r for r in (
     MemoryRecipe("meshscale", "eager", "foreach", False, compiles_loss=False,
@@ -314,9 +319,7 @@ class RankShape:
     def loss(self) -> str:
         """The loss as it runs (LOSS_BYTES_PER_LOGIT's key): the recipe's, compiled under torch.compile where the
         recipe compiles its eager loss."""
-        if self.compiled and self.recipe.loss == "eager" and self.recipe.compiles_loss:
-            return "compiled"
-        return self.recipe.loss
+        return self.recipe.loss_under(self.compiled)
 
     @_once
     def tokens(self) -> float:

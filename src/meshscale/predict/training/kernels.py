@@ -448,7 +448,8 @@ def _kernel_seconds(kernel: Kernel, r: Rates) -> float:
         if block is not None:        # generated inside a compiled block: what the atlas's compiled blocks reach
             memory_s = kernel.bytes / r.bandwidth_bytes_per_s * block
         elif r.measured is not None:   # the measured copy curve at these bytes, times the category's own measured ratio
-            memory_s = r.measured.memory_seconds(kernel.bytes, category_of(kernel, True), r.bandwidth_bytes_per_s)
+            memory_s = r.measured.memory_seconds(kernel.bytes, category_of(kernel, True), r.bandwidth_bytes_per_s,
+                                                 kernel.name.endswith(" backward"))
     return kernel.count * max(compute_s, memory_s, r.kernel_floor_s * launches_of(kernel)) * r.factor
 
 

@@ -16,7 +16,7 @@ A GPU of the atlas's family but another SKU takes the measured shares of its own
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from math import log2
 from typing import Callable
@@ -41,6 +41,8 @@ class MeasuredKernels:
     dtype: str
     atlas_peak_flops: float          # the atlas GPU's datasheet peak for ``dtype``
     bandwidth_ratio: float           # the atlas GPU's datasheet bandwidth over this GPU's
+    # the compiled blocks' ratio per (shape, precision), found once (kept on the instance: tests make many)
+    block_ratios: dict = field(default_factory=dict, init=False, repr=False, compare=False, hash=False)
 
     @property
     def stream_fraction(self) -> float:
@@ -116,18 +118,22 @@ class MeasuredKernels:
         atlas's copy rate; None where the atlas has none."""
         if not BLOCK_BYTES:   # nothing counts the model's bytes yet: not kept, asked again later
             return None
-        key = (id(self), shape, precision)
-        if key not in _BLOCKS:
-            _BLOCKS[key] = _block_ratio(self.atlas, shape, precision)
-        return _BLOCKS[key]
+        key = (shape, precision)
+        if key not in self.block_ratios:
+            self.block_ratios[key] = _block_ratio(self.atlas, shape, precision)
+        return self.block_ratios[key]
 
-    def memory_seconds(self, nbytes: float, category: str, bandwidth_bytes_per_s: float) -> float:
+    def memory_seconds(self, nbytes: float, category: str, bandwidth_bytes_per_s: float,
+                       backward: bool = False) -> float:
         """A memory-bound kernel of ``nbytes`` in ``category`` at ``bandwidth_bytes_per_s`` (the measured copy's
         rate, moved to this GPU's datasheet): its bytes at that rate times its category's measured ratio to the
-        copy. The launch and tail are the step model's floor; the copy curve's middle sizes ran partly from L2
+        copy (a backward kernel: its category's backward ratio, where measured). The launch and tail are the
+        step model's floor; the copy curve's middle sizes ran partly from L2
         (the same buffers again and again), which a step's fresh tensors do not."""
         # no kernel moves its bytes faster than the copy of them (a ratio measured below 1 is the copy's noise)
         ratio = max(1.0, self.atlas.memory_ops.get(category, 1.0)) if category in MEMORY_CATEGORIES else 1.0
+        if backward and f"{category} backward" in self.atlas.memory_ops:   # its backward measured on its own
+            ratio = max(1.0, self.atlas.memory_ops[f"{category} backward"])
         return nbytes / bandwidth_bytes_per_s * ratio
 
 
@@ -135,7 +141,6 @@ class MeasuredKernels:
 # (MeasuredKernels are made once per GPU and precision and kept, so their ids stay theirs)
 _GRIDS: dict = {}
 _RATIOS: dict = {}
-_BLOCKS: dict = {}
 
 
 # what the step model counts for an atlas block (`step.compiled_block_bytes`): the model's kernels are built above

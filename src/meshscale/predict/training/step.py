@@ -166,8 +166,17 @@ def step_kernels(job: TrainingJob) -> StepKernels:
         else:                    # a pipeline keeps its layers gathered and reduces once, for the step
             per_step += stage_layers * (unshard + reduce)
     layer = PassKernels(*(framework_pass(p, fw, layer=True) for p in (layer.forward, layer.backward, layer.recompute)))
+    if fw.graph_layers and not compiles_loss(job, fw):   # compiled blocks, the loss left eager
+        fw = replace(fw, fused_ends=tuple(n for n in fw.fused_ends if n != "cross-entropy"))
     ends = PassKernels(*(framework_pass(p, fw, layer=False) for p in (ends.forward, ends.backward, ends.recompute)))
     return StepKernels(layer, ends, tuple(per_step), stage_layers, m)
+
+
+def compiles_loss(job: TrainingJob, fw: StepFramework) -> bool:
+    """Whether torch.compile runs the job's loss: under a compiling framework, where the job's memory recipe (the
+    engine that runs it) compiles it too (`MemoryRecipe.loss_under`: torchtitan since 2025-04; not meshscale's
+    train, nor torchtitan of 2024), the rule the step's memory reads."""
+    return RECIPES[fw.memory_recipe or job.memory_recipe].loss_under(fw.graph_layers) == "compiled"
 
 
 def in_compiled_block(layer: PassKernels, model: TransformerConfig, style: str) -> PassKernels:
