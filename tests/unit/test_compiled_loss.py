@@ -23,18 +23,15 @@ def _job(recipe: str, framework: str = "compile") -> TrainingJob:
 def test_the_loss_is_fused_in_time_exactly_where_the_memory_model_compiles_it(recipe):
     job = _job(recipe)
     fw = step_framework(job.framework)
-    if fw.memory_recipe and fw.memory_recipe != recipe:
+    if fw.memory_recipe and fw.memory_recipe != recipe:   # a framework that fixes its own recipe
         return
-    ends = step_kernels(job).ends
-    loss = [k for k in ends.forward + ends.backward if k.name.startswith("cross-entropy")]
-    fused = all(k.ops == 1 for k in loss)
     compiled = RECIPES[recipe].loss_under(True) == "compiled"
     assert compiles_loss(job, fw) == compiled
-    if RECIPES[recipe].loss == "eager":
-        assert fused == compiled
-    eager = step_kernels(_job(recipe, "eager")).ends
     assert not compiles_loss(_job(recipe, "eager"), step_framework("eager"))
-    assert [k.ops for k in eager.forward if k.name.startswith("cross-entropy")] != [1] or RECIPES[recipe].loss != "eager"
+    if RECIPES[recipe].loss == "eager":   # an eager loss: three ops a pass, one fused kernel where compiled
+        ends = step_kernels(job).ends
+        loss = [k for k in ends.forward + ends.backward if k.name.startswith("cross-entropy")]
+        assert loss and all(k.ops == 1 for k in loss) == compiled
 
 
 def test_a_backward_kernel_takes_its_categorys_backward_ratio_where_measured():

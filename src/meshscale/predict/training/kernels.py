@@ -536,7 +536,8 @@ def category_of(kernel: Kernel, transformer: bool) -> str:
         return "optimizer"
     if name.startswith("FSDP"):
         return "FSDP copies"
-    if name.startswith("DDP") or name.startswith(GQA_EXPANSION) or "permute" in name or "cast" in name or "to fp32" in name or "transpose" in name or "joined" in name:
+    if name.startswith(("DDP", GQA_EXPANSION)) or any(w in name for w in ("permute", "cast", "to fp32", "transpose",
+                                                                           "joined")):
         return "copies/casts"
     return "elementwise/activation"
 

@@ -110,8 +110,8 @@ class MeasuredKernels:
         return 2 ** value / self.atlas.dense_bf16_flops
 
     def block_ratio(self, shape, precision: str) -> float | None:
-        """What the element-wise kernels of a torch.compile'd block like ``shape`` (`kernels.BlockShape`) take against their bytes at
-        the copy's rate: the atlas's compiled blocks (train/blocks.py) of its rotary formulation in ``precision``
+        """What the element-wise kernels of a torch.compile'd block like ``shape`` (`kernels.BlockShape`) take
+        against their bytes at the copy's rate: the atlas's compiled blocks (train/blocks.py) of its rotary formulation in ``precision``
         (else another fp8 recipe's, else bf16's), of its kind of attention (grouped-query or not) where measured,
         the nearest in width (log of d_model and of the MLP's ratio to it; ties averaged): each block's measured
         element-wise seconds over the step model's bytes for the same block (`step.compiled_block_bytes`) at the

@@ -59,8 +59,8 @@ from meshscale.predict.training.fp8 import FP8_RECIPES, amax_precompute, gathere
 from meshscale.predict.training.moe import (DEFAULT_IMBALANCE, all_to_all_costs, fsdp_layer_costs,
                                             layer_params_on_rank, sharded_params_on_rank)
 from meshscale.predict.training.context import CP_METHODS, ring_exposed_s
-from meshscale.predict.training.kernels import (ATTENTION_KERNELS, BlockShape, CategoryCalibration, Kernel, Rates, host_seconds,
-                                               issue_seconds, kernel_seconds, rates, total_seconds)
+from meshscale.predict.training.kernels import (ATTENTION_KERNELS, BlockShape, CategoryCalibration, Kernel, Rates,
+                                               host_seconds, issue_seconds, kernel_seconds, rates, total_seconds)
 from meshscale.models.images import (RESNET_BLOCKS, SMALL_CNN_CLASSES, SMALL_CNN_IMAGE, resnet_params,
                                      resnet_tensor_numels, resnet_tensors, small_cnn_tensor_numels)
 from meshscale.predict.training.workload import (ROTARY_STYLES, SELECTIVE_POLICIES, PassKernels,

@@ -110,8 +110,8 @@ def _passes(forward: list[Kernel], elementwise: list[Kernel], checkpointing: str
     ``backward_only`` kernels, and the recomputation ``checkpointing`` asks for (selective: ``elementwise``;
     under torchtitan's own op-level policy, whose `_custom_policy` saves "all compute ops, except every second
     mm" of its save list, also the 2nd, 4th, ... bf16 GEMMs of the block, every fp8 GEMM, and attention unless
-    its kernel is one the list saves: `TORCHTITAN_SAVED_ATTENTION`). A linear on DTensors keeps its backward's products on them
-    and, recomputed selectively with its product saved, replays its views."""
+    its kernel is one the list saves: `TORCHTITAN_SAVED_ATTENTION`). A linear on DTensors keeps its backward's
+    products on them and, recomputed selectively with its product saved, replays its views."""
     backward: list[Kernel] = []
     for k in forward:
         if k.kind in ("matmul", "conv"):
